@@ -1,0 +1,15 @@
+"""GPU profiles: memory, dense peak FLOP/s, links and price per accelerator, loaded from TOML.
+
+>>> from trainmem.hardware import get_gpu
+>>> gpu = get_gpu("h100-sxm-80gb")
+>>> round(gpu.usable_gib, 2)
+79.19
+
+Built-in profiles live in ``gpus/<name>.toml``; a folder passed as ``hardware_dir`` or named by
+``$TRAINMEM_HARDWARE_DIR`` adds profiles or overrides built-ins of the same name.
+"""
+
+from ._loader import ENV_VAR, get_gpu, load_gpus
+from ._profile import GIB, GpuProfile
+
+__all__ = ["ENV_VAR", "GIB", "GpuProfile", "get_gpu", "load_gpus"]

@@ -1,0 +1,103 @@
+"""Read GPU profiles from TOML: the built-in folder, then an optional user folder on top."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from ._profile import _FLOAT_FIELDS, GpuProfile
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+ENV_VAR = "TRAINMEM_HARDWARE_DIR"
+"""Environment variable naming a folder of extra or overriding ``<name>.toml`` files."""
+
+_BUILTIN_DIR = Path(__file__).parent / "gpus"
+"""Shipped profiles (package data ``trainmem.hardware/gpus/*.toml``)."""
+
+_KEYS = frozenset(f.name for f in fields(GpuProfile)) - {"path"}
+
+
+def load_gpus(hardware_dir: str | os.PathLike[str] | None = None) -> dict[str, GpuProfile]:
+    """All known GPUs by name: the built-in profiles, overridden by a user folder.
+
+    The user folder is `hardware_dir` if given, else ``$TRAINMEM_HARDWARE_DIR`` if set and
+    non-empty. Every ``*.toml`` directly in it is read; a file whose stem matches a built-in name
+    replaces that profile, any other adds one.
+
+    Raises ValueError naming the file for unreadable TOML, missing or unknown keys, a ``name``
+    that differs from the file stem, or values that break a `GpuProfile` rule.
+    """
+    gpus = dict(_builtin_gpus())
+    user_dir = hardware_dir if hardware_dir is not None else os.environ.get(ENV_VAR) or None
+    if user_dir is not None:
+        folder = Path(user_dir)
+        if not folder.is_dir():
+            raise ValueError(f"hardware dir {str(folder)!r} is not a directory")
+        gpus.update(_read_folder(sorted(folder.glob("*.toml"))))
+    return gpus
+
+
+def get_gpu(name: str, hardware_dir: str | os.PathLike[str] | None = None) -> GpuProfile:
+    """The profile called `name`; ValueError listing the allowed names if there is none."""
+    gpus = load_gpus(hardware_dir)
+    try:
+        return gpus[name]
+    except KeyError:
+        raise ValueError(f"unknown gpu {name!r}; allowed: {', '.join(sorted(gpus))}") from None
+
+
+@functools.cache
+def _builtin_gpus() -> Mapping[str, GpuProfile]:
+    """The shipped profiles, read once per process (read-only view)."""
+    return MappingProxyType(_read_folder(sorted(_BUILTIN_DIR.glob("*.toml"))))
+
+
+def _read_folder(files: Iterable[Path]) -> dict[str, GpuProfile]:
+    gpus: dict[str, GpuProfile] = {}
+    for file in files:
+        profile = _read_file(file)
+        gpus[profile.name] = profile
+    return gpus
+
+
+def _read_file(file: Path) -> GpuProfile:
+    label = file.name
+    try:
+        table = tomllib.loads(file.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{label}: invalid TOML: {error}") from None
+    missing = sorted(_KEYS - table.keys())
+    unknown = sorted(table.keys() - _KEYS)
+    problems = []
+    if missing:
+        problems.append(f"missing keys: {', '.join(missing)}")
+    if unknown:
+        problems.append(f"unknown keys: {', '.join(unknown)}")
+    stem = label.removesuffix(".toml")
+    if "name" in table and table["name"] != stem:
+        problems.append(f"name {table['name']!r} must equal the file stem {stem!r}")
+    if problems:
+        raise ValueError(f"{label}: {'; '.join(problems)}")
+    return GpuProfile(**_coerce(table), path=str(file))
+
+
+def _coerce(table: dict[str, Any]) -> dict[str, Any]:
+    """TOML ints where floats are meant become floats; the sources array becomes a tuple."""
+    values = dict(table)
+    for key in _FLOAT_FIELDS:
+        value = values[key]
+        if isinstance(value, int) and not isinstance(value, bool):
+            values[key] = float(value)
+    if isinstance(values["sources"], list):
+        values["sources"] = tuple(values["sources"])
+    return values

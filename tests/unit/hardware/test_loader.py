@@ -1,0 +1,121 @@
+"""`load_gpus` / `get_gpu`: user folders, the environment variable, and bad files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from trainmem.hardware import ENV_VAR, get_gpu, load_gpus
+
+H100_TOML = (Path(__file__).parents[3] / "hardware" / "gpus" / "h100-sxm-80gb.toml").read_text()
+
+
+@pytest.fixture(autouse=True)
+def _no_user_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV_VAR, raising=False)
+
+
+def _write(folder: Path, name: str, text: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+def _h100_as(name: str, **replace: str) -> str:
+    """The shipped H100 file renamed to `name`, with `key = value` lines replaced."""
+    text = H100_TOML.replace('name = "h100-sxm-80gb"', f'name = "{name}"')
+    lines = text.splitlines()
+    for key, value in replace.items():
+        lines = [f"{key} = {value}" if line.startswith(f"{key} =") else line for line in lines]
+    return "\n".join(lines) + "\n"
+
+
+def test_user_folder_overrides_builtin_and_adds_new(tmp_path: Path) -> None:
+    _write(tmp_path, "h100-sxm-80gb", _h100_as("h100-sxm-80gb", price_per_hour_usd="2.0"))
+    _write(tmp_path, "my-h100", _h100_as("my-h100"))
+    gpus = load_gpus(tmp_path)
+    assert gpus["h100-sxm-80gb"].price_per_hour_usd == 2.0
+    assert gpus["h100-sxm-80gb"].path == str(tmp_path / "h100-sxm-80gb.toml")
+    assert "my-h100" in gpus
+    assert "a100-sxm-80gb" in gpus
+    # The built-in cache is not modified by an override.
+    assert load_gpus()["h100-sxm-80gb"].price_per_hour_usd == 4.76
+
+
+def test_environment_variable_names_the_user_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _write(tmp_path / "env", "env-gpu", _h100_as("env-gpu"))
+    _write(tmp_path / "arg", "arg-gpu", _h100_as("arg-gpu"))
+    monkeypatch.setenv(ENV_VAR, str(tmp_path / "env"))
+    assert get_gpu("env-gpu").name == "env-gpu"
+    # The argument wins over the environment variable.
+    gpus = load_gpus(tmp_path / "arg")
+    assert "arg-gpu" in gpus and "env-gpu" not in gpus
+
+
+def test_empty_environment_variable_is_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_VAR, "")
+    assert len(load_gpus()) == 19
+
+
+def test_missing_user_folder_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="is not a directory"):
+        load_gpus(tmp_path / "nowhere")
+
+
+def test_missing_key_is_named(tmp_path: Path) -> None:
+    text = "\n".join(
+        line for line in _h100_as("x").splitlines() if not line.startswith("fp8_flops")
+    )
+    _write(tmp_path, "x", text)
+    with pytest.raises(ValueError, match=r"^x\.toml: missing keys: fp8_flops$"):
+        load_gpus(tmp_path)
+
+
+def test_unknown_key_is_named(tmp_path: Path) -> None:
+    _write(tmp_path, "x", "tdp_watts = 700\n" + _h100_as("x"))
+    with pytest.raises(ValueError, match=r"^x\.toml: unknown keys: tdp_watts$"):
+        load_gpus(tmp_path)
+
+
+def test_negative_number_is_named(tmp_path: Path) -> None:
+    _write(tmp_path, "x", _h100_as("x", hbm_bandwidth_bytes_per_s="-3.35e12"))
+    with pytest.raises(ValueError, match=r"x\.toml: hbm_bandwidth_bytes_per_s must be finite"):
+        load_gpus(tmp_path)
+
+
+def test_wrong_type_is_named(tmp_path: Path) -> None:
+    _write(tmp_path, "x", _h100_as("x", memory_bytes='"80GB"'))
+    with pytest.raises(ValueError, match=r"x\.toml: memory_bytes must be an integer"):
+        load_gpus(tmp_path)
+
+
+def test_integer_written_for_a_float_field_is_accepted(tmp_path: Path) -> None:
+    _write(tmp_path, "x", _h100_as("x", price_per_hour_usd="5"))
+    gpu = load_gpus(tmp_path)["x"]
+    assert gpu.price_per_hour_usd == 5.0 and isinstance(gpu.price_per_hour_usd, float)
+
+
+def test_broken_toml_names_the_file(tmp_path: Path) -> None:
+    _write(tmp_path, "x", 'name = "x\nmemory_bytes = = 3\n')
+    with pytest.raises(ValueError, match=r"^x\.toml: invalid TOML"):
+        load_gpus(tmp_path)
+
+
+def test_name_must_equal_file_stem(tmp_path: Path) -> None:
+    _write(tmp_path, "x", _h100_as("y"))
+    with pytest.raises(ValueError, match=r"x\.toml: name 'y' must equal the file stem 'x'"):
+        load_gpus(tmp_path)
+
+
+def test_unknown_gpu_lists_allowed_names_on_one_line() -> None:
+    with pytest.raises(ValueError) as info:
+        get_gpu("h100")
+    message = str(info.value)
+    assert "\n" not in message
+    prefix = "unknown gpu 'h100'; allowed: "
+    assert message.startswith(prefix)
+    names = message.removeprefix(prefix).split(", ")
+    assert names == sorted(names) and len(names) == 19 and "h100-sxm-80gb" in names
