@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from trainmem.hardware import ENV_VAR, get_gpu, load_gpus
 
 H100_TOML = (Path(__file__).parents[3] / "hardware" / "gpus" / "h100-sxm-80gb.toml").read_text()

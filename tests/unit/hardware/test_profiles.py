@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+
 from trainmem.hardware import GIB, GpuProfile, get_gpu, load_gpus
 
 GPUS_DIR = Path(__file__).parents[3] / "hardware" / "gpus"
