@@ -1,0 +1,1 @@
+"""Benchmarks and accuracy reports: `python -m bench.throughput`, `python -m bench.accuracy`."""

@@ -1,0 +1,47 @@
+"""Ground-truth cases (tests/data/groundtruth) expressed as estimator grids."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainmem.engine import estimate, make_grid, model_from_hf_config
+
+GROUNDTRUTH_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "groundtruth"
+
+
+def load_cases() -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(GROUNDTRUTH_DIR.glob("*.json"))]
+
+
+def case_grid(case: dict[str, Any]) -> dict[str, Any]:
+    """The estimate flags that express one case (its README, "Multi-GPU cases")."""
+    t = case["training"]
+    cols: dict[str, Any] = {
+        "micro_batch_size": t["micro_batch_size"],
+        "seq_len": t["seq_len"],
+        "num_gpus": t["num_gpus"],
+        "precision": t["precision"],
+        "optimizer": t["optimizer"],
+        "recompute": t["recompute"],
+        "attention": t["attention"],
+        "framework": "hf",
+    }
+    if t.get("zero"):
+        cols["zero"] = t["zero"]
+    if t.get("tp"):
+        cols["tp"] = t["tp"]
+        cols["sequence_parallel"] = bool(t.get("sequence_parallel"))
+    if t.get("pp"):
+        cols["pp"] = t["pp"]
+        cols["global_batch_size"] = t["global_batch_size"]
+    return cols
+
+
+def estimate_case(case: dict[str, Any]) -> dict[str, float]:
+    model = model_from_hf_config(case["model_config"], name=case["id"])
+    out = estimate(model, make_grid(case_grid(case)))
+    return {k: float(np.asarray(v)[0]) for k, v in out.items() if k != "reason"}
