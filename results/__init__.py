@@ -1,1 +1,1 @@
-"""placeholder"""
+"""trainmem.results: the evaluated-points table (schema, Parquet store, queries). Imports engine only."""

@@ -1,1 +1,1 @@
-"""placeholder"""
+"""trainmem.sweep: the command line (and, later, the configuration-space search)."""

@@ -1,0 +1,121 @@
+"""Turn one estimated row into the `estimate --json` object and the human table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from trainmem.engine import COMPONENTS, GIB, PHASES, ModelSpec
+from trainmem.hardware import GpuProfile
+
+BYTES_KEYS = COMPONENTS
+
+
+def _int(x: Any) -> int:
+    return int(round(float(np.asarray(x).reshape(-1)[0])))
+
+
+def row_report(
+    model: ModelSpec,
+    out: dict[str, np.ndarray],
+    *,
+    gpu: GpuProfile,
+    config: dict[str, Any],
+    headroom: float,
+    row: int = 0,
+) -> dict[str, Any]:
+    """The JSON contract of `trainmem estimate --json` for one row (see README, "JSON")."""
+
+    def at(key: str) -> Any:
+        return np.asarray(out[key]).reshape(-1)[row]
+
+    breakdown = {k: _int(at(k)) for k in COMPONENTS}
+    peak_device = _int(at("peak_device_bytes"))
+    # Rounding each component to an int may leave a byte or two; give it to `transient`.
+    breakdown["transient"] += peak_device - sum(breakdown.values())
+    phase = PHASES[int(at("peak_phase"))]
+    persistent_bytes = {
+        "parameters": breakdown["parameters"],
+        "master_weights": breakdown["master_weights"],
+        "gradients": _int(at("gradients_total")),
+        "optimizer_states": breakdown["optimizer_states"],
+        "activations": _int(at("activations_total")),
+        "transient": breakdown["transient"],
+        "framework_overhead": breakdown["framework_overhead"],
+        "fragmentation": breakdown["fragmentation"],
+    }
+    biggest = max(breakdown, key=lambda k: breakdown[k])
+    return {
+        "model": model.name,
+        "num_parameters": model.num_parameters,
+        "config": config,
+        "bytes": persistent_bytes,
+        "breakdown_at_peak": breakdown,
+        "peak_allocated_bytes": _int(at("peak_allocated_bytes")),
+        "peak_reserved_bytes": _int(at("peak_reserved_bytes")),
+        "peak_device_bytes": peak_device,
+        "peak_phase": phase,
+        "phases": {
+            "forward": _int(at("peak_forward_bytes")),
+            "backward": _int(at("peak_backward_bytes")),
+            "optimizer_step": _int(at("peak_optimizer_step_bytes")),
+        },
+        "biggest_consumer": biggest,
+        "details": {
+            "activations_per_layer": _int(at("activations_per_layer")),
+            "activations_outside_layers": _int(at("activations_outside_layers")),
+            "activations_autocast_weight_copies": _int(at("activations_autocast_weight_copies")),
+            "optimizer_step_temporaries": _int(at("optimizer_step_temporaries")),
+            "dp": _int(at("dp")),
+            "num_microbatches": _int(at("num_microbatches")),
+        },
+        "gpu": {
+            "name": gpu.name,
+            "memory_bytes": gpu.memory_bytes,
+            "usable_bytes": gpu.usable_bytes,
+        },
+        "headroom": headroom,
+        "fits": bool(at("fits")),
+        "headroom_bytes": _int(at("headroom_bytes")),
+        "units": "bytes per device (worst rank); GiB = 2**30 in the human output",
+    }
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:9.2f}"
+
+
+def human_table(report: dict[str, Any]) -> str:
+    """Plain-text table: per-component GiB at the peak, phases, verdict."""
+    c = report["config"]
+    lines = [
+        f"{report['model']}  ({report['num_parameters']:,} parameters)",
+        f"  {c['precision']}, {c['optimizer']}, recompute {c['recompute']}, attention "
+        f"{c['attention']}, framework {c['framework']}",
+        f"  {c['num_gpus']} x {report['gpu']['name']}: tp {c['tp']} pp {c['pp']} cp {c['cp']} "
+        f"dp {report['details']['dp']}, zero {c['zero']}, micro-batch {c['micro_batch_size']} "
+        f"x seq {c['seq_len']}",
+        "",
+        "  component (per device, at the peak)      GiB",
+    ]
+    for key, val in report["breakdown_at_peak"].items():
+        lines.append(f"  {key:<36}{_gib(val)}")
+    lines += [
+        f"  {'peak device (nvidia-smi)':<36}{_gib(report['peak_device_bytes'])}",
+        f"  {'peak reserved (torch)':<36}{_gib(report['peak_reserved_bytes'])}",
+        f"  {'peak allocated (torch)':<36}{_gib(report['peak_allocated_bytes'])}",
+        "",
+        "  phase peaks (allocated, GiB): "
+        + ", ".join(f"{k} {v / GIB:.2f}" for k, v in report["phases"].items())
+        + f"  -> peak in {report['peak_phase']}",
+        f"  activations saved at end of forward: {report['bytes']['activations'] / GIB:.2f} GiB;"
+        f" biggest consumer at the peak: {report['biggest_consumer']}",
+    ]
+    usable = report["gpu"]["usable_bytes"]
+    verdict = "FITS" if report["fits"] else "DOES NOT FIT"
+    lines.append(
+        f"  {verdict} on {report['gpu']['name']} ({usable / GIB:.2f} GiB usable, "
+        f"{report['headroom']:.0%} headroom): margin {report['headroom_bytes'] / GIB:+.2f} GiB"
+    )
+    return "\n".join(lines)

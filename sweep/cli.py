@@ -1,0 +1,234 @@
+"""The `trainmem` command line (typer): estimate, models, gpus.
+
+Bad input: one line naming the field and the allowed values on stderr, exit code 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from trainmem.engine import (
+    ATTENTION,
+    FRAMEWORKS,
+    OPTIMIZERS,
+    PRECISIONS,
+    RECOMPUTE,
+    Overheads,
+    cublas_workspace_bytes_for,
+    estimate,
+    layout_reason,
+    load_model,
+    make_grid,
+    preset_names,
+)
+from trainmem.hardware import GIB, get_gpu, load_gpus
+
+from ._report import human_table, row_report
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Predict the per-GPU memory of a training job before it runs.",
+)
+
+
+def _choice(field: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{field}: unknown value '{value}'; allowed: {', '.join(allowed)}")
+    return value
+
+
+def _overrides(items: list[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[key.strip()] = float(value)
+        except ValueError:
+            raise ValueError(
+                f"--overhead: expected KEY=NUMBER, got '{item}'; keys: "
+                f"{', '.join(Overheads.names())}"
+            ) from None
+    return out
+
+
+@app.command("estimate")
+def estimate_cmd(
+    model: Annotated[str, typer.Option(help="Preset name or path to a HF config.json.")] = (
+        "llama-3.1-8b"
+    ),
+    gpu: Annotated[str, typer.Option(help="GPU profile name (see `trainmem gpus`).")] = (
+        "h100-sxm-80gb"
+    ),
+    num_gpus: Annotated[int, typer.Option(help="Total GPUs; dp = num_gpus/(tp*pp*cp).")] = 1,
+    seq_len: Annotated[int, typer.Option(help="Sequence length (tokens).")] = 2048,
+    micro_batch_size: Annotated[int, typer.Option(help="Sequences per GPU per step.")] = 1,
+    global_batch_size: Annotated[
+        int, typer.Option(help="Sequences per optimizer step (0: micro x dp).")
+    ] = 0,
+    precision: Annotated[str, typer.Option(help="|".join(PRECISIONS))] = "amp-bf16",
+    optimizer: Annotated[str, typer.Option(help="|".join(OPTIMIZERS))] = "adamw",
+    recompute: Annotated[str, typer.Option(help="|".join(RECOMPUTE))] = "none",
+    attention: Annotated[str, typer.Option(help="|".join(ATTENTION))] = "flash",
+    zero: Annotated[int, typer.Option(help="ZeRO stage 0-3 (3 = FSDP full shard).")] = 0,
+    tp: Annotated[int, typer.Option(help="Tensor parallel degree.")] = 1,
+    pp: Annotated[int, typer.Option(help="Pipeline parallel degree.")] = 1,
+    virtual_stages: Annotated[int, typer.Option(help="Interleaved stages per rank.")] = 1,
+    cp: Annotated[int, typer.Option(help="Context parallel degree.")] = 1,
+    sequence_parallel: Annotated[
+        bool, typer.Option("--sequence-parallel", help="Megatron-style sequence parallelism.")
+    ] = False,
+    framework: Annotated[str, typer.Option(help="|".join(FRAMEWORKS))] = "hf",
+    headroom: Annotated[float, typer.Option(help="Fraction of usable memory kept free.")] = 0.10,
+    hardware_dir: Annotated[
+        str | None, typer.Option(help="Folder of extra GPU TOML files (or TRAINMEM_HARDWARE_DIR).")
+    ] = None,
+    overhead: Annotated[
+        list[str] | None,
+        typer.Option(help="Override an overhead parameter, KEY=BYTES (repeatable)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Per-device memory of one training configuration: breakdown, phase peaks, fit."""
+    _choice("precision", precision, PRECISIONS)
+    _choice("optimizer", optimizer, OPTIMIZERS)
+    _choice("recompute", recompute, RECOMPUTE)
+    _choice("attention", attention, ATTENTION)
+    _choice("framework", framework, FRAMEWORKS)
+    if not 0.0 <= headroom < 1.0:
+        raise ValueError(f"headroom: must be in [0, 1), got {headroom}")
+    spec = load_model(model)
+    profile = get_gpu(gpu, hardware_dir)
+    config: dict[str, Any] = {
+        "micro_batch_size": micro_batch_size,
+        "seq_len": seq_len,
+        "num_gpus": num_gpus,
+        "global_batch_size": global_batch_size,
+        "tp": tp,
+        "pp": pp,
+        "cp": cp,
+        "virtual_stages": virtual_stages,
+        "zero": zero,
+        "sequence_parallel": sequence_parallel,
+        "precision": precision,
+        "optimizer": optimizer,
+        "recompute": recompute,
+        "attention": attention,
+        "framework": framework,
+    }
+    grid = make_grid(config)
+    reason = str(layout_reason(spec, grid)[0])
+    if reason:
+        raise ValueError(f"layout: {reason}")
+    ov = Overheads(cublas_workspace_bytes=cublas_workspace_bytes_for(profile.arch))
+    ov = ov.with_overrides(_overrides(overhead or []))
+    out = estimate(spec, grid, usable_bytes=profile.usable_bytes, headroom=headroom, overheads=ov)
+    report = row_report(spec, out, gpu=profile, config=config, headroom=headroom)
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        typer.echo(human_table(report))
+
+
+@app.command("models")
+def models_cmd(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """The built-in model presets with their exact parameter counts."""
+    rows = []
+    for name in preset_names():
+        m = load_model(name)
+        rows.append(
+            {
+                "name": name,
+                "family": m.family,
+                "num_parameters": m.num_parameters,
+                "hidden_size": m.hidden_size,
+                "num_hidden_layers": m.num_hidden_layers,
+                "num_attention_heads": m.num_attention_heads,
+                "num_key_value_heads": m.num_key_value_heads,
+                "vocab_size": m.vocab_size,
+            }
+        )
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    typer.echo(f"{'name':<20}{'family':<9}{'parameters':>18}{'layers':>8}{'hidden':>8}{'heads':>7}")
+    for r in rows:
+        typer.echo(
+            f"{r['name']:<20}{r['family']:<9}{r['num_parameters']:>18,}"
+            f"{r['num_hidden_layers']:>8}{r['hidden_size']:>8}"
+            f"{r['num_attention_heads']:>4}/{r['num_key_value_heads']:<3}"
+        )
+
+
+@app.command("gpus")
+def gpus_cmd(
+    hardware_dir: Annotated[str | None, typer.Option(help="Folder of extra GPU TOML files.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """The GPU profiles: memory, usable memory, dense bf16 throughput, price."""
+    gpus = load_gpus(hardware_dir)
+    rows = [
+        {
+            "name": g.name,
+            "memory_bytes": g.memory_bytes,
+            "usable_bytes": g.usable_bytes,
+            "bf16_flops": g.bf16_flops,
+            "price_per_hour_usd": g.price_per_hour_usd,
+            "price_date": g.price_date,
+            "path": g.path,
+        }
+        for g in sorted(gpus.values(), key=lambda g: g.name)
+    ]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    typer.echo(f"{'name':<18}{'memory GiB':>11}{'usable GiB':>11}{'bf16 TFLOP/s':>13}{'$/h':>7}")
+    for r in rows:
+        typer.echo(
+            f"{r['name']:<18}{r['memory_bytes'] / GIB:>11.2f}{r['usable_bytes'] / GIB:>11.2f}"
+            f"{r['bf16_flops'] / 1e12:>13.1f}{r['price_per_hour_usd']:>7.2f}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point: one-line errors, exit code 2 on bad input.
+
+    typer vendors its own click in recent releases, so click's exceptions are matched by their
+    interface (`exit_code`, `format_message`) rather than by class.
+    """
+    try:
+        app(args=argv, standalone_mode=False)
+    except ValueError as exc:
+        print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if type(exc).__name__ == "Exit":
+            return int(getattr(exc, "exit_code", 0) or 0)
+        if type(exc).__name__ == "Abort":
+            print("error: aborted", file=sys.stderr)
+            return 130
+        if hasattr(exc, "format_message"):
+            message = " ".join(str(exc.format_message()).split())
+            if message:
+                print(f"error: {message}", file=sys.stderr)
+            return int(getattr(exc, "exit_code", 2) or 2)
+        raise
+    return 0
+
+
+def run() -> None:
+    sys.exit(main())
+
+
+
