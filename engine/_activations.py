@@ -19,9 +19,7 @@ SMALL_TENSOR_BYTES = 512
 """One allocator block: what a scalar or an rng seed/offset tensor occupies."""
 
 
-def hf_norm_bytes(
-    m: ModelSpec, *, T, e, r, amp, sp_div, num_consumers: int
-) -> np.ndarray:
+def hf_norm_bytes(m: ModelSpec, *, T, e, r, amp, sp_div, num_consumers: int) -> np.ndarray:
     """Bytes one normalisation layer saves, including what its consuming linear(s) save.
 
     Source: transformers LlamaRMSNorm.forward (x.to(float32); x * rsqrt(mean(x^2)+eps);

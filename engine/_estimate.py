@@ -67,12 +67,22 @@ def _stage(
 
     # ---- model states -------------------------------------------------------------------
     full = st.local_param_numel(
-        m, tp=tp, num_layers_local=num_layers_local, first_stage=first, last_stage=last,
-        shard=np.zeros_like(sp), dp_shard=np.ones_like(tp),
+        m,
+        tp=tp,
+        num_layers_local=num_layers_local,
+        first_stage=first,
+        last_stage=last,
+        shard=np.zeros_like(sp),
+        dp_shard=np.ones_like(tp),
     )
     shard = st.local_param_numel(
-        m, tp=tp, num_layers_local=num_layers_local, first_stage=first, last_stage=last,
-        shard=np.ones_like(sp), dp_shard=dp.astype(np.float64),
+        m,
+        tp=tp,
+        num_layers_local=num_layers_local,
+        first_stage=first,
+        last_stage=last,
+        shard=np.ones_like(sp),
+        dp_shard=dp.astype(np.float64),
     )
     n_full = full["total"]
     tensors_full = full["_tensors"]
@@ -122,15 +132,14 @@ def _stage(
     )
     # foreach temporaries: one state-sized list per (device, dtype) group; HF TP without SP
     # keeps the replicated norms as plain tensors, a separate (smaller) group.
-    group_numel = n_state_local - np.where((fw == HF) & (tp > 1) & ~sp & (zero < 1),
-                                           full["replicated"], 0.0)
+    group_numel = n_state_local - np.where(
+        (fw == HF) & (tp > 1) & ~sp & (zero < 1), full["replicated"], 0.0
+    )
     step_temp = st.STEP_TEMP_STATES[opt] * state_e * group_numel
     step_temp = np.where(opt == ADAFACTOR, 2.0 * 4.0 * full["max_tensor"], step_temp)
     # Mixed precision without FSDP2: fp32 gradient partition created for the step (DeepSpeed
     # bf16 optimizer `single_partition_of_fp32_groups` grads; Megatron reads main_grad).
-    step_temp = step_temp + np.where(
-        mixed & ~fsdp2 & (fw != MEGATRON), 4.0 * n_state_local, 0.0
-    )
+    step_temp = step_temp + np.where(mixed & ~fsdp2 & (fw != MEGATRON), 4.0 * n_state_local, 0.0)
 
     # ---- activations --------------------------------------------------------------------
     loss_tp_div = np.where(fw == MEGATRON, tp, 1.0)
@@ -139,12 +148,14 @@ def _stage(
         eager,
         act.hf_attention_bytes(m, T=T, s=s, e=e, tp=tp, eager=True)
         - act.hf_attention_bytes(m, T=T, s=s, e=e, tp=tp, eager=False)
-        + e * T * m.q_dim / tp + 4.0 * m.num_attention_heads / tp * T,
+        + e * T * m.q_dim / tp
+        + 4.0 * m.num_attention_heads / tp * T,
         e * T * m.q_dim / tp + 4.0 * m.num_attention_heads / tp * T,
     )
     layer_ckpt = act.hf_checkpointed_layer_bytes(m, T=T, r=r, tp=tp, sp=sp)
-    layer_hf = np.where(rc == FULL, layer_ckpt, np.where(rc == SELECTIVE, layer_full - core,
-                                                         layer_full))
+    layer_hf = np.where(
+        rc == FULL, layer_ckpt, np.where(rc == SELECTIVE, layer_full - core, layer_full)
+    )
     layer_mg = act.megatron_layer_bytes(m, s=s / cp, b=b, tp=tp, sp=sp, recompute_code=rc)
     layer = np.where(fw == MEGATRON, layer_mg, layer_hf)
 
@@ -206,13 +217,13 @@ def _stage(
     small = BUFFER_BYTES + INPUT_BYTES_PER_TOKEN * T
     persistent = parameters + master + optimizer_states + small + pipe_buffers + ds_buffers
     grads_live = np.where((num_micro > 1) | (pp > 1), gradients, 0.0)
-    loss_extra = act.hf_loss_forward_extra_bytes(
-        m, T=T, e=e, r=r, amp=amp, loss_tp_div=loss_tp_div
-    ) if last else 0.0
-    amp_ckpt_copies = np.where(amp & (rc == FULL), copies_layers, 0.0)
-    forward_peak = (
-        persistent + grads_live + activations + loss_extra + amp_ckpt_copies + fsdp_fwd
+    loss_extra = (
+        act.hf_loss_forward_extra_bytes(m, T=T, e=e, r=r, amp=amp, loss_tp_div=loss_tp_div)
+        if last
+        else 0.0
     )
+    amp_ckpt_copies = np.where(amp & (rc == FULL), copies_layers, 0.0)
+    forward_peak = persistent + grads_live + activations + loss_extra + amp_ckpt_copies + fsdp_fwd
     loss_grads = 8.0 * T * m.vocab_size / loss_tp_div if last else 0.0
     backward_start = persistent + grads_live + activations + loss_grads + fsdp_fwd
 
@@ -222,24 +233,30 @@ def _stage(
     # residual gradients in flight.
     f_r = m.intermediate_size / tp
     mlp_mats = 3.0 if m.gated_mlp else 2.0
-    mlp_numel = sum(p.numel for p in m.param_tensors()
-                    if p.group == "layer" and p.name.startswith(("gate", "up", "fc_")))
+    mlp_numel = sum(
+        p.numel
+        for p in m.param_tensors()
+        if p.group == "layer" and p.name.startswith(("gate", "up", "fc_"))
+    )
     mlp_numel_r = mlp_numel / tp
     grad_layer_e = grad_e
     grad_layer_local = np.where(zero >= 2, shard["layer"], layer_numel) * grad_layer_e
     grad_embed_local = np.where(zero >= 2, shard["embed"], full["embed"]) * grad_e
-    done_mlp = np.where(zero >= 2, mlp_numel_r / dp, mlp_numel_r) * grad_e * (
-        (mlp_mats - 1.0) / mlp_mats
+    done_mlp = (
+        np.where(zero >= 2, mlp_numel_r / dp, mlp_numel_r) * grad_e * ((mlp_mats - 1.0) / mlp_mats)
     )
     grads_end = gradients - grad_embed_local - grad_layer_local + done_mlp
-    grads_end = grads_end - np.where(fsdp2 & (dp > 1), grad_layer_local
-                                     + shard["final_head"] * grad_e, 0.0)
+    grads_end = grads_end - np.where(
+        fsdp2 & (dp > 1), grad_layer_local + shard["final_head"] * grad_e, 0.0
+    )
     act_end = (
-        layer_full - (mlp_mats * e * T * f_r if m.gated_mlp else 0.0) * (mlp_mats - 1) / mlp_mats
-        + rope + np.where(rc == FULL, np.where(r < 4, layer_ckpt, 0.0), 0.0)
+        layer_full
+        - (mlp_mats * e * T * f_r if m.gated_mlp else 0.0) * (mlp_mats - 1) / mlp_mats
+        + rope
+        + np.where(rc == FULL, np.where(r < 4, layer_ckpt, 0.0), 0.0)
     )
     act_end = np.where(pp > 1, act_end + (in_flight - 1.0) * stage_act_one, act_end)
-    temp_end = (7.0 * e * T * f_r + (2.0 * r + np.where(amp, 2.0 * e, 0.0)) * T * m.hidden_size)
+    temp_end = 7.0 * e * T * f_r + (2.0 * r + np.where(amp, 2.0 * e, 0.0)) * T * m.hidden_size
     fsdp_bwd = np.where(
         fsdp2 & (dp > 1),
         2.0 * root_numel + 2.0 * 2.0 * layer_numel + 4.0 * layer_numel + 2.0 * root_numel,
@@ -296,18 +313,26 @@ def layout_reason(m: ModelSpec, g: Grid) -> np.ndarray:
         flag(g[field] < 1, f"{field} must be >= 1")
     flag((g["zero"] < 0) | (g["zero"] > 3), "zero must be 0, 1, 2 or 3")
     flag(g["num_gpus"] % np.maximum(par, 1) != 0, "num_gpus must be divisible by tp*pp*cp")
-    flag(m.num_attention_heads % np.maximum(g["tp"], 1) != 0,
-         f"num_attention_heads ({m.num_attention_heads}) must be divisible by tp")
-    flag((m.num_key_value_heads % np.maximum(g["tp"], 1) != 0)
-         & (g["tp"] % np.maximum(m.num_key_value_heads, 1) != 0),
-         "num_key_value_heads and tp must divide one another")
-    flag(m.num_hidden_layers % np.maximum(g["pp"] * g["virtual_stages"], 1) != 0,
-         f"num_hidden_layers ({m.num_hidden_layers}) must be divisible by pp*virtual_stages")
+    flag(
+        m.num_attention_heads % np.maximum(g["tp"], 1) != 0,
+        f"num_attention_heads ({m.num_attention_heads}) must be divisible by tp",
+    )
+    flag(
+        (m.num_key_value_heads % np.maximum(g["tp"], 1) != 0)
+        & (g["tp"] % np.maximum(m.num_key_value_heads, 1) != 0),
+        "num_key_value_heads and tp must divide one another",
+    )
+    flag(
+        m.num_hidden_layers % np.maximum(g["pp"] * g["virtual_stages"], 1) != 0,
+        f"num_hidden_layers ({m.num_hidden_layers}) must be divisible by pp*virtual_stages",
+    )
     flag(g["seq_len"] % np.maximum(g["cp"], 1) != 0, "seq_len must be divisible by cp")
     dp = np.maximum(g["num_gpus"] // np.maximum(par, 1), 1)
     gbs = g["global_batch_size"]
-    flag((gbs > 0) & (gbs % (g["micro_batch_size"] * dp) != 0),
-         "global_batch_size must be divisible by micro_batch_size*dp")
+    flag(
+        (gbs > 0) & (gbs % (g["micro_batch_size"] * dp) != 0),
+        "global_batch_size must be divisible by micro_batch_size*dp",
+    )
     return reason
 
 
@@ -342,14 +367,16 @@ def estimate(
         both = _stage(m, g, first=True, last=True, dp=dp, num_micro=num_micro)
         last = _stage(m, g, first=False, last=True, dp=dp, num_micro=num_micro)
         pick_last = ~single & (last["peak_allocated"] > first["peak_allocated"])
-        worst = {
-            k: np.where(single, both[k], np.where(pick_last, last[k], first[k]))
-            for k in both
-        }
+        worst = {k: np.where(single, both[k], np.where(pick_last, last[k], first[k])) for k in both}
 
     peak_allocated = worst["peak_allocated"]
-    non_persistent = peak_allocated - worst["parameters"] - worst["master_weights"] - worst[
-        "optimizer_states"] - worst["grads_at_peak"]
+    non_persistent = (
+        peak_allocated
+        - worst["parameters"]
+        - worst["master_weights"]
+        - worst["optimizer_states"]
+        - worst["grads_at_peak"]
+    )
     fragmentation = ov.fragmentation_fraction * np.maximum(non_persistent, 0.0)
     workspace = ov.cublas_workspace_bytes
     peak_reserved = peak_allocated + workspace + fragmentation

@@ -73,9 +73,7 @@ def encode(field: str, values: Any) -> np.ndarray:
     flat = [str(v) for v in np.ravel(arr)]
     unknown = sorted({v for v in flat if v not in lookup})
     if unknown:
-        raise ValueError(
-            f"{field}: unknown value '{unknown[0]}'; allowed: {', '.join(vocab)}"
-        )
+        raise ValueError(f"{field}: unknown value '{unknown[0]}'; allowed: {', '.join(vocab)}")
     return np.array([lookup[v] for v in flat], dtype=np.int8).reshape(arr.shape)
 
 

@@ -33,7 +33,9 @@ def _read_json(path: Path) -> dict[str, Any]:
 def _load_cached(name_or_path: str) -> ModelSpec:
     path = Path(name_or_path)
     if name_or_path in preset_names():
-        return model_from_hf_config(_read_json(PRESET_DIR / f"{name_or_path}.json"), name=name_or_path)
+        return model_from_hf_config(
+            _read_json(PRESET_DIR / f"{name_or_path}.json"), name=name_or_path
+        )
     if path.is_dir() and (path / "config.json").is_file():
         path = path / "config.json"
     if path.is_file():

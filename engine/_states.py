@@ -6,6 +6,8 @@ fancy-index over the whole column.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ._model import ModelSpec
@@ -64,7 +66,7 @@ def _split_numel(shape: tuple[int, ...], split: str, tp: np.ndarray) -> np.ndarr
 
 def local_param_numel(
     m: ModelSpec, *, tp, num_layers_local, first_stage, last_stage, shard, dp_shard
-) -> dict[str, np.ndarray]:
+) -> dict[str, Any]:
     """Per-rank parameter elements and per-tensor-rounded bytes factors, by group.
 
     Returns numel (elements) for: total, embed, layer (one layer), final_head (final norm + head),
@@ -110,7 +112,7 @@ def local_param_numel(
 
 def rounded_bytes(numel_by_tensor: dict, elem_bytes, num_layers_local) -> np.ndarray:
     """Sum of per-tensor bytes, each rounded to the allocator block (what memory_allocated sees)."""
-    total = 0.0
+    total: Any = 0.0
     for key, tensors in numel_by_tensor.items():
         mult = num_layers_local if key == "layer" else 1.0
         for n in tensors:
@@ -120,7 +122,7 @@ def rounded_bytes(numel_by_tensor: dict, elem_bytes, num_layers_local) -> np.nda
 
 def eight_bit_state_bytes(m: ModelSpec, numel_by_tensor: dict, num_layers_local) -> np.ndarray:
     """bitsandbytes AdamW8bit states: 8-bit blockwise for big tensors, fp32 for small ones."""
-    total = 0.0
+    total: Any = 0.0
     for key, tensors in numel_by_tensor.items():
         mult = num_layers_local if key == "layer" else 1.0
         for n in tensors:

@@ -1,1 +1,4 @@
-"""trainmem.results: the evaluated-points table (schema, Parquet store, queries). Imports engine only."""
+"""trainmem.results: the evaluated-points table
+
+Schema, Parquet store and queries (the sweep issue). Imports engine only.
+"""

@@ -170,7 +170,9 @@ def models_cmd(
 
 @app.command("gpus")
 def gpus_cmd(
-    hardware_dir: Annotated[str | None, typer.Option(help="Folder of extra GPU TOML files.")] = None,
+    hardware_dir: Annotated[
+        str | None, typer.Option(help="Folder of extra GPU TOML files.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """The GPU profiles: memory, usable memory, dense bf16 throughput, price."""
@@ -229,6 +231,3 @@ def main(argv: list[str] | None = None) -> int:
 
 def run() -> None:
     sys.exit(main())
-
-
-
