@@ -8,6 +8,7 @@ whether parameters, gradients and optimizer states are exact.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ._groundtruth import estimate_case, load_cases
 
@@ -36,27 +37,64 @@ def rows() -> list[dict[str, object]]:
     return out
 
 
+README = Path(__file__).resolve().parent.parent / "README.md"
+BEGIN, END = "<!-- accuracy:begin -->", "<!-- accuracy:end -->"
+
+
+def markdown() -> str:
+    """The accuracy table as Markdown (what --update-readme writes between the markers)."""
+    lines = [
+        "| case | params, grads, optimizer states exact | activations error "
+        "| peak allocated error |",
+        "|---|---|---:|---:|",
+    ]
+    table = rows()
+    for r in table:
+        note = " (non-worst pipeline stage; see per-stage view)" if r["per_stage"] else ""
+        lines.append(
+            f"| {r['case']}{note} | {'yes' if r['states_exact'] else 'no'} | "
+            f"{r['activations_err']:+.2%} | {r['peak_err']:+.2%} |"
+        )
+    worst = [r for r in table if not r["per_stage"]]
+    lines.append("")
+    lines.append(
+        f"{len(worst)} worst-rank cases: max |activations error| "
+        f"{max(abs(float(r['activations_err'])) for r in worst):.2%}, max |peak allocated error| "
+        f"{max(abs(float(r['peak_err'])) for r in worst):.2%}."
+    )
+    return "\n".join(lines)
+
+
+def update_readme() -> None:
+    text = README.read_text()
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    tmp = README.with_suffix(".md.tmp")
+    tmp.write_text(f"{head}{BEGIN}\n{markdown()}\n{END}{tail}")
+    tmp.replace(README)  # atomic
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--markdown", action="store_true", help="Print a Markdown table.")
+    parser.add_argument(
+        "--update-readme", action="store_true", help="Rewrite the README's accuracy table."
+    )
     args = parser.parse_args()
+    if args.update_readme:
+        update_readme()
+        return
+    if args.markdown:
+        print(markdown())
+        return
     table = rows()
     worst_rank = [r for r in table if not r["per_stage"]]
-    if args.markdown:
-        print("| case | states exact | activations error | peak allocated error |")
-        print("|---|---|---:|---:|")
     for r in table:
-        note = " (non-worst pipeline stage: not estimated)" if r["per_stage"] else ""
-        if args.markdown:
-            print(
-                f"| {r['case']}{note} | {'yes' if r['states_exact'] else 'no'} | "
-                f"{r['activations_err']:+.2%} | {r['peak_err']:+.2%} |"
-            )
-        else:
-            print(
-                f"{r['case']:<48} states_exact={r['states_exact']!s:<5} "
-                f"activations={r['activations_err']:+.3%} peak={r['peak_err']:+.3%}{note}"
-            )
+        note = " (non-worst pipeline stage)" if r["per_stage"] else ""
+        print(
+            f"{r['case']:<48} states_exact={r['states_exact']!s:<5} "
+            f"activations={r['activations_err']:+.3%} peak={r['peak_err']:+.3%}{note}"
+        )
     max_act = max(abs(float(r["activations_err"])) for r in worst_rank)
     max_peak = max(abs(float(r["peak_err"])) for r in worst_rank)
     exact = sum(bool(r["states_exact"]) for r in table)
