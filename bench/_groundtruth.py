@@ -43,5 +43,6 @@ def case_grid(case: dict[str, Any]) -> dict[str, Any]:
 
 def estimate_case(case: dict[str, Any]) -> dict[str, float]:
     model = model_from_hf_config(case["model_config"], name=case["id"])
-    out = estimate(model, make_grid(case_grid(case)))
+    stage = case["training"].get("pp_rank")  # a per-stage view of a non-worst rank
+    out = estimate(model, make_grid(case_grid(case)), pp_stage=stage)
     return {k: float(np.asarray(v)[0]) for k, v in out.items() if k != "reason"}

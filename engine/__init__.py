@@ -4,7 +4,7 @@ Columns in (a grid: one numpy array per field), columns out. Pure: no I/O beyond
 shipped presets.
 """
 
-from ._estimate import COMPONENTS, PHASES, estimate, layout_reason
+from ._estimate import COMPONENTS, PHASES, REASONS, estimate, layout_reason, reason_text
 from ._grid import (
     ATTENTION,
     DEFAULTS,
@@ -30,6 +30,7 @@ __all__ = [
     "OPTIMIZERS",
     "PHASES",
     "PRECISIONS",
+    "REASONS",
     "RECOMPUTE",
     "Grid",
     "ModelSpec",
@@ -42,4 +43,5 @@ __all__ = [
     "make_grid",
     "model_from_hf_config",
     "preset_names",
+    "reason_text",
 ]

@@ -24,6 +24,7 @@ from trainmem.engine import (
     load_model,
     make_grid,
     preset_names,
+    reason_text,
 )
 from trainmem.hardware import GIB, get_gpu, load_gpus
 
@@ -123,7 +124,7 @@ def estimate_cmd(
         "framework": framework,
     }
     grid = make_grid(config)
-    reason = str(layout_reason(spec, grid)[0])
+    reason = reason_text(layout_reason(spec, grid)[0])
     if reason:
         raise ValueError(f"layout: {reason}")
     ov = Overheads(cublas_workspace_bytes=cublas_workspace_bytes_for(profile.arch))

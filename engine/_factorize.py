@@ -1,0 +1,68 @@
+"""Evaluate expensive per-row terms once per distinct key, then gather them back to the rows.
+
+Model states depend on a handful of low-cardinality columns (tp, pp, dp, zero, precision,
+optimizer, framework, stage); activations on a few others. A sweep grid repeats each combination
+many times, so the per-tensor work runs on the distinct combinations only. This is still one
+vectorized pass: no Python loop over rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+_DENSE_LIMIT = 1 << 22
+"""Largest key space factorized with a dense table (else numpy's sort-based unique)."""
+
+
+def _dense_codes(col: np.ndarray) -> tuple[np.ndarray, int]:
+    """Codes 0..k-1 for a column's distinct values (order-preserving), and k."""
+    col = np.asarray(col)
+    if col.dtype == bool:
+        return col.astype(np.int64), 2
+    if col.dtype.kind in "iu" and col.size:
+        lo, hi = int(col.min()), int(col.max())
+        if hi - lo < _DENSE_LIMIT:
+            present = np.zeros(hi - lo + 1, dtype=bool)
+            present[col - lo] = True
+            lut = np.cumsum(present) - 1
+            return lut[col - lo], int(present.sum())
+    uniq, inv = np.unique(col, return_inverse=True)
+    return inv.reshape(-1), len(uniq)
+
+
+def factorize(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(inverse, representatives): row -> distinct-key index, and one row index per key."""
+    n = len(columns[0])
+    key = np.zeros(n, dtype=np.int64)
+    space = 1
+    for col in columns:
+        codes, k = _dense_codes(col)
+        key = key * k + codes
+        space *= k
+        if space >= _DENSE_LIMIT:  # compress before the key space overflows
+            key, space = _dense_codes(key)
+    inverse, num_keys = _dense_codes(key)
+    representatives = np.empty(num_keys, dtype=np.int64)
+    representatives[inverse] = np.arange(n)
+    return inverse, representatives
+
+
+def per_key(
+    fn: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
+    columns: dict[str, np.ndarray],
+    key_fields: Sequence[str],
+) -> dict[str, np.ndarray]:
+    """Run `fn` on the distinct combinations of `key_fields` and broadcast back to every row.
+
+    `fn` receives the columns restricted to one representative row per combination; it must
+    depend only on `key_fields` (and on values that are functions of them).
+    """
+    n = len(columns[key_fields[0]])
+    inverse, reps = factorize([columns[k] for k in key_fields])
+    if len(reps) == n:  # nothing repeats: evaluate in place
+        return {k: np.broadcast_to(v, (n,)) for k, v in fn(columns).items()}
+    sub = {k: columns[k][reps] for k in key_fields}
+    out = fn(sub)
+    return {k: np.broadcast_to(v, (len(reps),))[inverse] for k, v in out.items()}
