@@ -63,9 +63,7 @@ def run_case(name: str) -> dict[str, object]:
         model.gradient_checkpointing_enable()
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
-    ids = torch.randint(
-        0, config.vocab_size, (t["micro_batch_size"], t["seq_len"]), device="cuda"
-    )
+    ids = torch.randint(0, config.vocab_size, (t["micro_batch_size"], t["seq_len"]), device="cuda")
 
     def step() -> None:
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "amp-bf16"):

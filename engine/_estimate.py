@@ -265,9 +265,7 @@ def _activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nd
     f_r = m.intermediate_size / tp
     freed_mlp = (3.0 if m.gated_mlp else 1.0) * e * T * f_r
     act_end = layer_full - freed_mlp + rope + np.where((rc == FULL) & (r < 4), layer_ckpt, 0.0)
-    temp_end = BACKWARD_MLP_TEMP_TF * e * T * f_r + (
-        2.0 * r + np.where(amp, 2.0 * e, 0.0)
-    ) * T * h
+    temp_end = BACKWARD_MLP_TEMP_TF * e * T * f_r + (2.0 * r + np.where(amp, 2.0 * e, 0.0)) * T * h
     # Forward working set of a checkpointed layer on a pipeline stage: the trace shows about a
     # full layer's activations less two [T, f] tensors (pp rank 0, 1F1B, 4 in flight).
     fwd_working = np.where((rc == FULL) & ~last, layer_full - 2.0 * e * T * f_r, 0.0)
@@ -348,9 +346,7 @@ def _assemble(
         0.0,
     )
     # torch.distributed.pipelining allocates one receive buffer per micro-batch; Megatron two.
-    pipe_buffers = np.where(
-        multi, np.where(fw == HF, num_micro, 2.0) * A["pipe_buffer_one"], 0.0
-    )
+    pipe_buffers = np.where(multi, np.where(fw == HF, num_micro, 2.0) * A["pipe_buffer_one"], 0.0)
 
     small = BUFFER_BYTES + INPUT_BYTES_PER_TOKEN * A["T"]
     persistent = (
