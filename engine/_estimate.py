@@ -170,19 +170,39 @@ def _state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray
     grad_mlp_done = (
         mlp_numel / tp / np.where(sharded_grads, dp, 1.0) * grad_e * (mlp_mats - 1.0) / mlp_mats
     )
+    # Transient buffers that depend on the layout only.
+    layer_numel, root_numel = full["layer"], full["embed"] + full["final_head"]
+    fsdp_active = fsdp2 & (dp > 1)
+    # FSDP2: the root's unsharded 16-bit copy stays from forward to the end of backward
+    # (reshard_after_forward=False for the root); one layer's all-gather output in flight.
+    fsdp_fwd = np.where(fsdp_active, 2.0 * root_numel + 2.0 * layer_numel, 0.0)
+    # ... and at the end of backward: two layers unsharded (current + prefetch), the fp32
+    # reduce-scatter input of one layer, the root's 16-bit gradients before their reduce.
+    fsdp_bwd = np.where(
+        fsdp_active, 2.0 * root_numel * 2.0 + 2.0 * 2.0 * layer_numel + 4.0 * layer_numel, 0.0
+    )
+    h2 = float(m.hidden_size) ** 2
+    ds_buffers = np.where(
+        (fw == DEEPSPEED) & (zero >= 1) & (dp > 1),
+        2.0 * DEEPSPEED_BUCKET_ELEMS_PER_H2 * h2 * 2.0
+        + np.where(zero >= 3, 0.9 * h2 * 2.0 + 2.0 * layer_numel, 0.0),
+        0.0,
+    )
+    # End of backward: all gradients but the embedding's, layer 0's attention and one MLP
+    # matrix (and, under FSDP2, the root's and two layers' not yet reduce-scattered).
+    grads_end = gradients - grad_embed - grad_layer + grad_mlp_done
+    grads_end = grads_end - np.where(fsdp_active, grad_layer + grad_final_head, 0.0)
+    states = parameters + master + optimizer_states
     return {
         "parameters": parameters,
         "master_weights": master,
         "gradients": gradients,
         "optimizer_states": optimizer_states,
         "optimizer_step_temporaries": step_temp,
-        "grad_embed": grad_embed,
-        "grad_layer": grad_layer,
-        "grad_final_head": grad_final_head,
-        "grad_mlp_done": grad_mlp_done,
-        "layer_numel": full["layer"],
-        "root_numel": full["embed"] + full["final_head"],
-        "fsdp2": fsdp2,
+        "persistent": states + ds_buffers,
+        "fsdp_fwd": fsdp_fwd,
+        "end_grads": grads_end + fsdp_bwd,
+        "optimizer_peak": states + gradients + step_temp,
     }
 
 
@@ -272,128 +292,91 @@ def _activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nd
     # Backward of a recomputed layer on a pipeline stage: the seven [T, f] MLP gradients and one
     # residual gradient (the other arrives in the receive buffer).
     temp_recompute = BACKWARD_MLP_TEMP_TF * e * T * f_r + e * T * h
+    multi = pp > 1
+    ckpt_multi = (rc == FULL) & multi
+    small = BUFFER_BYTES + INPUT_BYTES_PER_TOKEN * T
+    amp_ckpt_copies = np.where(amp & (rc == FULL), copies_layers, 0.0)
+    # torch.distributed.pipelining allocates one receive buffer per micro-batch; Megatron two.
+    pipe_one = np.where(multi, e * T * h / sp_div, 0.0)
     return {
         "activations_per_layer": layer,
-        "layer_full": layer_full,
         "activations_outside_layers": outside,
-        "stage_act": stage_act,
-        "loss_outside": np.where(last, outside - rope, zero_col),
         "activations_autocast_weight_copies": autocast_copies,
-        "copies_layers": copies_layers,
-        "loss_extra": loss_extra,
-        "loss_grads": loss_grads,
-        "act_end": act_end,
-        "temp_end": temp_end,
-        "fwd_working": fwd_working,
-        "temp_recompute": temp_recompute,
-        "embed_grad_in": np.where(first, T * h * r, 0.0),
-        "pipe_buffer_one": e * T * h / sp_div,
-        "eTh": e * T * h,
-        "T": T,
-        "amp": amp,
+        "stage_act": stage_act,
+        "small": small,
+        "fwd_extra": small
+        + autocast_copies
+        + loss_extra
+        + amp_ckpt_copies
+        + np.where(multi, fwd_working, 0.0),
+        "bwd_start_extra": small + loss_grads,
+        "bwd_end_extra": small + act_end + temp_end - stage_act,
+        "embed_extra": small + np.where(first, T * h * r, 0.0),
+        # A pipeline stage recomputing one layer in backward holds that layer on top of what is
+        # stored, the loss tensors being freed by then: the excess over `stored`, if any.
+        "recompute_excess": np.where(
+            ckpt_multi,
+            np.maximum(layer_full - (np.where(last, outside - rope, zero_col)), 0.0),
+            0.0,
+        ),
+        "recompute_extra": np.where(ckpt_multi, small + temp_recompute, -np.inf),
+        "pipe_per_micro": np.where(fw == HF, pipe_one, 0.0),
+        "pipe_fixed": np.where(fw == HF, 0.0, 2.0 * pipe_one),
     }
 
 
 def _assemble(
     m: ModelSpec, g: Grid, cols: dict[str, np.ndarray], num_micro: np.ndarray
 ) -> dict[str, np.ndarray]:
-    """Phase peaks (allocated bytes) for the stage each row's `stage_pos` names."""
+    """Phase peaks (allocated bytes) for the stage each row's `stage_pos` names.
+
+    Everything that depends on the layout only (S) or on the micro-batch shape only (A) comes
+    precombined from the per-key passes; what is left per row is a few dozen array operations.
+    """
     S = per_key(lambda c: _state_terms(m, c), cols, STATE_KEYS)
     A = per_key(lambda c: _activation_terms(m, c), cols, ACT_KEYS)
-    pp = g["pp"].astype(np.float64)
-    dp = cols["dp"].astype(np.float64)
-    rc = g["recompute"]
-    fw = g["framework"]
-    zero = g["zero"]
-    first = cols["stage_pos"] <= 1
+    pp = g["pp"]
     multi = pp > 1
 
     # Pipeline: 1F1B keeps min(pp - rank, m) micro-batches in flight; interleaving multiplies
     # the first stage's by 1 + (p - 1)/(p v). Source: Narayanan et al. 2021, Sec. 2.2;
     # Korthikanti et al. 2022, Sec. 4.2.2.
-    v = g["virtual_stages"].astype(np.float64)
+    v = g["virtual_stages"]
+    interleave = np.where(v > 1, 1.0 + (pp - 1.0) / (pp * v), 1.0)
     in_flight = np.where(
-        multi & first,
-        np.minimum(pp, num_micro) * np.where(v > 1, 1.0 + (pp - 1.0) / (pp * v), 1.0),
-        1.0,
+        multi & (cols["stage_pos"] <= 1), np.minimum(pp, num_micro) * interleave, 1.0
     )
-    # "Activations" of a pipeline stage = the most alive at any moment of the schedule: the end
-    # of a forward, or a backward recomputing one layer (by then the loss tensors are freed).
     stored = in_flight * A["stage_act"]
-    recomputing = np.where(
-        (rc == FULL) & multi,
-        stored - A["loss_outside"] + A["layer_full"],
-        0.0,
-    )
-    activations = np.maximum(stored, recomputing) + A["activations_autocast_weight_copies"]
+    # "Activations" of a pipeline stage: the most alive at any moment of the schedule.
+    activations = stored + A["recompute_excess"] + A["activations_autocast_weight_copies"]
 
-    # Transient buffers.
-    fsdp2 = S["fsdp2"] & (dp > 1)
-    # FSDP2: the root's unsharded 16-bit copy stays from forward to the end of backward
-    # (reshard_after_forward=False for the root); one layer's all-gather output in flight.
-    fsdp_fwd = np.where(fsdp2, 2.0 * S["root_numel"] + 2.0 * S["layer_numel"], 0.0)
-    # ... and at the end of backward: two layers unsharded (current + prefetch), the fp32
-    # reduce-scatter input of one layer, the root's 16-bit gradients before their reduce.
-    fsdp_bwd = np.where(
-        fsdp2, 2.0 * S["root_numel"] * 2.0 + 2.0 * 2.0 * S["layer_numel"] + 4.0 * S["layer_numel"],
-        0.0,
-    )  # fmt: skip
-    h2 = float(m.hidden_size) ** 2
-    ds_buffers = np.where(
-        (fw == DEEPSPEED) & (zero >= 1) & (dp > 1),
-        2.0 * DEEPSPEED_BUCKET_ELEMS_PER_H2 * h2 * 2.0
-        + np.where(zero >= 3, 0.9 * h2 * 2.0 + 2.0 * S["layer_numel"], 0.0),
-        0.0,
-    )
-    # torch.distributed.pipelining allocates one receive buffer per micro-batch; Megatron two.
-    pipe_buffers = np.where(multi, np.where(fw == HF, num_micro, 2.0) * A["pipe_buffer_one"], 0.0)
-
-    small = BUFFER_BYTES + INPUT_BYTES_PER_TOKEN * A["T"]
-    persistent = (
-        S["parameters"] + S["master_weights"] + S["optimizer_states"] + small + pipe_buffers
-        + ds_buffers
-    )  # fmt: skip
-    grads_live = np.where((num_micro > 1) | multi, S["gradients"], 0.0)
-    amp_ckpt_copies = np.where(A["amp"] & (rc == FULL), A["copies_layers"], 0.0)
-    act_fwd = stored + A["activations_autocast_weight_copies"]
-    forward_peak = (
-        persistent + grads_live + act_fwd + A["loss_extra"] + amp_ckpt_copies + fsdp_fwd
-        + np.where(multi, A["fwd_working"], 0.0)
-    )  # fmt: skip
-    backward_start = persistent + grads_live + activations + A["loss_grads"] + fsdp_fwd
-
-    grads_end = S["gradients"] - S["grad_embed"] - S["grad_layer"] + S["grad_mlp_done"]
-    grads_end = grads_end - np.where(fsdp2, S["grad_layer"] + S["grad_final_head"], 0.0)
-    act_end = A["act_end"] + (in_flight - 1.0) * A["stage_act"]
-    backward_end = persistent + grads_end + act_end + A["temp_end"] + fsdp_bwd
+    gradients = S["gradients"]
+    grads_live = np.where((num_micro > 1) | multi, gradients, 0.0)
+    base = S["persistent"] + num_micro * A["pipe_per_micro"] + A["pipe_fixed"]
+    live = base + grads_live
+    forward_peak = live + stored + S["fsdp_fwd"] + A["fwd_extra"]
+    backward_start = live + activations + S["fsdp_fwd"] + A["bwd_start_extra"]
+    backward_end = base + S["end_grads"] + stored + A["bwd_end_extra"]
     # The embedding's backward: every other gradient done, its own being written.
-    backward_embed = persistent + S["gradients"] + A["embed_grad_in"]
-    backward_recompute = np.where(
-        (rc == FULL) & multi,
-        persistent + grads_live + activations + A["temp_recompute"],
-        0.0,
-    )
+    backward_embed = base + gradients + A["embed_extra"]
+    backward_recompute = live + activations + A["recompute_extra"]
     backward_peak = np.maximum(
         np.maximum(backward_start, backward_end), np.maximum(backward_embed, backward_recompute)
     )
     optimizer_peak = (
-        S["parameters"] + S["master_weights"] + S["gradients"] + S["optimizer_states"]
-        + S["optimizer_step_temporaries"] + small + pipe_buffers
-    )  # fmt: skip
-
-    phase = np.where(
-        optimizer_peak >= np.maximum(forward_peak, backward_peak),
-        2,
-        np.where(backward_peak >= forward_peak, 1, 0),
-    ).astype(np.int8)
-    peak_allocated = np.maximum(np.maximum(forward_peak, backward_peak), optimizer_peak)
+        S["optimizer_peak"] + A["small"] + num_micro * A["pipe_per_micro"] + A["pipe_fixed"]
+    )
+    fb = np.maximum(forward_peak, backward_peak)
+    in_optimizer = optimizer_peak >= fb
+    phase = np.where(in_optimizer, 2, (backward_peak >= forward_peak).astype(np.int8))
+    peak_allocated = np.maximum(fb, optimizer_peak)
+    grads_at_peak = np.where(in_optimizer, gradients, grads_live)
+    acts_at_peak = np.where(in_optimizer, 0.0, activations)
     states = S["parameters"] + S["master_weights"] + S["optimizer_states"]
-    grads_at_peak = np.where(phase == 2, S["gradients"], grads_live)
-    acts_at_peak = np.where(phase == 2, 0.0, activations)
     return {
         "parameters": S["parameters"],
         "master_weights": S["master_weights"],
-        "gradients_total": S["gradients"],
+        "gradients_total": gradients,
         "optimizer_states": S["optimizer_states"],
         "optimizer_step_temporaries": S["optimizer_step_temporaries"],
         "activations_total": activations,
@@ -407,7 +390,7 @@ def _assemble(
         "peak_backward_bytes": backward_peak,
         "peak_optimizer_step_bytes": optimizer_peak,
         "peak_allocated_bytes": peak_allocated,
-        "peak_phase": phase,
+        "peak_phase": phase.astype(np.int8),
     }
 
 
@@ -480,12 +463,19 @@ def estimate(
     else:
         stage = np.zeros(tp.shape, dtype=np.int64)
         worst = _assemble(m, g, {**base, "stage_pos": stage_pos(stage)}, num_micro)
-        if np.any(pp > 1):
-            last_stage = pp - 1
-            last = _assemble(m, g, {**base, "stage_pos": stage_pos(last_stage)}, num_micro)
-            pick = last["peak_allocated_bytes"] > worst["peak_allocated_bytes"]
-            worst = {k: np.where(pick, last[k], v) for k, v in worst.items()}
-            stage = np.where(pick, last_stage, stage)
+        multi = np.flatnonzero(pp > 1)
+        if len(multi):  # the last stage too, on the pipelined rows only
+            sub = {k: v[multi] for k, v in base.items()}
+            sub["stage_pos"] = np.full(len(multi), 3, dtype=np.int8)
+            last = _assemble(m, {k: v[multi] for k, v in g.items()}, sub, num_micro[multi])
+            pick = last["peak_allocated_bytes"] > worst["peak_allocated_bytes"][multi]
+            rows = multi[pick]
+            for k, v in worst.items():
+                v = np.array(v, copy=True)
+                v[rows] = last[k][pick]
+                worst[k] = v
+            stage = stage.copy()
+            stage[rows] = (pp[rows] - 1).astype(np.int64)
 
     peak_allocated = worst["peak_allocated_bytes"]
     non_persistent = (

@@ -26,23 +26,33 @@ def _dense_codes(col: np.ndarray) -> tuple[np.ndarray, int]:
         if hi - lo < _DENSE_LIMIT:
             present = np.zeros(hi - lo + 1, dtype=bool)
             present[col - lo] = True
-            lut = np.cumsum(present) - 1
+            lut = np.cumsum(present, dtype=np.int32) - 1
             return lut[col - lo], int(present.sum())
     uniq, inv = np.unique(col, return_inverse=True)
     return inv.reshape(-1), len(uniq)
 
 
 def factorize(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(inverse, representatives): row -> distinct-key index, and one row index per key."""
+    """(inverse, representatives): row -> distinct-key index, and one row index per key.
+
+    Small non-negative integer columns are packed into one int64 key by their value range (two
+    reductions each, no sort); the packed key is then coded densely once.
+    """
     n = len(columns[0])
     key = np.zeros(n, dtype=np.int64)
     space = 1
     for col in columns:
-        codes, k = _dense_codes(col)
-        key = key * k + codes
-        space *= k
-        if space >= _DENSE_LIMIT:  # compress before the key space overflows
+        col = np.asarray(col)
+        if col.dtype == bool or col.dtype.kind in "iu":
+            lo = int(col.min()) if n else 0
+            width = (int(col.max()) - lo + 1) if n else 1
+            codes = col.astype(np.int64) - lo if lo else col.astype(np.int64, copy=False)
+        else:
+            codes, width = _dense_codes(col)
+        if space * width >= _DENSE_LIMIT:  # compress before the key space grows too large
             key, space = _dense_codes(key)
+        key = key * width + codes if space > 1 else codes.copy()
+        space *= width
     inverse, num_keys = _dense_codes(key)
     representatives = np.empty(num_keys, dtype=np.int64)
     representatives[inverse] = np.arange(n)
