@@ -338,13 +338,16 @@ def _assemble(
     pp = g["pp"]
     multi = pp > 1
 
-    # Pipeline: 1F1B keeps min(pp - rank, m) micro-batches in flight; interleaving multiplies
-    # the first stage's by 1 + (p - 1)/(p v). Source: Narayanan et al. 2021, Sec. 2.2;
-    # Korthikanti et al. 2022, Sec. 4.2.2.
+    # Pipeline: 1F1B keeps min(pp - rank, m) micro-batches in flight on rank `stage`;
+    # interleaving multiplies the first stage's by 1 + (p - 1)/(p v).
+    # Source: Narayanan et al. 2021, Sec. 2.2; Korthikanti et al. 2022, Sec. 4.2.2.
     v = g["virtual_stages"]
     interleave = np.where(v > 1, 1.0 + (pp - 1.0) / (pp * v), 1.0)
+    stage = cols["stage_index"]
     in_flight = np.where(
-        multi & (cols["stage_pos"] <= 1), np.minimum(pp, num_micro) * interleave, 1.0
+        multi,
+        np.minimum(pp - stage, num_micro) * np.where(stage == 0, interleave, 1.0),
+        1.0,
     )
     stored = in_flight * A["stage_act"]
     # "Activations" of a pipeline stage: the most alive at any moment of the schedule.
@@ -458,15 +461,18 @@ def estimate(
         ).astype(np.int8)
 
     if pp_stage is not None:
-        stage = np.broadcast_to(np.asarray(pp_stage, dtype=np.int64), tp.shape)
-        worst = _assemble(m, g, {**base, "stage_pos": stage_pos(stage)}, num_micro)
+        stage = np.minimum(np.broadcast_to(np.asarray(pp_stage, dtype=np.int64), tp.shape), pp - 1)
+        cols = {**base, "stage_pos": stage_pos(stage), "stage_index": stage}
+        worst = _assemble(m, g, cols, num_micro)
     else:
         stage = np.zeros(tp.shape, dtype=np.int64)
-        worst = _assemble(m, g, {**base, "stage_pos": stage_pos(stage)}, num_micro)
+        worst = _assemble(m, g, {**base, "stage_pos": stage_pos(stage), "stage_index": stage},
+                          num_micro)  # fmt: skip
         multi = np.flatnonzero(pp > 1)
         if len(multi):  # the last stage too, on the pipelined rows only
             sub = {k: v[multi] for k, v in base.items()}
             sub["stage_pos"] = np.full(len(multi), 3, dtype=np.int8)
+            sub["stage_index"] = pp[multi] - 1
             last = _assemble(m, {k: v[multi] for k, v in g.items()}, sub, num_micro[multi])
             pick = last["peak_allocated_bytes"] > worst["peak_allocated_bytes"][multi]
             rows = multi[pick]

@@ -82,6 +82,25 @@ def row_report(
     }
 
 
+def stage_summary(out: dict[str, np.ndarray], *, row: int) -> dict[str, Any]:
+    """One pipeline stage's rank: its peaks and main components (for --per-stage)."""
+
+    def at(key: str) -> Any:
+        return np.asarray(out[key]).reshape(-1)[row]
+
+    return {
+        "pp_stage": int(at("pp_stage")),
+        "parameters": _int(at("parameters")),
+        "gradients": _int(at("gradients_total")),
+        "optimizer_states": _int(at("optimizer_states")),
+        "activations": _int(at("activations_total")),
+        "peak_allocated_bytes": _int(at("peak_allocated_bytes")),
+        "peak_device_bytes": _int(at("peak_device_bytes")),
+        "peak_phase": PHASES[int(at("peak_phase"))],
+        "fits": bool(at("fits")),
+    }
+
+
 def _gib(n: float) -> str:
     return f"{n / GIB:9.2f}"
 
@@ -112,6 +131,12 @@ def human_table(report: dict[str, Any]) -> str:
         f"  activations saved at end of forward: {report['bytes']['activations'] / GIB:.2f} GiB;"
         f" biggest consumer at the peak: {report['biggest_consumer']}",
     ]
+    for s in report.get("stages", []):
+        lines.append(
+            f"  stage {s['pp_stage']}: allocated {s['peak_allocated_bytes'] / GIB:.2f} GiB, "
+            f"device {s['peak_device_bytes'] / GIB:.2f} GiB, activations "
+            f"{s['activations'] / GIB:.2f} GiB, peak in {s['peak_phase']}"
+        )
     usable = report["gpu"]["usable_bytes"]
     verdict = "FITS" if report["fits"] else "DOES NOT FIT"
     lines.append(

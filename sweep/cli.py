@@ -9,6 +9,7 @@ import json
 import sys
 from typing import Annotated, Any
 
+import numpy as np
 import typer
 
 from trainmem.engine import (
@@ -28,7 +29,7 @@ from trainmem.engine import (
 )
 from trainmem.hardware import GIB, get_gpu, load_gpus
 
-from ._report import human_table, row_report
+from ._report import human_table, row_report, stage_summary
 
 app = typer.Typer(
     add_completion=False,
@@ -94,6 +95,9 @@ def estimate_cmd(
         list[str] | None,
         typer.Option(help="Override an overhead parameter, KEY=BYTES (repeatable)."),
     ] = None,
+    per_stage: Annotated[
+        bool, typer.Option("--per-stage", help="Also report every pipeline stage's rank.")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Per-device memory of one training configuration: breakdown, phase peaks, fit."""
@@ -131,6 +135,18 @@ def estimate_cmd(
     ov = ov.with_overrides(_overrides(overhead or []))
     out = estimate(spec, grid, usable_bytes=profile.usable_bytes, headroom=headroom, overheads=ov)
     report = row_report(spec, out, gpu=profile, config=config, headroom=headroom)
+    report["pp_stage"] = int(out["pp_stage"][0])
+    if per_stage:
+        stages = make_grid({k: [v] * pp for k, v in config.items()})
+        by_stage = estimate(
+            spec,
+            stages,
+            usable_bytes=profile.usable_bytes,
+            headroom=headroom,
+            overheads=ov,
+            pp_stage=np.arange(pp),
+        )
+        report["stages"] = [stage_summary(by_stage, row=k) for k in range(pp)]
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:
