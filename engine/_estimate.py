@@ -241,6 +241,11 @@ def _activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nd
     )
     layer_mg = act.megatron_layer_bytes(m, s=s / c["cp"], b=b, tp=tp, sp=sp, recompute_code=rc)
     layer = np.where(fw == MEGATRON, layer_mg, layer_hf)
+    layer_recomputed = np.where(
+        fw == MEGATRON,
+        act.megatron_layer_bytes(m, s=s / c["cp"], b=b, tp=tp, sp=sp, recompute_code=NONE),
+        layer_full,
+    )
 
     rope = 2.0 * s * m.head_dim * r if m.rotary else 0.0
     outside_all = act.hf_outside_bytes(
@@ -295,6 +300,8 @@ def _activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nd
     multi = pp > 1
     ckpt_multi = (rc == FULL) & multi
     small = BUFFER_BYTES + INPUT_BYTES_PER_TOKEN * T
+    # A pipeline schedule splits the whole batch up front: every micro-batch's input ids stay.
+    inputs_per_extra_micro = np.where(multi, INPUT_BYTES_PER_TOKEN * T, 0.0)
     amp_ckpt_copies = np.where(amp & (rc == FULL), copies_layers, 0.0)
     # torch.distributed.pipelining allocates one receive buffer per micro-batch; Megatron two.
     pipe_one = np.where(multi, e * T * h / sp_div, 0.0)
@@ -314,14 +321,20 @@ def _activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nd
         "embed_extra": small + np.where(first, T * h * r, 0.0),
         # A pipeline stage recomputing one layer in backward holds that layer on top of what is
         # stored, the loss tensors being freed by then: the excess over `stored`, if any.
+        # Full recompute brings back a whole layer (the framework's own no-recompute layer);
+        # selective brings back the attention core of one layer.
         "recompute_excess": np.where(
-            ckpt_multi,
-            np.maximum(layer_full - (np.where(last, outside - rope, zero_col)), 0.0),
+            multi & (rc != NONE),
+            np.maximum(
+                np.where(rc == FULL, layer_recomputed, core)
+                - np.where(last, outside - rope, zero_col),
+                0.0,
+            ),
             0.0,
         ),
         "recompute_extra": np.where(ckpt_multi, small + temp_recompute, -np.inf),
-        "pipe_per_micro": np.where(fw == HF, pipe_one, 0.0),
-        "pipe_fixed": np.where(fw == HF, 0.0, 2.0 * pipe_one),
+        "pipe_per_micro": np.where(fw == HF, pipe_one, 0.0) + inputs_per_extra_micro,
+        "pipe_fixed": np.where(fw == HF, 0.0, 2.0 * pipe_one) - inputs_per_extra_micro,
     }
 
 

@@ -108,7 +108,13 @@ def make_grid(columns: Mapping[str, Any] | None = None, **kwargs: Any) -> Grid:
                 else:
                     raise ValueError(f"{name}: must be whole numbers")
             arrays[name] = arr.astype(np.int64)
-    shape = np.broadcast_shapes(*(a.shape for a in arrays.values()))
+    try:
+        shape = np.broadcast_shapes(*(a.shape for a in arrays.values()))
+    except ValueError:
+        sizes = ", ".join(f"{k}={a.size}" for k, a in arrays.items() if a.size != 1)
+        raise ValueError(
+            f"grid: columns must have one length (or be scalars); got {sizes}"
+        ) from None
     num_rows = int(np.prod(shape)) if shape else 1
     return {k: np.broadcast_to(v, shape).reshape(num_rows) for k, v in arrays.items()}
 

@@ -87,8 +87,12 @@ def local_param_numel(
     rounded: dict[str, list[np.ndarray]] = {"embed": [], "layer": [], "final_head": []}
     for p in m.param_tensors():
         n = _split_numel(p.shape, p.tp_split, tp)
-        rows = n / (p.shape[0] if len(p.shape) > 0 else 1)  # rows stay whole when padded
-        n = np.where(shard, np.ceil(np.ceil(n / rows) / dp_shard) * rows, n)
+        # FSDP2 shards each tensor's local dim 0 over the data-parallel ranks, padding it up;
+        # a dim-0 row stays whole.
+        dim0 = p.shape[0] if p.shape else 1
+        local_dim0 = np.ceil(dim0 / tp) if p.tp_split in ("col", "vocab") else dim0
+        per_row = n / local_dim0
+        n = np.where(shard, np.ceil(local_dim0 / dp_shard) * per_row, n)
         if p.group == "embed":
             key, present, count = "embed", first_stage, 1.0
         elif p.group == "layer":

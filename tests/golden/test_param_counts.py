@@ -14,9 +14,7 @@ import pytest
 
 from trainmem.engine import load_model, preset_names
 
-PARAM_COUNTS = json.loads(
-    (Path(__file__).parents[1] / "data" / "param_counts.json").read_text()
-)
+PARAM_COUNTS = json.loads((Path(__file__).parents[1] / "data" / "param_counts.json").read_text())
 
 
 def test_every_preset_has_a_reference_count() -> None:
