@@ -5,10 +5,13 @@ shipped presets.
 """
 
 from ._estimate import COMPONENTS, PHASES, REASONS, estimate, layout_reason, reason_text
+from ._flops import model_flops_per_token
 from ._grid import (
     ATTENTION,
     DEFAULTS,
     FRAMEWORKS,
+    LOSSES,
+    OFFLOADS,
     OPTIMIZERS,
     PRECISIONS,
     RECOMPUTE,
@@ -19,6 +22,9 @@ from ._grid import (
 from ._model import ModelSpec, model_from_hf_config
 from ._overhead import Overheads, cublas_workspace_bytes_for
 from ._presets import load_model, preset_names
+from ._states import LORA_TARGETS, lora_mask, lora_num_parameters
+from ._time import TIME_COLUMNS, bubble_fraction, estimate_time
+from ._time_params import TimeParams, time_inputs
 from ._units import GIB
 
 __all__ = [
@@ -26,7 +32,10 @@ __all__ = [
     "COMPONENTS",
     "DEFAULTS",
     "FRAMEWORKS",
+    "LOSSES",
+    "OFFLOADS",
     "GIB",
+    "LORA_TARGETS",
     "OPTIMIZERS",
     "PHASES",
     "PRECISIONS",
@@ -35,13 +44,21 @@ __all__ = [
     "Grid",
     "ModelSpec",
     "Overheads",
+    "TIME_COLUMNS",
+    "TimeParams",
+    "bubble_fraction",
     "cublas_workspace_bytes_for",
     "decode",
     "estimate",
+    "estimate_time",
     "layout_reason",
     "load_model",
+    "lora_mask",
+    "lora_num_parameters",
     "make_grid",
     "model_from_hf_config",
+    "model_flops_per_token",
     "preset_names",
     "reason_text",
+    "time_inputs",
 ]

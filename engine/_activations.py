@@ -184,3 +184,124 @@ def megatron_layer_bytes(m: ModelSpec, *, s, b, tp, sp, recompute_code) -> np.nd
     per = per + np.where(recompute_code == 1, 0.0, core / tp)
     full = 2.0 * sbh / np.where(sp, tp, 1)
     return np.where(recompute_code == 2, full, sbh * per)
+
+
+def hf_qk_norm_bytes(m: ModelSpec, *, T, r, tp) -> np.ndarray:
+    """Extra bytes of per-head q/k RMSNorm (Qwen3 q_norm, k_norm), per layer.
+
+    Source: transformers Qwen3Attention: q_norm(q_proj(x).view(..., head_dim)) is an RMSNorm
+    (fp32 copy, rsqrt per head, normalised tensor saved by the weight multiply); its output feeds
+    rotary, which saves nothing (cos/sin need no grad).
+    """
+    if not m.qk_norm:
+        return np.zeros_like(np.asarray(T, dtype=np.float64))
+    width = (m.q_dim + m.kv_dim) / tp
+    heads = (m.num_attention_heads + m.num_key_value_heads) / tp
+    return (4.0 + r) * T * width + 4.0 * T * heads
+
+
+def hf_mla_attention_bytes(m: ModelSpec, *, T, e, r, tp, eager, s) -> np.ndarray:
+    """Multi-head latent attention (DeepSeek-V2/V3), per layer, after the input norm.
+
+    Source: transformers DeepseekV3Attention: q_a_proj -> q_a_layernorm -> q_b_proj;
+    kv_a_proj_with_mqa -> split -> kv_a_layernorm -> kv_b_proj (value_states is a view of its
+    output, so the whole output is kept); rotary on the rope parts; cat into query and key (new
+    tensors saved by attention); out [T, a v_head]; flash logsumexp.
+    Assumes: eager scores as in hf_attention_bytes (fp32 softmax + its 16-bit cast).
+    """
+    a_r = m.num_attention_heads / tp
+    ql, kvl = m.q_lora_rank, m.kv_lora_rank
+    norm_saved = lambda width: (4.0 + r + e) * T * width + 4.0 * T  # noqa: E731
+    q_path = (norm_saved(ql) if ql else 0.0) + e * T * m.q_dim / tp
+    kv_path = norm_saved(kvl) + e * T * a_r * (m.qk_nope_head_dim + m.v_head_dim)
+    key = e * T * m.kv_dim / tp
+    out = e * T * a_r * m.v_head_dim
+    flash_extra = 4.0 * a_r * T + 2 * SMALL_TENSOR_BYTES
+    eager_extra = (4.0 + np.where(e < 4, e, 0.0)) * a_r * s * T
+    return q_path + kv_path + key + out + np.where(eager, eager_extra, flash_extra)
+
+
+def hf_moe_bytes(m: ModelSpec, *, T, e, e_expert, amp) -> np.ndarray:
+    """Bytes an MoE block saves (router, routed experts, shared experts), per layer.
+
+    Source: transformers 5 `grouped_mm_experts_forward` (integrations/moe.py), the default
+    experts implementation, checked op by op on a CPU trace of a Mixtral-style model: the routed
+    input gathered by expert (S = T x top_k rows), the gate/up output [S, 2f], the activation and
+    product [S, f], the down output [S, h] (saved by the routing-weight multiply), the router's
+    fp32 softmax, top-k indices, sort permutation and inverse, the gathered routing weights.
+    Experts run in the parameters' dtype (grouped_mm is not autocast: fp32 under amp).
+    Assumes: dropless routing (no capacity factor), balanced experts.
+    """
+    h, k, E = m.hidden_size, m.num_experts_per_tok, m.num_experts
+    S = T * k
+    fe = m.moe_intermediate_size
+    experts = e_expert * (2.0 * S * h + 4.0 * S * fe)
+    router = 4.0 * T * E + 8.0 * T * k + 4.0 * T * k + 4.0 * T + 3 * 8.0 * S + 4.0 * S
+    if m.router_fp32:
+        # DeepseekV3TopkRouter: F.linear(x.float(), weight.float()) saves both fp32 copies.
+        router = router + 4.0 * T * h + 4.0 * E * h
+    out = experts + router + SMALL_TENSOR_BYTES
+    if m.shared_expert_intermediate_size:
+        out = out + 4.0 * e * T * m.shared_expert_intermediate_size
+    if m.shared_expert_gate:
+        out = out + e * T * h + e * T  # shared output and sigmoid(gate) saved by their product
+    del amp
+    return out
+
+
+def lora_activation_delta_bytes(
+    m: ModelSpec, *, T, e, amp, tp, rank, mask, adapted_bits
+) -> np.ndarray:
+    """Change of a block's saved bytes under LoRA (frozen base, fp32 adapters), per layer.
+
+    Source: PEFT LoraLayer.forward: `x = self._cast_input_dtype(x, lora_A.weight.dtype)` (an fp32
+    copy of each adapted linear's input for a 16-bit base; under autocast a bf16 copy), lora_A's
+    output [T, r] saved by lora_B; a frozen linear saves no input (autograd saves `self` of a
+    matmul only when the weight needs a gradient).
+    Assumes: lora_dropout 0 (Identity); adapters replicated under tensor parallelism; the
+    experts of an MoE block are not adapted.
+    `adapted_bits` maps "q_proj", ... to per-row booleans.
+    """
+    h = m.hidden_size
+    f_r = m.intermediate_size / tp if not m.is_moe else 0.0
+    cast = np.where(amp, 2.0, np.where(e < 4, 4.0, 0.0))  # bytes per element of the adapter input
+    one = np.ones_like(np.asarray(T, dtype=np.float64))
+    # What the frozen base no longer saves: the linear inputs of the two norms' consumers and
+    # the down projection's input.
+    removed = np.where(amp, (3.0 + 2.0) * 2.0 * T * h, 2.0 * e * T * h) + e * T * f_r
+    added = 0.0 * one
+    widths = {
+        "q_proj": h, "k_proj": h, "v_proj": h, "o_proj": m.o_dim / tp,
+        "gate_proj": h, "up_proj": h, "down_proj": f_r,
+    }  # fmt: skip
+    any_attn_in = 0.0 * one
+    any_mlp_in = 0.0 * one
+    for name, width in widths.items():
+        a = adapted_bits[name].astype(np.float64)
+        added = added + a * (cast * T * width + np.where(e < 4, 4.0, 4.0) * T * rank)
+        if name in ("q_proj", "k_proj", "v_proj"):
+            any_attn_in = np.maximum(any_attn_in, a)
+        if name in ("gate_proj", "up_proj"):
+            any_mlp_in = np.maximum(any_mlp_in, a)
+        if name == "down_proj":
+            added = added + np.where(cast == 0, a * e * T * f_r, 0.0)
+    # An fp32 base shares one input between the adapters of a norm's consumers.
+    added = added + np.where(cast == 0, (any_attn_in + any_mlp_in) * e * T * h, 0.0)
+    return added - removed
+
+
+def chunked_loss_bytes(m: ModelSpec, *, T, e, loss_tp_div, head_trainable) -> tuple:
+    """(saved, transient) bytes of a fused linear + cross-entropy loss (`--loss chunked`).
+
+    Source: Liger-Kernel LigerFusedLinearCrossEntropyFunction: the forward walks the tokens in
+    chunks of next_power_of_2(ceil(T / ceil(V / H))) rows, computes each chunk's logits, loss and
+    gradient at once, and keeps grad_input [T, h] and grad_weight [V, h] for backward; no
+    [T, V] tensor outlives a chunk.
+    """
+    h, v = m.hidden_size, m.vocab_size
+    T = np.asarray(T, dtype=np.float64)
+    rows = np.ceil(T / np.ceil(v / h))
+    chunk = np.minimum(T, 2.0 ** np.ceil(np.log2(np.maximum(rows, 1.0))))
+    saved = e * T * h + np.where(head_trainable, e * v * h / loss_tp_div, 0.0)
+    transient = (e + 4.0 + 4.0) * chunk * v / loss_tp_div
+    return saved, transient

@@ -11,11 +11,24 @@ from typing import Any
 
 import numpy as np
 
-PRECISIONS = ("fp32", "bf16", "fp16", "amp-bf16", "amp-fp16", "mixed-bf16", "mixed-fp16")
+from ._states import lora_mask
+
+PRECISIONS = (
+    "fp32",
+    "bf16",
+    "fp16",
+    "amp-bf16",
+    "amp-fp16",
+    "mixed-bf16",
+    "mixed-fp16",
+    "fp8-mixed",
+)
 OPTIMIZERS = ("adamw", "adamw-fused", "adamw-8bit", "sgd", "sgd-momentum", "adafactor", "lion")
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "eager")
 FRAMEWORKS = ("hf", "megatron", "deepspeed", "torchtitan")
+OFFLOADS = ("none", "optimizer", "optimizer+params")
+LOSSES = ("full", "chunked")
 
 CATEGORICAL: dict[str, tuple[str, ...]] = {
     "precision": PRECISIONS,
@@ -23,6 +36,8 @@ CATEGORICAL: dict[str, tuple[str, ...]] = {
     "recompute": RECOMPUTE,
     "attention": ATTENTION,
     "framework": FRAMEWORKS,
+    "offload": OFFLOADS,
+    "loss": LOSSES,
 }
 
 DEFAULTS: dict[str, Any] = {
@@ -41,6 +56,13 @@ DEFAULTS: dict[str, Any] = {
     "recompute": "none",
     "attention": "flash",
     "framework": "hf",
+    "ep": 1,
+    "offload": "none",
+    "lora_rank": 0,
+    "lora_targets": "all-linear",
+    "qlora": False,
+    "loss": "full",
+    "activation_offload": False,
 }
 """Every grid field and its default. `global_batch_size` 0 means micro_batch_size x dp (no
 gradient accumulation)."""
@@ -55,6 +77,8 @@ INT_FIELDS = (
     "cp",
     "virtual_stages",
     "zero",
+    "ep",
+    "lora_rank",
 )
 
 Grid = dict[str, np.ndarray]
@@ -98,8 +122,10 @@ def make_grid(columns: Mapping[str, Any] | None = None, **kwargs: Any) -> Grid:
     for name, value in merged.items():
         if name in CATEGORICAL:
             arrays[name] = encode(name, value)
-        elif name == "sequence_parallel":
+        elif name in ("sequence_parallel", "qlora", "activation_offload"):
             arrays[name] = np.asarray(value, dtype=bool)
+        elif name == "lora_targets":
+            arrays[name] = _lora_targets(value)
         else:
             arr = np.asarray(value)
             if arr.dtype.kind not in "iub":
@@ -117,6 +143,15 @@ def make_grid(columns: Mapping[str, Any] | None = None, **kwargs: Any) -> Grid:
         ) from None
     num_rows = int(np.prod(shape)) if shape else 1
     return {k: np.broadcast_to(v, shape).reshape(num_rows) for k, v in arrays.items()}
+
+
+def _lora_targets(value: Any) -> np.ndarray:
+    """Target bitmasks: ints pass through; strings ("q_proj,v_proj", "all-linear") encode."""
+    arr = np.asarray(value)
+    if arr.dtype.kind in "iu":
+        return arr.astype(np.int64)
+    flat = [lora_mask(str(v)) for v in np.ravel(arr)]
+    return np.array(flat, dtype=np.int64).reshape(arr.shape)
 
 
 def grid_len(grid: Grid) -> int:

@@ -15,7 +15,9 @@ Family = Literal["decoder", "gpt2", "bert"]
 NormKind = Literal["rms", "gemma_rms", "layernorm"]
 MlpAct = Literal["silu", "gelu", "gelu_new", "relu"]
 TpSplit = Literal["col", "row", "vocab", "rep"]
-Group = Literal["embed", "layer", "final", "head"]
+Group = Literal["embed", "layer", "mlp", "moe", "final", "head"]
+"""embed/final/head once; layer (attention + norms) in every block; mlp in dense blocks only;
+moe (router, routed and shared experts) in mixture-of-experts blocks only."""
 
 _GELU_TANH_PYTHON = {"gelu_new", "gelu_fast", "gelu_python"}
 """Activations that transformers implements as a Python tanh formula (several saved tensors)."""
@@ -31,7 +33,10 @@ class ParamTensor:
     tp_split: TpSplit
     """How tensor parallelism splits it: col = dim 0, row = dim 1, vocab = dim 0 of an
     embedding/lm_head, rep = replicated (norms, row-parallel biases)."""
-    no_weight_decay_1d: bool = False
+    expert: bool = False
+    """A routed-experts tensor [E, ...]: expert parallelism divides its dim 0."""
+    lora_targets: tuple[str, ...] = ()
+    """The PEFT target names that adapt this (linear) weight, e.g. ("q_proj",)."""
 
     @property
     def numel(self) -> int:
@@ -77,14 +82,73 @@ class ModelSpec:
     attention_dropout: float = 0.0
     embed_scale: bool = False
     """Gemma multiplies the embedding output by sqrt(hidden_size) (a new tensor)."""
+    qk_norm: bool = False
+    """Per-head RMSNorm on q and k before rotary (Qwen3: q_norm, k_norm)."""
+    num_experts: int = 0
+    """Routed experts per MoE block (0: a dense model)."""
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    """Total intermediate size of the always-on shared expert(s) (0: none)."""
+    shared_expert_gate: bool = False
+    """Qwen2-MoE gates the shared expert with sigmoid(Linear(h, 1))."""
+    router_fp32: bool = False
+    """DeepSeek-V2/V3 compute the router in fp32 (input and weight upcast)."""
+    num_dense_layers: int = 0
+    """Leading blocks with a dense MLP in an MoE model (DeepSeek first_k_dense_replace)."""
+    q_lora_rank: int = 0
+    """Multi-head latent attention (DeepSeek-V2/V3): low-rank q (0: a plain q_proj)."""
+    kv_lora_rank: int = 0
+    """MLA compressed KV width (0: not MLA)."""
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_hidden_layers - self.num_dense_layers if self.is_moe else 0
+
+    @property
+    def num_mlp_layers(self) -> int:
+        """Blocks with a dense MLP."""
+        return self.num_dense_layers if self.is_moe else self.num_hidden_layers
 
     @property
     def q_dim(self) -> int:
+        """Width of the query (per token, all heads)."""
+        if self.is_mla:
+            return self.num_attention_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
         return self.num_attention_heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
+        """Width of the keys (per token, all KV heads)."""
+        if self.is_mla:
+            return self.num_attention_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
         return self.num_key_value_heads * self.head_dim
+
+    @property
+    def o_dim(self) -> int:
+        """Width of the attention output (o_proj's input)."""
+        if self.is_mla:
+            return self.num_attention_heads * self.v_head_dim
+        return self.q_dim
+
+    def group_count(self, group: Group) -> int:
+        """How many times a group's tensors occur in the model."""
+        return {
+            "layer": self.num_hidden_layers,
+            "mlp": self.num_mlp_layers,
+            "moe": self.num_moe_layers,
+        }.get(group, 1)
 
     def param_tensors(self) -> tuple[ParamTensor, ...]:
         """Every parameter tensor, per layer for group "layer" (once each otherwise)."""
@@ -93,20 +157,16 @@ class ModelSpec:
     @property
     def num_parameters(self) -> int:
         """Exact count, tied embeddings counted once (PyTorch's `sum(p.numel())`)."""
-        return sum(
-            p.numel * (self.num_hidden_layers if p.group == "layer" else 1)
-            for p in self.param_tensors()
-        )
+        return sum(p.numel * self.group_count(p.group) for p in self.param_tensors())
 
     def num_parameters_in(self, group: Group) -> int:
+        """Parameters of one occurrence of a group (one block's attention, one MoE block...)."""
         return sum(p.numel for p in self.param_tensors() if p.group == group)
 
     @property
     def num_param_tensors(self) -> int:
         """How many parameter tensors (fused AdamW keeps one fp32 `step` per tensor on GPU)."""
-        per_layer = sum(1 for p in self.param_tensors() if p.group == "layer")
-        other = sum(1 for p in self.param_tensors() if p.group != "layer")
-        return per_layer * self.num_hidden_layers + other
+        return sum(self.group_count(p.group) for p in self.param_tensors())
 
 
 def _param_tensors(m: ModelSpec) -> tuple[ParamTensor, ...]:
@@ -114,15 +174,46 @@ def _param_tensors(m: ModelSpec) -> tuple[ParamTensor, ...]:
     qd, kvd = m.q_dim, m.kv_dim
     out: list[ParamTensor] = []
 
-    def add(name: str, shape: tuple[int, ...], group: Group, split: TpSplit) -> None:
-        out.append(ParamTensor(name=name, shape=shape, group=group, tp_split=split))
+    def add(
+        name: str,
+        shape: tuple[int, ...],
+        group: Group,
+        split: TpSplit,
+        lora: tuple[str, ...] = (),
+        expert: bool = False,
+    ) -> None:
+        out.append(
+            ParamTensor(
+                name=name, shape=shape, group=group, tp_split=split, lora_targets=lora,
+                expert=expert,
+            )
+        )  # fmt: skip
 
     norm_has_bias = m.norm == "layernorm"
 
-    def add_norm(name: str, group: Group) -> None:
-        add(f"{name}.weight", (h,), group, "rep")
+    def add_norm(name: str, group: Group, width: int = h) -> None:
+        add(f"{name}.weight", (width,), group, "rep")
         if norm_has_bias:
-            add(f"{name}.bias", (h,), group, "rep")
+            add(f"{name}.bias", (width,), group, "rep")
+
+    def add_mlp(prefix: str, width: int, group: Group) -> None:
+        if m.gated_mlp:
+            if m.fused_gate_up:
+                add(f"{prefix}gate_up_proj.weight", (2 * width, h), group, "col",
+                    ("gate_proj", "up_proj"))  # fmt: skip
+            else:
+                add(f"{prefix}gate_proj.weight", (width, h), group, "col", ("gate_proj",))
+                add(f"{prefix}up_proj.weight", (width, h), group, "col", ("up_proj",))
+                if m.mlp_bias:
+                    add(f"{prefix}gate_proj.bias", (width,), group, "col")
+                    add(f"{prefix}up_proj.bias", (width,), group, "col")
+        else:
+            add(f"{prefix}fc_in.weight", (width, h), group, "col", ("up_proj",))
+            if m.mlp_bias:
+                add(f"{prefix}fc_in.bias", (width,), group, "col")
+        add(f"{prefix}fc_out.weight", (h, width), group, "row", ("down_proj",))
+        if m.mlp_bias:
+            add(f"{prefix}fc_out.bias", (h,), group, "rep")
 
     # Embeddings.
     add("embed_tokens.weight", (v, h), "embed", "vocab")
@@ -132,21 +223,39 @@ def _param_tensors(m: ModelSpec) -> tuple[ParamTensor, ...]:
         add("token_type_embeddings.weight", (m.type_vocab_size, h), "embed", "rep")
         add_norm("embeddings.LayerNorm", "embed")
 
-    # One transformer block.
+    # One transformer block: attention and norms.
     if m.family == "decoder":
         add_norm("input_layernorm", "layer")
     if m.family == "gpt2":
         add_norm("ln_1", "layer")
-    if m.fused_qkv:
-        add("qkv_proj.weight", (qd + 2 * kvd, h), "layer", "col")
+    if m.is_mla:
+        # DeepseekV3Attention: q_a_proj -> q_a_layernorm -> q_b_proj (or q_proj),
+        # kv_a_proj_with_mqa -> kv_a_layernorm -> kv_b_proj, o_proj.
+        a = m.num_attention_heads
+        if m.q_lora_rank:
+            add("q_a_proj.weight", (m.q_lora_rank, h), "layer", "rep", ("q_proj",))
+            add_norm("q_a_layernorm", "layer", m.q_lora_rank)
+            add("q_b_proj.weight", (qd, m.q_lora_rank), "layer", "col", ("q_proj",))
+        else:
+            add("q_proj.weight", (qd, h), "layer", "col", ("q_proj",))
+        width = m.kv_lora_rank + m.qk_rope_head_dim
+        add("kv_a_proj_with_mqa.weight", (width, h), "layer", "rep", ("k_proj",))
+        add_norm("kv_a_layernorm", "layer", m.kv_lora_rank)
+        kv_b = a * (m.qk_nope_head_dim + m.v_head_dim)
+        add("kv_b_proj.weight", (kv_b, m.kv_lora_rank), "layer", "col", ("v_proj",))
+    elif m.fused_qkv:
+        add("qkv_proj.weight", (qd + 2 * kvd, h), "layer", "col", ("q_proj", "k_proj", "v_proj"))
         if m.attention_bias:
             add("qkv_proj.bias", (qd + 2 * kvd,), "layer", "col")
     else:
         for proj, dim in (("q_proj", qd), ("k_proj", kvd), ("v_proj", kvd)):
-            add(f"{proj}.weight", (dim, h), "layer", "col")
+            add(f"{proj}.weight", (dim, h), "layer", "col", (proj,))
             if m.attention_bias:
                 add(f"{proj}.bias", (dim,), "layer", "col")
-    add("o_proj.weight", (h, qd), "layer", "row")
+    if m.qk_norm:
+        add("q_norm.weight", (m.head_dim,), "layer", "rep")
+        add("k_norm.weight", (m.head_dim,), "layer", "rep")
+    add("o_proj.weight", (h, m.o_dim), "layer", "row", ("o_proj",))
     if m.o_proj_bias:
         add("o_proj.bias", (h,), "layer", "rep")
     if m.family == "bert":
@@ -155,24 +264,22 @@ def _param_tensors(m: ModelSpec) -> tuple[ParamTensor, ...]:
         add_norm("post_attention_layernorm", "layer")
     if m.family == "gpt2":
         add_norm("ln_2", "layer")
-    if m.gated_mlp:
-        if m.fused_gate_up:
-            add("gate_up_proj.weight", (2 * f, h), "layer", "col")
-        else:
-            add("gate_proj.weight", (f, h), "layer", "col")
-            add("up_proj.weight", (f, h), "layer", "col")
-            if m.mlp_bias:
-                add("gate_proj.bias", (f,), "layer", "col")
-                add("up_proj.bias", (f,), "layer", "col")
-    else:
-        add("fc_in.weight", (f, h), "layer", "col")
-        if m.mlp_bias:
-            add("fc_in.bias", (f,), "layer", "col")
-    add("fc_out.weight", (h, f), "layer", "row")
-    if m.mlp_bias:
-        add("fc_out.bias", (h,), "layer", "rep")
     if m.family == "bert":
         add_norm("output.LayerNorm", "layer")
+
+    # The dense MLP (every block of a dense model; the leading blocks of an MoE model).
+    if m.num_mlp_layers:
+        add_mlp("", f, "mlp")
+    # The MoE block: router, routed experts as 3-D tensors (transformers 5), shared experts.
+    if m.is_moe:
+        e, fe = m.num_experts, m.moe_intermediate_size
+        add("router.weight", (e, h), "moe", "rep")
+        add("experts.gate_up_proj", (e, 2 * fe, h), "moe", "rep", expert=True)
+        add("experts.down_proj", (e, h, fe), "moe", "rep", expert=True)
+        if m.shared_expert_intermediate_size:
+            add_mlp("shared_experts.", m.shared_expert_intermediate_size, "moe")
+        if m.shared_expert_gate:
+            add("shared_expert_gate.weight", (1, h), "moe", "rep")
 
     # Final norm and head.
     if m.family == "decoder":
@@ -296,7 +403,12 @@ def model_from_hf_config(config: dict[str, Any], *, name: str) -> ModelSpec:
     is_phi3 = model_type == "phi3"
     is_gemma = model_type.startswith("gemma")
     attention_bias = bool(config.get("attention_bias", False))
+    moe = _moe_fields(config, model_type)
+    mla = _mla_fields(config)
     return ModelSpec(
+        **moe,
+        **mla,
+        qk_norm=model_type in ("qwen3", "qwen3_moe"),
         name=name,
         family="decoder",
         model_type=model_type,
@@ -323,6 +435,53 @@ def model_from_hf_config(config: dict[str, Any], *, name: str) -> ModelSpec:
         attention_dropout=float(config.get("attention_dropout", 0.0) or 0.0),
         embed_scale=is_gemma,
     )
+
+
+def _moe_fields(config: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """Mixture-of-experts fields in the names the HF families use (Mixtral num_local_experts,
+    Qwen-MoE num_experts, DeepSeek n_routed_experts / n_shared_experts / first_k_dense_replace)."""
+    num_experts = int(
+        config.get("num_local_experts") or config.get("num_experts") or config.get(
+            "n_routed_experts") or 0
+    )  # fmt: skip
+    if not num_experts:
+        return {}
+    top_k = config.get("num_experts_per_tok")
+    if not top_k:
+        raise ValueError("model: MoE config is missing required field(s): num_experts_per_tok")
+    width = int(config.get("moe_intermediate_size") or config["intermediate_size"])
+    shared = int(config.get("shared_expert_intermediate_size") or 0)
+    if config.get("n_shared_experts"):
+        shared = int(config["n_shared_experts"]) * width
+    num_layers = int(config["num_hidden_layers"])
+    dense = int(config.get("first_k_dense_replace") or 0)
+    if config.get("mlp_only_layers"):
+        dense = max(dense, len(config["mlp_only_layers"]))
+    step = int(config.get("decoder_sparse_step") or 1)
+    if step > 1:
+        dense = max(dense, num_layers - num_layers // step)
+    return {
+        "num_experts": num_experts,
+        "num_experts_per_tok": int(top_k),
+        "moe_intermediate_size": width,
+        "shared_expert_intermediate_size": shared,
+        "shared_expert_gate": model_type == "qwen2_moe" and shared > 0,
+        "router_fp32": model_type.startswith("deepseek"),
+        "num_dense_layers": dense,
+    }
+
+
+def _mla_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """Multi-head latent attention (DeepSeek-V2/V3) fields, if the config has them."""
+    if not config.get("kv_lora_rank"):
+        return {}
+    return {
+        "q_lora_rank": int(config.get("q_lora_rank") or 0),
+        "kv_lora_rank": int(config["kv_lora_rank"]),
+        "qk_nope_head_dim": int(config["qk_nope_head_dim"]),
+        "qk_rope_head_dim": int(config["qk_rope_head_dim"]),
+        "v_head_dim": int(config["v_head_dim"]),
+    }
 
 
 def _act(name: str) -> MlpAct:

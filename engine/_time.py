@@ -1,43 +1,53 @@
-"""Step time and cost of every row of a grid: FLOPs, achieved throughput, exposed communication,
-pipeline bubble. Columns in, columns out, like `estimate`; no Python loop over rows.
+"""Step time and cost of every row of a grid. Columns in, columns out, like `estimate`.
 
-A step on one GPU is
+One GPU's optimizer step takes
 
-    step = compute + communication_exposed + bubble
+    step_time = compute_time + communication_exposed + bubble_time
 
-compute: the GEMM FLOPs at the dense peak times a work-size efficiency, the attention core at its
-own efficiency, the memory-bound kernels (norms, activations, residuals, eager softmax) at HBM
-bandwidth, and the optimizer step. communication_exposed: what overlap does not hide of the
-tensor-, context- and pipeline-parallel traffic on the critical path and of the data-parallel
-gradient reduction and ZeRO-3 parameter gathers. bubble: the pipeline fill and drain.
-
-Every constant is a field of `TimeParams` with its source; `bench/calibrate_time.py` refits the
-fitted ones against published throughput tables.
+compute: GEMM FLOPs at the dense peak times a work-size efficiency, the attention core, the
+memory-bound kernels (norms, activation functions, residuals, eager softmax) at HBM bandwidth, and
+the optimizer update. communication_exposed: what overlap leaves of the tensor-, context-,
+pipeline- and expert-parallel traffic on the critical path, of the data-parallel gradient
+reduction and ZeRO-3 parameter gathers, and of offload over PCIe. bubble: pipeline fill and
+drain. Every constant is a `TimeParams` field with its source; `python -m bench.calibrate_time`
+refits the fitted ones against published tables.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from typing import Protocol
-
 import numpy as np
 
 from ._estimate import layout_reason
+from ._flops import (
+    BLOCK_GROUPS,
+    lora_width,
+    matmul_parameters,
+    mlp_width,
+    model_flops_per_token,
+)
 from ._grid import Grid
 from ._model import ModelSpec
+from ._time_params import TimeParams
 
-FP32, BF16, FP16, AMP_BF16, AMP_FP16, MIXED_BF16, MIXED_FP16 = range(7)
+FP32, BF16, FP16, AMP_BF16, AMP_FP16, MIXED_BF16, MIXED_FP16, FP8_MIXED = range(8)
 HF, MEGATRON, DEEPSPEED, TORCHTITAN = range(4)
 NONE, SELECTIVE, FULL = range(3)
 FLASH, EAGER = range(2)
+OFFLOAD_NONE, OFFLOAD_OPTIMIZER, OFFLOAD_PARAMS = range(3)
+AUTOCAST_BYTES_PER_WEIGHT = 6.0
+"""HBM bytes torch.autocast moves per fp32 GEMM weight per forward pass: read 4, write the 16-bit
+copy 2 (cached within the pass). Its backward writes the 16-bit weight gradient (2), reads it
+and writes the fp32 .grad (2 + 4): 8 more. Source: torch.autocast's cast policy (CUDA ops list)."""
+QLORA_DEQUANT_BYTES_PER_WEIGHT = 2.5
+"""HBM bytes to dequantize one NF4 weight before each use: read 0.5 (4 bits), write 2 (bf16).
+Source: bitsandbytes Linear4bit (dequantize_4bit, then a 16-bit matmul), forward and backward."""
 
 OPTIMIZER_STEP_BYTES_PER_PARAMETER = (28.0, 28.0, 16.0, 12.0, 20.0, 24.0, 20.0)
-"""HBM bytes the optimizer step moves per local parameter, in OPTIMIZERS order (adamw,
-adamw-fused, adamw-8bit, sgd, sgd-momentum, adafactor, lion): fp32 parameter read+write 8,
-gradient read 4, each fp32 state read+write 8 (8-bit AdamW: 2 per state; Adafactor: the
-factored statistics are small, its update makes two gradient-sized temporaries).
-Source: counting the tensors each torch.optim update reads and writes (foreach path).
-Assumes: no fused multi-tensor savings, no 16-bit copy of the updated weights."""
+"""HBM bytes the optimizer update moves per local parameter, in OPTIMIZERS order (adamw,
+adamw-fused, adamw-8bit, sgd, sgd-momentum, adafactor, lion): fp32 parameter read + write 8,
+gradient read 4, each fp32 state read + write 8 (8-bit AdamW: 2 per state; Adafactor: small
+factored statistics, two gradient-sized temporaries). Source: the tensors each torch.optim update
+reads and writes. Assumes: no savings from fused kernels, no 16-bit weight copy refresh."""
 
 TIME_COLUMNS = (
     "step_time_s",
@@ -48,173 +58,22 @@ TIME_COLUMNS = (
     "mfu",
     "cost_per_million_tokens",
 )
-"""The headline outputs of `estimate_time` (with `tokens`: also time_to_train_s and
+"""The headline outputs of `estimate_time` (with `tokens` also time_to_train_s and
 cost_to_train_usd)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TimeParams:
-    """Constants of the step-time model. Fitted ones say so; refit with bench/calibrate_time.py
-    or set one from a measured run (README, "Step time and cost")."""
-
-    gemm_efficiency_max: float = 0.80
-    """Fraction of the dense tensor-core peak that large bf16/fp16 GEMMs sustain.
-    Source: fitted (bench/calibrate_time.py) to Narayanan et al. 2021 Table 1, torchtitan and
-    MosaicML llm-foundry throughput tables; cuBLAS reaches 75-90% of peak on large GEMMs
-    (NVIDIA A100/H100 GEMM performance guides)."""
-    gemm_half_work: float = 1.0e6
-    """Per-GPU work size (tokens per micro-batch x hidden size / tp) at which the GEMM
-    efficiency is half its maximum: small micro-batches and thin TP shards run short kernels
-    that launch overhead dominates. Source: the shape of Narayanan et al. 2021 Fig. 7
-    (throughput vs micro-batch size, +30% from 1 to 16); the value fitted."""
-    flash_attention_efficiency: float = 0.50
-    """Fraction of the dense peak the fused (flash) attention kernels sustain on the FLOPs they
-    execute, backward included (FlashAttention-2 reaches 50-73% of A100 peak forward, less
-    backward: Dao 2023, Fig. 4-6). Fitted."""
-    causal_attention_fraction: float = 0.5
-    """Fraction of the s x s score FLOPs a fused causal kernel executes (it skips the masked
-    blocks); eager attention computes them all. MFU still counts them all (PaLM Appendix B).
-    Source: FlashAttention-2 (Dao 2023) Sec. 3.1.1, causal masking skips half the blocks."""
-    pointwise_bytes_per_width: float = 160.0
-    """HBM bytes moved by the memory-bound kernels of one layer's forward pass (norms,
-    activation function, residual adds, dropout, rotary) per token per unit of width, where the
-    width is hidden_size + the MLP's intermediate width (x2 when gated), for 16-bit activations
-    (fp32: x2). Backward moves twice as much, recomputation repeats the forward.
-    Source: fitted; an eager Llama layer counted kernel by kernel moves ~180 bytes per unit of
-    width (RMSNorm in fp32 alone ~46 bytes x hidden per norm)."""
-    eager_attention_bytes_per_score: float = 13.0
-    """HBM bytes per attention-score element (one per head, query and key) in one forward pass
-    of eager (unfused) attention in 16 bits: QK^T writes 2, scale-mask-softmax reads 2 and
-    writes 2, dropout reads 2, writes 2 and a 1-byte mask, the AV product reads 2.
-    Source: Megatron-LM's fused softmax path (Narayanan et al. 2021 Sec. 4.2); counted."""
-    memory_bandwidth_efficiency: float = 0.80
-    """Fraction of peak HBM bandwidth that elementwise kernels and the optimizer step reach.
-    Source: STREAM-like copy kernels reach 80-90% of HBM peak on A100/H100 (NVIDIA CUDA best
-    practices guide, "Effective bandwidth")."""
-    collective_bandwidth_efficiency: float = 0.80
-    """Fraction of a link's unidirectional bandwidth a NCCL ring collective reaches (bus
-    bandwidth). Source: nccl-tests, all_reduce_perf busbw ~230-240 GB/s on A100 NVLink (300 GB/s)
-    and ~20-23 GB/s over 200 Gb/s HDR InfiniBand (25 GB/s)."""
-    collective_latency_s: float = 2.0e-5
-    """Fixed cost of one collective call. Source: nccl-tests small-message all_reduce latency,
-    10-30 us within a node, more across nodes."""
-    dp_overlap_fraction: float = 0.8
-    """Fraction of the last micro-batch's backward compute during which the data-parallel
-    gradient reduction runs hidden (DDP / ZeRO-1/2 bucketed reduction overlaps backward; earlier
-    micro-batches accumulate without communicating). Source: PyTorch DDP design (Li et al. 2020,
-    VLDB, Sec. 3.2.3 bucketing and overlap); the value is a judgement, not fitted."""
-    fsdp_overlap_fraction: float = 0.5
-    """Fraction of each micro-batch's forward (backward) compute that hides the ZeRO-3/FSDP
-    parameter all-gathers (and gradient reduce-scatters) through prefetching. Source: fitted to
-    the ZeRO-3 rows of Narayanan et al. 2021 Table 2 (175B on 384-1536 A100s: 144, 88 and 44
-    TFLOP/s per GPU), which no overlap (0) and full overlap (1) both miss by > 30%."""
-    tp_overlap_fraction: float = 0.0
-    """Fraction of tensor-parallel collectives hidden behind GEMMs. 0: Megatron-LM 2021 and
-    torchtitan without async TP run them on the critical path (Narayanan et al. 2021 Sec. 3.2);
-    async TP / userbuffers overlap most of it."""
-    cp_overlap_fraction: float = 0.8
-    """Fraction of the attention core's compute that hides the context-parallel ring exchange
-    of K and V (ring attention overlaps the next block's transfer with the current block).
-    Source: Liu et al. 2023, "Ring Attention", Sec. 3; a judgement, not fitted."""
-
-    @classmethod
-    def names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
-
-    def with_overrides(self, overrides: dict[str, float]) -> TimeParams:
-        """A copy with some fields replaced; unknown keys raise ValueError naming them."""
-        unknown = sorted(set(overrides) - set(self.names()))
-        if unknown:
-            raise ValueError(
-                f"time-param: unknown key '{unknown[0]}'; allowed: {', '.join(self.names())}"
-            )
-        return replace(self, **{k: float(v) for k, v in overrides.items()})
-
-
-class GpuLike(Protocol):
-    """What the time model reads from a GPU profile (hardware.GpuProfile has these fields)."""
-
-    bf16_flops: float
-    fp16_flops: float
-    fp32_flops: float
-    hbm_bandwidth_bytes_per_s: float
-    intra_node_bandwidth_bytes_per_s: float
-    inter_node_bandwidth_bytes_per_s: float
-    gpus_per_node: int
-    pcie_bandwidth_bytes_per_s: float
-    price_per_hour_usd: float
-
-
-def time_inputs(gpu: GpuLike, *, price_per_hour_usd: float | None = None) -> dict[str, float]:
-    """The GPU keyword arguments of `estimate_time` for one profile (price overridable).
-
-    BF16 peak is the 16-bit peak (fp16 where a card has no bf16).
-    """
-    peak = gpu.bf16_flops if gpu.bf16_flops > 0 else gpu.fp16_flops
-    return {
-        "peak_flops": float(peak),
-        "fp32_peak_flops": float(gpu.fp32_flops),
-        "hbm_bytes_per_s": float(gpu.hbm_bandwidth_bytes_per_s),
-        "intra_node_bytes_per_s": float(gpu.intra_node_bandwidth_bytes_per_s),
-        "inter_node_bytes_per_s": float(gpu.inter_node_bandwidth_bytes_per_s),
-        "gpus_per_node": float(gpu.gpus_per_node),
-        "pcie_bytes_per_s": float(gpu.pcie_bandwidth_bytes_per_s),
-        "price_per_gpu_hour_usd": float(
-            gpu.price_per_hour_usd if price_per_hour_usd is None else price_per_hour_usd
-        ),
-    }
-
-
-# ---- model FLOPs ---------------------------------------------------------------------------
-
-
-def matmul_parameters(m: ModelSpec) -> tuple[int, int]:
-    """(per layer, outside the layers) parameters that are GEMM weights.
-
-    Per layer: every 2-D weight of a block (biases and norms are not GEMMs). Outside: the output
-    projection (vocab x hidden, also when tied to the embedding: the lookup is not a GEMM, the
-    logits are) and BERT's head transform. Source: PaLM (Chowdhery et al. 2022) Appendix B and
-    torchtitan `get_nparams_and_flops` count parameters less the embedding lookup.
-    """
-    tensors = m.param_tensors()
-    per_layer = sum(p.numel for p in tensors if p.group == "layer" and len(p.shape) == 2)
-    head = m.vocab_size * m.hidden_size
-    head += sum(p.numel for p in tensors if p.group == "head" and p.name.endswith("dense.weight"))
-    return per_layer, head
-
-
-def model_flops_per_token(m: ModelSpec, seq_len: np.ndarray) -> np.ndarray:
-    """Training FLOPs per token by the MFU convention: 6 x GEMM parameters + 12 L s q.
-
-    Source: PaLM (Chowdhery et al. 2022) Appendix B, 6N + 12 L H Q T; Narayanan et al. 2021
-    Eq. 3 without its recomputation pass (72 B s l h^2 (1 + s/6h + V/12lh) for GPT).
-    Assumes: attention scores counted in full (no causal halving), as both papers do.
-    """
-    s = np.asarray(seq_len, dtype=np.float64)
-    L, q = m.num_hidden_layers, m.q_dim
-    per_layer, head = matmul_parameters(m)
-    return 6.0 * (L * per_layer + head) + 12.0 * L * s * q  # 2 fwd + 4 bwd per weight; QK, AV
-
-
-# ---- compute -------------------------------------------------------------------------------
-
-
 def gemm_efficiency(work: np.ndarray, params: TimeParams) -> np.ndarray:
-    """Achieved fraction of the dense peak for GEMMs of a per-GPU work size (a saturating curve).
+    """Achieved fraction of the dense peak for GEMMs of a per-GPU work size: e w / (w + w_half).
 
-    work = tokens per micro-batch per GPU x hidden size / tp. Source: TimeParams.gemm_* (fitted;
-    shape after Narayanan et al. 2021 Fig. 7). Assumes: GEMM shapes of a transformer layer.
+    work = tokens per micro-batch per GPU x hidden_size / tp. Source: TimeParams.gemm_*.
     """
     w = np.asarray(work, dtype=np.float64)
     return params.gemm_efficiency_max * w / (w + params.gemm_half_work)
 
 
-def _width(m: ModelSpec) -> tuple[float, float]:
-    """(hidden part, intermediate part) of the pointwise width of one layer."""
-    return float(m.hidden_size), float(m.intermediate_size * (2 if m.gated_mlp else 1))
-
-
-# ---- communication -------------------------------------------------------------------------
+def modules_per_layer(m: ModelSpec) -> int:
+    """Parameter-holding modules in one block (a Linear or a norm, weight and bias together)."""
+    return len({p.name.rsplit(".", 1)[0] for p in m.param_tensors() if p.group in BLOCK_GROUPS})
 
 
 def ring_time_s(
@@ -222,43 +81,64 @@ def ring_time_s(
     group_size: np.ndarray,
     bytes_per_s: np.ndarray,
     *,
-    all_reduce: bool,
+    all_reduce: bool | np.ndarray,
     params: TimeParams,
+    num_calls: float | np.ndarray = 1.0,
 ) -> np.ndarray:
-    """One ring collective on `num_bytes` (the full, unsharded size) over `group_size` ranks.
+    """Ring collectives moving `num_bytes` (full, unsharded size) over `group_size` ranks.
 
-    all-reduce: 2(n-1)/n x bytes / bandwidth; all-gather or reduce-scatter: (n-1)/n x bytes /
-    bandwidth; plus a fixed latency; 0 for a group of one. Source: Patarasuk & Yuan 2009 (ring
-    all-reduce is bandwidth optimal); NCCL's bus-bandwidth definition (nccl-tests PERFORMANCE.md).
+    all-reduce 2(n-1)/n x bytes / bandwidth, all-gather or reduce-scatter (n-1)/n x bytes /
+    bandwidth, plus a step latency per ring step of each of `num_calls` calls; 0 for one rank.
+    Source: Patarasuk & Yuan 2009 (bandwidth-optimal ring all-reduce); nccl-tests
+    doc/PERFORMANCE.md (bus bandwidth).
     """
     n = np.asarray(group_size, dtype=np.float64)
-    factor = (2.0 if all_reduce else 1.0) * (n - 1.0) / np.maximum(n, 1.0)
+    passes = np.where(all_reduce, 2.0, 1.0)
     bw = np.asarray(bytes_per_s, dtype=np.float64) * params.collective_bandwidth_efficiency
-    return np.where(n > 1, factor * num_bytes / bw + params.collective_latency_s, 0.0)
+    transfer = passes * (n - 1.0) / np.maximum(n, 1.0) * num_bytes / bw
+    latency = num_calls * passes * (n - 1.0) * params.ring_step_latency_s
+    return np.where(n > 1, transfer + latency, 0.0)
 
 
-def bubble_fraction(pp: np.ndarray, num_microbatches: np.ndarray, virtual_stages: np.ndarray):
-    """Share of a step the pipeline sits idle: (p-1) / (m v + p - 1).
+def group_bandwidth(
+    group_size: np.ndarray,
+    stride: np.ndarray,
+    gpus_per_node: np.ndarray,
+    intra: np.ndarray,
+    inter: np.ndarray,
+) -> np.ndarray:
+    """Bus bandwidth per rank of a collective over `group_size` ranks spaced `stride` apart.
 
-    Source: Narayanan et al. 2021 Sec. 2.2.1 (bubble / ideal = (p-1)/m) and Sec. 2.2.2
-    (interleaving divides the bubble by v). Assumes: 1F1B, equal stages.
+    Within one node: the intra-node link. Across nodes: the group's k ranks on a node each drive
+    their own NIC (NCCL runs one ring per NIC), so node-to-node hops see k x the per-GPU network
+    share, capped by the intra-node link. Source: NCCL multi-rail rings; DGX A100/H100 reference
+    architecture (one compute HCA per GPU). Assumes: rail-optimized network, no SHARP, ranks
+    numbered tp fastest, then cp, dp, pp (Megatron-LM's order).
+    """
+    span = np.asarray(group_size) * np.asarray(stride)
+    k = np.clip(np.floor(np.asarray(gpus_per_node) / np.asarray(stride)), 1.0, group_size)
+    return np.where(span <= gpus_per_node, intra, np.minimum(intra, inter * k))
+
+
+def exposed_s(comm_s: np.ndarray, hideable_s: np.ndarray, params: TimeParams) -> np.ndarray:
+    """What overlap leaves of `comm_s` run behind `hideable_s` of compute: the excess, plus
+    `overlap_slowdown_fraction` of the hidden part. Source: TimeParams.overlap_slowdown_fraction.
+    """
+    hidden = np.minimum(comm_s, hideable_s)
+    return comm_s - hidden + params.overlap_slowdown_fraction * hidden
+
+
+def bubble_fraction(
+    pp: np.ndarray | int, num_microbatches: np.ndarray | int, virtual_stages: np.ndarray | int
+) -> np.ndarray:
+    """Share of the step the pipeline sits idle: (p-1) / (m v + p - 1).
+
+    Source: Narayanan et al. 2021 Sec. 2.2.1 (bubble / ideal time = (p-1)/m) and Sec. 2.2.2
+    (interleaving divides it by v). Assumes: 1F1B, equal stages.
     """
     p = np.asarray(pp, dtype=np.float64)
     mv = np.asarray(num_microbatches, dtype=np.float64) * np.asarray(virtual_stages)
     return (p - 1.0) / (mv + p - 1.0)
-
-
-def offload_time_s(num_rows: int) -> np.ndarray:
-    """CPU-offload traffic over PCIe: 0 until the grid has an offload field (hook)."""
-    return np.zeros(num_rows)
-
-
-def expert_all_to_all_time_s(num_rows: int) -> np.ndarray:
-    """MoE expert-parallel all-to-all: 0 until ModelSpec has experts (hook)."""
-    return np.zeros(num_rows)
-
-
-# ---- the step ------------------------------------------------------------------------------
 
 
 def estimate_time(
@@ -278,26 +158,26 @@ def estimate_time(
 ) -> dict[str, np.ndarray]:
     """Step time, throughput, MFU and cost of every row of `g` for model `m`.
 
-    GPU values are scalars or per-row arrays (`time_inputs(profile)` gives them for one
-    profile). peak_flops: dense 16-bit peak; fp32 rows use fp32_peak_flops. Returns float64
-    columns: step_time_s = compute_time_s + communication_exposed_s + bubble_time_s (exactly);
-    tokens_per_second (whole job: global batch tokens / step time); mfu (model FLOPs / (step
-    time x GPUs x peak)); hfu (with recomputation); cost_per_million_tokens (USD); the parts
-    (gemm_time_s, attention_time_s, memory_bound_time_s, optimizer_time_s, tp_exposed_s,
-    cp_exposed_s, pp_p2p_s, dp_exposed_s, fsdp_exposed_s, offload_s, expert_s);
-    model_flops_per_step, hardware_flops_per_step, achieved_flops_per_gpu; with `tokens`:
-    time_to_train_s and cost_to_train_usd. Rows with an invalid layout are NaN.
+    GPU values are scalars or per-row arrays; `time_inputs(profile)` gives them for one profile.
+    fp32 rows run at fp32_peak_flops, the others at peak_flops (dense 16-bit).
+    Returns float64 columns, NaN where the layout is invalid: step_time_s = compute_time_s +
+    communication_exposed_s + bubble_time_s; tokens_per_second (whole job: global batch tokens /
+    step time) and tokens_per_second_per_gpu; mfu (model FLOPs / (step time x GPUs x peak)) and
+    hfu (recomputation counted); cost_per_million_tokens (USD); the parts of compute
+    (gemm_time_s, attention_time_s, memory_bound_time_s, optimizer_time_s) and of communication
+    (tp_exposed_s, cp_exposed_s, pp_p2p_s, expert_s, dp_exposed_s, fsdp_exposed_s, offload_s: PCIe
+    traffic and the host's optimizer update);
+    model_flops_per_step, hardware_flops_per_step, achieved_flops_per_gpu; with `tokens`,
+    time_to_train_s and cost_to_train_usd.
 
-    Source: see each helper and TimeParams. Assumes: equal pipeline stages (the last stage's
-    LM head is spread over all), no straggler or data-loader stalls, no fp8, a homogeneous GPU
-    type per row.
+    Source: each helper and TimeParams. Assumes: equal pipeline stages (the LM head's work is
+    spread over all of them), balanced MoE routing, no stragglers or data-loader stalls, one GPU
+    type per row; fp8-mixed rows run at the 16-bit peak and activation offload is not timed.
     """
-    tp_ = params or TimeParams()
-    reason = layout_reason(m, g)
-    valid = reason == 0
-    num_rows = len(reason)
-
-    # Paper symbols: s sequence, b micro-batch, t tp, p pp, c cp, d dp, L layers, h hidden.
+    pr = params or TimeParams()
+    valid = layout_reason(m, g) == 0
+    num_rows = len(valid)
+    # Symbols: s sequence, b micro-batch, t tp, p pp, c cp, v virtual stages, d dp, n GPUs.
     s = g["seq_len"].astype(np.float64)
     b = g["micro_batch_size"].astype(np.float64)
     t = np.maximum(g["tp"], 1).astype(np.float64)
@@ -305,135 +185,175 @@ def estimate_time(
     c = np.maximum(g["cp"], 1).astype(np.float64)
     v = np.maximum(g["virtual_stages"], 1).astype(np.float64)
     n = g["num_gpus"].astype(np.float64)
-    d = np.maximum(g["num_gpus"] // np.maximum(g["tp"] * g["pp"] * g["cp"], 1), 1)
-    gbs = np.where(g["global_batch_size"] > 0, g["global_batch_size"], g["micro_batch_size"] * d)
-    num_micro = np.maximum(gbs // np.maximum(g["micro_batch_size"] * d, 1), 1).astype(np.float64)
-    d = d.astype(np.float64)
-    L, h, q, kv = m.num_hidden_layers, m.hidden_size, m.q_dim, m.kv_dim
-    a = m.num_attention_heads
-    prec = g["precision"].astype(np.int64)
-    rc = g["recompute"].astype(np.int64)
-    fw = g["framework"].astype(np.int64)
-    zero = g["zero"]
-    eager = g["attention"].astype(np.int64) == EAGER
+    # dp and micro-batches per step exactly as estimate() derives them.
+    dp = np.maximum(g["num_gpus"] // np.maximum(g["tp"] * g["pp"] * g["cp"], 1), 1)
+    gbs = np.where(g["global_batch_size"] > 0, g["global_batch_size"], g["micro_batch_size"] * dp)
+    num_micro = np.maximum(gbs // np.maximum(g["micro_batch_size"] * dp, 1), 1).astype(float)
+    d = dp.astype(np.float64)
+    L, h, kv, a = m.num_hidden_layers, m.hidden_size, m.kv_dim, m.num_attention_heads
+    prec, fw, zero = g["precision"].astype(int), g["framework"].astype(int), g["zero"]
+    recompute = g["recompute"].astype(int)
+    eager = g["attention"].astype(int) == EAGER
     sp = g["sequence_parallel"] & (g["tp"] > 1)
-    full = (rc == FULL).astype(np.float64)
-    recompute_attention = ((rc == FULL) | (rc == SELECTIVE)).astype(np.float64)
+    full = (recompute == FULL).astype(np.float64)
+    rc_attention = (recompute != NONE).astype(np.float64)  # selective recomputes the core
 
     peak = np.where(prec == FP32, fp32_peak_flops, peak_flops).astype(np.float64)
-    hbm = np.asarray(hbm_bytes_per_s, dtype=np.float64) * tp_.memory_bandwidth_efficiency
+    hbm = np.asarray(hbm_bytes_per_s, dtype=np.float64) * pr.memory_bandwidth_efficiency
     gpn = np.asarray(gpus_per_node, dtype=np.float64)
     intra = np.asarray(intra_node_bytes_per_s, dtype=np.float64)
     inter = np.asarray(inter_node_bytes_per_s, dtype=np.float64)
-    act_bytes = np.where(prec == FP32, 4.0, 2.0)  # activations in the compute dtype
+    act_bytes = np.where(prec == FP32, 4.0, 2.0)
 
-    tokens_per_step = gbs.astype(np.float64) * s  # whole job
+    # ---- compute (one GPU, one step) --------------------------------------------------------
+    tokens_per_step = gbs.astype(np.float64) * s
     tokens_per_micro = b * s / c  # one GPU's tokens in one micro-batch
-    per_layer, head = matmul_parameters(m)
-
-    # FLOPs per GPU per step. Linear: 2 fwd + 4 bwd per weight per token, +2 under full
-    # recomputation (not the head); attention core per token and layer: QK^T 2sq + AV 2sq
-    # forward, twice that backward, the forward again when recomputed.
-    tokens_per_gpu = tokens_per_step / (d * c)  # the tokens one TP x PP group processes
-    linear_flops = tokens_per_gpu * (L * per_layer * (6.0 + 2.0 * full) + 6.0 * head) / (t * p)
-    attention_flops = tokens_per_gpu * L * s * q * (12.0 + 4.0 * recompute_attention) / (t * p)
-    model_flops = tokens_per_step * model_flops_per_token(m, s)
-    hardware_flops = (linear_flops + attention_flops) * n
-
-    gemm_s = linear_flops / (peak * gemm_efficiency(tokens_per_micro * h / t, tp_))
-    attention_s = np.where(
-        eager,
-        attention_flops / (peak * gemm_efficiency(tokens_per_micro * h / t, tp_)),
-        attention_flops * tp_.causal_attention_fraction / (peak * tp_.flash_attention_efficiency),
-    )
-    # Memory-bound kernels: forward 1, backward 2, recomputed forward 1 (full; the attention
-    # core only under selective).
-    wh, wf = _width(m)
-    pointwise_bytes = tp_.pointwise_bytes_per_width * (act_bytes / 2.0) * (
-        wh / np.where(sp, t, 1.0) + wf / t
+    tokens_per_gpu = tokens_per_step / (d * c)  # one tp x pp group's tokens per step
+    blocks, head = matmul_parameters(m)
+    # LoRA: frozen weights get no weight gradient; only the adapters train, reduce and step.
+    lora = g["lora_rank"] > 0
+    adapters = g["lora_rank"] * lora_width(m, g["lora_targets"])
+    trainable = np.where(lora, adapters, float(m.num_parameters))
+    weight_grad = np.where(lora, 0.0, 2.0)
+    # Linear: 2 fwd + 2 input-gradient + 2 weight-gradient FLOPs per weight per token, +2
+    # recomputed (not the head). Attention core per token and layer: QK^T 2sq + AV 2sq forward,
+    # twice that backward, the forward again when recomputed (full or selective).
+    per_token = (blocks + head) * (4.0 + weight_grad) + 2.0 * full * blocks + 6.0 * adapters
+    linear_flops = tokens_per_gpu * per_token / (t * p)
+    qo = m.q_dim + m.o_dim
+    attention_flops = tokens_per_gpu * L * s * qo * (6.0 + 2.0 * rc_attention) / (t * p)
+    gemm_eff = gemm_efficiency(tokens_per_micro * h / t, pr)
+    gemm_s = linear_flops / (peak * gemm_eff)
+    causal = 1.0 if m.family == "bert" else pr.causal_attention_fraction  # BERT: bidirectional
+    flash_s = (attention_flops * causal) * (
+        1.0 / (peak * pr.flash_attention_efficiency) + 1.0 / (hbm * pr.attention_flops_per_hbm_byte)
     )  # fmt: skip
-    score_bytes = np.where(
-        eager, tp_.eager_attention_bytes_per_score * (act_bytes / 2.0) * a * s / t, 0.0
-    )
-    layer_bytes = pointwise_bytes * (3.0 + full) + score_bytes * (3.0 + recompute_attention)
-    memory_s = tokens_per_gpu * L / p * layer_bytes / hbm
-    opt = g["optimizer"].astype(np.int64)
-    local_params = m.num_parameters / (t * p) / np.where(zero >= 1, d * c, 1.0)
-    optimizer_s = local_params * np.asarray(OPTIMIZER_STEP_BYTES_PER_PARAMETER)[opt] / hbm
-    forward_backward_s = gemm_s + attention_s + memory_s
-    fwd_share = 1.0 / (3.0 + full)  # forward : backward (+ recompute) compute
+    attention_s = np.where(eager, attention_flops / (peak * gemm_eff), flash_s)
+    # Memory-bound kernels: forward 1, backward 2, recomputed forward 1.
+    # Under autocast the residual stream and norms stay fp32 (the embedding is fp32); the MLP's
+    # activations are matmul outputs, in 16 bits.
+    amp = (prec == AMP_BF16) | (prec == AMP_FP16)
+    residual_bytes = np.where(amp, 4.0, act_bytes)
+    pointwise = pr.pointwise_bytes_per_width * (
+        residual_bytes / 2.0 * L * h / np.where(sp, t, 1.0) + act_bytes / 2.0 * mlp_width(m) / t
+    )  # fmt: skip
+    scores = np.where(eager, pr.eager_attention_bytes_per_score * L * a * s / t, 0.0)
+    token_bytes = pointwise * (3.0 + full) + act_bytes / 2.0 * scores * (3.0 + rc_attention)
+    # Per micro-batch weight traffic: autocast casts every GEMM weight to 16 bits per forward and
+    # its 16-bit gradient back to fp32; QLoRA dequantizes NF4 weights before every use.
+    casts = np.where(amp, AUTOCAST_BYTES_PER_WEIGHT * (1.0 + full) + 8.0 * (lora == 0), 0.0)
+    qlora = g["qlora"] & lora
+    dequant = np.where(qlora, QLORA_DEQUANT_BYTES_PER_WEIGHT * (2.0 + full), 0.0)
+    weight_bytes = num_micro * (blocks + head) * (casts + dequant) / (t * p)
+    memory_s = (tokens_per_gpu / p * token_bytes + weight_bytes) / hbm
+    shard = np.where(zero >= 1, d * c, 1.0)
+    step_params = trainable / (t * p * shard)  # parameters this GPU's optimizer updates
+    offload = g["offload"].astype(int)
+    optimizer_bytes = np.asarray(OPTIMIZER_STEP_BYTES_PER_PARAMETER)[g["optimizer"].astype(int)]
+    optimizer_s = np.where(offload >= OFFLOAD_OPTIMIZER, 0.0, step_params * optimizer_bytes / hbm)
+    busy = gemm_s + attention_s + memory_s  # forward + backward, all micro-batches
+    fwd_share = 1.0 / (3.0 + full)
 
-    # Tensor parallel: per layer and micro-batch 2 all-reduces forward, 2 backward (+2 when
-    # the forward is recomputed) of b s h activations; with SP all-gather + reduce-scatter, the
-    # same bytes. Source: Narayanan et al. 2021 Sec. 3.2; Korthikanti et al. 2022 Sec. 4.2.1.
+    # ---- communication ----------------------------------------------------------------------
+    # TP: per layer and micro-batch 2 all-reduces forward, 2 backward, +2 recomputed, of b s h
+    # activations (SP: all-gather + reduce-scatter, the same bytes); across nodes the per-GPU
+    # network share. Source: Narayanan et al. 2021 Sec. 3.2; Korthikanti et al. 2022 Sec. 4.2.
     tp_bw = np.where(t > gpn, inter, intra)
-    tp_calls = (4.0 + 2.0 * full) * L / p * num_micro
-    tp_one = ring_time_s(tokens_per_micro * h * act_bytes, t, tp_bw, all_reduce=True, params=tp_)
-    tp_exposed = tp_calls * tp_one * (1.0 - tp_.tp_overlap_fraction)
-
-    # Context parallel: ring exchange of K and V, forward (c-1) chunks, backward K, V and their
-    # gradients; hidden behind the attention core. Source: Liu et al. 2023 (Ring Attention);
-    # Megatron-LM context parallelism (all-gather K,V forward, reduce-scatter dK,dV backward).
-    cp_bw = np.where(t * c > gpn, inter, intra)
+    tp_one = ring_time_s(tokens_per_micro * h * act_bytes, t, tp_bw, all_reduce=True, params=pr)
+    tp_exposed = (4.0 + 2.0 * full) * L / p * num_micro * tp_one * (1.0 - pr.tp_overlap_fraction)
+    # CP: ring exchange of K and V chunks, forward (c-1) of them, backward K, V and their
+    # gradients, hidden behind the attention core. Source: Liu et al. 2023 (Ring Attention).
+    cp_bw = group_bandwidth(c, t, gpn, intra, inter) * pr.collective_bandwidth_efficiency
     kv_chunk = tokens_per_micro * 2.0 * kv / t * act_bytes
-    cp_bytes = (c - 1.0) * kv_chunk * (3.0 + full) * L / p * num_micro
-    cp_s = np.where(c > 1, cp_bytes / (cp_bw * tp_.collective_bandwidth_efficiency), 0.0)
-    cp_exposed = np.maximum(cp_s - tp_.cp_overlap_fraction * attention_s, 0.0)
-
-    # Pipeline point-to-point: one activation per micro-batch per virtual stage each way
-    # (scatter/gather splits it over the TP ranks: Narayanan et al. 2021 Sec. 4.1).
+    cp_s = (c - 1.0) * kv_chunk * (3.0 + full) * L / p * num_micro / cp_bw
+    cp_exposed = exposed_s(cp_s, pr.cp_overlap_fraction * attention_s, pr)
+    # PP: one activation per micro-batch and virtual stage each way, split over the TP ranks
+    # (scatter/gather, Narayanan et al. 2021 Sec. 4.1).
     pp_bw = np.where(n / p >= gpn, inter, intra)
-    p2p_bytes = tokens_per_micro * h * act_bytes / t
-    pp_p2p = np.where(p > 1, 2.0 * v * num_micro * p2p_bytes / pp_bw, 0.0)
-
-    pipelined = forward_backward_s + tp_exposed + cp_exposed + pp_p2p
+    p2p_s = np.where(p > 1, 2.0 * v * num_micro * tokens_per_micro * h * act_bytes / t / pp_bw, 0.0)
+    # EP: per MoE layer and micro-batch an all-to-all dispatch and combine forward, both again
+    # backward (+ recomputed), of the top-k token copies; exposed. The ep ranks are dp ranks.
+    # Source: Lepikhin et al. 2021 (GShard) Sec. 2.2; Megatron-Core MoE token dispatcher.
+    ep = np.maximum(g["ep"], 1).astype(np.float64)
+    ep_bw = np.where(ep * t * c > gpn, inter, intra) * pr.collective_bandwidth_efficiency
+    a2a_bytes = tokens_per_micro * m.num_experts_per_tok * h * act_bytes
+    a2a_one = (ep - 1.0) / ep * a2a_bytes / ep_bw + (ep - 1.0) * pr.ring_step_latency_s
+    moe_layers = m.num_moe_layers / p
+    expert_s = np.where(ep > 1, (4.0 + 2.0 * full) * moe_layers * num_micro * a2a_one, 0.0)
+    pipelined = busy + tp_exposed + cp_exposed + p2p_s + expert_s
     bubble = pipelined * (p - 1.0) / (num_micro * v)
 
-    # Data parallel over dp x cp ranks (they hold the same weights). Gradients reduce in fp32
-    # where the framework keeps fp32 gradients (AMP, Megatron main-grad, FSDP2 mixed precision).
+    # DP over the dp x cp ranks holding the same weights (stride tp). Gradients travel in fp32
+    # where the framework keeps them so (AMP, Megatron main grads, FSDP2 mixed precision).
     dp_group = d * c
-    dp_bw = np.where(n / p > gpn, inter, intra)
-    mixed = (prec == MIXED_BF16) | (prec == MIXED_FP16)
-    amp_or_fp32 = (prec == FP32) | (prec == AMP_BF16) | (prec == AMP_FP16)
+    dp_bw = group_bandwidth(dp_group, t, gpn, intra, inter)
+    mixed = (prec == MIXED_BF16) | (prec == MIXED_FP16) | (prec == FP8_MIXED)
+    wide = (prec == FP32) | (prec == AMP_BF16) | (prec == AMP_FP16)
     fsdp2 = ((fw == HF) | (fw == TORCHTITAN)) & (zero == 3)
-    grad_bytes = np.where(amp_or_fp32 | (mixed & ((fw == MEGATRON) | fsdp2)), 4.0, 2.0)
-    param_bytes = np.where(amp_or_fp32, 4.0, 2.0)
-    local_full = m.num_parameters / (t * p)
+    grad_bytes = np.where(wide | (mixed & ((fw == MEGATRON) | fsdp2)), 4.0, 2.0)
+    param_bytes = np.where(qlora, 0.5, np.where(wide, 4.0, 2.0))
+    local = m.num_parameters / (t * p)
+    local_trainable = trainable / (t * p)
     reduce_s = ring_time_s(
-        local_full * grad_bytes, dp_group, dp_bw, all_reduce=(zero == 0), params=tp_
+        local_trainable * grad_bytes, dp_group, dp_bw, all_reduce=zero == 0, params=pr
     )  # fmt: skip
-    gather_s = ring_time_s(local_full * param_bytes, dp_group, dp_bw, all_reduce=False, params=tp_)
-    last_backward = forward_backward_s / num_micro * (1.0 - fwd_share)
-    dp_exposed = np.where(
-        zero <= 2,
-        np.maximum(reduce_s - tp_.dp_overlap_fraction * last_backward, 0.0)
-        + np.where((zero >= 1) & (dp_group > 1), gather_s, 0.0),  # ZeRO-1/2: updated weights
-        0.0,
+    gather_s = ring_time_s(local * param_bytes, dp_group, dp_bw, all_reduce=False, params=pr)
+    last_backward = busy / num_micro * (1.0 - fwd_share)
+    dp_exposed = exposed_s(reduce_s, pr.dp_overlap_fraction * last_backward, pr) + np.where(
+        zero >= 1, gather_s, 0.0
+    )  # ZeRO-1/2 gather the updated weights after the step
+    # ZeRO-3 / FSDP: each micro-batch gathers the weights forward and again backward and
+    # reduce-scatters the gradients, prefetched behind compute; FSDP one collective per block,
+    # DeepSpeed one per module and, fitted to Narayanan et al. 2021 Table 2, at the per-GPU
+    # network share. Source: Rajbhandari et al. 2020 Sec. 7.2.2 (1.5x DDP's volume).
+    deepspeed = fw == DEEPSPEED
+    calls = L / p * np.where(deepspeed, float(modules_per_layer(m)), 1.0)
+    bw3 = np.where(deepspeed, np.where(dp_group * t > gpn, inter, intra), dp_bw)
+    gather3 = ring_time_s(local * param_bytes, dp_group, bw3, all_reduce=False, params=pr,
+                          num_calls=calls)  # fmt: skip
+    reduce3 = ring_time_s(local_trainable * grad_bytes, dp_group, bw3, all_reduce=False,
+                          params=pr, num_calls=calls)  # fmt: skip
+    per_micro = busy / num_micro
+    fsdp_fwd = exposed_s(gather3, pr.fsdp_overlap_fraction * fwd_share * per_micro, pr)
+    fsdp_bwd = exposed_s(
+        gather3 + reduce3, pr.fsdp_overlap_fraction * (1.0 - fwd_share) * per_micro, pr
     )
-    # ZeRO-3 / FSDP: every micro-batch gathers the weights forward and again backward and
-    # reduce-scatters the gradients, prefetched behind compute. Source: Rajbhandari et al. 2020
-    # Sec. 7.2.2 (1.5x DDP's volume); torch FSDP2 (reshard_after_forward=True).
-    per_micro = forward_backward_s / num_micro
-    fsdp_fwd = np.maximum(gather_s - tp_.fsdp_overlap_fraction * fwd_share * per_micro, 0.0)
-    fsdp_bwd = np.maximum(
-        gather_s + reduce_s - tp_.fsdp_overlap_fraction * (1.0 - fwd_share) * per_micro, 0.0
-    )
+    dp_exposed = np.where(zero <= 2, dp_exposed, 0.0)
     fsdp_exposed = np.where(zero == 3, (fsdp_fwd + fsdp_bwd) * num_micro, 0.0)
 
-    offload = offload_time_s(num_rows)
-    expert = expert_all_to_all_time_s(num_rows)
-    compute = forward_backward_s + optimizer_s
-    communication = tp_exposed + cp_exposed + pp_p2p + dp_exposed + fsdp_exposed + offload + expert
+    # Offload: the optimizer steps on the host (gradients down, 16-bit weights up over PCIe, a
+    # CPU update); with the parameters, every micro-batch also streams this GPU's weight shard
+    # up for the forward and again for the backward, prefetched like the FSDP gathers.
+    # Source: Ren et al. 2021 (ZeRO-Offload) Sec. 4; Rajbhandari et al. 2021 (ZeRO-Infinity).
+    pcie = np.asarray(pcie_bytes_per_s, dtype=np.float64) * pr.pcie_efficiency
+    host_step = (
+        step_params * (grad_bytes + 2.0) / pcie + step_params / pr.cpu_optimizer_params_per_s
+    )
+    stream = local / shard * param_bytes / pcie
+    streamed = exposed_s(stream, pr.fsdp_overlap_fraction * fwd_share * per_micro, pr) + exposed_s(
+        stream, pr.fsdp_overlap_fraction * (1.0 - fwd_share) * per_micro, pr
+    )  # fmt: skip
+    offload_s = np.where(offload >= OFFLOAD_OPTIMIZER, host_step, 0.0) + np.where(
+        offload == OFFLOAD_PARAMS, streamed * num_micro, 0.0
+    )  # fmt: skip
+    compute = busy + optimizer_s
+    communication = tp_exposed + cp_exposed + p2p_s + expert_s + dp_exposed + fsdp_exposed
+    communication = communication + offload_s
     step = compute + communication + bubble
 
     price = np.asarray(price_per_gpu_hour_usd, dtype=np.float64)
     tokens_per_second = tokens_per_step / step
+    model_flops = tokens_per_step * (
+        model_flops_per_token(m, s) - np.where(lora, 2.0 * (blocks + head), 0.0) + 6.0 * adapters
+    )  # fmt: skip
+    hardware_flops = (linear_flops + attention_flops) * n
     out = {
         "step_time_s": step,
         "compute_time_s": compute,
         "communication_exposed_s": communication,
         "bubble_time_s": bubble,
         "tokens_per_second": tokens_per_second,
+        "tokens_per_second_per_gpu": tokens_per_second / n,
         "mfu": model_flops / (step * n * peak),
         "hfu": hardware_flops / (step * n * peak),
         "cost_per_million_tokens": n * price / 3600.0 / tokens_per_second * 1e6,
@@ -443,11 +363,11 @@ def estimate_time(
         "optimizer_time_s": optimizer_s,
         "tp_exposed_s": tp_exposed,
         "cp_exposed_s": cp_exposed,
-        "pp_p2p_s": pp_p2p,
+        "pp_p2p_s": p2p_s,
         "dp_exposed_s": dp_exposed,
         "fsdp_exposed_s": fsdp_exposed,
-        "offload_s": offload,
-        "expert_s": expert,
+        "offload_s": offload_s,
+        "expert_s": expert_s,
         "model_flops_per_step": model_flops,
         "hardware_flops_per_step": hardware_flops,
         "achieved_flops_per_gpu": hardware_flops / (step * n),

@@ -9,7 +9,17 @@ Built-in profiles live in ``gpus/<name>.toml``; a folder passed as ``hardware_di
 ``$TRAINMEM_HARDWARE_DIR`` adds profiles or overrides built-ins of the same name.
 """
 
+from ._fleet import Fleet, Pool, parse_fleet
 from ._loader import ENV_VAR, get_gpu, load_gpus
 from ._profile import GIB, GpuProfile
 
-__all__ = ["ENV_VAR", "GIB", "GpuProfile", "get_gpu", "load_gpus"]
+__all__ = [
+    "ENV_VAR",
+    "GIB",
+    "Fleet",
+    "GpuProfile",
+    "Pool",
+    "get_gpu",
+    "load_gpus",
+    "parse_fleet",
+]

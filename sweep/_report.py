@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from trainmem.engine import COMPONENTS, GIB, PHASES, ModelSpec
+from trainmem.engine import COMPONENTS, GIB, PHASES, ModelSpec, lora_mask, lora_num_parameters
 from trainmem.hardware import GpuProfile
 
 BYTES_KEYS = COMPONENTS
@@ -70,6 +70,8 @@ def row_report(
             "dp": _int(at("dp")),
             "num_microbatches": _int(at("num_microbatches")),
         },
+        "num_trainable_parameters": _trainable(model, config),
+        "host_bytes": _int(at("host_bytes")),
         "gpu": {
             "name": gpu.name,
             "memory_bytes": gpu.memory_bytes,
@@ -99,6 +101,74 @@ def stage_summary(out: dict[str, np.ndarray], *, row: int) -> dict[str, Any]:
         "peak_phase": PHASES[int(at("peak_phase"))],
         "fits": bool(at("fits")),
     }
+
+
+TIME_PARTS = (
+    "gemm_time_s",
+    "attention_time_s",
+    "memory_bound_time_s",
+    "optimizer_time_s",
+    "tp_exposed_s",
+    "cp_exposed_s",
+    "pp_p2p_s",
+    "dp_exposed_s",
+    "fsdp_exposed_s",
+    "offload_s",
+    "expert_s",
+)
+
+
+def time_report(
+    timing: dict[str, np.ndarray], *, price_per_gpu_hour_usd: float, row: int = 0
+) -> dict[str, Any]:
+    """The `time` object of `estimate --json` for one row (see README, "Step time and cost")."""
+
+    def at(key: str) -> float:
+        return float(np.asarray(timing[key]).reshape(-1)[row])
+
+    keys = [
+        "step_time_s",
+        "compute_time_s",
+        "communication_exposed_s",
+        "bubble_time_s",
+        "tokens_per_second",
+        "tokens_per_second_per_gpu",
+        "mfu",
+        "hfu",
+        "cost_per_million_tokens",
+        "model_flops_per_step",
+        "achieved_flops_per_gpu",
+    ]
+    report: dict[str, Any] = {k: at(k) for k in keys}
+    report["price_per_gpu_hour_usd"] = price_per_gpu_hour_usd
+    report["parts"] = {k: at(k) for k in TIME_PARTS}
+    for key in ("time_to_train_s", "cost_to_train_usd"):
+        if key in timing:
+            report[key] = at(key)
+    return report
+
+
+def time_line(t: dict[str, Any]) -> str:
+    """One line of the human output: step time, throughput, MFU, cost."""
+    line = (
+        f"  step {t['step_time_s']:.3g} s (compute {t['compute_time_s']:.3g}, exposed "
+        f"communication {t['communication_exposed_s']:.3g}, bubble {t['bubble_time_s']:.3g}): "
+        f"{t['tokens_per_second']:,.0f} tokens/s, MFU {t['mfu']:.0%}, "
+        f"${t['cost_per_million_tokens']:.3g} per million tokens"
+    )
+    if "time_to_train_s" in t:
+        line += (
+            f"; budget: {t['time_to_train_s'] / 86400:,.3g} days, ${t['cost_to_train_usd']:,.0f}"
+        )
+    return line
+
+
+def _trainable(model: ModelSpec, config: dict[str, Any]) -> int:
+    """Parameters the optimizer updates: all, or the LoRA adapters as PEFT counts them."""
+    rank = int(config.get("lora_rank", 0))
+    if rank <= 0:
+        return model.num_parameters
+    return lora_num_parameters(model, rank, lora_mask(str(config.get("lora_targets", ""))))
 
 
 def _gib(n: float) -> str:
@@ -143,4 +213,6 @@ def human_table(report: dict[str, Any]) -> str:
         f"  {verdict} on {report['gpu']['name']} ({usable / GIB:.2f} GiB usable, "
         f"{report['headroom']:.0%} headroom): margin {report['headroom_bytes'] / GIB:+.2f} GiB"
     )
+    if "time" in report:
+        lines.append(time_line(report["time"]))
     return "\n".join(lines)

@@ -15,21 +15,26 @@ import typer
 from trainmem.engine import (
     ATTENTION,
     FRAMEWORKS,
+    LOSSES,
+    OFFLOADS,
     OPTIMIZERS,
     PRECISIONS,
     RECOMPUTE,
     Overheads,
+    TimeParams,
     cublas_workspace_bytes_for,
     estimate,
+    estimate_time,
     layout_reason,
     load_model,
     make_grid,
     preset_names,
     reason_text,
+    time_inputs,
 )
 from trainmem.hardware import GIB, get_gpu, load_gpus
 
-from ._report import human_table, row_report, stage_summary
+from ._report import human_table, row_report, stage_summary, time_report
 
 app = typer.Typer(
     add_completion=False,
@@ -42,6 +47,22 @@ def _choice(field: str, value: str, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise ValueError(f"{field}: unknown value '{value}'; allowed: {', '.join(allowed)}")
     return value
+
+
+def _time_overrides(items: list[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[key.strip()] = float(value)
+        except ValueError:
+            raise ValueError(
+                f"--time-param: expected KEY=NUMBER, got '{item}'; keys: "
+                f"{', '.join(TimeParams.names())}"
+            ) from None
+    return out
 
 
 def _overrides(items: list[str]) -> dict[str, float]:
@@ -87,6 +108,19 @@ def estimate_cmd(
         bool, typer.Option("--sequence-parallel", help="Megatron-style sequence parallelism.")
     ] = False,
     framework: Annotated[str, typer.Option(help="|".join(FRAMEWORKS))] = "hf",
+    ep: Annotated[int, typer.Option(help="Expert parallel degree (MoE; divides dp*cp).")] = 1,
+    offload: Annotated[str, typer.Option(help="|".join(OFFLOADS))] = "none",
+    lora_rank: Annotated[int, typer.Option(help="LoRA rank (0: full fine-tuning).")] = 0,
+    lora_targets: Annotated[
+        str, typer.Option(help="PEFT target modules, e.g. q_proj,v_proj, or all-linear.")
+    ] = "all-linear",
+    qlora: Annotated[
+        bool, typer.Option("--qlora", help="NF4 base weights (QLoRA); needs --lora-rank.")
+    ] = False,
+    loss: Annotated[str, typer.Option(help="|".join(LOSSES))] = "full",
+    activation_offload: Annotated[
+        bool, typer.Option("--activation-offload", help="Keep two blocks' activations on GPU.")
+    ] = False,
     headroom: Annotated[float, typer.Option(help="Fraction of usable memory kept free.")] = 0.10,
     hardware_dir: Annotated[
         str | None, typer.Option(help="Folder of extra GPU TOML files (or TRAINMEM_HARDWARE_DIR).")
@@ -99,6 +133,13 @@ def estimate_cmd(
         bool, typer.Option("--per-stage", help="Also report every pipeline stage's rank.")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    tokens: Annotated[
+        float | None, typer.Option(help="Token budget: adds time and cost to train it.")
+    ] = None,
+    time_param: Annotated[
+        list[str] | None,
+        typer.Option(help="Override a step-time constant, KEY=VALUE (repeatable)."),
+    ] = None,
 ) -> None:
     """Per-device memory of one training configuration: breakdown, phase peaks, fit."""
     _choice("precision", precision, PRECISIONS)
@@ -106,6 +147,8 @@ def estimate_cmd(
     _choice("recompute", recompute, RECOMPUTE)
     _choice("attention", attention, ATTENTION)
     _choice("framework", framework, FRAMEWORKS)
+    _choice("offload", offload, OFFLOADS)
+    _choice("loss", loss, LOSSES)
     if not 0.0 <= headroom < 1.0:
         raise ValueError(f"headroom: must be in [0, 1), got {headroom}")
     spec = load_model(model)
@@ -126,6 +169,13 @@ def estimate_cmd(
         "recompute": recompute,
         "attention": attention,
         "framework": framework,
+        "ep": ep,
+        "offload": offload,
+        "lora_rank": lora_rank,
+        "lora_targets": lora_targets,
+        "qlora": qlora,
+        "loss": loss,
+        "activation_offload": activation_offload,
     }
     grid = make_grid(config)
     reason = reason_text(layout_reason(spec, grid)[0])
@@ -135,6 +185,13 @@ def estimate_cmd(
     ov = ov.with_overrides(_overrides(overhead or []))
     out = estimate(spec, grid, usable_bytes=profile.usable_bytes, headroom=headroom, overheads=ov)
     report = row_report(spec, out, gpu=profile, config=config, headroom=headroom)
+    if tokens is not None and not (tokens > 0 and np.isfinite(tokens)):
+        raise ValueError(f"tokens: must be a number > 0, got {tokens}")
+    time_params = TimeParams().with_overrides(_time_overrides(time_param or []))
+    timing = estimate_time(
+        spec, grid, **time_inputs(profile), tokens=tokens, params=time_params
+    )  # fmt: skip
+    report["time"] = time_report(timing, price_per_gpu_hour_usd=profile.price_per_hour_usd)
     report["pp_stage"] = int(out["pp_stage"][0])
     if per_stage:
         stages = make_grid({k: [v] * pp for k, v in config.items()})

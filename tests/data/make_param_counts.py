@@ -19,6 +19,18 @@ it writes.  Run it after changing a preset:
 
 It exits non-zero if a known published count (ANCHORS) is not reproduced,
 which means a preset field is wrong.
+
+Mixture-of-experts presets (any layer whose ``mlp`` holds ``experts``) get a
+different entry (see ``describe_moe``): their layers are not all alike
+(DeepSeek's first ``first_k_dense_replace`` layers are dense), so instead of a
+single ``per_layer`` the entry records ``num_dense_layers``/``num_moe_layers``,
+``per_layer_dense`` and ``per_layer_moe``, and splits one MoE layer into
+attention, router, routed experts, shared experts and norms with every
+parameter shape.  Buffers (e.g. DeepSeek-V3's router
+``e_score_correction_bias``) are listed but not counted, exactly as
+``model.parameters()`` does not count them; a multi-token-prediction module
+that the checkpoint carries but transformers does not build is noted, not
+counted.
 """
 
 from __future__ import annotations
@@ -51,6 +63,13 @@ ANCHORS = {
     "llama-3.2-1b": 1_235_814_400,
     "mistral-7b": 7_241_732_096,
     "tinyllama-1.1b": 1_100_048_384,
+    "mixtral-8x7b": 46_702_792_704,
+    # Hub safetensors totals (all tensors of the checkpoint; these two store no
+    # buffers and no extra modules, so the total is the parameter count), as
+    # recorded for Qwen/Qwen3-30B-A3B @ad44e777 and deepseek-ai/DeepSeek-V2-Lite
+    # @604d5664 in a public model inventory.
+    "qwen3-30b-a3b": 30_532_122_624,
+    "deepseek-v2-lite": 15_706_484_224,
 }
 
 METHOD = (
@@ -64,6 +83,19 @@ METHOD = (
     "(0 when tied; for BertForMaskedLM the whole cls head less the tied decoder weight); "
     "per_layer = first transformer block; other = num_parameters - embedding - lm_head - "
     "num_layers * per_layer (final norm, pooler, ...)."
+)
+
+METHOD_MOE = (
+    "Mixture-of-experts presets (a layer's mlp holds `experts`): same build and total; a layer is "
+    "'moe' if its mlp holds experts, else 'dense'; per_layer_dense / per_layer_moe = parameters of "
+    "one such layer (all layers of a kind are checked to be identical; null when there is none); "
+    "other = num_parameters - embedding - lm_head - num_dense_layers * per_layer_dense - "
+    "num_moe_layers * per_layer_moe (the final norm). moe_layer_split groups one MoE layer's "
+    "parameters by name: attention = self_attn.* (projections and the norms inside attention, "
+    "e.g. q_norm/k_norm, q_a_layernorm/kv_a_layernorm), router = mlp.gate.*, experts = "
+    "mlp.experts.* (routed experts; transformers stores them fused: gate_up_proj [E, 2*I, H] and "
+    "down_proj [E, H, I]), shared_experts = mlp.shared_expert*.* (incl. Qwen2-MoE's "
+    "shared_expert_gate), norms = the layer's own RMSNorms. Buffers are listed, never counted."
 )
 
 
@@ -159,12 +191,187 @@ def describe(model: torch.nn.Module) -> dict:
     )
 
 
+# --------------------------------------------------------------------------- MoE
+
+MOE_GROUPS = ("attention", "router", "experts", "shared_experts", "norms")
+
+
+def is_moe(model: torch.nn.Module) -> bool:
+    layers, _ = _layer_stack(model)
+    return any(_is_moe_layer(layer) for layer in layers)
+
+
+def _layer_stack(model: torch.nn.Module) -> tuple[torch.nn.ModuleList, str]:
+    best = None
+    for name, module in model.named_modules():
+        is_stack = isinstance(module, torch.nn.ModuleList) and len(module) > 0
+        if is_stack and (best is None or len(module) > len(best[1])):
+            best = (name, module)
+    if best is None:
+        raise RuntimeError(f"no layer list in {type(model).__name__}")
+    return best[1], best[0]
+
+
+def _is_moe_layer(layer: torch.nn.Module) -> bool:
+    mlp = getattr(layer, "mlp", None)
+    return mlp is not None and hasattr(mlp, "experts")
+
+
+def _group(param_name: str) -> str:
+    if param_name.startswith("self_attn."):
+        return "attention"
+    if param_name.startswith("mlp.gate."):
+        return "router"
+    if param_name.startswith("mlp.experts."):
+        return "experts"
+    if param_name.startswith("mlp.shared_expert"):
+        return "shared_experts"
+    if "." not in param_name.removesuffix(".weight").removesuffix(".bias") and "norm" in param_name:
+        return "norms"
+    if param_name.startswith("mlp."):
+        return "mlp"  # dense layers only
+    raise RuntimeError(f"unclassified layer parameter {param_name}")
+
+
+def _split(layer: torch.nn.Module) -> OrderedDict:
+    groups: OrderedDict = OrderedDict()
+    for pname, p in layer.named_parameters():
+        g = groups.setdefault(_group(pname), OrderedDict(params=0, shapes=OrderedDict()))
+        g["params"] += p.numel()
+        g["shapes"][pname] = list(p.shape)
+    order = ("attention", "mlp", "router", "experts", "shared_experts", "norms")
+    return OrderedDict((k, groups[k]) for k in order if k in groups)
+
+
+def _layer_signature(layer: torch.nn.Module) -> tuple:
+    return tuple((n, tuple(p.shape)) for n, p in layer.named_parameters())
+
+
+def _outside_layers(model: torch.nn.Module, stack_name: str, embedding_detail: dict) -> dict:
+    """Parameters outside the layer stack, the embeddings and the output head (final norm)."""
+    out = OrderedDict()
+    for n, p in model.named_parameters():
+        module = n.rsplit(".", 1)[0]
+        if n.startswith(stack_name + ".") or module in embedding_detail or module == "lm_head":
+            continue
+        out[n] = p.numel()
+    return out
+
+
+def describe_moe(model: torch.nn.Module) -> dict:
+    base = describe(model)  # totals, embedding and lm_head are computed the same way
+    config = model.config
+    layers, stack_name = _layer_stack(model)
+    kinds = ["moe" if _is_moe_layer(layer) else "dense" for layer in layers]
+    dense_idx = [i for i, k in enumerate(kinds) if k == "dense"]
+    moe_idx = [i for i, k in enumerate(kinds) if k == "moe"]
+
+    def one_kind(indices):
+        if not indices:
+            return None, None
+        first = layers[indices[0]]
+        sig = _layer_signature(first)
+        for i in indices[1:]:
+            if _layer_signature(layers[i]) != sig:
+                raise RuntimeError(f"layer {i} differs from layer {indices[0]}")
+        return first, numel(first.parameters())
+
+    dense_layer, per_layer_dense = one_kind(dense_idx)
+    moe_layer, per_layer_moe = one_kind(moe_idx)
+    total = base["num_parameters"]
+    other = (
+        total
+        - base["embedding"]
+        - base["lm_head"]
+        - len(dense_idx) * (per_layer_dense or 0)
+        - len(moe_idx) * per_layer_moe
+    )
+
+    split = _split(moe_layer)
+    for g in MOE_GROUPS:
+        split.setdefault(g, OrderedDict(params=0, shapes=OrderedDict()))
+    split = OrderedDict((g, split[g]) for g in MOE_GROUPS)
+    assert sum(g["params"] for g in split.values()) == per_layer_moe
+    experts = moe_layer.mlp.experts
+    num_experts = getattr(experts, "num_experts", None)
+    if num_experts:
+        split["experts"]["num_experts"] = num_experts
+        split["experts"]["per_expert"] = split["experts"]["params"] // num_experts
+
+    buffers = OrderedDict(
+        (
+            bname,
+            OrderedDict(
+                shape=list(b.shape), dtype=str(b.dtype).removeprefix("torch."), counted=False
+            ),
+        )
+        for bname, b in moe_layer.named_buffers()
+    )
+    router_bias_params = [n for n in split["router"]["shapes"] if n.endswith("bias")]
+    router_bias_buffers = [n for n in buffers if n.startswith("mlp.gate.")]
+    if router_bias_params:
+        router_bias = f"parameter(s) {router_bias_params}, counted"
+    elif router_bias_buffers:
+        router_bias = (
+            f"buffer(s) {router_bias_buffers} (nn.Buffer, not in model.parameters(), not counted; "
+            "the checkpoint stores them as tensors)"
+        )
+    else:
+        router_bias = "none (router is a bias-free Linear)"
+
+    # Multi-token prediction: layers the checkpoint carries beyond num_hidden_layers.
+    n_mtp = getattr(config, "num_nextn_predict_layers", None)
+    if n_mtp is None:
+        n_mtp = getattr(config, "num_mtp_layers", None)
+    mtp = None
+    if n_mtp:
+        built = len(layers) - config.num_hidden_layers
+        mtp = OrderedDict(
+            config_num_nextn_predict_layers=n_mtp,
+            instantiated=built > 0,
+            note=(
+                f"{type(model).__name__} builds {len(layers)} layers = num_hidden_layers; "
+                f"the checkpoint's MTP layer(s) model.layers.{config.num_hidden_layers}.* "
+                "are not built (transformers ignores them on load; they live in a separate "
+                "MtpModel used only for speculative decoding) and are not in num_parameters"
+            ),
+        )
+
+    entry = OrderedDict(
+        num_parameters=total,
+        model_class=base["model_class"],
+        embedding=base["embedding"],
+        embedding_detail=base["embedding_detail"],
+        lm_head=base["lm_head"],
+        tied_embeddings=base["tied_embeddings"],
+        num_layers=len(layers),
+        num_dense_layers=len(dense_idx),
+        num_moe_layers=len(moe_idx),
+        dense_layer_indices=dense_idx,
+        per_layer_dense=per_layer_dense,
+        per_layer_moe=per_layer_moe,
+        other=other,
+        other_detail=_outside_layers(model, stack_name, base["embedding_detail"]),
+        moe_layer_index=moe_idx[0],
+        moe_layer_split=split,
+        moe_layer_buffers=buffers,
+        router_bias=router_bias,
+        dense_layer_split=_split(dense_layer) if dense_layer is not None else None,
+        mtp=mtp,
+        layer_class=type(moe_layer).__name__,
+        moe_block_class=type(moe_layer.mlp).__name__,
+    )
+    assert sum(entry["other_detail"].values()) == other, (entry["other_detail"], other)
+    return entry
+
+
 def main() -> int:
     result = OrderedDict()
     result["_provenance"] = OrderedDict(
         torch=torch.__version__,
         transformers=transformers.__version__,
         method=METHOD,
+        method_moe=METHOD_MOE,
         generator="tests/data/make_param_counts.py",
     )
     failures = []
@@ -178,7 +385,8 @@ def main() -> int:
         elif model_type == "gpt2":
             entry = describe(build(model_type, fields, GPT2LMHeadModel))
         else:
-            entry = describe(build(model_type, fields))
+            model = build(model_type, fields)
+            entry = describe_moe(model) if is_moe(model) else describe(model)
         result[name] = entry
         want = ANCHORS.get(name)
         mark = ""

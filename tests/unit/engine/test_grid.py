@@ -15,6 +15,8 @@ from trainmem.engine import (
     decode,
     make_grid,
 )
+from trainmem.engine._grid import CATEGORICAL
+from trainmem.engine._states import lora_mask
 
 VOCABULARIES = {
     "precision": PRECISIONS,
@@ -30,7 +32,9 @@ def test_no_arguments_is_one_row_of_defaults() -> None:
     assert set(grid) == set(DEFAULTS)
     for field, default in DEFAULTS.items():
         assert grid[field].shape == (1,)
-        value = decode(field, grid[field])[0] if field in VOCABULARIES else grid[field][0]
+        value = decode(field, grid[field])[0] if field in CATEGORICAL else grid[field][0]
+        if field == "lora_targets":
+            default = lora_mask(default)
         assert value == default, field
 
 

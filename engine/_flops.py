@@ -1,0 +1,66 @@
+"""FLOP counts of a training step: GEMM weights per token, MLP width, LoRA adapters.
+
+Pure functions of a ModelSpec (and, for LoRA, of the grid's rank and target columns).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._model import ModelSpec
+from ._states import lora_adapted
+
+BLOCK_GROUPS = ("layer", "mlp", "moe")
+"""ModelSpec parameter groups that live in the transformer blocks."""
+
+
+def matmul_parameters(m: ModelSpec) -> tuple[float, float]:
+    """(all blocks, outside the blocks) GEMM weights one token passes through.
+
+    Blocks: every weight matrix of every block (biases and norms are not GEMMs); of a
+    mixture-of-experts block's routed experts only the top-k a token visits. Outside: the output
+    projection (vocab x hidden, tied or not: the embedding lookup is not a GEMM, the logits are)
+    and BERT's head transform. Source: PaLM (Chowdhery et al. 2022) Appendix B; torchtitan
+    `get_nparams_and_flops` (parameters less the embedding; active experts only for MoE).
+    """
+    blocks = 0.0
+    for p in m.param_tensors():
+        if p.group in BLOCK_GROUPS and len(p.shape) >= 2:
+            active = m.num_experts_per_tok / m.num_experts if p.expert else 1.0
+            blocks += p.numel * m.group_count(p.group) * active
+    head = float(m.vocab_size * m.hidden_size)
+    head += sum(p.numel for p in m.param_tensors() if p.name == "cls.transform.dense.weight")
+    return blocks, head
+
+
+def mlp_width(m: ModelSpec) -> float:
+    """The MLP activation width a token passes through, summed over all blocks (x2 gated)."""
+    gate = 2.0 if m.gated_mlp else 1.0
+    moe = m.num_experts_per_tok * m.moe_intermediate_size + m.shared_expert_intermediate_size
+    return gate * (m.num_mlp_layers * m.intermediate_size + m.num_moe_layers * moe)
+
+
+def model_flops_per_token(m: ModelSpec, seq_len: np.ndarray) -> np.ndarray:
+    """Training FLOPs per token by the MFU convention: 6 x GEMM weights + 12 L s q.
+
+    Source: PaLM (Chowdhery et al. 2022) Appendix B, 6N + 12LHQT; Narayanan et al. 2021 Eq. 3
+    less its recomputation pass (72 B s l h^2 (1 + s/6h + V/12lh) per step for GPT).
+    Assumes: attention scores counted in full (no causal halving), as both papers do.
+    """
+    s = np.asarray(seq_len, dtype=np.float64)
+    blocks, head = matmul_parameters(m)
+    attention = 6.0 * m.num_hidden_layers * s * (m.q_dim + m.o_dim)  # QK^T and AV, 2 + 4
+    return 6.0 * (blocks + head) + attention  # 2 forward + 4 backward per weight
+
+
+def lora_width(m: ModelSpec, targets: np.ndarray) -> np.ndarray:
+    """Sum of (d_in + d_out) over the adapted weight matrices of all blocks, per row's target
+    mask: x lora_rank it is the trainable adapter count (PEFT's r (d_in + d_out) per weight).
+    Source: engine._states.lora_num_parameters, vectorized over the target masks."""
+    mask = np.asarray(targets)
+    width = np.zeros(mask.shape)
+    for p in m.param_tensors():
+        if p.group in BLOCK_GROUPS and len(p.shape) == 2:
+            d_out, d_in = p.shape
+            width += (d_in + d_out) * m.group_count(p.group) * lora_adapted(p, mask)
+    return width

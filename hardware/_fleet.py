@@ -1,0 +1,185 @@
+"""Fleets: the GPUs one may train on, as pools of identical nodes, parsed from text or TOML.
+
+>>> from trainmem.hardware import load_gpus, parse_fleet
+>>> fleet = parse_fleet("64xh100-sxm-80gb,2xa100-sxm-80gb", load_gpus())
+>>> [(p.gpu, p.num_nodes, p.gpus_per_node) for p in fleet.pools]
+[('h100-sxm-80gb', 8, 8), ('a100-sxm-80gb', 1, 2)]
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._profile import GpuProfile
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+_SHORTHAND_RE = re.compile(r"^(?P<count>[0-9]+)x(?P<gpu>[a-z0-9][a-z0-9.-]*)$")
+_POOL_KEYS = ("gpu", "nodes", "gpus_per_node", "price_per_hour_usd")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pool:
+    """Identical nodes of one GPU type."""
+
+    gpu: str
+    """GPU profile name, e.g. ``"h100-sxm-80gb"`` (see `trainmem gpus`)."""
+    num_nodes: int
+    """Nodes in the pool."""
+    gpus_per_node: int
+    """GPUs in each node (the profile's `gpus_per_node` unless the fleet says otherwise)."""
+    price_per_hour_usd: float | None = None
+    """Price of one GPU for one hour, USD; None: the profile's on-demand price."""
+
+    def __post_init__(self) -> None:
+        errors = []
+        if not isinstance(self.gpu, str) or not self.gpu:
+            errors.append("gpu must be a GPU profile name")
+        for field in ("num_nodes", "gpus_per_node"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                errors.append(f"{field} must be a whole number >= 1, got {value!r}")
+        price = self.price_per_hour_usd
+        if price is not None and (
+            isinstance(price, bool)
+            or not isinstance(price, (int, float))
+            or not (math.isfinite(price) and price >= 0)
+        ):
+            errors.append(f"price_per_hour_usd must be a finite number >= 0, got {price!r}")
+        if errors:
+            raise ValueError(f"pool {self.gpu!r}: {'; '.join(errors)}")
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    def price_per_gpu_hour(self, profile: GpuProfile) -> float:
+        """This pool's price override, else the profile's on-demand price."""
+        if self.price_per_hour_usd is not None:
+            return float(self.price_per_hour_usd)
+        return profile.price_per_hour_usd
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fleet:
+    """The pools one may train on (several pools may hold the same GPU type)."""
+
+    pools: tuple[Pool, ...]
+    """At least one pool."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.pools, tuple) or not self.pools:
+            raise ValueError("fleet: needs at least one pool")
+        if not all(isinstance(p, Pool) for p in self.pools):
+            raise ValueError("fleet: pools must be Pool objects")
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(p.num_gpus for p in self.pools)
+
+    @property
+    def gpu_names(self) -> tuple[str, ...]:
+        """Distinct GPU types, in pool order."""
+        return tuple(dict.fromkeys(p.gpu for p in self.pools))
+
+
+def parse_fleet(text_or_path: str | os.PathLike[str], gpus: Mapping[str, GpuProfile]) -> Fleet:
+    """A fleet from shorthand or a TOML file; ValueError (one line, naming the token or field).
+
+    Shorthand: ``COUNTxGPU`` pools, comma-separated (``64xh100-sxm-80gb,32xa100-sxm-80gb``).
+    COUNT GPUs fill whole nodes of the profile's `gpus_per_node` (it must divide COUNT); fewer
+    GPUs than a node holds make one partial node. TOML (a path ending in ``.toml`` or an
+    existing file): ``[[pool]]`` tables with ``gpu``, ``nodes``, optional ``gpus_per_node`` and
+    ``price_per_hour_usd``. `gpus` is what `load_gpus()` returns.
+    """
+    text = os.fspath(text_or_path).strip()
+    if text.endswith(".toml") or Path(text).is_file():
+        return _parse_toml(Path(text), gpus)
+    if not text:
+        raise ValueError("fleet: empty; expected COUNTxGPU[,COUNTxGPU...] or a TOML file")
+    return Fleet(pools=tuple(_parse_token(token.strip(), gpus) for token in text.split(",")))
+
+
+def _profile(name: str, gpus: Mapping[str, GpuProfile], where: str) -> GpuProfile:
+    if name not in gpus:
+        raise ValueError(f"{where}: unknown gpu {name!r}; allowed: {', '.join(sorted(gpus))}")
+    return gpus[name]
+
+
+def _parse_token(token: str, gpus: Mapping[str, GpuProfile]) -> Pool:
+    match = _SHORTHAND_RE.match(token)
+    if not match:
+        raise ValueError(
+            f"fleet: bad pool {token!r}; expected COUNTxGPU, e.g. 64xh100-sxm-80gb"
+            " (several comma-separated)"
+        )
+    count = int(match["count"])
+    profile = _profile(match["gpu"], gpus, f"fleet: pool {token!r}")
+    if count < 1:
+        raise ValueError(f"fleet: pool {token!r}: COUNT must be >= 1")
+    per_node = profile.gpus_per_node
+    if count < per_node:
+        return Pool(gpu=profile.name, num_nodes=1, gpus_per_node=count)
+    if count % per_node:
+        raise ValueError(
+            f"fleet: pool {token!r}: {count} GPUs do not fill whole nodes of {per_node}; "
+            f"use a multiple of {per_node} (or a TOML file with gpus_per_node)"
+        )
+    return Pool(gpu=profile.name, num_nodes=count // per_node, gpus_per_node=per_node)
+
+
+def _parse_toml(path: Path, gpus: Mapping[str, GpuProfile]) -> Fleet:
+    label = path.name
+    try:
+        table = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ValueError(f"fleet: cannot read {str(path)!r}: {error.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{label}: invalid TOML: {error}") from None
+    unknown = sorted(set(table) - {"pool"})
+    if unknown:
+        raise ValueError(f"{label}: unknown key {unknown[0]!r}; allowed: [[pool]] tables")
+    pools = table.get("pool")
+    if not isinstance(pools, list) or not pools or not all(isinstance(p, dict) for p in pools):
+        raise ValueError(f"{label}: expected one or more [[pool]] tables")
+    return Fleet(pools=tuple(_pool_from_table(t, gpus, f"{label}: pool {i + 1}")
+                             for i, t in enumerate(pools)))  # fmt: skip
+
+
+def _pool_from_table(t: dict[str, Any], gpus: Mapping[str, GpuProfile], where: str) -> Pool:
+    unknown = sorted(set(t) - set(_POOL_KEYS))
+    if unknown:
+        raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(_POOL_KEYS)}")
+    for key in ("gpu", "nodes"):
+        if key not in t:
+            raise ValueError(f"{where}: missing key {key!r}")
+    if not isinstance(t["gpu"], str):
+        raise ValueError(f"{where}: gpu must be a string")
+    profile = _profile(t["gpu"], gpus, where)
+    for key in ("nodes", "gpus_per_node"):
+        value = t.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{where}: {key} must be a whole number >= 1, got {value!r}")
+    price = t.get("price_per_hour_usd")
+    if price is not None and (
+        isinstance(price, bool)
+        or not isinstance(price, (int, float))
+        or not (math.isfinite(price) and price >= 0)
+    ):
+        raise ValueError(f"{where}: price_per_hour_usd must be a finite number >= 0, got {price!r}")
+    return Pool(
+        gpu=profile.name,
+        num_nodes=t["nodes"],
+        gpus_per_node=t.get("gpus_per_node", profile.gpus_per_node),
+        price_per_hour_usd=None if price is None else float(price),
+    )
