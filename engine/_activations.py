@@ -290,7 +290,7 @@ def lora_activation_delta_bytes(
     return added - removed
 
 
-def chunked_loss_bytes(m: ModelSpec, *, T, e, loss_tp_div, head_trainable) -> tuple:
+def chunked_loss_bytes(m: ModelSpec, *, T, e, r, param_e, loss_tp_div, head_trainable) -> tuple:
     """(saved, transient) bytes of a fused linear + cross-entropy loss (`--loss chunked`).
 
     Source: Liger-Kernel LigerFusedLinearCrossEntropyFunction: the forward walks the tokens in
@@ -302,6 +302,8 @@ def chunked_loss_bytes(m: ModelSpec, *, T, e, loss_tp_div, head_trainable) -> tu
     T = np.asarray(T, dtype=np.float64)
     rows = np.ceil(T / np.ceil(v / h))
     chunk = np.minimum(T, 2.0 ** np.ceil(np.log2(np.maximum(rows, 1.0))))
-    saved = e * T * h + np.where(head_trainable, e * v * h / loss_tp_div, 0.0)
+    # grad_input in the hidden states' dtype; grad_weight = zeros_like(weight) (fp32 under amp).
+    # grad_weight is the head's gradient, only earlier: it exists from the forward on.
+    saved = r * T * h + np.where(head_trainable, param_e * v * h / loss_tp_div, 0.0)
     transient = (e + 4.0 + 4.0) * chunk * v / loss_tp_div
     return saved, transient

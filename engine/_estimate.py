@@ -83,7 +83,7 @@ def _assemble(
     grads_live = np.where((num_micro > 1) | multi, gradients, 0.0)
     base = S["persistent"] + num_micro * A["pipe_per_micro"] + A["pipe_fixed"]
     live = base + grads_live
-    forward_peak = live + stored + S["fsdp_fwd"] + A["fwd_extra"]
+    forward_peak = live + stored + S["fsdp_fwd"] + np.maximum(A["fwd_extra"], A["fwd_block_extra"])
     backward_start = live + activations + S["fsdp_fwd"] + A["bwd_start_extra"]
     backward_end = base + S["end_grads"] + stored + A["bwd_end_extra"]
     # The embedding's backward: every other gradient done, its own being written.
@@ -143,7 +143,7 @@ def layout_reason(m: ModelSpec, g: Grid) -> np.ndarray:
         g["seq_len"] % np.maximum(cp, 1) != 0,
         (gbs > 0) & (gbs % np.maximum(g["micro_batch_size"] * dp, 1) != 0),
         (g["ep"] < 1)
-        | ((g["ep"] > 1) & (m.num_experts % np.maximum(g["ep"], 1) != 0))
+        | ((g["ep"] > 1) & (not m.is_moe or m.num_experts % np.maximum(g["ep"], 1) != 0))
         | ((dp * cp) % np.maximum(g["ep"], 1) != 0),
         ((g["offload"] >= 1) & (g["zero"] < 1)) | ((g["offload"] == 2) & (g["zero"] < 3)),
         g["qlora"] & (g["lora_rank"] < 1),

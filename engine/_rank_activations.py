@@ -126,8 +126,9 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
         m, T=T, s=s, e=e, r=r, amp=amp, tp=tp, sp=sp, loss_tp_div=loss_tp_div
     )
     chunk_saved, chunk_transient = act.chunked_loss_bytes(
-        m, T=T, e=e, loss_tp_div=loss_tp_div, head_trainable=~lora
-    )
+        m, T=T, e=e, r=r, param_e=st.PARAM_BYTES[prec], loss_tp_div=loss_tp_div,
+        head_trainable=~lora,
+    )  # fmt: skip
     log_softmax = 4.0 * T * m.vocab_size / loss_tp_div
     outside_all = np.where(chunked, outside_all - log_softmax + chunk_saved, outside_all)
     # Pipeline stages: the first keeps the embedding side, the last the head and loss; the last
@@ -200,9 +201,9 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
     act_end = layer_full - freed_mlp + rope + np.where((rc == FULL) & (r < 4), layer_ckpt, 0.0)
     temp_factor = np.where(is_moe0, BACKWARD_MOE_TEMP_SF, BACKWARD_MLP_TEMP_TF)
     temp_end = temp_factor * e_mlp * rows * f_r + (2.0 * r + np.where(amp, 2.0 * e, 0.0)) * T * h
-    # Forward working set of a checkpointed layer on a pipeline stage: the trace shows about a
-    # full layer's activations less two [T, f] tensors (pp rank 0, 1F1B, 4 in flight).
-    fwd_working = np.where((rc == FULL) & ~last, layer_full - 2.0 * e_mlp * rows * f_r, 0.0)
+    # Forward working set of a checkpointed block (nothing saved): the traces show about a full
+    # block's activations less two [T, f] tensors (pp rank 0, 1F1B, 4 in flight; CPU MoE traces).
+    fwd_working = np.where(rc == FULL, layer_full - 2.0 * e_mlp * rows * f_r, 0.0)
     # Backward of a recomputed layer on a pipeline stage: the seven [T, f] MLP gradients and one
     # residual gradient (the other arrives in the receive buffer).
     temp_recompute = BACKWARD_MLP_TEMP_TF * e_mlp * rows * f_r + e * T * h
@@ -227,7 +228,13 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
         + amp_ckpt_copies
         + a2a
         + cp_fwd
-        + np.where(multi, fwd_working, 0.0),
+        + np.where(multi & ~last, fwd_working, 0.0),
+        # Inside a checkpointed block's forward (single stage): no loss tensors yet.
+        "fwd_block_extra": np.where(
+            (rc == FULL) & ~multi,
+            small + autocast_copies + amp_ckpt_copies + a2a + cp_fwd + fwd_working,
+            -np.inf,
+        ),
         "bwd_start_extra": small + loss_grads + a2a + cp_bwd,
         "bwd_end_extra": small + act_end + temp_end - stage_act,
         "embed_extra": small + np.where(first, T * h * r, 0.0),

@@ -102,7 +102,9 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
         adapter_numel = adapter_numel + np.where(adapted, lora_rank * (d_in + d_out), 0.0) * t.count
         quantised = quantised + st.nf4_bytes(t.numel) * t.count
         quantised_numel = quantised_numel + t.numel * t.count
-    # QLoRA base weights are not partitioned by ZeRO-3 (xtuner #88); adapters shard like any.
+    # ZeRO-3/FSDP shard the NF4 base too (bitsandbytes >= 0.43 `bnb_4bit_quant_storage`, the
+    # "FSDP-QLoRA" recipe; older stacks kept it whole: xtuner #88).
+    quantised = np.where(zero >= 3, quantised / dp, quantised)
     adapter_numel_local = np.where(zero >= 1, np.ceil(adapter_numel / dp), adapter_numel)
 
     def is_base_linear(p) -> np.ndarray:
@@ -200,9 +202,13 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
          and t.tensor.group in ("layer", "mlp", "moe")),
         np.zeros_like(dp),
     )  # fmt: skip
+    # Under ZeRO-3/FSDP the fp8 casts happen per gathered block: two blocks' worth at a time.
+    cached_numel = np.where(
+        zero >= 3, linear_numel / np.maximum(counts["layer"], 1.0) * 2.0, linear_numel
+    )
     fp8_cache = np.where(
         fp8,
-        st.FP8_WEIGHT_CACHE_BYTES * linear_numel + st.FP8_SCALING_BYTES_PER_LINEAR * num_linears,
+        st.FP8_WEIGHT_CACHE_BYTES * cached_numel + st.FP8_SCALING_BYTES_PER_LINEAR * num_linears,
         0.0,
     )
 

@@ -93,7 +93,11 @@ def _rows(draw: st.DrawFn) -> tuple[Any, dict[str, Any]]:
     offloads = (
         ["none"] + (["optimizer"] if zero >= 1 else []) + (["optimizer+params"] * (zero == 3))
     )
-    eps = [e for e in (1, 2, 4) if (dp * cp) % e == 0 and (e == 1 or m.num_experts % e == 0)]
+    eps = [
+        e
+        for e in (1, 2, 4)
+        if (dp * cp) % e == 0 and (e == 1 or (m.is_moe and m.num_experts % e == 0))
+    ]
     rank = draw(st.sampled_from([0, 0, 8]))
     row |= {
         "zero": zero,
