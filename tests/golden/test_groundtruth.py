@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bench._groundtruth import case_grid
 from trainmem.engine import estimate, make_grid, model_from_hf_config, reason_text
 
 GROUNDTRUTH_DIR = Path(__file__).parents[1] / "data" / "groundtruth"
@@ -31,38 +32,10 @@ def _case(stem: str) -> dict[str, Any]:
     return json.loads((GROUNDTRUTH_DIR / f"{stem}.json").read_text())
 
 
-def _grid_columns(case: dict[str, Any]) -> dict[str, Any]:
-    """The estimate flags that express a case (its README, "Multi-GPU cases").
-
-    Same mapping as bench/_groundtruth.case_grid; written out here so that the golden test depends
-    on the README and the engine only.
-    """
-    t = case["training"]
-    cols: dict[str, Any] = {
-        "micro_batch_size": t["micro_batch_size"],
-        "seq_len": t["seq_len"],
-        "num_gpus": t["num_gpus"],
-        "precision": t["precision"],
-        "optimizer": t["optimizer"],
-        "recompute": t["recompute"],
-        "attention": t["attention"],
-        "framework": "hf",
-    }
-    if t.get("zero"):
-        cols["zero"] = t["zero"]
-    if t.get("tp"):
-        cols["tp"] = t["tp"]
-        cols["sequence_parallel"] = bool(t.get("sequence_parallel"))
-    if t.get("pp"):
-        cols["pp"] = t["pp"]
-        cols["global_batch_size"] = t["global_batch_size"]
-    return cols
-
-
 def _estimate_of(stem: str, *, pp_stage: int | None) -> dict[str, float]:
     case = _case(stem)
     model = model_from_hf_config(case["model_config"], name=case["id"])
-    out = estimate(model, make_grid(_grid_columns(case)), pp_stage=pp_stage)
+    out = estimate(model, make_grid(case_grid(case)), pp_stage=pp_stage)
     assert out["reason"][0] == 0, reason_text(out["reason"][0])
     return {k: float(np.asarray(v)[0]) for k, v in out.items()}
 
