@@ -221,7 +221,7 @@ def hf_mla_attention_bytes(m: ModelSpec, *, T, e, r, tp, eager, s) -> np.ndarray
     return q_path + kv_path + key + out + np.where(eager, eager_extra, flash_extra)
 
 
-def hf_moe_bytes(m: ModelSpec, *, T, e, e_expert, amp) -> np.ndarray:
+def hf_moe_bytes(m: ModelSpec, *, T, e, e_expert, amp, etp=1.0, capacity=0.0) -> np.ndarray:
     """Bytes an MoE block saves (router, routed experts, shared experts), per layer.
 
     Source: transformers 5 `grouped_mm_experts_forward` (integrations/moe.py), the default
@@ -230,11 +230,15 @@ def hf_moe_bytes(m: ModelSpec, *, T, e, e_expert, amp) -> np.ndarray:
     product [S, f], the down output [S, h] (saved by the routing-weight multiply), the router's
     fp32 softmax, top-k indices, sort permutation and inverse, the gathered routing weights.
     Experts run in the parameters' dtype (grouped_mm is not autocast: fp32 under amp).
-    Assumes: dropless routing (no capacity factor), balanced experts.
+    `capacity` > 0 pads every expert to capacity x T x top_k / E rows (token-dropping routers:
+    Megatron `moe_expert_capacity_factor`, GShard); 0 is dropless (transformers). Expert tensor
+    parallelism (`etp`) splits each expert's intermediate width.
+    Assumes: balanced experts when dropless.
     """
     h, k, E = m.hidden_size, m.num_experts_per_tok, m.num_experts
-    S = T * k
-    fe = m.moe_intermediate_size
+    rows = T * k
+    S = np.where(np.asarray(capacity) > 0, rows * np.maximum(capacity, 1e-9), rows)
+    fe = m.moe_intermediate_size / etp
     experts = e_expert * (2.0 * S * h + 4.0 * S * fe)
     router = 4.0 * T * E + 8.0 * T * k + 4.0 * T * k + 4.0 * T + 3 * 8.0 * S + 4.0 * S
     if m.router_fp32:

@@ -44,7 +44,8 @@ REASONS = (
     "num_hidden_layers must be divisible by pp*virtual_stages",
     "seq_len must be divisible by cp",
     "global_batch_size must be divisible by micro_batch_size*dp",
-    "ep must divide the number of experts and dp*cp (and be 1 for a dense model)",
+    "ep must divide the number of experts and dp*cp, etp the expert width, ep*etp dp*cp*tp "
+    "(and both be 1 for a dense model)",
     "offload needs zero >= 1 (optimizer+params: zero 3)",
     "qlora needs lora_rank > 0",
 )
@@ -144,7 +145,12 @@ def layout_reason(m: ModelSpec, g: Grid) -> np.ndarray:
         (gbs > 0) & (gbs % np.maximum(g["micro_batch_size"] * dp, 1) != 0),
         (g["ep"] < 1)
         | ((g["ep"] > 1) & (not m.is_moe or m.num_experts % np.maximum(g["ep"], 1) != 0))
-        | ((dp * cp) % np.maximum(g["ep"], 1) != 0),
+        | ((dp * cp) % np.maximum(g["ep"], 1) != 0)
+        | (g["etp"] < 1)
+        | ((g["etp"] > 1)
+           & (not m.is_moe or m.moe_intermediate_size % np.maximum(g["etp"], 1) != 0))
+        | ((dp * cp * tp) % np.maximum(g["ep"] * g["etp"], 1) != 0)
+        | (g["capacity_factor_pct"] < 0),
         ((g["offload"] >= 1) & (g["zero"] < 1)) | ((g["offload"] == 2) & (g["zero"] < 3)),
         g["qlora"] & (g["lora_rank"] < 1),
     ]  # fmt: skip

@@ -57,6 +57,8 @@ DEFAULTS: dict[str, Any] = {
     "attention": "flash",
     "framework": "hf",
     "ep": 1,
+    "etp": 1,
+    "capacity_factor_pct": 0,
     "offload": "none",
     "lora_rank": 0,
     "lora_targets": "all-linear",
@@ -78,6 +80,8 @@ INT_FIELDS = (
     "virtual_stages",
     "zero",
     "ep",
+    "etp",
+    "capacity_factor_pct",
     "lora_rank",
 )
 

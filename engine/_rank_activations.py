@@ -32,13 +32,16 @@ ACTIVATION_OFFLOAD_RESIDENT_LAYERS = 2.0
 the one being copied (torchtune/torchao OffloadActivations with a second stream)."""
 
 ACT_KEYS = (
-    "micro_batch_size", "seq_len", "cp", "tp", "pp", "ep", "sp", "precision", "attention",
+    "micro_batch_size", "seq_len", "cp", "tp", "pp", "ep", "etp", "capacity_factor_pct",
+    "sp", "precision", "attention",
     "recompute", "framework", "stage_pos", "lora_rank", "lora_targets", "loss",
     "activation_offload",
 )  # fmt: skip
 
 
-def _block_parts(m: ModelSpec, *, T, s, e, r, amp, tp, sp, eager, lora, rank, bits, moe):
+def _block_parts(
+    m: ModelSpec, *, T, s, e, r, amp, tp, sp, eager, lora, rank, bits, moe, etp, capacity
+):
     """(full block bytes, attention core, MLP bytes) for a dense or an MoE block."""
     if m.is_mla:
         sp_div = np.where(sp, tp, 1)
@@ -57,7 +60,7 @@ def _block_parts(m: ModelSpec, *, T, s, e, r, amp, tp, sp, eager, lora, rank, bi
     mlp = dense_mlp
     if moe:
         e_expert = np.where(amp, 4.0, e)
-        mlp = act.hf_moe_bytes(m, T=T, e=e, e_expert=e_expert, amp=amp)
+        mlp = act.hf_moe_bytes(m, T=T, e=e, e_expert=e_expert, amp=amp, etp=etp, capacity=capacity)
         block = block - dense_mlp + mlp
     a_r = m.num_attention_heads / tp
     flash_core = e * T * m.o_dim / tp + 4.0 * a_r * T
@@ -98,10 +101,12 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
     lora = rank > 0
     bits = {name: (c["lora_targets"] & (1 << i)) != 0 for i, name in enumerate(st.LORA_TARGETS)}
     chunked = c["loss"] == LOSS_CHUNKED
+    etp = c["etp"].astype(np.float64)
+    capacity = c["capacity_factor_pct"].astype(np.float64) / 100.0
     zero_col = np.zeros_like(T)
 
     parts = dict(T=T, s=s, e=e, r=r, amp=amp, tp=tp, sp=sp, eager=eager, lora=lora, rank=rank,
-                 bits=bits)  # fmt: skip
+                 bits=bits, etp=etp, capacity=capacity)  # fmt: skip
     dense_block, core, _ = _block_parts(m, **parts, moe=False)
     moe_block = _block_parts(m, **parts, moe=True)[0] if m.is_moe else zero_col
     # Layer 0 of this stage: dense when the stage holds a dense block.
@@ -181,7 +186,7 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
     loss_grads = loss_grads + np.where(last & (pp > 1), e * T * h / sp_div, 0.0)
 
     # Expert parallelism: all-to-all dispatch and combine buffers of the routed tokens.
-    S = T * m.num_experts_per_tok
+    S = T * m.num_experts_per_tok * np.where(capacity > 0, capacity, 1.0)
     a2a = np.where((ep > 1) & (num_moe > 0), 2.0 * e * S * h, 0.0)
     # Context parallelism (ring attention): the peer's K and V blocks, double-buffered, and in
     # backward their fp32 gradient accumulators. Source: torch.distributed.tensor.experimental
@@ -194,7 +199,7 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
     # checkpointed 16-bit input; seven [T, f] gradients and the residual gradients in flight.
     # An MoE layer 0 is read the same way with its routed rows (T x top_k) and expert width.
     is_moe0 = num_mlp == 0
-    f_r = np.where(is_moe0, m.moe_intermediate_size, m.intermediate_size / tp)
+    f_r = np.where(is_moe0, m.moe_intermediate_size / etp, m.intermediate_size / tp)
     rows = np.where(is_moe0, S, T)
     e_mlp = np.where(is_moe0 & amp, 4.0, e)
     freed_mlp = (3.0 if m.gated_mlp else 1.0) * e_mlp * rows * f_r

@@ -23,7 +23,7 @@ OFFLOAD_PINNED_BUCKETS = 2.0
 ZeRO-Offload double-buffers the device-to-host gradient copies)."""
 
 STATE_KEYS = (
-    "tp", "pp", "dp", "ep", "zero", "precision", "optimizer", "framework", "sp", "stage_pos",
+    "tp", "pp", "dp", "ep", "etp", "zero", "precision", "optimizer", "framework", "sp", "stage_pos",
     "offload", "lora_rank", "lora_targets", "qlora",
 )  # fmt: skip
 
@@ -63,6 +63,7 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     tp = c["tp"].astype(np.float64)
     dp = c["dp"].astype(np.float64)
     ep = c["ep"].astype(np.float64)
+    etp = c["etp"].astype(np.float64)
     sp = c["sp"]
     offload = c["offload"].astype(np.int64)
     lora_rank = c["lora_rank"].astype(np.float64)
@@ -73,8 +74,10 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     mixed = st.IS_MIXED[prec]
     fsdp2 = ((fw == HF) | (fw == TORCHTITAN)) & (zero == 3)
 
-    full = st.local_tensors(m, tp=tp, ep=ep, counts=counts, shard=False, dp_shard=np.ones_like(dp))
-    part = st.local_tensors(m, tp=tp, ep=ep, counts=counts, shard=True, dp_shard=dp)
+    full = st.local_tensors(
+        m, tp=tp, ep=ep, etp=etp, counts=counts, shard=False, dp_shard=np.ones_like(dp)
+    )
+    part = st.local_tensors(m, tp=tp, ep=ep, etp=etp, counts=counts, shard=True, dp_shard=dp)
 
     # FSDP2 mixed precision keeps fp32 sharded parameters (they are the master copy) and fp32
     # reduced gradients; Megatron keeps an fp32 main-grad buffer.

@@ -150,6 +150,7 @@ def local_tensors(
     counts: dict[str, np.ndarray],
     shard,
     dp_shard,
+    etp=1.0,
 ) -> list[LocalTensor]:
     """Every parameter tensor's elements on one rank (tensor, expert and ZeRO-3/FSDP sharding).
 
@@ -171,8 +172,10 @@ def local_tensors(
         )
         group_dp = dp_shard
         if p.expert:
+            # Expert parallelism splits the experts; expert tensor parallelism each expert's
+            # intermediate dimension (Megatron-Core expert_tensor_parallel_size).
             local_dim0 = np.ceil(dim0 / ep) * np.ones_like(np.asarray(tp, dtype=np.float64))
-            n = n / dim0 * local_dim0
+            n = n / dim0 * local_dim0 / etp
             group_dp = np.maximum(dp_shard / ep, 1.0)
         per_row = n / local_dim0
         n = np.where(shard, np.ceil(local_dim0 / group_dp) * per_row, n)

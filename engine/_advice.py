@@ -1,0 +1,348 @@
+"""Advice: every single-knob change of one configuration, evaluated as one grid.
+
+`neighbours` lists the changes (recompute, ZeRO, micro-batch with matching accumulation, tp / pp /
+cp, offload, chunked loss, 8-bit AdamW, LoRA / QLoRA, activation offload, a larger GPU);
+`advise` evaluates them and the current configuration in one `estimate` and one `estimate_time`
+call and ranks them; `top_consumers` names the largest pieces of the current peak in words.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import _states as st
+from ._estimate import PHASES, estimate, layout_reason
+from ._grid import OPTIMIZERS, PRECISIONS, RECOMPUTE, make_grid
+from ._model import ModelSpec
+from ._overhead import Overheads
+from ._time import estimate_time
+from ._time_params import TimeParams
+from ._units import GIB
+
+LORA_ADVICE_RANK = 16
+"""Rank of the LoRA / QLoRA neighbours (PEFT's common choice; all-linear targets)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuChoice:
+    """One GPU as the advice sees it (the engine does not read hardware profiles itself)."""
+
+    name: str
+    usable_bytes: float
+    """What torch reports as total memory; `fits` compares against it less the headroom."""
+    cublas_workspace_bytes: float
+    """The cuBLAS workspace of the GPU's architecture (`cublas_workspace_bytes_for`)."""
+    time_kwargs: Mapping[str, float] = field(default_factory=dict)
+    """The GPU keyword arguments of `estimate_time` (`time_inputs(profile)`)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Neighbour:
+    """One single-knob change: its words, the changed configuration and the GPU it runs on."""
+
+    knob: str
+    change: str
+    config: dict[str, Any]
+    gpu: str
+    changes: dict[str, Any] = field(default_factory=dict)
+    """The grid fields this change sets (the rest as in the current configuration)."""
+
+
+def _resolved_batch(config: Mapping[str, Any]) -> tuple[int, int, int]:
+    """(dp, global batch, gradient accumulation steps) exactly as `estimate` derives them."""
+    par = max(int(config["tp"]) * int(config["pp"]) * int(config["cp"]), 1)
+    dp = max(int(config["num_gpus"]) // par, 1)
+    mb = max(int(config["micro_batch_size"]), 1)
+    gbs = int(config["global_batch_size"]) or mb * dp
+    return dp, gbs, max(gbs // (mb * dp), 1)
+
+
+def neighbours(
+    config: Mapping[str, Any], *, gpu: str, larger_gpus: Sequence[str] = ()
+) -> list[Neighbour]:
+    """Every single-knob change of `config` (grid field names, categorical values as names).
+
+    Changes that cannot apply (same value, micro-batch not divisible, ZeRO on one data-parallel
+    rank, where it shards nothing) are left out; layouts the engine rejects are dropped by
+    `advise`. Parallel degrees double with num_gpus fixed (dp halves) and the global batch kept,
+    like the micro-batch changes (micro x accumulation x dp constant).
+    """
+    c = dict(config)
+    out: list[Neighbour] = []
+
+    def add(knob: str, change: str, gpu_name: str = gpu, **changes: Any) -> None:
+        out.append(
+            Neighbour(
+                knob=knob, change=change, config={**c, **changes}, gpu=gpu_name, changes=changes
+            )
+        )
+
+    for value in RECOMPUTE:
+        if value != c["recompute"]:
+            add("recompute", f"recompute {c['recompute']} -> {value}", recompute=value)
+    dp, gbs, accum = _resolved_batch(c)
+    if dp > 1:
+        for stage in range(4):
+            if stage != c["zero"]:
+                add("zero", f"zero {c['zero']} -> {stage}", zero=stage)
+    mb = int(c["micro_batch_size"])
+    for div in (2, 4):
+        if mb % div == 0:
+            add(
+                "micro_batch_size",
+                f"micro-batch {mb} -> {mb // div}, gradient accumulation {accum} -> {accum * div}",
+                micro_batch_size=mb // div,
+                global_batch_size=gbs,
+            )
+    for knob in ("tp", "pp", "cp"):
+        old = int(c[knob])
+        if dp % 2 == 0:
+            add(
+                knob,
+                f"{knob} {old} -> {2 * old} (dp {dp} -> {dp // 2})",
+                global_batch_size=gbs,
+                **{knob: 2 * old},
+            )
+    zero = int(c["zero"])
+    if c["offload"] != "optimizer":
+        new_zero = max(zero, 1)
+        words = f"offload {c['offload']} -> optimizer"
+        add("offload", words + (f" (zero {zero} -> 1)" if new_zero != zero else ""),
+            offload="optimizer", zero=new_zero)  # fmt: skip
+    if c["offload"] != "optimizer+params":
+        words = f"offload {c['offload']} -> optimizer+params"
+        add("offload", words + (f" (zero {zero} -> 3)" if zero != 3 else ""),
+            offload="optimizer+params", zero=3)  # fmt: skip
+    if c["loss"] != "chunked":
+        add("loss", "loss full -> chunked (fused linear + cross-entropy)", loss="chunked")
+    if c["optimizer"] != "adamw-8bit":
+        add("optimizer", f"optimizer {c['optimizer']} -> adamw-8bit", optimizer="adamw-8bit")
+    rank = int(c["lora_rank"])
+    if rank <= 0:
+        add(
+            "lora",
+            f"full fine-tuning -> LoRA rank {LORA_ADVICE_RANK} on all linear layers "
+            "(trains adapters only)",
+            lora_rank=LORA_ADVICE_RANK,
+            lora_targets="all-linear",
+        )
+    if not c["qlora"]:
+        new_rank = rank if rank > 0 else LORA_ADVICE_RANK
+        words = "LoRA -> QLoRA (NF4 base weights)" if rank > 0 else (
+            f"full fine-tuning -> QLoRA rank {new_rank} on all linear layers (NF4 base weights, "
+            "trains adapters only)"
+        )  # fmt: skip
+        targets = c["lora_targets"] if rank > 0 else "all-linear"
+        add("qlora", words, lora_rank=new_rank, lora_targets=targets, qlora=True)
+    if not c["activation_offload"]:
+        add("activation_offload", "activation offload off -> on", activation_offload=True)
+    for name in larger_gpus:
+        if name != gpu:
+            add("gpu", f"gpu {gpu} -> {name}", gpu_name=name)
+    return out
+
+
+def combinations(singles: Sequence[Neighbour], *, max_changes: int) -> list[Neighbour]:
+    """Compositions of 2..max_changes single changes on different knobs that agree on every
+    field they both set (LoRA and QLoRA count as one knob), on the current GPU: a larger GPU is
+    offered alone."""
+    family = {"qlora": "lora"}
+    out: list[Neighbour] = []
+
+    def compatible(a: Neighbour, b: Neighbour) -> bool:
+        if family.get(a.knob, a.knob) == family.get(b.knob, b.knob):
+            return False
+        shared = a.changes.keys() & b.changes.keys()
+        return all(a.changes[k] == b.changes[k] for k in shared)
+
+    same_gpu = [n for n in singles if n.knob != "gpu"]
+    for size in range(2, max_changes + 1):
+        for combo in itertools.combinations(same_gpu, size):
+            if not all(compatible(a, b) for a, b in itertools.combinations(combo, 2)):
+                continue
+            changes: dict[str, Any] = {}
+            for n in combo:
+                changes.update(n.changes)
+            base = {k: v for k, v in combo[0].config.items() if k not in combo[0].changes}
+            out.append(
+                Neighbour(
+                    knob="+".join(n.knob for n in combo),
+                    change=" + ".join(n.change for n in combo),
+                    config={**base, **changes},
+                    gpu=combo[0].gpu,
+                    changes=changes,
+                )
+            )
+    return out
+
+
+def advise(
+    m: ModelSpec,
+    config: Mapping[str, Any],
+    *,
+    gpu: GpuChoice,
+    catalogue: Sequence[GpuChoice] = (),
+    headroom: float = 0.10,
+    overheads: Overheads | None = None,
+    time_params: TimeParams | None = None,
+    max_changes: int = 3,
+) -> dict[str, Any]:
+    """Evaluate every neighbour of `config` in one grid; rank them.
+
+    `catalogue`: GPUs to consider; those with more usable memory than `gpu` become neighbours.
+    The grid holds the current configuration, every single change and every composition of up
+    to `max_changes` of them (see `combinations`); the compositions are reported only when no
+    single change fits, and then only the minimal fitting ones (no fitting part).
+    Returns {"current": the current row's estimate (one-row columns), "advice": [ {knob, change,
+    changes (the fields set), config, gpu, num_changes, saved_bytes (current peak_device_bytes
+    - the neighbour's), peak_device_bytes, fits, step_time_ratio (neighbour / current step
+    time)} ] ranked: fitting first, then least slowdown, then most bytes saved}.
+    Assumes: every row with its own GPU's usable memory, cuBLAS workspace and step-time inputs;
+    the other overheads shared.
+    """
+    ov = overheads or Overheads()
+    by_name = {g.name: g for g in (gpu, *catalogue)}
+    larger = [g.name for g in catalogue if g.usable_bytes > gpu.usable_bytes]
+    singles = neighbours(config, gpu=gpu.name, larger_gpus=larger)
+    current = Neighbour(knob="", change="", config=dict(config), gpu=gpu.name)
+    rows = [current, *singles]
+    probe = make_grid({k: [r.config[k] for r in rows] for k in config})
+    ok = layout_reason(m, probe) == 0
+    singles = [n for n, good in zip(singles, ok[1:], strict=True) if good]
+    rows = [current, *singles, *combinations(singles, max_changes=max_changes)]
+    grid = make_grid({k: [r.config[k] for r in rows] for k in config})
+    valid = layout_reason(m, grid) == 0
+    valid[0] = True
+    keep = np.flatnonzero(valid)
+    rows = [rows[i] for i in keep]
+    grid = {k: v[keep] for k, v in grid.items()}
+    gpus = [by_name[r.gpu] for r in rows]
+    usable = np.array([g.usable_bytes for g in gpus], dtype=np.float64)
+    out = estimate(m, grid, usable_bytes=usable, headroom=headroom, overheads=ov)
+    # Each row's own cuBLAS workspace: additive to reserved, device and framework overhead.
+    ws = np.array([g.cublas_workspace_bytes for g in gpus], dtype=np.float64)
+    extra = ws - ov.cublas_workspace_bytes
+    for key in ("peak_reserved_bytes", "peak_device_bytes", "framework_overhead"):
+        out[key] = out[key] + extra
+    limit = usable * (1.0 - headroom)
+    out["headroom_bytes"] = limit - out["peak_device_bytes"]
+    out["fits"] = (out["peak_device_bytes"] <= limit) & (out["reason"] == 0)
+    time_kwargs = {
+        key: np.array([g.time_kwargs[key] for g in gpus], dtype=np.float64)
+        for key in gpu.time_kwargs
+    }
+    step = (
+        estimate_time(m, grid, **time_kwargs, params=time_params)["step_time_s"]
+        if time_kwargs
+        else np.full(len(rows), np.nan)
+    )
+    peak = out["peak_device_bytes"]
+    items = []
+    for i, r in enumerate(rows[1:], start=1):
+        items.append(
+            {
+                "knob": r.knob,
+                "change": r.change,
+                "changes": r.changes,
+                "config": r.config,
+                "gpu": r.gpu,
+                "num_changes": r.knob.count("+") + 1,
+                "saved_bytes": int(round(peak[0] - peak[i])),
+                "peak_device_bytes": int(round(peak[i])),
+                "fits": bool(out["fits"][i]),
+                "step_time_ratio": float(step[i] / step[0]),
+            }
+        )
+    single = [a for a in items if a["num_changes"] == 1]
+    if not any(a["fits"] for a in single):
+        fitting = [a for a in items if a["num_changes"] > 1 and a["fits"]]
+        fitting_sets = [frozenset(a["change"].split(" + ")) for a in fitting]
+        minimal = [
+            a
+            for a, parts in zip(fitting, fitting_sets, strict=True)
+            if not any(other < parts for other in fitting_sets)
+        ]
+        single += minimal
+
+    def rank(item: dict[str, Any]) -> tuple[bool, float, int]:
+        ratio = item["step_time_ratio"]
+        return (not item["fits"], np.inf if np.isnan(ratio) else ratio, -item["saved_bytes"])
+
+    return {"current": {k: v[:1] for k, v in out.items()}, "advice": sorted(single, key=rank)}
+
+
+def _dtype(nbytes: float) -> str:
+    return {4.0: "fp32", 2.0: "16-bit", 1.0: "8-bit"}.get(float(nbytes), f"{nbytes:g}-byte")
+
+
+def top_consumers(
+    m: ModelSpec, config: Mapping[str, Any], out: Mapping[str, np.ndarray], *, row: int = 0
+) -> list[tuple[str, float]]:
+    """The pieces of the current peak named in words, largest first: (words, bytes).
+
+    Splits `activations` into saved activations and autocast weight copies, and `transient` at a
+    backward peak on the loss stage into the loss gradients (two fp32 [tokens, vocab] tensors)
+    and the rest; at an optimizer-step peak into the step temporaries and the rest.
+    """
+
+    def at(key: str) -> float:
+        return float(np.asarray(out[key]).reshape(-1)[row])
+
+    prec = PRECISIONS.index(str(config["precision"]))
+    opt = str(config["optimizer"])
+    opt_code = OPTIMIZERS.index(opt)
+    lora = int(config["lora_rank"]) > 0
+    phase = PHASES[int(at("peak_phase"))]
+    items: list[tuple[str, float]] = []
+    weights = "NF4 base weights, 16-bit rest" if config["qlora"] else (
+        f"{_dtype(st.PARAM_BYTES[prec])} working weights"
+    )  # fmt: skip
+    items.append((f"parameters ({weights}, {m.num_parameters / 1e9:.2f}B)", at("parameters")))
+    items.append(("fp32 master weights", at("master_weights")))
+    items.append(("gradients" + (" of the LoRA adapters" if lora else ""), at("gradients")))
+    if opt == "adamw-8bit":
+        states = "2 8-bit blockwise states per parameter"
+    elif opt == "adafactor":
+        states = "factored fp32 second moments"
+    else:
+        n = int(st.NUM_STATES[opt_code])
+        elem = st.LORA_ADAPTER_BYTES if lora else st.STATE_BYTES[prec]
+        states = f"{n} {_dtype(elem)} state{'s' if n != 1 else ''} per parameter"
+    items.append((f"optimizer states ({opt}, {states})", at("optimizer_states")))
+    acts = at("activations")
+    copies = at("activations_autocast_weight_copies") if acts > 0 else 0.0
+    items.append(("activations saved for backward", acts - copies))
+    items.append(("autocast weight copies (16-bit casts of the fp32 weights)", copies))
+    transient = at("transient")
+    named = 0.0
+    pp = int(config["pp"])
+    last_stage = pp == 1 or int(at("pp_stage")) == pp - 1
+    if phase == "backward" and config["loss"] == "full" and last_stage:
+        tokens = int(config["micro_batch_size"]) * int(config["seq_len"]) / int(config["cp"])
+        tp_div = int(config["tp"]) if config["framework"] == "megatron" else 1
+        named = min(8.0 * tokens * m.vocab_size / tp_div, transient)
+        items.append(
+            (f"the fp32 loss gradients over a {m.vocab_size:,}-token vocabulary "
+             f"(two [{int(tokens):,}, {m.vocab_size:,}] tensors at the start of backward)", named)
+        )  # fmt: skip
+    elif phase == "optimizer_step":
+        named = min(at("optimizer_step_temporaries"), transient)
+        items.append((f"optimizer-step temporaries ({opt})", named))
+    items.append((f"other transient buffers at the {phase.replace('_', ' ')} peak",
+                  transient - named))  # fmt: skip
+    items.append(
+        ("framework overhead (CUDA context, cuBLAS workspace, NCCL)", at("framework_overhead"))
+    )
+    items.append(("allocator fragmentation", at("fragmentation")))
+    items = [(k, v) for k, v in items if v > 0.5]
+    return sorted(items, key=lambda kv: -kv[1])
+
+
+def describe_bytes(num_bytes: float) -> str:
+    """GiB (2**30) with two decimals."""
+    return f"{num_bytes / GIB:.2f} GiB"
