@@ -4,6 +4,7 @@ Columns in (a grid: one numpy array per field), columns out. Pure: no I/O beyond
 shipped presets.
 """
 
+from ._advice import GpuChoice, advise, neighbours, top_consumers
 from ._estimate import COMPONENTS, PHASES, REASONS, estimate, layout_reason, reason_text
 from ._flops import model_flops_per_token
 from ._grid import (
@@ -20,8 +21,9 @@ from ._grid import (
     make_grid,
 )
 from ._model import ModelSpec, model_from_hf_config
+from ._optimizers import OptimizerSpec, load_optimizers, optimizer_columns
 from ._overhead import Overheads, cublas_workspace_bytes_for
-from ._presets import load_model, preset_names
+from ._presets import load_model, model_config_dict, model_presets, preset_names
 from ._states import LORA_TARGETS, lora_mask, lora_num_parameters
 from ._time import TIME_COLUMNS, bubble_fraction, estimate_time
 from ._time_params import TimeParams, time_inputs
@@ -41,11 +43,14 @@ __all__ = [
     "PRECISIONS",
     "REASONS",
     "RECOMPUTE",
+    "GpuChoice",
     "Grid",
     "ModelSpec",
+    "OptimizerSpec",
     "Overheads",
     "TIME_COLUMNS",
     "TimeParams",
+    "advise",
     "bubble_fraction",
     "cublas_workspace_bytes_for",
     "decode",
@@ -53,12 +58,18 @@ __all__ = [
     "estimate_time",
     "layout_reason",
     "load_model",
+    "model_config_dict",
+    "load_optimizers",
     "lora_mask",
     "lora_num_parameters",
     "make_grid",
     "model_from_hf_config",
+    "model_presets",
+    "neighbours",
+    "optimizer_columns",
     "model_flops_per_token",
     "preset_names",
     "reason_text",
     "time_inputs",
+    "top_consumers",
 ]

@@ -63,7 +63,11 @@ def _resolved_batch(config: Mapping[str, Any]) -> tuple[int, int, int]:
 
 
 def neighbours(
-    config: Mapping[str, Any], *, gpu: str, larger_gpus: Sequence[str] = ()
+    config: Mapping[str, Any],
+    *,
+    gpu: str,
+    larger_gpus: Sequence[str] = (),
+    optimizer_name: str | None = None,
 ) -> list[Neighbour]:
     """Every single-knob change of `config` (grid field names, categorical values as names).
 
@@ -76,6 +80,9 @@ def neighbours(
     out: list[Neighbour] = []
 
     def add(knob: str, change: str, gpu_name: str = gpu, **changes: Any) -> None:
+        _add(knob, change, changes, gpu_name)
+
+    def _add(knob: str, change: str, changes: dict[str, Any], gpu_name: str) -> None:
         out.append(
             Neighbour(
                 knob=knob, change=change, config={**c, **changes}, gpu=gpu_name, changes=changes
@@ -102,12 +109,8 @@ def neighbours(
     for knob in ("tp", "pp", "cp"):
         old = int(c[knob])
         if dp % 2 == 0:
-            add(
-                knob,
-                f"{knob} {old} -> {2 * old} (dp {dp} -> {dp // 2})",
-                global_batch_size=gbs,
-                **{knob: 2 * old},
-            )
+            words = f"{knob} {old} -> {2 * old} (dp {dp} -> {dp // 2})"
+            _add(knob, words, {"global_batch_size": gbs, knob: 2 * old}, gpu)
     zero = int(c["zero"])
     if c["offload"] != "optimizer":
         new_zero = max(zero, 1)
@@ -119,23 +122,29 @@ def neighbours(
         add("offload", words + (f" (zero {zero} -> 3)" if zero != 3 else ""),
             offload="optimizer+params", zero=3)  # fmt: skip
     if c["loss"] != "chunked":
-        add("loss", "loss full -> chunked (fused linear + cross-entropy)", loss="chunked")
-    if c["optimizer"] != "adamw-8bit":
-        add("optimizer", f"optimizer {c['optimizer']} -> adamw-8bit", optimizer="adamw-8bit")
+        add("loss", "loss full -> chunked", loss="chunked")
+    custom = bool(c.get("optimizer_custom", False))
+    if c["optimizer"] != "adamw-8bit" or custom:
+        name = optimizer_name or c["optimizer"]
+        reset: dict[str, Any] = {"optimizer_custom": False} if custom else {}
+        _add(
+            "optimizer",
+            f"optimizer {name} -> adamw-8bit",
+            {"optimizer": "adamw-8bit", **reset},
+            gpu,
+        )
     rank = int(c["lora_rank"])
     if rank <= 0:
         add(
             "lora",
-            f"full fine-tuning -> LoRA rank {LORA_ADVICE_RANK} on all linear layers "
-            "(trains adapters only)",
+            f"full fine-tuning -> LoRA rank {LORA_ADVICE_RANK}, all-linear (adapters only)",
             lora_rank=LORA_ADVICE_RANK,
             lora_targets="all-linear",
         )
     if not c["qlora"]:
         new_rank = rank if rank > 0 else LORA_ADVICE_RANK
-        words = "LoRA -> QLoRA (NF4 base weights)" if rank > 0 else (
-            f"full fine-tuning -> QLoRA rank {new_rank} on all linear layers (NF4 base weights, "
-            "trains adapters only)"
+        words = "LoRA -> QLoRA (NF4 base)" if rank > 0 else (
+            f"full fine-tuning -> QLoRA rank {new_rank}, all-linear (NF4 base, adapters only)"
         )  # fmt: skip
         targets = c["lora_targets"] if rank > 0 else "all-linear"
         add("qlora", words, lora_rank=new_rank, lora_targets=targets, qlora=True)
@@ -191,6 +200,7 @@ def advise(
     overheads: Overheads | None = None,
     time_params: TimeParams | None = None,
     max_changes: int = 3,
+    optimizer_name: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate every neighbour of `config` in one grid; rank them.
 
@@ -208,7 +218,7 @@ def advise(
     ov = overheads or Overheads()
     by_name = {g.name: g for g in (gpu, *catalogue)}
     larger = [g.name for g in catalogue if g.usable_bytes > gpu.usable_bytes]
-    singles = neighbours(config, gpu=gpu.name, larger_gpus=larger)
+    singles = neighbours(config, gpu=gpu.name, larger_gpus=larger, optimizer_name=optimizer_name)
     current = Neighbour(knob="", change="", config=dict(config), gpu=gpu.name)
     rows = [current, *singles]
     probe = make_grid({k: [r.config[k] for r in rows] for k in config})
@@ -242,7 +252,7 @@ def advise(
         else np.full(len(rows), np.nan)
     )
     peak = out["peak_device_bytes"]
-    items = []
+    items: list[dict[str, Any]] = []
     for i, r in enumerate(rows[1:], start=1):
         items.append(
             {
@@ -252,7 +262,7 @@ def advise(
                 "config": r.config,
                 "gpu": r.gpu,
                 "num_changes": r.knob.count("+") + 1,
-                "saved_bytes": int(round(peak[0] - peak[i])),
+                "saved_bytes": int(round(peak[0])) - int(round(peak[i])),
                 "peak_device_bytes": int(round(peak[i])),
                 "fits": bool(out["fits"][i]),
                 "step_time_ratio": float(step[i] / step[0]),
@@ -281,7 +291,12 @@ def _dtype(nbytes: float) -> str:
 
 
 def top_consumers(
-    m: ModelSpec, config: Mapping[str, Any], out: Mapping[str, np.ndarray], *, row: int = 0
+    m: ModelSpec,
+    config: Mapping[str, Any],
+    out: Mapping[str, np.ndarray],
+    *,
+    row: int = 0,
+    optimizer_name: str | None = None,
 ) -> list[tuple[str, float]]:
     """The pieces of the current peak named in words, largest first: (words, bytes).
 
@@ -305,15 +320,19 @@ def top_consumers(
     items.append((f"parameters ({weights}, {m.num_parameters / 1e9:.2f}B)", at("parameters")))
     items.append(("fp32 master weights", at("master_weights")))
     items.append(("gradients" + (" of the LoRA adapters" if lora else ""), at("gradients")))
-    if opt == "adamw-8bit":
-        states = "2 8-bit blockwise states per parameter"
-    elif opt == "adafactor":
+    custom = bool(config.get("optimizer_custom", False))
+    custom_e = float(config.get("optimizer_state_bytes", 0.0)) if custom else 0.0
+    n = float(config["optimizer_num_states"]) if custom else float(st.NUM_STATES[opt_code])
+    eight_bit = opt == "adamw-8bit" or (custom and bool(config.get("optimizer_eight_bit")))
+    if eight_bit:
+        states = f"{n:g} 8-bit blockwise state{'s' if n != 1 else ''} per parameter"
+    elif opt == "adafactor" and not custom:
         states = "factored fp32 second moments"
     else:
-        n = int(st.NUM_STATES[opt_code])
-        elem = st.LORA_ADAPTER_BYTES if lora else st.STATE_BYTES[prec]
-        states = f"{n} {_dtype(elem)} state{'s' if n != 1 else ''} per parameter"
-    items.append((f"optimizer states ({opt}, {states})", at("optimizer_states")))
+        elem = custom_e or (st.LORA_ADAPTER_BYTES if lora else st.STATE_BYTES[prec])
+        states = f"{n:g} {_dtype(elem)} state{'s' if n != 1 else ''} per parameter"
+    name = optimizer_name or opt
+    items.append((f"optimizer states ({name}, {states})", at("optimizer_states")))
     acts = at("activations")
     copies = at("activations_autocast_weight_copies") if acts > 0 else 0.0
     items.append(("activations saved for backward", acts - copies))

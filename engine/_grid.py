@@ -65,9 +65,30 @@ DEFAULTS: dict[str, Any] = {
     "qlora": False,
     "loss": "full",
     "activation_offload": False,
+    "optimizer_custom": False,
+    "optimizer_num_states": 0.0,
+    "optimizer_state_bytes": 0.0,
+    "optimizer_temp_states": 0.0,
+    "optimizer_eight_bit": False,
+    "optimizer_step_bytes": 0.0,
 }
 """Every grid field and its default. `global_batch_size` 0 means micro_batch_size x dp (no
-gradient accumulation)."""
+gradient accumulation). The `optimizer_*` fields describe a user optimizer (a TOML file, see
+_optimizers.py) and apply only where `optimizer_custom` is true."""
+
+FLOAT_FIELDS = (
+    "optimizer_num_states",
+    "optimizer_state_bytes",
+    "optimizer_temp_states",
+    "optimizer_step_bytes",
+)
+BOOL_FIELDS = (
+    "sequence_parallel",
+    "qlora",
+    "activation_offload",
+    "optimizer_custom",
+    "optimizer_eight_bit",
+)
 
 INT_FIELDS = (
     "micro_batch_size",
@@ -126,8 +147,12 @@ def make_grid(columns: Mapping[str, Any] | None = None, **kwargs: Any) -> Grid:
     for name, value in merged.items():
         if name in CATEGORICAL:
             arrays[name] = encode(name, value)
-        elif name in ("sequence_parallel", "qlora", "activation_offload"):
+        elif name in BOOL_FIELDS:
             arrays[name] = np.asarray(value, dtype=bool)
+        elif name in FLOAT_FIELDS:
+            arrays[name] = np.asarray(value, dtype=np.float64)
+            if not np.all(np.isfinite(arrays[name]) & (arrays[name] >= 0)):
+                raise ValueError(f"{name}: must be finite numbers >= 0")
         elif name == "lora_targets":
             arrays[name] = _lora_targets(value)
         else:

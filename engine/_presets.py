@@ -1,4 +1,5 @@
-"""Model presets (config.json-style files shipped in engine/presets/) and the model resolver."""
+"""Model presets (config.json-style files shipped in engine/presets/, and a user folder on top)
+and the model resolver."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from typing import Any
 from ._model import ModelSpec, model_from_hf_config
 
 PRESET_DIR = Path(__file__).parent / "presets"
+ENV_VAR = "TRAINMEM_MODELS_DIR"
+"""Environment variable naming a folder of extra or overriding ``<name>.json`` model presets."""
+BUILTIN = "built-in"
 
 
 @functools.cache
@@ -46,6 +50,68 @@ def _load_cached(name_or_path: str) -> ModelSpec:
     )
 
 
-def load_model(name_or_path: str | os.PathLike[str]) -> ModelSpec:
-    """A preset by name, or any Hugging Face config.json (file or folder) by local path."""
-    return _load_cached(os.fspath(name_or_path))
+def _user_dir(models_dir: str | os.PathLike[str] | None) -> Path | None:
+    """The user preset folder: `models_dir` if given, else $TRAINMEM_MODELS_DIR if non-empty."""
+    chosen = models_dir if models_dir is not None else os.environ.get(ENV_VAR) or None
+    if chosen is None:
+        return None
+    folder = Path(chosen)
+    if not folder.is_dir():
+        raise ValueError(f"models dir {str(folder)!r} is not a directory")
+    return folder
+
+
+def model_presets(models_dir: str | os.PathLike[str] | None = None) -> dict[str, str]:
+    """Every preset name and where it comes from ("built-in" or the user file's path), sorted.
+
+    The user folder is `models_dir` if given, else ``$TRAINMEM_MODELS_DIR``; every ``*.json``
+    directly in it is a preset named by its stem; one with a built-in's name overrides it.
+    """
+    found = dict.fromkeys(preset_names(), BUILTIN)
+    folder = _user_dir(models_dir)
+    if folder is not None:
+        found.update({f.stem: os.fspath(f) for f in sorted(folder.glob("*.json"))})
+    return dict(sorted(found.items()))
+
+
+def _load_user(path: str, name: str) -> ModelSpec:
+    return model_from_hf_config(_read_json(Path(path)), name=name)
+
+
+def load_model(
+    name_or_path: str | os.PathLike[str], *, models_dir: str | os.PathLike[str] | None = None
+) -> ModelSpec:
+    """A preset by name (user folder first, see `model_presets`), or any Hugging Face
+    config.json (file or folder) by local path."""
+    key = os.fspath(name_or_path)
+    source = model_presets(models_dir).get(key) if "/" not in key else None
+    if source is not None and source != BUILTIN:
+        return _load_user(source, key)
+    try:
+        return _load_cached(key)
+    except ValueError as exc:
+        if "unknown model" not in str(exc):
+            raise
+        raise ValueError(
+            f"model: unknown model '{key}'; give a path to a Hugging Face config.json or one "
+            f"of: {', '.join(model_presets(models_dir))}"
+        ) from None
+
+
+def model_config_dict(
+    name_or_path: str | os.PathLike[str], *, models_dir: str | os.PathLike[str] | None = None
+) -> dict[str, Any]:
+    """The raw Hugging Face config fields of a preset (user folder first) or a config.json."""
+    key = os.fspath(name_or_path)
+    source = model_presets(models_dir).get(key) if "/" not in key else None
+    if source == BUILTIN:
+        return _read_json(PRESET_DIR / f"{key}.json")
+    if source is not None:
+        return _read_json(Path(source))
+    path = Path(key)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return _read_json(path)
+    load_model(key, models_dir=models_dir)  # raises the one-line error naming the presets
+    return {}

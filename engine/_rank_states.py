@@ -24,7 +24,8 @@ ZeRO-Offload double-buffers the device-to-host gradient copies)."""
 
 STATE_KEYS = (
     "tp", "pp", "dp", "ep", "etp", "zero", "precision", "optimizer", "framework", "sp", "stage_pos",
-    "offload", "lora_rank", "lora_targets", "qlora",
+    "offload", "lora_rank", "lora_targets", "qlora", "optimizer_custom", "optimizer_num_states",
+    "optimizer_state_bytes", "optimizer_temp_states", "optimizer_eight_bit",
 )  # fmt: skip
 
 
@@ -136,10 +137,17 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
         gradients,
     )
 
-    state_elem = np.where(lora, st.LORA_ADAPTER_BYTES, state_e)
+    # A user optimizer (optimizer_custom; the code stays adamw): its own state count, element
+    # size (0: the dtype it steps, as the built-ins), 8-bit layout and step temporaries.
+    custom = c["optimizer_custom"]
+    custom_e = c["optimizer_state_bytes"]
+    state_e = np.where(custom & (custom_e > 0), custom_e, state_e)
+    num_states = np.where(custom, c["optimizer_num_states"], st.NUM_STATES[opt])
+    temp_states = np.where(custom, c["optimizer_temp_states"], st.STEP_TEMP_STATES[opt])
+    state_elem = np.where(lora & ~(custom & (custom_e > 0)), st.LORA_ADAPTER_BYTES, state_e)
     state_numel = np.where(zero >= 1, trainable_local, trainable_full)
     plain_states = np.where(lora, state_elem * state_numel, summed(state_e, zero >= 1))
-    optimizer_states = st.NUM_STATES[opt] * plain_states
+    optimizer_states = num_states * plain_states
     eight_bit = sum(
         (st.eight_bit_state_bytes(t.numel) * t.count for t in full),
         np.zeros_like(dp),
@@ -147,6 +155,10 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     eight_bit = np.where(zero >= 1, eight_bit / dp, eight_bit)
     eight_bit = np.where(lora, 2.0 * st.EIGHT_BIT_STATE_BYTES * state_numel, eight_bit)
     optimizer_states = np.where(opt == ADAMW_8BIT, eight_bit, optimizer_states)
+    # eight_bit holds two states; a user 8-bit optimizer scales it to its own count.
+    optimizer_states = np.where(
+        custom & c["optimizer_eight_bit"], eight_bit * num_states / 2.0, optimizer_states
+    )
     optimizer_states = np.where(
         opt == ADAFACTOR, st.adafactor_state_bytes(m, numel_local=state_numel), optimizer_states
     )
@@ -163,7 +175,7 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     group_numel = state_numel - np.where(
         (fw == HF) & (tp > 1) & ~sp & (zero < 1) & ~lora, replicated, 0.0
     )
-    step_temp = st.STEP_TEMP_STATES[opt] * state_elem * group_numel
+    step_temp = temp_states * state_elem * group_numel
     max_tensor = np.max(np.stack([np.broadcast_to(t.numel, dp.shape) for t in full]), axis=0)
     step_temp = np.where(opt == ADAFACTOR, 2.0 * 4.0 * max_tensor, step_temp)
     # Mixed precision outside FSDP2/Megatron: the fp32 gradient partition the optimizer steps on

@@ -249,7 +249,11 @@ def estimate_time(
     shard = np.where(zero >= 1, d * c, 1.0)
     step_params = trainable / (t * p * shard)  # parameters this GPU's optimizer updates
     offload = g["offload"].astype(int)
-    optimizer_bytes = np.asarray(OPTIMIZER_STEP_BYTES_PER_PARAMETER)[g["optimizer"].astype(int)]
+    optimizer_bytes = np.where(
+        g["optimizer_custom"],
+        g["optimizer_step_bytes"],
+        np.asarray(OPTIMIZER_STEP_BYTES_PER_PARAMETER)[g["optimizer"].astype(int)],
+    )
     optimizer_s = np.where(offload >= OFFLOAD_OPTIMIZER, 0.0, step_params * optimizer_bytes / hbm)
     busy = gemm_s + attention_s + memory_s  # forward + backward, all micro-batches
     fwd_share = 1.0 / (3.0 + full)

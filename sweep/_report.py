@@ -9,6 +9,8 @@ import numpy as np
 from trainmem.engine import COMPONENTS, GIB, PHASES, ModelSpec, lora_mask, lora_num_parameters
 from trainmem.hardware import GpuProfile
 
+from ._advice import advice_lines
+
 BYTES_KEYS = COMPONENTS
 
 
@@ -215,4 +217,5 @@ def human_table(report: dict[str, Any]) -> str:
     )
     if "time" in report:
         lines.append(time_line(report["time"]))
+    lines += advice_lines(report)
     return "\n".join(lines)

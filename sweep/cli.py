@@ -27,13 +27,17 @@ from trainmem.engine import (
     estimate_time,
     layout_reason,
     load_model,
+    load_optimizers,
     make_grid,
-    preset_names,
+    model_config_dict,
+    model_presets,
+    optimizer_columns,
     reason_text,
     time_inputs,
 )
 from trainmem.hardware import GIB, get_gpu, load_gpus
 
+from ._advice import advice_report
 from ._report import human_table, row_report, stage_summary, time_report
 
 app = typer.Typer(
@@ -49,7 +53,8 @@ def _choice(field: str, value: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
-def _time_overrides(items: list[str]) -> dict[str, float]:
+def _key_numbers(flag: str, items: list[str], keys: tuple[str, ...]) -> dict[str, float]:
+    """KEY=NUMBER items of a repeatable flag (--overhead, --time-param) as a dict."""
     out: dict[str, float] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -59,24 +64,7 @@ def _time_overrides(items: list[str]) -> dict[str, float]:
             out[key.strip()] = float(value)
         except ValueError:
             raise ValueError(
-                f"--time-param: expected KEY=NUMBER, got '{item}'; keys: "
-                f"{', '.join(TimeParams.names())}"
-            ) from None
-    return out
-
-
-def _overrides(items: list[str]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        try:
-            if not sep:
-                raise ValueError
-            out[key.strip()] = float(value)
-        except ValueError:
-            raise ValueError(
-                f"--overhead: expected KEY=NUMBER, got '{item}'; keys: "
-                f"{', '.join(Overheads.names())}"
+                f"{flag}: expected KEY=NUMBER, got '{item}'; keys: {', '.join(keys)}"
             ) from None
     return out
 
@@ -109,6 +97,10 @@ def estimate_cmd(
     ] = False,
     framework: Annotated[str, typer.Option(help="|".join(FRAMEWORKS))] = "hf",
     ep: Annotated[int, typer.Option(help="Expert parallel degree (MoE; divides dp*cp).")] = 1,
+    etp: Annotated[int, typer.Option(help="Expert tensor parallel degree (MoE).")] = 1,
+    capacity_factor: Annotated[
+        float, typer.Option(help="MoE expert capacity factor (0: dropless routing).")
+    ] = 0.0,
     offload: Annotated[str, typer.Option(help="|".join(OFFLOADS))] = "none",
     lora_rank: Annotated[int, typer.Option(help="LoRA rank (0: full fine-tuning).")] = 0,
     lora_targets: Annotated[
@@ -124,6 +116,14 @@ def estimate_cmd(
     headroom: Annotated[float, typer.Option(help="Fraction of usable memory kept free.")] = 0.10,
     hardware_dir: Annotated[
         str | None, typer.Option(help="Folder of extra GPU TOML files (or TRAINMEM_HARDWARE_DIR).")
+    ] = None,
+    models_dir: Annotated[
+        str | None,
+        typer.Option(help="Folder of extra model presets, NAME.json (or TRAINMEM_MODELS_DIR)."),
+    ] = None,
+    optimizers_dir: Annotated[
+        str | None,
+        typer.Option(help="Folder of user optimizers, NAME.toml (or TRAINMEM_OPTIMIZERS_DIR)."),
     ] = None,
     overhead: Annotated[
         list[str] | None,
@@ -143,7 +143,7 @@ def estimate_cmd(
 ) -> None:
     """Per-device memory of one training configuration: breakdown, phase peaks, fit."""
     _choice("precision", precision, PRECISIONS)
-    _choice("optimizer", optimizer, OPTIMIZERS)
+    optimizer_fields = optimizer_columns(optimizer, optimizers_dir)
     _choice("recompute", recompute, RECOMPUTE)
     _choice("attention", attention, ATTENTION)
     _choice("framework", framework, FRAMEWORKS)
@@ -151,7 +151,7 @@ def estimate_cmd(
     _choice("loss", loss, LOSSES)
     if not 0.0 <= headroom < 1.0:
         raise ValueError(f"headroom: must be in [0, 1), got {headroom}")
-    spec = load_model(model)
+    spec = load_model(model, models_dir=models_dir)
     profile = get_gpu(gpu, hardware_dir)
     config: dict[str, Any] = {
         "micro_batch_size": micro_batch_size,
@@ -170,6 +170,8 @@ def estimate_cmd(
         "attention": attention,
         "framework": framework,
         "ep": ep,
+        "etp": etp,
+        "capacity_factor_pct": int(round(capacity_factor * 100)),
         "offload": offload,
         "lora_rank": lora_rank,
         "lora_targets": lora_targets,
@@ -177,24 +179,41 @@ def estimate_cmd(
         "loss": loss,
         "activation_offload": activation_offload,
     }
-    grid = make_grid(config)
+    grid_config = {**config, **optimizer_fields}  # a user optimizer as engine columns
+    grid = make_grid(grid_config)
     reason = reason_text(layout_reason(spec, grid)[0])
     if reason:
         raise ValueError(f"layout: {reason}")
     ov = Overheads(cublas_workspace_bytes=cublas_workspace_bytes_for(profile.arch))
-    ov = ov.with_overrides(_overrides(overhead or []))
+    ov = ov.with_overrides(_key_numbers("--overhead", overhead or [], Overheads.names()))
     out = estimate(spec, grid, usable_bytes=profile.usable_bytes, headroom=headroom, overheads=ov)
     report = row_report(spec, out, gpu=profile, config=config, headroom=headroom)
     if tokens is not None and not (tokens > 0 and np.isfinite(tokens)):
         raise ValueError(f"tokens: must be a number > 0, got {tokens}")
-    time_params = TimeParams().with_overrides(_time_overrides(time_param or []))
+    time_params = TimeParams().with_overrides(
+        _key_numbers("--time-param", time_param or [], TimeParams.names())
+    )
     timing = estimate_time(
         spec, grid, **time_inputs(profile), tokens=tokens, params=time_params
     )  # fmt: skip
     report["time"] = time_report(timing, price_per_gpu_hour_usd=profile.price_per_hour_usd)
     report["pp_stage"] = int(out["pp_stage"][0])
+    report.update(
+        advice_report(
+            spec,
+            grid_config,
+            profile=profile,
+            out=out,
+            headroom=headroom,
+            overheads=ov,
+            overhead_overrides=_key_numbers("--overhead", overhead or [], Overheads.names()),
+            time_params=time_params,
+            hardware_dir=hardware_dir,
+            optimizer_name=optimizer,
+        )
+    )
     if per_stage:
-        stages = make_grid({k: [v] * pp for k, v in config.items()})
+        stages = make_grid({k: [v] * pp for k, v in grid_config.items()})
         by_stage = estimate(
             spec,
             stages,
@@ -212,12 +231,16 @@ def estimate_cmd(
 
 @app.command("models")
 def models_cmd(
+    models_dir: Annotated[
+        str | None,
+        typer.Option(help="Folder of extra model presets, NAME.json (or TRAINMEM_MODELS_DIR)."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """The built-in model presets with their exact parameter counts."""
+    """The model presets (built-in and user) with their exact parameter counts and source."""
     rows = []
-    for name in preset_names():
-        m = load_model(name)
+    for name, source in model_presets(models_dir).items():
+        m = load_model(name, models_dir=models_dir)
         rows.append(
             {
                 "name": name,
@@ -228,6 +251,7 @@ def models_cmd(
                 "num_attention_heads": m.num_attention_heads,
                 "num_key_value_heads": m.num_key_value_heads,
                 "vocab_size": m.vocab_size,
+                "source": source,
             }
         )
     if as_json:
@@ -239,7 +263,98 @@ def models_cmd(
             f"{r['name']:<20}{r['family']:<9}{r['num_parameters']:>18,}"
             f"{r['num_hidden_layers']:>8}{r['hidden_size']:>8}"
             f"{r['num_attention_heads']:>4}/{r['num_key_value_heads']:<3}"
+            + ("" if r["source"] == "built-in" else f"  {r['source']}")
         )
+
+
+@app.command("optimizers")
+def optimizers_cmd(
+    optimizers_dir: Annotated[
+        str | None,
+        typer.Option(help="Folder of user optimizers, NAME.toml (or TRAINMEM_OPTIMIZERS_DIR)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """The optimizers (built-in and user files): states per parameter, step temporaries, source."""
+    rows = [
+        {
+            "name": o.name,
+            "num_states": o.num_states,
+            "state_bytes": o.state_bytes,
+            "step_temp_states": o.step_temp_states,
+            "eight_bit_blockwise": o.eight_bit_blockwise,
+            "step_bytes_per_parameter": o.step_bytes_per_parameter,
+            "description": o.description,
+            "source": o.path,
+        }
+        for o in load_optimizers(optimizers_dir).values()
+    ]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    typer.echo(f"{'name':<14}{'states':>7}{'dtype':>12}{'temps':>6}  source")
+    for r in rows:
+        dtype = "8-bit block" if r["eight_bit_blockwise"] else (
+            f"{r['state_bytes']:g} B" if r["state_bytes"] else "param dtype"
+        )  # fmt: skip
+        typer.echo(
+            f"{r['name']:<14}{r['num_states']:>7g}{dtype:>12}{r['step_temp_states']:>6g}  "
+            f"{r['source']}"
+        )
+    typer.echo("(adafactor keeps factored moments; adamw-fused adds a device step per tensor)")
+
+
+@app.command("trace")
+def trace_cmd(
+    model: Annotated[str, typer.Option(help="Preset name or path to a HF config.json.")] = (
+        "llama-3.2-1b"
+    ),
+    seq_len: Annotated[int, typer.Option(help="Sequence length (tokens).")] = 2048,
+    micro_batch_size: Annotated[int, typer.Option(help="Sequences per step.")] = 1,
+    precision: Annotated[str, typer.Option(help="fp32|bf16|amp-bf16")] = "bf16",
+    optimizer: Annotated[str, typer.Option(help="adamw|adamw-fused|sgd|sgd-momentum")] = "adamw",
+    recompute: Annotated[str, typer.Option(help="none|full")] = "none",
+    attention: Annotated[str, typer.Option(help="|".join(ATTENTION))] = "flash",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Measure one single-GPU training step on fake tensors (needs trainmem[trace])."""
+    from ._trace import trace_step
+
+    _choice("recompute", recompute, ("none", "full"))
+    _choice("attention", attention, ATTENTION)
+    config = model_config_dict(model)
+    measured = trace_step(
+        config, micro_batch_size=micro_batch_size, seq_len=seq_len, precision=precision,
+        recompute=recompute, attention=attention, optimizer=optimizer,
+    )  # fmt: skip
+    spec = load_model(model)
+    grid = make_grid(
+        micro_batch_size=micro_batch_size, seq_len=seq_len, precision=precision,
+        optimizer=optimizer, recompute=recompute, attention=attention,
+    )  # fmt: skip
+    out = estimate(spec, grid)
+    predicted = {
+        "activations_bytes": float(out["activations_total"][0]),
+        "peak_allocated_bytes": float(out["peak_allocated_bytes"][0]),
+    }
+    report = {
+        "model": spec.name,
+        "measured": measured,
+        "estimate": predicted,
+        "relative_error": {
+            k: predicted[k] / measured[k] - 1.0 for k in predicted if measured.get(k)
+        },
+    }
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    typer.echo(f"{spec.name}: traced on fake tensors in {measured['elapsed_s']:.1f} s")
+    for key in ("parameters_bytes", "optimizer_states_bytes", "activations_bytes"):
+        typer.echo(f"  {key:<26}{measured[key] / GIB:10.3f} GiB")
+    for phase, value in measured["phases"].items():
+        typer.echo(f"  peak {phase:<21}{value / GIB:10.3f} GiB")
+    for key, err in report["relative_error"].items():
+        typer.echo(f"  estimate vs trace, {key}: {err:+.2%}")
 
 
 @app.command("gpus")
@@ -272,6 +387,11 @@ def gpus_cmd(
             f"{r['name']:<18}{r['memory_bytes'] / GIB:>11.2f}{r['usable_bytes'] / GIB:>11.2f}"
             f"{r['bf16_flops'] / 1e12:>13.1f}{r['price_per_hour_usd']:>7.2f}"
         )
+
+
+from ._commands import register as _register_sweep_commands  # noqa: E402
+
+_register_sweep_commands(app)  # fit, sweep, points (sweep/_commands.py)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,60 @@
+"""The points table's columns: names, polars dtypes and the schema version.
+
+One row per evaluated point of a sweep, fitting or not. A snapshot test freezes this list; bump
+SCHEMA_VERSION when a column is added, removed or changes type.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from trainmem.engine import COMPONENTS
+
+SCHEMA_VERSION = 1
+
+CONFIG_COLUMNS: dict[str, type[pl.DataType] | pl.DataType] = {
+    "gpu": pl.String,
+    "num_gpus": pl.Int64,
+    "micro_batch_size": pl.Int64,
+    "grad_accum_steps": pl.Int64,
+    "tp": pl.Int64,
+    "pp": pl.Int64,
+    "virtual_stages": pl.Int64,
+    "dp": pl.Int64,
+    "cp": pl.Int64,
+    "ep": pl.Int64,
+    "zero": pl.Int64,
+    "recompute": pl.String,
+    "offload": pl.String,
+    "precision": pl.String,
+    "seq_len": pl.Int64,
+    "global_batch_size": pl.Int64,
+}
+"""The configuration of a point."""
+
+PREDICTION_COLUMNS: dict[str, type[pl.DataType] | pl.DataType] = {
+    "peak_device_bytes": pl.Float64,
+    **{c: pl.Float64 for c in COMPONENTS},
+    "peak_allocated_bytes": pl.Float64,
+    "fits": pl.Boolean,
+    "reason": pl.String,
+    "step_time_s": pl.Float64,
+    "tokens_per_second": pl.Float64,
+    "mfu": pl.Float64,
+    "cost_per_million_tokens": pl.Float64,
+}
+"""What the engine predicts for it (bytes per device; NaN time and cost for invalid points)."""
+
+PROVENANCE_COLUMNS: dict[str, type[pl.DataType] | pl.DataType] = {
+    "model": pl.String,
+    "study": pl.String,
+    "trial": pl.Int64,
+}
+"""Where the point comes from; `trial` is null for an exhaustive sweep."""
+
+SCHEMA: dict[str, type[pl.DataType] | pl.DataType] = {
+    **CONFIG_COLUMNS,
+    **PREDICTION_COLUMNS,
+    **PROVENANCE_COLUMNS,
+}
+"""Every column, in file order."""

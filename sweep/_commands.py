@@ -1,0 +1,383 @@
+"""The `fit`, `sweep` and `points` commands, registered on the CLI's typer app by `register`.
+
+Bad input raises ValueError (one line); the CLI's main() prints it and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+
+from trainmem.engine import (
+    ATTENTION,
+    FRAMEWORKS,
+    LOSSES,
+    OFFLOADS,
+    OPTIMIZERS,
+    PRECISIONS,
+    RECOMPUTE,
+    Overheads,
+    cublas_workspace_bytes_for,
+    estimate,
+    estimate_time,
+    load_model,
+    make_grid,
+    reason_text,
+    time_inputs,
+)
+from trainmem.hardware import GIB, get_gpu, load_gpus, parse_fleet
+from trainmem.results import query_points
+
+from ._report import row_report, time_report
+from ._search import Progress, SearchResult, parse_objectives, run_exhaustive, run_optuna
+from ._space import Space, make_space
+
+MINIMIZE = ("micro-batch-size", "num-gpus")
+
+
+def _choice(field: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{field}: unknown value '{value}'; allowed: {', '.join(allowed)}")
+    return value
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+# ---- fit ---------------------------------------------------------------------------------------
+
+
+def fit_cmd(
+    model: Annotated[str, typer.Option(help="Preset name or path to a HF config.json.")] = (
+        "llama-3.1-8b"
+    ),
+    gpu: Annotated[str, typer.Option(help="GPU profile name (see `trainmem gpus`).")] = (
+        "h100-sxm-80gb"
+    ),
+    num_gpus: Annotated[int, typer.Option(help="Total GPUs; dp = num_gpus/(tp*pp*cp).")] = 1,
+    seq_len: Annotated[int, typer.Option(help="Sequence length (tokens).")] = 2048,
+    micro_batch_size: Annotated[
+        int, typer.Option(help="Sequences per GPU (fixed when minimizing num-gpus).")
+    ] = 1,
+    global_batch_size: Annotated[
+        int, typer.Option(help="Sequences per optimizer step (0: micro x dp).")
+    ] = 0,
+    precision: Annotated[str, typer.Option(help="|".join(PRECISIONS))] = "amp-bf16",
+    optimizer: Annotated[str, typer.Option(help="|".join(OPTIMIZERS))] = "adamw",
+    recompute: Annotated[str, typer.Option(help="|".join(RECOMPUTE))] = "none",
+    attention: Annotated[str, typer.Option(help="|".join(ATTENTION))] = "flash",
+    zero: Annotated[int, typer.Option(help="ZeRO stage 0-3 (3 = FSDP full shard).")] = 0,
+    tp: Annotated[int, typer.Option(help="Tensor parallel degree.")] = 1,
+    pp: Annotated[int, typer.Option(help="Pipeline parallel degree.")] = 1,
+    virtual_stages: Annotated[int, typer.Option(help="Interleaved stages per rank.")] = 1,
+    cp: Annotated[int, typer.Option(help="Context parallel degree.")] = 1,
+    sequence_parallel: Annotated[
+        bool, typer.Option("--sequence-parallel", help="Megatron-style sequence parallelism.")
+    ] = False,
+    framework: Annotated[str, typer.Option(help="|".join(FRAMEWORKS))] = "hf",
+    ep: Annotated[int, typer.Option(help="Expert parallel degree (MoE; divides dp*cp).")] = 1,
+    offload: Annotated[str, typer.Option(help="|".join(OFFLOADS))] = "none",
+    lora_rank: Annotated[int, typer.Option(help="LoRA rank (0: full fine-tuning).")] = 0,
+    lora_targets: Annotated[str, typer.Option(help="PEFT target modules.")] = "all-linear",
+    qlora: Annotated[bool, typer.Option("--qlora", help="NF4 base weights (QLoRA).")] = False,
+    loss: Annotated[str, typer.Option(help="|".join(LOSSES))] = "full",
+    headroom: Annotated[float, typer.Option(help="Fraction of usable memory kept free.")] = 0.10,
+    hardware_dir: Annotated[str | None, typer.Option(help="Folder of extra GPU TOML files.")] = (
+        None
+    ),
+    minimize: Annotated[
+        str,
+        typer.Option(help="micro-batch-size: the largest that fits; num-gpus: the fewest GPUs."),
+    ] = "micro-batch-size",
+    max_micro_batch_size: Annotated[int, typer.Option(help="Largest micro-batch tried.")] = 1024,
+    max_num_gpus: Annotated[int, typer.Option(help="Most GPUs tried (num-gpus).")] = 16384,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """The largest micro-batch that fits (or, --minimize num-gpus, the fewest GPUs)."""
+    for name, value, allowed in (
+        ("precision", precision, PRECISIONS),
+        ("optimizer", optimizer, OPTIMIZERS),
+        ("recompute", recompute, RECOMPUTE),
+        ("attention", attention, ATTENTION),
+        ("framework", framework, FRAMEWORKS),
+        ("offload", offload, OFFLOADS),
+        ("loss", loss, LOSSES),
+        ("minimize", minimize, MINIMIZE),
+    ):
+        _choice(name, value, allowed)
+    if not 0.0 <= headroom < 1.0:
+        raise ValueError(f"headroom: must be in [0, 1), got {headroom}")
+    if max_micro_batch_size < 1 or max_num_gpus < 1:
+        raise ValueError("max-micro-batch-size and max-num-gpus must be >= 1")
+    spec = load_model(model)
+    profile = get_gpu(gpu, hardware_dir)
+    config: dict[str, Any] = {
+        "micro_batch_size": micro_batch_size, "seq_len": seq_len, "num_gpus": num_gpus,
+        "global_batch_size": global_batch_size, "tp": tp, "pp": pp, "cp": cp,
+        "virtual_stages": virtual_stages, "zero": zero, "sequence_parallel": sequence_parallel,
+        "precision": precision, "optimizer": optimizer, "recompute": recompute,
+        "attention": attention, "framework": framework, "ep": ep, "offload": offload,
+        "lora_rank": lora_rank, "lora_targets": lora_targets, "qlora": qlora, "loss": loss,
+    }  # fmt: skip
+    key = "micro_batch_size" if minimize == "micro-batch-size" else "num_gpus"
+    if key == "micro_batch_size":
+        candidates = np.arange(1, max_micro_batch_size + 1)
+    else:
+        step = max(tp * pp * cp, 1)
+        candidates = np.arange(step, max(max_num_gpus, step) + 1, step)
+    grid = make_grid({**config, key: candidates})
+    ov = Overheads(cublas_workspace_bytes=cublas_workspace_bytes_for(profile.arch))
+    out = estimate(spec, grid, usable_bytes=profile.usable_bytes, headroom=headroom, overheads=ov)
+    fitting = np.flatnonzero(out["fits"])
+    if len(fitting):
+        row = int(fitting[-1] if key == "micro_batch_size" else fitting[0])
+    else:  # nothing fits: report the closest candidate (most headroom) and why
+        valid = np.flatnonzero(out["reason"] == 0)
+        row = int(valid[np.argmax(out["headroom_bytes"][valid])]) if len(valid) else 0
+    chosen = {**config, key: int(candidates[row])}
+    report = row_report(spec, {k: np.asarray(v)[row : row + 1] for k, v in out.items()},
+                        gpu=profile, config=chosen, headroom=headroom)  # fmt: skip
+    one = make_grid(chosen)
+    timing = estimate_time(spec, one, **time_inputs(profile))
+    report["time"] = time_report(timing, price_per_gpu_hour_usd=profile.price_per_hour_usd)
+    answer_key = "max_micro_batch_size" if key == "micro_batch_size" else "min_num_gpus"
+    answer = int(candidates[row]) if len(fitting) else None
+    result = {
+        answer_key: answer,
+        "fits": bool(len(fitting)),
+        "reason": reason_text(out["reason"][row]) or ("" if len(fitting) else "does not fit"),
+        "estimate": report,
+    }
+    if as_json:
+        typer.echo(json.dumps(_jsonable(result), indent=2))
+        return
+    what = "micro-batch size" if key == "micro_batch_size" else "GPU count"
+    if answer is None:
+        typer.echo(f"nothing fits on {profile.name} ({result['reason']})")
+    else:
+        word = "largest" if key == "micro_batch_size" else "smallest"
+        typer.echo(
+            f"{word} {what} that fits: {answer} ({spec.name} on {chosen['num_gpus']} x "
+            f"{profile.name}, seq {seq_len}): peak {report['peak_device_bytes'] / GIB:.2f} GiB"
+        )
+
+
+# ---- sweep -------------------------------------------------------------------------------------
+
+SHOW = ("gpu", "num_gpus", "tp", "pp", "virtual_stages", "cp", "ep", "dp", "zero", "recompute",
+        "offload", "micro_batch_size", "grad_accum_steps")  # fmt: skip
+
+
+def _default_study(model: str, fleet: str, seq_len: int, gbs: int, method: str) -> str:
+    name = f"{model}-{fleet}-s{seq_len}-g{gbs}-{method}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_.-")[:120] or "study"
+
+
+def _best_json(row: dict[str, Any]) -> dict[str, Any]:
+    return _jsonable({
+        "configuration": {k: row[k] for k in SHOW},
+        "fits": row["fits"],
+        "cost_per_million_tokens": row["cost_per_million_tokens"],
+        "step_time_s": row["step_time_s"],
+        "tokens_per_second": row["tokens_per_second"],
+        "mfu": row["mfu"],
+        "peak_device_bytes": row["peak_device_bytes"],
+        "breakdown": {k: row[k] for k in ("parameters", "master_weights", "gradients",
+                                          "optimizer_states", "activations", "transient",
+                                          "framework_overhead", "fragmentation")},
+    })  # fmt: skip
+
+
+def _top_table(result: SearchResult) -> str:
+    cols = ("gpu", "num_gpus", "tp", "pp", "virtual_stages", "cp", "ep", "zero", "recompute",
+            "offload", "micro_batch_size", "grad_accum_steps")  # fmt: skip
+    heads = ("gpu", "n", "tp", "pp", "v", "cp", "ep", "zero", "recompute", "offload", "mbs",
+             "accum")  # fmt: skip
+    lines = [" ".join(f"{h:>9}" if i else f"{h:<16}" for i, h in enumerate(heads))
+             + f"{'GiB':>8}{'step s':>9}{'$/Mtok':>9}"]  # fmt: skip
+    for row in result.top.iter_rows(named=True):
+        cells = " ".join(f"{row[c]!s:>9}" if i else f"{row[c]!s:<16}" for i, c in enumerate(cols))
+        lines.append(
+            f"{cells}{row['peak_device_bytes'] / GIB:>8.2f}{row['step_time_s']:>9.3g}"
+            f"{row['cost_per_million_tokens']:>9.4g}"
+        )
+    return "\n".join(lines)
+
+
+def sweep_cmd(
+    model: Annotated[str, typer.Option(help="Preset name or path to a HF config.json.")] = (
+        "llama-3.1-8b"
+    ),
+    fleet: Annotated[
+        str, typer.Option(help="COUNTxGPU[,COUNTxGPU...] or a fleet TOML file.")
+    ] = "8xh100-sxm-80gb",
+    seq_len: Annotated[int, typer.Option(help="Sequence length (tokens).")] = 4096,
+    global_batch_size: Annotated[int, typer.Option(help="Sequences per optimizer step.")] = 256,
+    method: Annotated[str, typer.Option(help="exhaustive|optuna")] = "exhaustive",
+    trials: Annotated[int, typer.Option(help="Optuna: the study's total trials.")] = 200,
+    seed: Annotated[int, typer.Option(help="Optuna sampler seed.")] = 0,
+    objective: Annotated[
+        str, typer.Option(help="cost|time|gpus; two comma-separated: the Pareto front.")
+    ] = "cost",
+    storage: Annotated[
+        str | None, typer.Option(help="Optuna RDB URL (default: sqlite file in --out).")
+    ] = None,
+    study_name: Annotated[str | None, typer.Option(help="Study name (default: derived).")] = None,
+    workers: Annotated[int, typer.Option(help="Optuna: local worker processes.")] = 1,
+    jobs: Annotated[int, typer.Option(help="Exhaustive: local processes over the chunks.")] = 1,
+    out: Annotated[str, typer.Option(help="Output folder (Parquet points, Optuna db).")] = "out",
+    precision: Annotated[str, typer.Option(help="|".join(PRECISIONS))] = "mixed-bf16",
+    optimizer: Annotated[str, typer.Option(help="|".join(OPTIMIZERS))] = "adamw",
+    framework: Annotated[str, typer.Option(help="|".join(FRAMEWORKS))] = "megatron",
+    max_micro_batch_size: Annotated[int, typer.Option(help="Largest micro-batch tried.")] = 16,
+    max_pp: Annotated[int, typer.Option(help="Largest pipeline degree tried.")] = 16,
+    max_cp: Annotated[int, typer.Option(help="Largest context-parallel degree tried.")] = 4,
+    headroom: Annotated[float, typer.Option(help="Fraction of usable memory kept free.")] = 0.10,
+    hardware_dir: Annotated[str | None, typer.Option(help="Folder of extra GPU TOML files.")] = (
+        None
+    ),
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Search a fleet for the cheapest (or fastest, or smallest) configuration that fits."""
+    _choice("method", method, ("exhaustive", "optuna"))
+    _choice("precision", precision, PRECISIONS)
+    _choice("optimizer", optimizer, OPTIMIZERS)
+    _choice("framework", framework, FRAMEWORKS)
+    objectives = parse_objectives(objective)
+    if not 0.0 <= headroom < 1.0:
+        raise ValueError(f"headroom: must be in [0, 1), got {headroom}")
+    gpus = load_gpus(hardware_dir)
+    space = make_space(
+        load_model(model), parse_fleet(fleet, gpus), gpus,
+        seq_len=seq_len, global_batch_size=global_batch_size, precision=precision,
+        optimizer=optimizer, framework=framework, max_micro_batch_size=max_micro_batch_size,
+        max_pp=max_pp, max_cp=max_cp, headroom=headroom,
+    )  # fmt: skip
+    study = study_name or _default_study(model, fleet, seq_len, global_batch_size, method)
+    search = functools.partial(
+        _search, space, method=method, out=out, study=study, objectives=objectives,
+        trials=trials, seed=seed, storage=storage, workers=workers, jobs=jobs,
+    )  # fmt: skip
+    if as_json:
+        result = search()
+    else:
+        from rich.progress import Progress as ProgressBar
+
+        unit = "points" if method == "exhaustive" else "trials"
+        with ProgressBar(transient=True) as bar:
+            task = bar.add_task(f"{method}: {unit}", total=None)
+
+            def progress(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+
+            result = search(progress=progress)
+    payload: dict[str, Any] = {
+        "study": study,
+        "method": method,
+        "objective": list(objectives),
+        "best": _best_json(result.best[0]) if len(result.best) == 1 else None,
+        "num_points": result.num_points,
+        "parquet": result.parquet,
+        "elapsed_s": round(result.elapsed_s, 3),
+        **{k: v for k, v in result.extra.items() if k != "study"},
+    }
+    if len(objectives) > 1:
+        payload["pareto"] = [_best_json(r) for r in result.best]
+    if as_json:
+        typer.echo(json.dumps(_jsonable(payload), indent=2))
+        return
+    typer.echo(
+        f"{method}: {result.num_points:,} points of {space.model.name} on {fleet} in "
+        f"{result.elapsed_s:.2f} s -> {result.parquet}"
+    )
+    if not result.best:
+        typer.echo("nothing fits")
+        return
+    typer.echo(_top_table(result))
+    if len(objectives) > 1:
+        typer.echo(f"Pareto front ({' vs '.join(objectives)}): {len(result.best)} points")
+
+
+def _search(
+    space: Space,
+    *,
+    method: str,
+    out: str,
+    study: str,
+    objectives: tuple[str, ...],
+    trials: int,
+    seed: int,
+    storage: str | None,
+    workers: int,
+    jobs: int,
+    progress: Progress | None = None,
+) -> SearchResult:
+    if jobs < 1 or workers < 1:
+        raise ValueError("--jobs and --workers must be >= 1")
+    if method == "exhaustive":
+        if storage or workers != 1:
+            raise ValueError("--storage and --workers apply to --method optuna")
+        return run_exhaustive(space, out=out, study=study, objectives=objectives, jobs=jobs,
+                              progress=progress)  # fmt: skip
+    if jobs != 1:
+        raise ValueError("--jobs applies to --method exhaustive (optuna: --workers)")
+    return run_optuna(space, out=out, study=study, trials=trials, objectives=objectives,
+                      seed=seed, storage=storage, workers=workers, progress=progress)  # fmt: skip
+
+
+# ---- points ------------------------------------------------------------------------------------
+
+
+def points_cmd(
+    path: Annotated[str, typer.Argument(help="Output folder of a sweep (or one study's).")] = "out",
+    where: Annotated[
+        str | None, typer.Option(help='SQL WHERE clause, e.g. "fits AND num_gpus <= 8".')
+    ] = None,
+    sort: Annotated[str | None, typer.Option(help="Sort by this column (ascending).")] = None,
+    descending: Annotated[bool, typer.Option("--descending", help="Sort descending.")] = False,
+    head: Annotated[int, typer.Option(help="At most this many rows.")] = 10,
+    columns: Annotated[
+        str | None, typer.Option(help="Comma-separated columns to show (default: a summary).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of rows.")] = False,
+) -> None:
+    """Query stored points (polars): filter, sort, limit."""
+    frame = query_points(path, where=where, sort=sort, descending=descending, head=head)
+    if columns:
+        wanted = [c.strip() for c in columns.split(",") if c.strip()]
+        unknown = [c for c in wanted if c not in frame.columns]
+        if unknown:
+            raise ValueError(f"--columns: unknown column {unknown[0]!r}")
+        frame = frame.select(wanted)
+    elif not as_json:
+        frame = frame.select([*SHOW, "peak_device_bytes", "fits", "step_time_s",
+                              "cost_per_million_tokens"])  # fmt: skip
+    if as_json:
+        typer.echo(json.dumps(_jsonable(frame.to_dicts()), indent=2))
+        return
+    import polars as pl
+
+    with pl.Config(tbl_rows=max(head, 1), tbl_cols=-1, tbl_width_chars=200):
+        typer.echo(str(frame))
+
+
+def register(app: typer.Typer) -> None:
+    """Add `fit`, `sweep` and `points` to the CLI app."""
+    app.command("fit")(fit_cmd)
+    app.command("sweep")(sweep_cmd)
+    app.command("points")(points_cmd)

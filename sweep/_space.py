@@ -1,0 +1,265 @@
+"""The search space of a sweep: axes of candidate values, enumerated lazily as columnar grids.
+
+A point is one index per axis; the space is the cartesian product of the axes. Any range of flat
+point indices becomes a grid (one numpy array per field) with `np.unravel_index`, so the
+exhaustive search walks the space in chunks and Optuna builds the grid of a batch of trials the
+same way. Invalid points stay, with a reason: the engine's layout rules (REASONS) plus the
+sweep's own (SWEEP_REASONS), never exceptions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from trainmem.engine import (
+    OFFLOADS,
+    REASONS,
+    RECOMPUTE,
+    ModelSpec,
+    Overheads,
+    TimeParams,
+    cublas_workspace_bytes_for,
+    estimate,
+    estimate_time,
+    layout_reason,
+    make_grid,
+    time_inputs,
+)
+from trainmem.hardware import Fleet, GpuProfile
+
+SWEEP_REASONS = (
+    "tp crosses a node (tp > gpus per node)",
+    "num_gpus exceeds the pool",
+    "virtual_stages > 1 needs pp > 1",
+)
+"""The sweep's own invalid-point reasons; their codes follow the engine's REASONS."""
+ALL_REASONS = REASONS + SWEEP_REASONS
+TP_CROSSES_NODE, EXCEEDS_POOL, VIRTUAL_WITHOUT_PP = range(len(REASONS), len(ALL_REASONS))
+
+AXES = (
+    "pool",
+    "num_gpus",
+    "tp",
+    "pp",
+    "virtual_stages",
+    "cp",
+    "ep",
+    "zero",
+    "recompute",
+    "offload",
+    "micro_batch_size",
+)
+"""The swept fields, slowest-varying first (the order of the flat point index)."""
+
+
+def _powers_of_two(cap: int) -> list[int]:
+    return [1 << k for k in range(max(int(cap), 1).bit_length())]
+
+
+def gpu_counts(fleet: Fleet) -> list[int]:
+    """Candidate GPU counts: powers of two and whole nodes, up to the largest pool.
+
+    Assumes: a job uses one pool; counts that are not whole nodes above one node are skipped
+    (they leave GPUs of a node idle).
+    """
+    counts: set[int] = set()
+    for pool in fleet.pools:
+        counts.update(c for c in _powers_of_two(pool.num_gpus))
+        counts.update(pool.gpus_per_node * k for k in _powers_of_two(pool.num_nodes))
+        counts.add(pool.num_gpus)
+    return sorted(counts)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Space:
+    """A sweep's axes (candidate values per field) and its fixed fields."""
+
+    model: ModelSpec
+    """The model trained."""
+    fleet: Fleet
+    """The pools a job may use (one pool per job)."""
+    gpus: Mapping[str, GpuProfile]
+    """GPU profiles by name (what `load_gpus()` returns)."""
+    axes: dict[str, tuple[Any, ...]]
+    """Candidate values per AXES field (pool: pool indices; categoricals: names)."""
+    fixed: dict[str, Any] = field(default_factory=dict)
+    """Grid fields shared by every point (seq_len, global_batch_size, precision, ...)."""
+    headroom: float = 0.10
+    """Fraction of usable memory kept free."""
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(len(self.axes[a]) for a in AXES)
+
+    @property
+    def num_points(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def columns(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        """The AXES values of flat point indices (categoricals as names)."""
+        idx = np.unravel_index(np.asarray(flat, dtype=np.int64), self.shape)
+        return {a: _axis_array(a, self.axes[a])[i] for a, i in zip(AXES, idx, strict=True)}
+
+    def evaluate(self, flat: np.ndarray, *, time_params: TimeParams | None = None) -> dict:
+        """Memory, fit, time and cost of the points `flat`: one vectorized call, no row loop."""
+        cols = self.columns(flat)
+        return evaluate_columns(self, cols, time_params=time_params)
+
+
+_NAMES = {"recompute": RECOMPUTE, "offload": OFFLOADS}
+"""Axes whose values are names (the others are whole numbers), with their vocabularies."""
+
+
+def _axis_array(axis: str, values: tuple[Any, ...]) -> np.ndarray:
+    """An axis's values as numbers: names become their codes (index into the vocabulary)."""
+    if axis in _NAMES:
+        return np.array([_NAMES[axis].index(v) for v in values], dtype=np.int8)
+    return np.asarray(values, dtype=np.int64)
+
+
+def _codes(axis: str, values: np.ndarray) -> np.ndarray:
+    """Codes of a name-valued column given as names or codes."""
+    values = np.asarray(values)
+    if values.dtype.kind in "iu":
+        return values.astype(np.int8)
+    uniq, inverse = np.unique(values.astype(str), return_inverse=True)
+    return _axis_array(axis, tuple(uniq))[inverse]
+
+
+def evaluate_columns(
+    space: Space, cols: dict[str, np.ndarray], *, time_params: TimeParams | None = None
+) -> dict[str, np.ndarray]:
+    """Evaluate AXES columns (plus the space's fixed fields): inputs and outputs as columns.
+
+    Name-valued axes (recompute, offload) may come as names or codes; they go out as codes
+    (see `_NAMES`), the GPU as the pool index (`pool`).
+    """
+    pool = cols["pool"].astype(np.int64)
+    num_gpus = cols["num_gpus"].astype(np.int64)
+    tp, pp = cols["tp"].astype(np.int64), cols["pp"].astype(np.int64)
+    micro = cols["micro_batch_size"].astype(np.int64)
+    cols = {**cols, **{a: _codes(a, cols[a]) for a in _NAMES}}
+    grid_cols = {a: cols[a] for a in AXES if a != "pool"}
+    grid = make_grid({**space.fixed, **grid_cols})
+    m = space.model
+    profiles = [space.gpus[p.gpu] for p in space.fleet.pools]
+    pool_size = np.array([p.num_gpus for p in space.fleet.pools], dtype=np.int64)[pool]
+    per_node = np.array([p.gpus_per_node for p in space.fleet.pools], dtype=np.int64)[pool]
+    usable = np.array([g.usable_bytes for g in profiles], dtype=np.float64)[pool]
+
+    reason = layout_reason(m, grid).astype(np.int16)
+    own = np.zeros_like(reason)
+    own = np.where(pp == 1, np.where(grid["virtual_stages"] > 1, VIRTUAL_WITHOUT_PP, own), own)
+    own = np.where(num_gpus > pool_size, EXCEEDS_POOL, own)
+    own = np.where(tp > per_node, TP_CROSSES_NODE, own)
+    reason = np.where(reason == 0, own, reason).astype(np.int16)
+
+    # One estimate per distinct cuBLAS workspace (by GPU architecture): usually one call.
+    workspace = np.array([cublas_workspace_bytes_for(g.arch) for g in profiles])[pool]
+    out: dict[str, np.ndarray] = {}
+    for ws in np.unique(workspace):
+        rows = np.flatnonzero(workspace == ws)
+        sub = grid if len(rows) == len(pool) else {k: v[rows] for k, v in grid.items()}
+        part = estimate(
+            m,
+            sub,
+            usable_bytes=usable[rows],
+            headroom=space.headroom,
+            overheads=Overheads(cublas_workspace_bytes=float(ws)),
+        )
+        for k, v in part.items():
+            if k not in out:
+                out[k] = np.empty(len(pool), dtype=np.asarray(v).dtype)
+            out[k][rows] = v
+    inputs: dict[str, np.ndarray] = {}
+    for i, (p, g) in enumerate(zip(space.fleet.pools, profiles, strict=True)):
+        values = time_inputs(g, price_per_hour_usd=p.price_per_gpu_hour(g))
+        values["gpus_per_node"] = float(p.gpus_per_node)
+        for k, v in values.items():
+            inputs.setdefault(k, np.empty(len(profiles)))[i] = v
+    timing = estimate_time(m, grid, params=time_params, **{k: v[pool] for k, v in inputs.items()})
+    valid = reason == 0
+    gbs = grid["global_batch_size"]
+    dp = out["dp"]
+    return {
+        "pool": pool,
+        **{k: grid[k] for k in ("micro_batch_size", "tp", "pp", "virtual_stages", "cp", "ep")},
+        "grad_accum_steps": np.where(gbs > 0, gbs // np.maximum(micro * dp, 1), 1),
+        "dp": dp,
+        "zero": grid["zero"],
+        "recompute": cols["recompute"],
+        "offload": cols["offload"],
+        "num_gpus": num_gpus,
+        **out,
+        "fits": out["fits"] & valid,
+        "reason": reason,
+        **{k: np.where(valid, timing[k], np.nan)
+           for k in ("step_time_s", "tokens_per_second", "mfu", "cost_per_million_tokens")},
+    }  # fmt: skip
+
+
+def make_space(
+    model: ModelSpec,
+    fleet: Fleet,
+    gpus: Mapping[str, GpuProfile],
+    *,
+    seq_len: int,
+    global_batch_size: int,
+    precision: str = "mixed-bf16",
+    optimizer: str = "adamw",
+    framework: str = "megatron",
+    max_micro_batch_size: int = 16,
+    max_pp: int = 16,
+    max_cp: int = 4,
+    virtual_stages: tuple[int, ...] = (1, 2),
+    headroom: float = 0.10,
+) -> Space:
+    """The space of a job on a fleet; ValueError on bad input (one line)."""
+    errors = []
+    if seq_len < 1:
+        errors.append(f"seq-len must be >= 1, got {seq_len}")
+    if global_batch_size < 1:
+        errors.append(f"global-batch-size must be >= 1, got {global_batch_size}")
+    if max_micro_batch_size < 1:
+        errors.append(f"max micro-batch size must be >= 1, got {max_micro_batch_size}")
+    if errors:
+        raise ValueError("; ".join(errors))
+    max_per_node = max(p.gpus_per_node for p in fleet.pools)
+    layers = model.num_hidden_layers
+    pps = [d for d in range(1, min(layers, max_pp) + 1) if layers % d == 0]
+    eps = [1]
+    if model.is_moe:
+        eps = [e for e in _powers_of_two(min(model.num_experts, 64)) if model.num_experts % e == 0]
+    cps = [c for c in _powers_of_two(max_cp) if seq_len % c == 0]
+    axes: dict[str, tuple[Any, ...]] = {
+        "pool": tuple(range(len(fleet.pools))),
+        "num_gpus": tuple(gpu_counts(fleet)),
+        "tp": tuple(_powers_of_two(max_per_node)),
+        "pp": tuple(pps),
+        "virtual_stages": tuple(virtual_stages),
+        "cp": tuple(cps),
+        "ep": tuple(eps),
+        "zero": (0, 1, 2, 3),
+        "recompute": ("none", "selective", "full"),
+        "offload": ("none", "optimizer", "optimizer+params"),
+        "micro_batch_size": tuple(_powers_of_two(min(max_micro_batch_size, global_batch_size))),
+    }
+    fixed = {
+        "seq_len": seq_len,
+        "global_batch_size": global_batch_size,
+        "precision": precision,
+        "optimizer": optimizer,
+        "framework": framework,
+        "sequence_parallel": True,
+    }
+    make_grid(fixed)  # validates the fixed fields' names and values
+    return Space(model=model, fleet=fleet, gpus=gpus, axes=axes, fixed=fixed, headroom=headroom)
+
+
+def reason_texts(codes: np.ndarray) -> np.ndarray:
+    """The sentence of each reason code (empty for a valid point)."""
+    return np.asarray(ALL_REASONS, dtype=object)[np.asarray(codes, dtype=np.int64)]

@@ -1,0 +1,84 @@
+"""`trainmem fit`, `sweep` and `points`: JSON contracts and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainmem.sweep.cli import main
+
+
+def _json(capsys, argv: list[str]) -> dict:
+    assert main(argv) == 0, capsys.readouterr().err
+    return json.loads(capsys.readouterr().out)
+
+
+SWEEP = ["sweep", "--model", "llama-3.2-1b", "--fleet", "8xa100-sxm-40gb", "--seq-len", "2048",
+         "--global-batch-size", "32", "--max-pp", "4", "--max-cp", "1"]  # fmt: skip
+
+
+def test_sweep_json_and_points(capsys, tmp_path) -> None:
+    out = _json(capsys, [*SWEEP, "--out", str(tmp_path), "--jobs", "1", "--json"])
+    assert {"study", "method", "best", "num_points", "parquet", "elapsed_s"} <= set(out)
+    best = out["best"]
+    assert best["fits"] is True
+    assert {"configuration", "cost_per_million_tokens", "step_time_s", "peak_device_bytes",
+            "breakdown"} <= set(best)  # fmt: skip
+    assert {"gpu", "num_gpus", "tp", "pp", "dp", "zero", "recompute", "micro_batch_size",
+            "grad_accum_steps"} <= set(best["configuration"])  # fmt: skip
+    rows = _json(capsys, ["points", str(tmp_path), "--where", "fits", "--sort",
+                          "cost_per_million_tokens", "--head", "3", "--json"])  # fmt: skip
+    assert len(rows) == 3
+    assert rows[0]["cost_per_million_tokens"] == pytest.approx(best["cost_per_million_tokens"])
+    # human output: a top-10 table
+    assert main([*SWEEP, "--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "points of llama-3.2-1b" in text and "$/Mtok" in text
+
+
+def test_sweep_optuna_and_pareto_json(capsys, tmp_path) -> None:
+    out = _json(capsys, [*SWEEP, "--method", "optuna", "--trials", "12", "--out", str(tmp_path),
+                         "--json"])  # fmt: skip
+    assert out["complete_trials"] == 12 and out["storage"].startswith("sqlite:///")
+    pareto = _json(capsys, [*SWEEP, "--objective", "cost,time", "--out", str(tmp_path),
+                            "--json"])  # fmt: skip
+    assert pareto["best"] is None and len(pareto["pareto"]) >= 1
+
+
+def test_fit_json(capsys) -> None:
+    out = _json(capsys, ["fit", "--model", "llama-3.2-1b", "--seq-len", "4096", "--json"])
+    assert out["fits"] is True and out["max_micro_batch_size"] >= 1
+    est = out["estimate"]
+    assert est["config"]["micro_batch_size"] == out["max_micro_batch_size"]
+    assert est["fits"] is True
+    bigger = _json(capsys, ["estimate", "--model", "llama-3.2-1b", "--seq-len", "4096",
+                            "--micro-batch-size", str(out["max_micro_batch_size"] + 1),
+                            "--json"])  # fmt: skip
+    assert bigger["fits"] is False
+    argv = ["fit", "--model", "llama-3.1-8b", "--zero", "3", "--recompute", "full",
+            "--precision", "mixed-bf16", "--minimize", "num-gpus", "--json"]  # fmt: skip
+    few = _json(capsys, argv)
+    assert few["min_num_gpus"] > 1 and few["estimate"]["fits"] is True
+    n = few["min_num_gpus"] - 1
+    fewer = _json(capsys, ["estimate", *argv[1:9], "--num-gpus", str(n), "--json"])
+    assert fewer["fits"] is False
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sweep", "--method", "grid"],
+        ["sweep", "--objective", "speed"],
+        ["sweep", "--fleet", "12xh100-sxm-80gb"],
+        ["sweep", "--global-batch-size", "0"],
+        ["fit", "--minimize", "tp"],
+        ["sweep", "--workers", "2"],
+        ["sweep", "--method", "optuna", "--jobs", "2"],
+        ["points", "/nonexistent-folder"],
+    ],
+)
+def test_bad_input_is_one_line_exit_2(argv, capsys, tmp_path) -> None:
+    assert main([*argv, "--out", str(tmp_path)] if argv[0] == "sweep" else argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
