@@ -16,6 +16,7 @@ import typer
 
 from trainmem.engine import (
     ATTENTION,
+    DEFAULTS,
     FRAMEWORKS,
     LOSSES,
     OFFLOADS,
@@ -23,17 +24,20 @@ from trainmem.engine import (
     PRECISIONS,
     RECOMPUTE,
     Overheads,
+    TimeParams,
     cublas_workspace_bytes_for,
     estimate,
     estimate_time,
     load_model,
     make_grid,
+    optimizer_columns,
     reason_text,
     time_inputs,
 )
 from trainmem.hardware import GIB, get_gpu, load_gpus, parse_fleet
 from trainmem.results import query_points
 
+from ._advice import advice_report
 from ._report import row_report, time_report
 from ._search import Progress, SearchResult, parse_objectives, run_exhaustive, run_optuna
 from ._space import Space, make_space
@@ -106,12 +110,18 @@ def fit_cmd(
     ] = "micro-batch-size",
     max_micro_batch_size: Annotated[int, typer.Option(help="Largest micro-batch tried.")] = 1024,
     max_num_gpus: Annotated[int, typer.Option(help="Most GPUs tried (num-gpus).")] = 16384,
+    models_dir: Annotated[
+        str | None, typer.Option(help="Folder of extra model presets (or TRAINMEM_MODELS_DIR).")
+    ] = None,
+    optimizers_dir: Annotated[
+        str | None, typer.Option(help="Folder of extra optimizers (or TRAINMEM_OPTIMIZERS_DIR).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """The largest micro-batch that fits (or, --minimize num-gpus, the fewest GPUs)."""
+    optimizer_fields = optimizer_columns(optimizer, optimizers_dir)
     for name, value, allowed in (
         ("precision", precision, PRECISIONS),
-        ("optimizer", optimizer, OPTIMIZERS),
         ("recompute", recompute, RECOMPUTE),
         ("attention", attention, ATTENTION),
         ("framework", framework, FRAMEWORKS),
@@ -124,7 +134,7 @@ def fit_cmd(
         raise ValueError(f"headroom: must be in [0, 1), got {headroom}")
     if max_micro_batch_size < 1 or max_num_gpus < 1:
         raise ValueError("max-micro-batch-size and max-num-gpus must be >= 1")
-    spec = load_model(model)
+    spec = load_model(model, models_dir=models_dir)
     profile = get_gpu(gpu, hardware_dir)
     config: dict[str, Any] = {
         "micro_batch_size": micro_batch_size, "seq_len": seq_len, "num_gpus": num_gpus,
@@ -134,6 +144,7 @@ def fit_cmd(
         "attention": attention, "framework": framework, "ep": ep, "offload": offload,
         "lora_rank": lora_rank, "lora_targets": lora_targets, "qlora": qlora, "loss": loss,
     }  # fmt: skip
+    config.update(optimizer_fields)
     key = "micro_batch_size" if minimize == "micro-batch-size" else "num_gpus"
     if key == "micro_batch_size":
         candidates = np.arange(1, max_micro_batch_size + 1)
@@ -163,12 +174,27 @@ def fit_cmd(
         "reason": reason_text(out["reason"][row]) or ("" if len(fitting) else "does not fit"),
         "estimate": report,
     }
+    if not len(fitting) and out["reason"][row] == 0:
+        # Nothing fits: the same advice `estimate` gives, from the closest candidate.
+        result.update(
+            advice_report(
+                spec, {**DEFAULTS, **chosen}, profile=profile,
+                out={k: np.asarray(v)[row : row + 1] for k, v in out.items()},
+                headroom=headroom, overheads=ov, overhead_overrides={},
+                time_params=TimeParams(), hardware_dir=hardware_dir, optimizer_name=optimizer,
+            )
+        )  # fmt: skip
     if as_json:
         typer.echo(json.dumps(_jsonable(result), indent=2))
         return
     what = "micro-batch size" if key == "micro_batch_size" else "GPU count"
     if answer is None:
         typer.echo(f"nothing fits on {profile.name} ({result['reason']})")
+        for entry in result.get("advice", [])[:5]:
+            verdict = "fits" if entry["fits"] else "still does not fit"
+            typer.echo(
+                f"  {entry['change']}: saves {entry['saved_bytes'] / GIB:.2f} GiB, {verdict}"
+            )
     else:
         word = "largest" if key == "micro_batch_size" else "smallest"
         typer.echo(
@@ -251,21 +277,27 @@ def sweep_cmd(
     hardware_dir: Annotated[str | None, typer.Option(help="Folder of extra GPU TOML files.")] = (
         None
     ),
+    models_dir: Annotated[
+        str | None, typer.Option(help="Folder of extra model presets (or TRAINMEM_MODELS_DIR).")
+    ] = None,
+    optimizers_dir: Annotated[
+        str | None, typer.Option(help="Folder of extra optimizers (or TRAINMEM_OPTIMIZERS_DIR).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Search a fleet for the cheapest (or fastest, or smallest) configuration that fits."""
     _choice("method", method, ("exhaustive", "optuna"))
     _choice("precision", precision, PRECISIONS)
-    _choice("optimizer", optimizer, OPTIMIZERS)
+    optimizer_fields = optimizer_columns(optimizer, optimizers_dir)
     _choice("framework", framework, FRAMEWORKS)
     objectives = parse_objectives(objective)
     if not 0.0 <= headroom < 1.0:
         raise ValueError(f"headroom: must be in [0, 1), got {headroom}")
     gpus = load_gpus(hardware_dir)
     space = make_space(
-        load_model(model), parse_fleet(fleet, gpus), gpus,
+        load_model(model, models_dir=models_dir), parse_fleet(fleet, gpus), gpus,
         seq_len=seq_len, global_batch_size=global_batch_size, precision=precision,
-        optimizer=optimizer, framework=framework, max_micro_batch_size=max_micro_batch_size,
+        optimizer=optimizer_fields, framework=framework, max_micro_batch_size=max_micro_batch_size,
         max_pp=max_pp, max_cp=max_cp, headroom=headroom,
     )  # fmt: skip
     study = study_name or _default_study(model, fleet, seq_len, global_batch_size, method)

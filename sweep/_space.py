@@ -210,7 +210,7 @@ def make_space(
     seq_len: int,
     global_batch_size: int,
     precision: str = "mixed-bf16",
-    optimizer: str = "adamw",
+    optimizer: str | Mapping[str, Any] = "adamw",
     framework: str = "megatron",
     max_micro_batch_size: int = 16,
     max_pp: int = 16,
@@ -252,7 +252,8 @@ def make_space(
         "seq_len": seq_len,
         "global_batch_size": global_batch_size,
         "precision": precision,
-        "optimizer": optimizer,
+        # A built-in name, or the grid fields of a user optimizer (engine optimizer_columns).
+        **({"optimizer": optimizer} if isinstance(optimizer, str) else dict(optimizer)),
         "framework": framework,
         "sequence_parallel": True,
     }
