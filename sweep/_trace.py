@@ -18,6 +18,7 @@ gpt2 bf16) and CPU autocast op lists differ from CUDA's (GPT-2 amp -10%).
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 from typing import Any
@@ -39,8 +40,13 @@ def trace_step(
     recompute: str,
     attention: str,
     optimizer: str,
+    fake: bool = True,
 ) -> dict[str, Any]:
-    """One measured step on fake tensors: persistent bytes, activations, and per-phase peaks."""
+    """One measured step: persistent bytes, activations, and per-phase peaks.
+
+    `fake=False` runs the same step on real CPU tensors (small models only): bench/cpu_trace.py
+    uses it to record reference steps.
+    """
     try:
         import torch
         from torch._subclasses.fake_tensor import FakeTensorMode
@@ -109,7 +115,8 @@ def trace_step(
     torch.nn.functional.dropout = cuda_like_dropout  # type: ignore[assignment]
     try:
         return _measure(
-            torch, FakeTensorMode, Track, AutoModelForCausalLM, cfg, dtype, state, live,
+            torch, FakeTensorMode if fake else contextlib.nullcontext, Track,
+            AutoModelForCausalLM, cfg, dtype, state, live,
             micro_batch_size=micro_batch_size, seq_len=seq_len, precision=precision,
             recompute=recompute, optimizer=optimizer, started=started,
         )  # fmt: skip
