@@ -41,14 +41,9 @@ from ._advice import advice_report
 from ._report import row_report, time_report
 from ._search import Progress, SearchResult, parse_objectives, run_exhaustive, run_optuna
 from ._space import Space, make_space
+from ._validate import check_headroom, choice
 
 MINIMIZE = ("micro-batch-size", "num-gpus")
-
-
-def _choice(field: str, value: str, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise ValueError(f"{field}: unknown value '{value}'; allowed: {', '.join(allowed)}")
-    return value
 
 
 def _jsonable(value: Any) -> Any:
@@ -129,9 +124,8 @@ def fit_cmd(
         ("loss", loss, LOSSES),
         ("minimize", minimize, MINIMIZE),
     ):
-        _choice(name, value, allowed)
-    if not 0.0 <= headroom < 1.0:
-        raise ValueError(f"headroom: must be in [0, 1), got {headroom}")
+        choice(name, value, allowed)
+    check_headroom(headroom)
     if max_micro_batch_size < 1 or max_num_gpus < 1:
         raise ValueError("max-micro-batch-size and max-num-gpus must be >= 1")
     spec = load_model(model, models_dir=models_dir)
@@ -286,13 +280,12 @@ def sweep_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Search a fleet for the cheapest (or fastest, or smallest) configuration that fits."""
-    _choice("method", method, ("exhaustive", "optuna"))
-    _choice("precision", precision, PRECISIONS)
+    choice("method", method, ("exhaustive", "optuna"))
+    choice("precision", precision, PRECISIONS)
     optimizer_fields = optimizer_columns(optimizer, optimizers_dir)
-    _choice("framework", framework, FRAMEWORKS)
+    choice("framework", framework, FRAMEWORKS)
     objectives = parse_objectives(objective)
-    if not 0.0 <= headroom < 1.0:
-        raise ValueError(f"headroom: must be in [0, 1), got {headroom}")
+    check_headroom(headroom)
     gpus = load_gpus(hardware_dir)
     space = make_space(
         load_model(model, models_dir=models_dir), parse_fleet(fleet, gpus), gpus,

@@ -39,18 +39,13 @@ from trainmem.hardware import GIB, get_gpu, load_gpus
 
 from ._advice import advice_report
 from ._report import human_table, row_report, stage_summary, time_report
+from ._validate import check_headroom, choice
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="Predict the per-GPU memory of a training job before it runs.",
 )
-
-
-def _choice(field: str, value: str, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise ValueError(f"{field}: unknown value '{value}'; allowed: {', '.join(allowed)}")
-    return value
 
 
 def _key_numbers(flag: str, items: list[str], keys: tuple[str, ...]) -> dict[str, float]:
@@ -142,15 +137,14 @@ def estimate_cmd(
     ] = None,
 ) -> None:
     """Per-device memory of one training configuration: breakdown, phase peaks, fit."""
-    _choice("precision", precision, PRECISIONS)
+    choice("precision", precision, PRECISIONS)
     optimizer_fields = optimizer_columns(optimizer, optimizers_dir)
-    _choice("recompute", recompute, RECOMPUTE)
-    _choice("attention", attention, ATTENTION)
-    _choice("framework", framework, FRAMEWORKS)
-    _choice("offload", offload, OFFLOADS)
-    _choice("loss", loss, LOSSES)
-    if not 0.0 <= headroom < 1.0:
-        raise ValueError(f"headroom: must be in [0, 1), got {headroom}")
+    choice("recompute", recompute, RECOMPUTE)
+    choice("attention", attention, ATTENTION)
+    choice("framework", framework, FRAMEWORKS)
+    choice("offload", offload, OFFLOADS)
+    choice("loss", loss, LOSSES)
+    check_headroom(headroom)
     spec = load_model(model, models_dir=models_dir)
     profile = get_gpu(gpu, hardware_dir)
     config: dict[str, Any] = {
@@ -320,8 +314,8 @@ def trace_cmd(
     """Measure one single-GPU training step on fake tensors (needs trainmem[trace])."""
     from ._trace import trace_step
 
-    _choice("recompute", recompute, ("none", "full"))
-    _choice("attention", attention, ATTENTION)
+    choice("recompute", recompute, ("none", "full"))
+    choice("attention", attention, ATTENTION)
     config = model_config_dict(model)
     measured = trace_step(
         config, micro_batch_size=micro_batch_size, seq_len=seq_len, precision=precision,
