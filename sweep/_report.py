@@ -29,20 +29,17 @@ def row_report(
 ) -> dict[str, Any]:
     """The JSON contract of `trainmem estimate --json` for one row (see README, "JSON")."""
 
-    def at(key: str) -> Any:
-        return np.asarray(out[key]).reshape(-1)[row]
-
-    breakdown = {k: _int(at(k)) for k in COMPONENTS}
-    peak_device = _int(at("peak_device_bytes"))
+    breakdown = {k: _int(_at(out, k, row)) for k in COMPONENTS}
+    peak_device = _int(_at(out, "peak_device_bytes", row))
     # Rounding each component to an int may leave a byte or two; give it to `transient`.
     breakdown["transient"] += peak_device - sum(breakdown.values())
-    phase = PHASES[int(at("peak_phase"))]
+    phase = PHASES[int(_at(out, "peak_phase", row))]
     persistent_bytes = {
         "parameters": breakdown["parameters"],
         "master_weights": breakdown["master_weights"],
-        "gradients": _int(at("gradients_total")),
+        "gradients": _int(_at(out, "gradients_total", row)),
         "optimizer_states": breakdown["optimizer_states"],
-        "activations": _int(at("activations_total")),
+        "activations": _int(_at(out, "activations_total", row)),
         "transient": breakdown["transient"],
         "framework_overhead": breakdown["framework_overhead"],
         "fragmentation": breakdown["fragmentation"],
@@ -54,34 +51,27 @@ def row_report(
         "config": config,
         "bytes": persistent_bytes,
         "breakdown_at_peak": breakdown,
-        "peak_allocated_bytes": _int(at("peak_allocated_bytes")),
-        "peak_reserved_bytes": _int(at("peak_reserved_bytes")),
+        "peak_allocated_bytes": _int(_at(out, "peak_allocated_bytes", row)),
+        "peak_reserved_bytes": _int(_at(out, "peak_reserved_bytes", row)),
         "peak_device_bytes": peak_device,
         "peak_phase": phase,
         "phases": {
-            "forward": _int(at("peak_forward_bytes")),
-            "backward": _int(at("peak_backward_bytes")),
-            "optimizer_step": _int(at("peak_optimizer_step_bytes")),
+            "forward": _int(_at(out, "peak_forward_bytes", row)),
+            "backward": _int(_at(out, "peak_backward_bytes", row)),
+            "optimizer_step": _int(_at(out, "peak_optimizer_step_bytes", row)),
         },
         "biggest_consumer": biggest,
-        "details": {
-            "activations_per_layer": _int(at("activations_per_layer")),
-            "activations_outside_layers": _int(at("activations_outside_layers")),
-            "activations_autocast_weight_copies": _int(at("activations_autocast_weight_copies")),
-            "optimizer_step_temporaries": _int(at("optimizer_step_temporaries")),
-            "dp": _int(at("dp")),
-            "num_microbatches": _int(at("num_microbatches")),
-        },
+        "details": {k: _int(_at(out, k, row)) for k in DETAIL_KEYS},
         "num_trainable_parameters": _trainable(model, config),
-        "host_bytes": _int(at("host_bytes")),
+        "host_bytes": _int(_at(out, "host_bytes", row)),
         "gpu": {
             "name": gpu.name,
             "memory_bytes": gpu.memory_bytes,
             "usable_bytes": gpu.usable_bytes,
         },
         "headroom": headroom,
-        "fits": bool(at("fits")),
-        "headroom_bytes": _int(at("headroom_bytes")),
+        "fits": bool(_at(out, "fits", row)),
+        "headroom_bytes": _int(_at(out, "headroom_bytes", row)),
         "units": "bytes per device (worst rank); GiB = 2**30 in the human output",
     }
 
@@ -89,19 +79,16 @@ def row_report(
 def stage_summary(out: dict[str, np.ndarray], *, row: int) -> dict[str, Any]:
     """One pipeline stage's rank: its peaks and main components (for --per-stage)."""
 
-    def at(key: str) -> Any:
-        return np.asarray(out[key]).reshape(-1)[row]
-
     return {
-        "pp_stage": int(at("pp_stage")),
-        "parameters": _int(at("parameters")),
-        "gradients": _int(at("gradients_total")),
-        "optimizer_states": _int(at("optimizer_states")),
-        "activations": _int(at("activations_total")),
-        "peak_allocated_bytes": _int(at("peak_allocated_bytes")),
-        "peak_device_bytes": _int(at("peak_device_bytes")),
-        "peak_phase": PHASES[int(at("peak_phase"))],
-        "fits": bool(at("fits")),
+        "pp_stage": int(_at(out, "pp_stage", row)),
+        "parameters": _int(_at(out, "parameters", row)),
+        "gradients": _int(_at(out, "gradients_total", row)),
+        "optimizer_states": _int(_at(out, "optimizer_states", row)),
+        "activations": _int(_at(out, "activations_total", row)),
+        "peak_allocated_bytes": _int(_at(out, "peak_allocated_bytes", row)),
+        "peak_device_bytes": _int(_at(out, "peak_device_bytes", row)),
+        "peak_phase": PHASES[int(_at(out, "peak_phase", row))],
+        "fits": bool(_at(out, "fits", row)),
     }
 
 
@@ -171,6 +158,21 @@ def _trainable(model: ModelSpec, config: dict[str, Any]) -> int:
     if rank <= 0:
         return model.num_parameters
     return lora_num_parameters(model, rank, lora_mask(str(config.get("lora_targets", ""))))
+
+
+DETAIL_KEYS = (
+    "activations_per_layer",
+    "activations_outside_layers",
+    "activations_autocast_weight_copies",
+    "optimizer_step_temporaries",
+    "dp",
+    "num_microbatches",
+)
+
+
+def _at(out: dict[str, np.ndarray], key: str, row: int) -> Any:
+    """Row `row` of output column `key`."""
+    return np.asarray(out[key]).reshape(-1)[row]
 
 
 def _gib(n: float) -> str:
