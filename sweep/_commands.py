@@ -7,56 +7,29 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import re
 from typing import Annotated, Any
 
-import numpy as np
 import typer
 
 from trainmem.engine import (
     ATTENTION,
-    DEFAULTS,
     FRAMEWORKS,
     LOSSES,
     OFFLOADS,
     OPTIMIZERS,
     PRECISIONS,
     RECOMPUTE,
-    Overheads,
-    TimeParams,
-    cublas_workspace_bytes_for,
-    estimate,
-    estimate_time,
     load_model,
-    make_grid,
     optimizer_columns,
-    reason_text,
-    time_inputs,
 )
-from trainmem.hardware import GIB, get_gpu, load_gpus, parse_fleet
+from trainmem.hardware import GIB, load_gpus, parse_fleet
 from trainmem.results import query_points
 
-from ._advice import advice_report
-from ._report import row_report, time_report
+from ._api import command_fields, fit_report, jsonable
 from ._search import Progress, SearchResult, parse_objectives, run_exhaustive, run_optuna
 from ._space import Space, make_space
 from ._validate import check_headroom, choice
-
-MINIMIZE = ("micro-batch-size", "num-gpus")
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
 
 # ---- fit ---------------------------------------------------------------------------------------
 
@@ -114,87 +87,27 @@ def fit_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """The largest micro-batch that fits (or, --minimize num-gpus, the fewest GPUs)."""
-    optimizer_fields = optimizer_columns(optimizer, optimizers_dir)
-    for name, value, allowed in (
-        ("precision", precision, PRECISIONS),
-        ("recompute", recompute, RECOMPUTE),
-        ("attention", attention, ATTENTION),
-        ("framework", framework, FRAMEWORKS),
-        ("offload", offload, OFFLOADS),
-        ("loss", loss, LOSSES),
-        ("minimize", minimize, MINIMIZE),
-    ):
-        choice(name, value, allowed)
-    check_headroom(headroom)
-    if max_micro_batch_size < 1 or max_num_gpus < 1:
-        raise ValueError("max-micro-batch-size and max-num-gpus must be >= 1")
-    spec = load_model(model, models_dir=models_dir)
-    profile = get_gpu(gpu, hardware_dir)
-    config: dict[str, Any] = {
-        "micro_batch_size": micro_batch_size, "seq_len": seq_len, "num_gpus": num_gpus,
-        "global_batch_size": global_batch_size, "tp": tp, "pp": pp, "cp": cp,
-        "virtual_stages": virtual_stages, "zero": zero, "sequence_parallel": sequence_parallel,
-        "precision": precision, "optimizer": optimizer, "recompute": recompute,
-        "attention": attention, "framework": framework, "ep": ep, "offload": offload,
-        "lora_rank": lora_rank, "lora_targets": lora_targets, "qlora": qlora, "loss": loss,
-    }  # fmt: skip
-    config.update(optimizer_fields)
-    key = "micro_batch_size" if minimize == "micro-batch-size" else "num_gpus"
-    if key == "micro_batch_size":
-        candidates = np.arange(1, max_micro_batch_size + 1)
-    else:
-        step = max(tp * pp * cp, 1)
-        candidates = np.arange(step, max(max_num_gpus, step) + 1, step)
-    grid = make_grid({**config, key: candidates})
-    ov = Overheads(cublas_workspace_bytes=cublas_workspace_bytes_for(profile.arch))
-    out = estimate(spec, grid, usable_bytes=profile.usable_bytes, headroom=headroom, overheads=ov)
-    fitting = np.flatnonzero(out["fits"])
-    if len(fitting):
-        row = int(fitting[-1] if key == "micro_batch_size" else fitting[0])
-    else:  # nothing fits: report the closest candidate (most headroom) and why
-        valid = np.flatnonzero(out["reason"] == 0)
-        row = int(valid[np.argmax(out["headroom_bytes"][valid])]) if len(valid) else 0
-    chosen = {**config, key: int(candidates[row])}
-    report = row_report(spec, {k: np.asarray(v)[row : row + 1] for k, v in out.items()},
-                        gpu=profile, config=chosen, headroom=headroom)  # fmt: skip
-    one = make_grid(chosen)
-    timing = estimate_time(spec, one, **time_inputs(profile))
-    report["time"] = time_report(timing, price_per_gpu_hour_usd=profile.price_per_hour_usd)
-    answer_key = "max_micro_batch_size" if key == "micro_batch_size" else "min_num_gpus"
-    answer = int(candidates[row]) if len(fitting) else None
-    result = {
-        answer_key: answer,
-        "fits": bool(len(fitting)),
-        "reason": reason_text(out["reason"][row]) or ("" if len(fitting) else "does not fit"),
-        "estimate": report,
-    }
-    if not len(fitting) and out["reason"][row] == 0:
-        # Nothing fits: the same advice `estimate` gives, from the closest candidate.
-        result.update(
-            advice_report(
-                spec, {**DEFAULTS, **chosen}, profile=profile,
-                out={k: np.asarray(v)[row : row + 1] for k, v in out.items()},
-                headroom=headroom, overheads=ov, overhead_overrides={},
-                time_params=TimeParams(), hardware_dir=hardware_dir, optimizer_name=optimizer,
-            )
-        )  # fmt: skip
+    result = fit_report(**command_fields(locals()))
     if as_json:
-        typer.echo(json.dumps(_jsonable(result), indent=2))
+        typer.echo(json.dumps(result, indent=2))
         return
-    what = "micro-batch size" if key == "micro_batch_size" else "GPU count"
+    report = result["estimate"]
+    by_gpus = minimize == "num-gpus"
+    answer = result["min_num_gpus" if by_gpus else "max_micro_batch_size"]
     if answer is None:
-        typer.echo(f"nothing fits on {profile.name} ({result['reason']})")
+        typer.echo(f"nothing fits on {report['gpu']['name']} ({result['reason']})")
         for entry in result.get("advice", [])[:5]:
             verdict = "fits" if entry["fits"] else "still does not fit"
             typer.echo(
                 f"  {entry['change']}: saves {entry['saved_bytes'] / GIB:.2f} GiB, {verdict}"
             )
-    else:
-        word = "largest" if key == "micro_batch_size" else "smallest"
-        typer.echo(
-            f"{word} {what} that fits: {answer} ({spec.name} on {chosen['num_gpus']} x "
-            f"{profile.name}, seq {seq_len}): peak {report['peak_device_bytes'] / GIB:.2f} GiB"
-        )
+        return
+    what = "smallest GPU count" if by_gpus else "largest micro-batch size"
+    typer.echo(
+        f"{what} that fits: {answer} ({report['model']} on {report['config']['num_gpus']} x "
+        f"{report['gpu']['name']}, seq {seq_len}): peak "
+        f"{report['peak_device_bytes'] / GIB:.2f} GiB"
+    )
 
 
 # ---- sweep -------------------------------------------------------------------------------------
@@ -209,7 +122,7 @@ def _default_study(model: str, fleet: str, seq_len: int, gbs: int, method: str) 
 
 
 def _best_json(row: dict[str, Any]) -> dict[str, Any]:
-    return _jsonable({
+    return jsonable({
         "configuration": {k: row[k] for k in SHOW},
         "fits": row["fits"],
         "cost_per_million_tokens": row["cost_per_million_tokens"],
@@ -324,7 +237,7 @@ def sweep_cmd(
     if len(objectives) > 1:
         payload["pareto"] = [_best_json(r) for r in result.best]
     if as_json:
-        typer.echo(json.dumps(_jsonable(payload), indent=2))
+        typer.echo(json.dumps(jsonable(payload), indent=2))
         return
     typer.echo(
         f"{method}: {result.num_points:,} points of {space.model.name} on {fleet} in "
@@ -393,7 +306,7 @@ def points_cmd(
         frame = frame.select([*SHOW, "peak_device_bytes", "fits", "step_time_s",
                               "cost_per_million_tokens"])  # fmt: skip
     if as_json:
-        typer.echo(json.dumps(_jsonable(frame.to_dicts()), indent=2))
+        typer.echo(json.dumps(jsonable(frame.to_dicts()), indent=2))
         return
     import polars as pl
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Any
+from typing import Annotated
 
-import numpy as np
 import typer
 
 from trainmem.engine import (
@@ -20,48 +19,24 @@ from trainmem.engine import (
     OPTIMIZERS,
     PRECISIONS,
     RECOMPUTE,
-    Overheads,
-    TimeParams,
-    cublas_workspace_bytes_for,
     estimate,
-    estimate_time,
-    layout_reason,
     load_model,
     load_optimizers,
     make_grid,
     model_config_dict,
     model_presets,
-    optimizer_columns,
-    reason_text,
-    time_inputs,
 )
-from trainmem.hardware import GIB, get_gpu, load_gpus
+from trainmem.hardware import GIB, load_gpus
 
-from ._advice import advice_report
-from ._report import human_table, row_report, stage_summary, time_report
-from ._validate import check_headroom, choice
+from ._api import command_fields, estimate_report
+from ._report import human_table
+from ._validate import choice
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="Predict the per-GPU memory of a training job before it runs.",
 )
-
-
-def _key_numbers(flag: str, items: list[str], keys: tuple[str, ...]) -> dict[str, float]:
-    """KEY=NUMBER items of a repeatable flag (--overhead, --time-param) as a dict."""
-    out: dict[str, float] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        try:
-            if not sep:
-                raise ValueError
-            out[key.strip()] = float(value)
-        except ValueError:
-            raise ValueError(
-                f"{flag}: expected KEY=NUMBER, got '{item}'; keys: {', '.join(keys)}"
-            ) from None
-    return out
 
 
 @app.command("estimate")
@@ -137,86 +112,7 @@ def estimate_cmd(
     ] = None,
 ) -> None:
     """Per-device memory of one training configuration: breakdown, phase peaks, fit."""
-    choice("precision", precision, PRECISIONS)
-    optimizer_fields = optimizer_columns(optimizer, optimizers_dir)
-    choice("recompute", recompute, RECOMPUTE)
-    choice("attention", attention, ATTENTION)
-    choice("framework", framework, FRAMEWORKS)
-    choice("offload", offload, OFFLOADS)
-    choice("loss", loss, LOSSES)
-    check_headroom(headroom)
-    spec = load_model(model, models_dir=models_dir)
-    profile = get_gpu(gpu, hardware_dir)
-    config: dict[str, Any] = {
-        "micro_batch_size": micro_batch_size,
-        "seq_len": seq_len,
-        "num_gpus": num_gpus,
-        "global_batch_size": global_batch_size,
-        "tp": tp,
-        "pp": pp,
-        "cp": cp,
-        "virtual_stages": virtual_stages,
-        "zero": zero,
-        "sequence_parallel": sequence_parallel,
-        "precision": precision,
-        "optimizer": optimizer,
-        "recompute": recompute,
-        "attention": attention,
-        "framework": framework,
-        "ep": ep,
-        "etp": etp,
-        "capacity_factor_pct": int(round(capacity_factor * 100)),
-        "offload": offload,
-        "lora_rank": lora_rank,
-        "lora_targets": lora_targets,
-        "qlora": qlora,
-        "loss": loss,
-        "activation_offload": activation_offload,
-    }
-    grid_config = {**config, **optimizer_fields}  # a user optimizer as engine columns
-    grid = make_grid(grid_config)
-    reason = reason_text(layout_reason(spec, grid)[0])
-    if reason:
-        raise ValueError(f"layout: {reason}")
-    ov = Overheads(cublas_workspace_bytes=cublas_workspace_bytes_for(profile.arch))
-    ov = ov.with_overrides(_key_numbers("--overhead", overhead or [], Overheads.names()))
-    out = estimate(spec, grid, usable_bytes=profile.usable_bytes, headroom=headroom, overheads=ov)
-    report = row_report(spec, out, gpu=profile, config=config, headroom=headroom)
-    if tokens is not None and not (tokens > 0 and np.isfinite(tokens)):
-        raise ValueError(f"tokens: must be a number > 0, got {tokens}")
-    time_params = TimeParams().with_overrides(
-        _key_numbers("--time-param", time_param or [], TimeParams.names())
-    )
-    timing = estimate_time(
-        spec, grid, **time_inputs(profile), tokens=tokens, params=time_params
-    )  # fmt: skip
-    report["time"] = time_report(timing, price_per_gpu_hour_usd=profile.price_per_hour_usd)
-    report["pp_stage"] = int(out["pp_stage"][0])
-    report.update(
-        advice_report(
-            spec,
-            grid_config,
-            profile=profile,
-            out=out,
-            headroom=headroom,
-            overheads=ov,
-            overhead_overrides=_key_numbers("--overhead", overhead or [], Overheads.names()),
-            time_params=time_params,
-            hardware_dir=hardware_dir,
-            optimizer_name=optimizer,
-        )
-    )
-    if per_stage:
-        stages = make_grid({k: [v] * pp for k, v in grid_config.items()})
-        by_stage = estimate(
-            spec,
-            stages,
-            usable_bytes=profile.usable_bytes,
-            headroom=headroom,
-            overheads=ov,
-            pp_stage=np.arange(pp),
-        )
-        report["stages"] = [stage_summary(by_stage, row=k) for k in range(pp)]
+    report = estimate_report(**command_fields(locals()))
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:

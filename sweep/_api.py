@@ -1,0 +1,321 @@
+"""The commands' work as functions of their fields: one JSON-able dict out, nothing printed.
+
+The CLI commands (sweep/cli.py, sweep/_commands.py) print what these return; the HTTP service
+(sweep/_serve.py) answers with it. A command's typer signature is the one declaration of its
+fields (names, types, defaults, help): `command_fields` reads them back from the command's
+locals, `command_defaults` from its signature.
+
+Bad input raises ValueError (one line naming the field).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from trainmem.engine import (
+    ATTENTION,
+    DEFAULTS,
+    FRAMEWORKS,
+    LOSSES,
+    OFFLOADS,
+    PRECISIONS,
+    RECOMPUTE,
+    Overheads,
+    TimeParams,
+    cublas_workspace_bytes_for,
+    estimate,
+    estimate_time,
+    layout_reason,
+    load_model,
+    make_grid,
+    optimizer_columns,
+    reason_text,
+    time_inputs,
+)
+from trainmem.hardware import get_gpu
+
+from ._advice import advice_report
+from ._report import row_report, stage_summary, time_report
+from ._validate import check_headroom, choice
+
+OUTPUT_FIELDS = ("as_json",)
+"""Command options that choose how a report is printed, not what it says."""
+
+MINIMIZE = ("micro-batch-size", "num-gpus")
+
+
+def command_fields(scope: Mapping[str, Any]) -> dict[str, Any]:
+    """A command's option values (its locals at entry) without the output-only ones."""
+    return {k: v for k, v in scope.items() if k not in OUTPUT_FIELDS}
+
+
+def command_defaults(command: Callable[..., Any]) -> dict[str, Any]:
+    """Every option of a typer command with its default (the one declaration of the fields)."""
+    return {
+        name: p.default
+        for name, p in inspect.signature(command).parameters.items()
+        if name not in OUTPUT_FIELDS
+    }
+
+
+def jsonable(value: Any) -> Any:
+    """numpy scalars to Python, non-finite floats to None, recursively."""
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def key_numbers(flag: str, items: list[str], keys: tuple[str, ...]) -> dict[str, float]:
+    """KEY=NUMBER items of a repeatable flag (--overhead, --time-param) as a dict."""
+    out: dict[str, float] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[key.strip()] = float(value)
+        except ValueError:
+            raise ValueError(
+                f"{flag}: expected KEY=NUMBER, got '{item}'; keys: {', '.join(keys)}"
+            ) from None
+    return out
+
+
+# ---- estimate ----------------------------------------------------------------------------------
+
+
+def estimate_report(
+    *,
+    model: str,
+    gpu: str,
+    num_gpus: int,
+    seq_len: int,
+    micro_batch_size: int,
+    global_batch_size: int,
+    precision: str,
+    optimizer: str,
+    recompute: str,
+    attention: str,
+    zero: int,
+    tp: int,
+    pp: int,
+    virtual_stages: int,
+    cp: int,
+    sequence_parallel: bool,
+    framework: str,
+    ep: int,
+    etp: int,
+    capacity_factor: float,
+    offload: str,
+    lora_rank: int,
+    lora_targets: str,
+    qlora: bool,
+    loss: str,
+    activation_offload: bool,
+    headroom: float,
+    hardware_dir: str | None,
+    models_dir: str | None,
+    optimizers_dir: str | None,
+    overhead: list[str] | None,
+    per_stage: bool,
+    tokens: float | None,
+    time_param: list[str] | None,
+) -> dict[str, Any]:
+    """`trainmem estimate --json`: the per-device breakdown, phase peaks, fit, time and advice."""
+    choice("precision", precision, PRECISIONS)
+    optimizer_fields = optimizer_columns(optimizer, optimizers_dir)
+    choice("recompute", recompute, RECOMPUTE)
+    choice("attention", attention, ATTENTION)
+    choice("framework", framework, FRAMEWORKS)
+    choice("offload", offload, OFFLOADS)
+    choice("loss", loss, LOSSES)
+    check_headroom(headroom)
+    spec = load_model(model, models_dir=models_dir)
+    profile = get_gpu(gpu, hardware_dir)
+    config: dict[str, Any] = {
+        "micro_batch_size": micro_batch_size,
+        "seq_len": seq_len,
+        "num_gpus": num_gpus,
+        "global_batch_size": global_batch_size,
+        "tp": tp,
+        "pp": pp,
+        "cp": cp,
+        "virtual_stages": virtual_stages,
+        "zero": zero,
+        "sequence_parallel": sequence_parallel,
+        "precision": precision,
+        "optimizer": optimizer,
+        "recompute": recompute,
+        "attention": attention,
+        "framework": framework,
+        "ep": ep,
+        "etp": etp,
+        "capacity_factor_pct": int(round(capacity_factor * 100)),
+        "offload": offload,
+        "lora_rank": lora_rank,
+        "lora_targets": lora_targets,
+        "qlora": qlora,
+        "loss": loss,
+        "activation_offload": activation_offload,
+    }
+    grid_config = {**config, **optimizer_fields}  # a user optimizer as engine columns
+    grid = make_grid(grid_config)
+    reason = reason_text(layout_reason(spec, grid)[0])
+    if reason:
+        raise ValueError(f"layout: {reason}")
+    ov = Overheads(cublas_workspace_bytes=cublas_workspace_bytes_for(profile.arch))
+    ov = ov.with_overrides(key_numbers("--overhead", overhead or [], Overheads.names()))
+    out = estimate(spec, grid, usable_bytes=profile.usable_bytes, headroom=headroom, overheads=ov)
+    report = row_report(spec, out, gpu=profile, config=config, headroom=headroom)
+    if tokens is not None and not (tokens > 0 and np.isfinite(tokens)):
+        raise ValueError(f"tokens: must be a number > 0, got {tokens}")
+    time_params = TimeParams().with_overrides(
+        key_numbers("--time-param", time_param or [], TimeParams.names())
+    )
+    timing = estimate_time(
+        spec, grid, **time_inputs(profile), tokens=tokens, params=time_params
+    )  # fmt: skip
+    report["time"] = time_report(timing, price_per_gpu_hour_usd=profile.price_per_hour_usd)
+    report["pp_stage"] = int(out["pp_stage"][0])
+    report.update(
+        advice_report(
+            spec,
+            grid_config,
+            profile=profile,
+            out=out,
+            headroom=headroom,
+            overheads=ov,
+            overhead_overrides=key_numbers("--overhead", overhead or [], Overheads.names()),
+            time_params=time_params,
+            hardware_dir=hardware_dir,
+            optimizer_name=optimizer,
+        )
+    )
+    if per_stage:
+        stages = make_grid({k: [v] * pp for k, v in grid_config.items()})
+        by_stage = estimate(
+            spec,
+            stages,
+            usable_bytes=profile.usable_bytes,
+            headroom=headroom,
+            overheads=ov,
+            pp_stage=np.arange(pp),
+        )
+        report["stages"] = [stage_summary(by_stage, row=k) for k in range(pp)]
+    return report
+
+
+# ---- fit ---------------------------------------------------------------------------------------
+
+
+def fit_report(
+    *,
+    model: str,
+    gpu: str,
+    num_gpus: int,
+    seq_len: int,
+    micro_batch_size: int,
+    global_batch_size: int,
+    precision: str,
+    optimizer: str,
+    recompute: str,
+    attention: str,
+    zero: int,
+    tp: int,
+    pp: int,
+    virtual_stages: int,
+    cp: int,
+    sequence_parallel: bool,
+    framework: str,
+    ep: int,
+    offload: str,
+    lora_rank: int,
+    lora_targets: str,
+    qlora: bool,
+    loss: str,
+    headroom: float,
+    hardware_dir: str | None,
+    minimize: str,
+    max_micro_batch_size: int,
+    max_num_gpus: int,
+    models_dir: str | None,
+    optimizers_dir: str | None,
+) -> dict[str, Any]:
+    """`trainmem fit --json`: the largest micro-batch (or fewest GPUs) that fits, its estimate,
+    and the advice when nothing fits."""
+    optimizer_fields = optimizer_columns(optimizer, optimizers_dir)
+    for name, value, allowed in (
+        ("precision", precision, PRECISIONS),
+        ("recompute", recompute, RECOMPUTE),
+        ("attention", attention, ATTENTION),
+        ("framework", framework, FRAMEWORKS),
+        ("offload", offload, OFFLOADS),
+        ("loss", loss, LOSSES),
+        ("minimize", minimize, MINIMIZE),
+    ):
+        choice(name, value, allowed)
+    check_headroom(headroom)
+    if max_micro_batch_size < 1 or max_num_gpus < 1:
+        raise ValueError("max-micro-batch-size and max-num-gpus must be >= 1")
+    spec = load_model(model, models_dir=models_dir)
+    profile = get_gpu(gpu, hardware_dir)
+    config: dict[str, Any] = {
+        "micro_batch_size": micro_batch_size, "seq_len": seq_len, "num_gpus": num_gpus,
+        "global_batch_size": global_batch_size, "tp": tp, "pp": pp, "cp": cp,
+        "virtual_stages": virtual_stages, "zero": zero, "sequence_parallel": sequence_parallel,
+        "precision": precision, "optimizer": optimizer, "recompute": recompute,
+        "attention": attention, "framework": framework, "ep": ep, "offload": offload,
+        "lora_rank": lora_rank, "lora_targets": lora_targets, "qlora": qlora, "loss": loss,
+    }  # fmt: skip
+    config.update(optimizer_fields)
+    key = "micro_batch_size" if minimize == "micro-batch-size" else "num_gpus"
+    if key == "micro_batch_size":
+        candidates = np.arange(1, max_micro_batch_size + 1)
+    else:
+        step = max(tp * pp * cp, 1)
+        candidates = np.arange(step, max(max_num_gpus, step) + 1, step)
+    grid = make_grid({**config, key: candidates})
+    ov = Overheads(cublas_workspace_bytes=cublas_workspace_bytes_for(profile.arch))
+    out = estimate(spec, grid, usable_bytes=profile.usable_bytes, headroom=headroom, overheads=ov)
+    fitting = np.flatnonzero(out["fits"])
+    if len(fitting):
+        row = int(fitting[-1] if key == "micro_batch_size" else fitting[0])
+    else:  # nothing fits: report the closest candidate (most headroom) and why
+        valid = np.flatnonzero(out["reason"] == 0)
+        row = int(valid[np.argmax(out["headroom_bytes"][valid])]) if len(valid) else 0
+    chosen = {**config, key: int(candidates[row])}
+    report = row_report(spec, {k: np.asarray(v)[row : row + 1] for k, v in out.items()},
+                        gpu=profile, config=chosen, headroom=headroom)  # fmt: skip
+    one = make_grid(chosen)
+    timing = estimate_time(spec, one, **time_inputs(profile))
+    report["time"] = time_report(timing, price_per_gpu_hour_usd=profile.price_per_hour_usd)
+    answer_key = "max_micro_batch_size" if key == "micro_batch_size" else "min_num_gpus"
+    answer = int(candidates[row]) if len(fitting) else None
+    result = {
+        answer_key: answer,
+        "fits": bool(len(fitting)),
+        "reason": reason_text(out["reason"][row]) or ("" if len(fitting) else "does not fit"),
+        "estimate": report,
+    }
+    if not len(fitting) and out["reason"][row] == 0:
+        # Nothing fits: the same advice `estimate` gives, from the closest candidate.
+        result.update(
+            advice_report(
+                spec, {**DEFAULTS, **chosen}, profile=profile,
+                out={k: np.asarray(v)[row : row + 1] for k, v in out.items()},
+                headroom=headroom, overheads=ov, overhead_overrides={},
+                time_params=TimeParams(), hardware_dir=hardware_dir, optimizer_name=optimizer,
+            )
+        )  # fmt: skip
+    return jsonable(result)
