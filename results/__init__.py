@@ -3,6 +3,7 @@
 Schema, Parquet store and queries (the sweep issue). Imports engine only.
 """
 
+from ._heatmap import HEATMAP_FORMATS, heatmap_format, write_heatmap
 from ._query import query_points
 from ._schema import SCHEMA, SCHEMA_VERSION
 from ._store import (
@@ -16,8 +17,10 @@ from ._store import (
 )
 
 __all__ = [
+    "HEATMAP_FORMATS",
     "SCHEMA",
     "SCHEMA_VERSION",
+    "heatmap_format",
     "part_exists",
     "points_frame",
     "query_points",
@@ -25,5 +28,6 @@ __all__ = [
     "scan_points",
     "study_dir",
     "tool_version",
+    "write_heatmap",
     "write_points",
 ]

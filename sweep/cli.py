@@ -282,6 +282,9 @@ def gpus_cmd(
 from ._commands import register as _register_sweep_commands  # noqa: E402
 
 _register_sweep_commands(app)  # fit, sweep, points (sweep/_commands.py)
+from ._heatmap import register as _register_heatmap  # noqa: E402
+
+_register_heatmap(app)  # heatmap (sweep/_heatmap.py)
 
 
 def main(argv: list[str] | None = None) -> int:

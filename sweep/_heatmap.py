@@ -1,0 +1,517 @@
+"""The `heatmap` command: two knobs on the axes, colour = peak device memory, the fit boundary.
+
+From flags (the `estimate` flags fix every other field; one vectorized engine call for the whole
+grid) or from stored points (`--points DIR`, the best point of each cell). The drawing is
+trainmem.results.write_heatmap. Bad input raises ValueError (one line, exit code 2) before
+anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import numpy as np
+import polars as pl
+import typer
+
+from trainmem.engine import (
+    ATTENTION,
+    FRAMEWORKS,
+    LOSSES,
+    OFFLOADS,
+    OPTIMIZERS,
+    PRECISIONS,
+    RECOMPUTE,
+    ModelSpec,
+    Overheads,
+    cublas_workspace_bytes_for,
+    estimate,
+    load_model,
+    make_grid,
+    optimizer_columns,
+    reason_text,
+)
+from trainmem.hardware import GIB, GpuProfile, get_gpu
+from trainmem.results import heatmap_format, query_points, write_heatmap
+
+from ._validate import check_headroom, choice
+
+CATEGORICAL: dict[str, tuple[str, ...]] = {
+    "precision": PRECISIONS,
+    "optimizer": OPTIMIZERS,
+    "recompute": RECOMPUTE,
+    "attention": ATTENTION,
+    "framework": FRAMEWORKS,
+    "offload": OFFLOADS,
+    "loss": LOSSES,
+}
+"""The axes that take names, in their vocabulary's order (built-in optimizers only)."""
+
+AXIS_LABELS = {
+    "micro_batch_size": "micro-batch size (sequences per GPU)",
+    "seq_len": "sequence length (tokens)",
+    "num_gpus": "number of GPUs",
+    "tp": "tensor-parallel degree (tp)",
+    "pp": "pipeline-parallel degree (pp)",
+    "cp": "context-parallel degree (cp)",
+    "ep": "expert-parallel degree (ep)",
+    "virtual_stages": "virtual pipeline stages per rank",
+    "zero": "ZeRO stage (3 = FSDP full shard)",
+    "lora_rank": "LoRA rank (0 = full fine-tuning)",
+    "recompute": "activation recomputation",
+    "offload": "offload to CPU",
+    "precision": "precision",
+    "optimizer": "optimizer",
+    "attention": "attention kernel",
+    "framework": "framework",
+    "loss": "loss",
+    "sequence_parallel": "sequence parallelism",
+    "activation_offload": "activation offload",
+    "qlora": "QLoRA (NF4 base weights)",
+    "dp": "data-parallel degree (dp)",
+    "grad_accum_steps": "gradient accumulation steps",
+    "global_batch_size": "global batch size (sequences per step)",
+}
+"""Every axis --x/--y accepts, with its label (units where it has one)."""
+
+BOOL_AXES = ("sequence_parallel", "activation_offload", "qlora")
+FLAG_AXES = tuple(
+    k for k in AXIS_LABELS if k not in ("dp", "grad_accum_steps", "global_batch_size")
+)
+"""Axes from flags: grid fields of make_grid."""
+POINT_AXES = ("micro_batch_size", "seq_len", "num_gpus", "tp", "pp", "cp", "ep", "virtual_stages",
+              "zero", "recompute", "offload", "precision", "dp", "grad_accum_steps",
+              "global_batch_size")  # fmt: skip
+"""Axes from stored points: configuration columns of the points table."""
+MAX_AXIS_VALUES = 64
+
+
+def _powers(first: int, count: int) -> list[int]:
+    return [first << k for k in range(count)]
+
+
+def default_values(axis: str, config: dict[str, Any]) -> list[Any]:
+    """The values an axis takes when --x-values / --y-values is not given."""
+    if axis == "num_gpus":  # multiples of the model-parallel group, up to 64 of them
+        return _powers(max(config["tp"] * config["pp"] * config["cp"], 1), 7)
+    if axis in CATEGORICAL:
+        return list(CATEGORICAL[axis])
+    if axis in BOOL_AXES:
+        return [False, True]
+    table: dict[str, list[int]] = {
+        "micro_batch_size": _powers(1, 7),  # 1 .. 64
+        "seq_len": _powers(512, 7),  # 512 .. 32,768
+        "tp": _powers(1, 4),
+        "pp": _powers(1, 4),
+        "cp": _powers(1, 4),
+        "ep": _powers(1, 4),
+        "virtual_stages": [1, 2, 4],
+        "zero": [0, 1, 2, 3],
+        "lora_rank": [0, 8, 16, 32, 64, 128],
+    }
+    return table[axis]
+
+
+def parse_values(flag: str, axis: str, text: str) -> list[Any]:
+    """A comma list of axis values: whole numbers, names of the axis's choices, or on/off."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise ValueError(f"{flag}: give a comma-separated list of values")
+    values: list[Any] = []
+    for item in items:
+        if axis in CATEGORICAL:
+            values.append(choice(flag, item, CATEGORICAL[axis]))
+        elif axis in BOOL_AXES:
+            values.append(
+                choice(flag, item.lower(), ("on", "off", "true", "false")) in ("on", "true")
+            )
+        else:
+            try:
+                values.append(int(item))
+            except ValueError:
+                raise ValueError(f"{flag}: '{item}' is not a whole number ({axis})") from None
+    if len(set(values)) != len(values):
+        raise ValueError(f"{flag}: a value is repeated")
+    if len(values) > MAX_AXIS_VALUES:
+        raise ValueError(f"{flag}: at most {MAX_AXIS_VALUES} values, got {len(values)}")
+    return values
+
+
+def check_axes(x: str, y: str, allowed: Sequence[str]) -> None:
+    """Both axes known and different; ValueError listing the allowed axes."""
+    for flag, axis in (("--x", x), ("--y", y)):
+        if axis not in allowed:
+            raise ValueError(f"{flag}: unknown axis '{axis}'; allowed: {', '.join(allowed)}")
+    if x == y:
+        raise ValueError(f"--x and --y are both '{x}'; choose two axes of: {', '.join(allowed)}")
+
+
+def heatmap_cells(
+    spec: ModelSpec,
+    profile: GpuProfile,
+    config: dict[str, Any],
+    *,
+    x: str,
+    x_values: Sequence[Any],
+    y: str,
+    y_values: Sequence[Any],
+    headroom: float,
+) -> pl.DataFrame:
+    """One row per (x, y) cell, y-major: the axes' values, peak_device_bytes, peak_gib, fits,
+    valid, reason (text, empty when valid) and headroom_bytes; all cells in one engine call.
+
+    `config` holds every other grid field (scalars). Each row equals a one-row `estimate` of
+    the same configuration (the vectorized call is the single call).
+    """
+    xs = [v for _ in y_values for v in x_values]  # y-major: x varies fastest
+    ys = [v for v in y_values for _ in x_values]
+    grid = make_grid({**config, x: xs, y: ys})
+    overheads = Overheads(cublas_workspace_bytes=cublas_workspace_bytes_for(profile.arch))
+    out = estimate(spec, grid, usable_bytes=profile.usable_bytes, headroom=headroom,
+                   overheads=overheads)  # fmt: skip
+    valid = out["reason"] == 0
+    peak = np.asarray(out["peak_device_bytes"], dtype=np.float64)
+    return pl.DataFrame({
+        x: xs,
+        y: ys,
+        "peak_device_bytes": np.where(valid, np.round(peak), np.nan),
+        "peak_gib": np.where(valid, peak / GIB, np.nan),
+        "fits": np.asarray(out["fits"], dtype=bool),
+        "valid": valid,
+        "reason": [reason_text(int(r)) for r in out["reason"]],
+        "headroom_bytes": np.where(valid, np.round(out["headroom_bytes"]), np.nan),
+    }, strict=False)  # fmt: skip
+
+
+def best_point_cells(points: pl.DataFrame, *, x: str, y: str, limit_bytes: float) -> pl.DataFrame:
+    """The best stored point of each (x, y) cell: the smallest peak among those that fit
+    (peak_device_bytes <= limit_bytes and a valid layout), else the smallest valid peak, else an
+    invalid one (with its reason). `num_points` counts the cell's points."""
+    valid = pl.col("reason").fill_null("") == ""
+    ranked = points.with_columns(
+        valid.alias("valid"),
+        (valid & (pl.col("peak_device_bytes") <= limit_bytes)).alias("fits"),
+    ).sort(["fits", "valid", "peak_device_bytes"], descending=[True, True, False],
+           nulls_last=True)  # fmt: skip
+    best = ranked.group_by([x, y], maintain_order=True).agg(
+        pl.all().first(), pl.len().alias("num_points")
+    )
+    return best.with_columns(
+        pl.when(pl.col("valid")).then(pl.col("peak_device_bytes")).alias("peak_device_bytes"),
+        pl.when(pl.col("valid")).then(pl.col("peak_device_bytes") / GIB).alias("peak_gib"),
+        pl.when(pl.col("valid"))
+        .then(limit_bytes - pl.col("peak_device_bytes"))
+        .alias("headroom_bytes"),
+        pl.col("reason").fill_null(""),
+    )
+
+
+def _axis_order(axis: str, column: pl.Series) -> list[Any]:
+    """Stored values in axis order: numbers ascending, names in their vocabulary's order."""
+    values = column.unique().to_list()
+    vocab = CATEGORICAL.get(axis)
+    if vocab is not None:
+        return sorted(values, key=lambda v: (vocab.index(v) if v in vocab else len(vocab), v))
+    return sorted(values)
+
+
+def _settings(c: dict[str, Any], axes: tuple[str, str]) -> str:
+    """The fixed settings of a flags heatmap in words (the axes and idle defaults left out)."""
+    dp = c["num_gpus"] // max(c["tp"] * c["pp"] * c["cp"], 1)
+    adapter = "QLoRA" if c["qlora"] else "LoRA"
+    shown = [
+        ("seq_len", f"seq {c['seq_len']:,}"),
+        ("micro_batch_size", f"micro-batch {c['micro_batch_size']}"),
+        ("global_batch_size", c["global_batch_size"] and f"global batch {c['global_batch_size']}"),
+        ("precision", c["precision"]),
+        ("optimizer", c["optimizer"]),
+        ("zero", f"ZeRO {c['zero']}"),
+        *((k, f"{k} {c[k]}") for k in ("tp", "pp", "cp")),
+        ("dp", not {"num_gpus", "tp", "pp", "cp"} & set(axes) and f"dp {dp}"),
+        ("ep", c["ep"] > 1 and f"ep {c['ep']}"),
+        ("virtual_stages", c["virtual_stages"] > 1 and f"virtual stages {c['virtual_stages']}"),
+        ("recompute", f"recompute {c['recompute']}"),
+        ("attention", f"{c['attention']} attention"),
+        ("framework", f"framework {c['framework']}"),
+        ("loss", f"loss {c['loss']}"),
+        ("offload", c["offload"] != "none" and f"offload {c['offload']}"),
+        ("lora_rank", c["lora_rank"] > 0 and f"{adapter} rank {c['lora_rank']}"),
+        ("sequence_parallel", c["sequence_parallel"] and "sequence parallel"),
+        ("activation_offload", c["activation_offload"] and "activation offload"),
+    ]
+    return "fixed: " + ", ".join(str(t) for k, t in shown if t and k not in axes)
+
+
+def _points_settings(points: pl.DataFrame, axes: tuple[str, str]) -> str:
+    """The points' constant columns in words, and the columns the best point was chosen over."""
+    fixed, varying = [], []
+    for name in POINT_AXES:
+        if name in axes:
+            continue
+        values = points[name].unique().to_list()
+        if len(values) == 1:
+            value = values[0]
+            fixed.append(f"{name} {value:,}" if isinstance(value, int) else f"{name} {value}")
+        else:
+            varying.append(name)
+    text = ", ".join(fixed)
+    if varying:
+        text += f"\nbest point per cell (smallest peak that fits) over: {', '.join(varying)}"
+    return text
+
+
+def fitting_x_values(cells: pl.DataFrame, x: str, y: str, y_values: Sequence[Any]) -> dict:
+    """For each y value (as text), the x values whose cell fits, in axis order."""
+    return {
+        str(value): cells.filter((pl.col(y) == value) & pl.col("fits"))[x].to_list()
+        for value in y_values
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    return value
+
+
+def heatmap_cmd(
+    model: Annotated[
+        str | None, typer.Option(help="Preset name or HF config.json path; default llama-3.1-8b.")
+    ] = None,
+    gpu: Annotated[
+        str | None, typer.Option(help="GPU profile (`trainmem gpus`); default h100-sxm-80gb.")
+    ] = None,
+    x: Annotated[str, typer.Option("--x", help="Field on the x axis (listed above).")] = (
+        "micro_batch_size"
+    ),
+    y: Annotated[str, typer.Option("--y", help="Field on the y axis.")] = "seq_len",
+    x_values: Annotated[
+        str | None, typer.Option(help="Comma list of x values (default: a range per field).")
+    ] = None,
+    y_values: Annotated[str | None, typer.Option(help="Comma list of y values.")] = None,
+    out: Annotated[str, typer.Option(help="Image file: .png or .svg.")] = "heatmap.png",
+    points: Annotated[
+        str | None,
+        typer.Option(help="Draw stored points (a sweep's --out folder): best point per cell."),
+    ] = None,
+    where: Annotated[
+        str | None, typer.Option(help='With --points: SQL WHERE clause, e.g. "zero = 3".')
+    ] = None,
+    num_gpus: Annotated[int, typer.Option(help="Total GPUs; dp = num_gpus/(tp*pp*cp).")] = 1,
+    seq_len: Annotated[int, typer.Option(help="Sequence length (tokens).")] = 2048,
+    micro_batch_size: Annotated[int, typer.Option(help="Sequences per GPU per step.")] = 1,
+    global_batch_size: Annotated[
+        int, typer.Option(help="Sequences per optimizer step (0: micro x dp).")
+    ] = 0,
+    precision: Annotated[str, typer.Option(help="|".join(PRECISIONS))] = "amp-bf16",
+    optimizer: Annotated[str, typer.Option(help="|".join(OPTIMIZERS))] = "adamw",
+    recompute: Annotated[str, typer.Option(help="|".join(RECOMPUTE))] = "none",
+    attention: Annotated[str, typer.Option(help="|".join(ATTENTION))] = "flash",
+    zero: Annotated[int, typer.Option(help="ZeRO stage 0-3 (3 = FSDP full shard).")] = 0,
+    tp: Annotated[int, typer.Option(help="Tensor parallel degree.")] = 1,
+    pp: Annotated[int, typer.Option(help="Pipeline parallel degree.")] = 1,
+    virtual_stages: Annotated[int, typer.Option(help="Interleaved stages per rank.")] = 1,
+    cp: Annotated[int, typer.Option(help="Context parallel degree.")] = 1,
+    sequence_parallel: Annotated[
+        bool, typer.Option("--sequence-parallel", help="Megatron-style sequence parallelism.")
+    ] = False,
+    framework: Annotated[str, typer.Option(help="|".join(FRAMEWORKS))] = "hf",
+    ep: Annotated[int, typer.Option(help="Expert parallel degree (MoE; divides dp*cp).")] = 1,
+    offload: Annotated[str, typer.Option(help="|".join(OFFLOADS))] = "none",
+    lora_rank: Annotated[int, typer.Option(help="LoRA rank (0: full fine-tuning).")] = 0,
+    lora_targets: Annotated[str, typer.Option(help="PEFT target modules.")] = "all-linear",
+    qlora: Annotated[bool, typer.Option("--qlora", help="NF4 base weights (QLoRA).")] = False,
+    loss: Annotated[str, typer.Option(help="|".join(LOSSES))] = "full",
+    activation_offload: Annotated[
+        bool, typer.Option("--activation-offload", help="Keep two blocks' activations on GPU.")
+    ] = False,
+    headroom: Annotated[float, typer.Option(help="Fraction of usable memory kept free.")] = 0.10,
+    hardware_dir: Annotated[str | None, typer.Option(help="Folder of extra GPU TOML files.")] = (
+        None
+    ),
+    models_dir: Annotated[
+        str | None, typer.Option(help="Folder of extra model presets (or TRAINMEM_MODELS_DIR).")
+    ] = None,
+    optimizers_dir: Annotated[
+        str | None, typer.Option(help="Folder of extra optimizers (or TRAINMEM_OPTIMIZERS_DIR).")
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Also print the cells and the file as JSON.")
+    ] = False,
+) -> None:
+    """Fit/no-fit heatmap of two knobs: colour = peak device memory per GPU (GiB), a line at the
+    GPU's usable memory less the headroom. Axes: micro_batch_size, seq_len, num_gpus, tp, pp,
+    cp, ep, virtual_stages, zero, lora_rank, recompute, offload, precision, optimizer,
+    attention, framework, loss, sequence_parallel, activation_offload, qlora (--points: also
+    dp, grad_accum_steps, global_batch_size). With --points the other settings come from the
+    points and each cell shows its best point (smallest peak that fits, else smallest peak);
+    the configuration flags are then ignored. PNG, or SVG by extension.
+    """
+    fmt = heatmap_format(out)
+    plot = Plot(x=x, y=y, x_text=x_values, y_text=y_values, out=out,
+                headroom=check_headroom(headroom), hardware_dir=hardware_dir)  # fmt: skip
+    if points is not None:
+        if model is not None or gpu is not None:
+            raise ValueError("--model/--gpu: with --points they come from the points; "
+                             "select them with --where \"gpu = 'NAME'\"")  # fmt: skip
+        report = _from_points(plot, points, where=where)
+    else:
+        if where is not None:
+            raise ValueError("--where: applies to --points only")
+        config: dict[str, Any] = {
+            "micro_batch_size": micro_batch_size, "seq_len": seq_len, "num_gpus": num_gpus,
+            "global_batch_size": global_batch_size, "tp": tp, "pp": pp, "cp": cp,
+            "virtual_stages": virtual_stages, "zero": zero,
+            "sequence_parallel": sequence_parallel, "precision": precision,
+            "optimizer": optimizer, "recompute": recompute, "attention": attention,
+            "framework": framework, "ep": ep, "offload": offload, "lora_rank": lora_rank,
+            "lora_targets": lora_targets, "qlora": qlora, "loss": loss,
+            "activation_offload": activation_offload,
+        }  # fmt: skip
+        report = _from_flags(plot, config, model=model or "llama-3.1-8b",
+                             gpu=gpu or "h100-sxm-80gb", models_dir=models_dir,
+                             optimizers_dir=optimizers_dir)  # fmt: skip
+    report["format"] = fmt
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    cells = report["cells"]
+    typer.echo(
+        f"wrote {report['out']}: {report['model']} on {report['gpu']['name']}, "
+        f"{len(cells)} cells, {sum(c['fits'] for c in cells)} fit "
+        f"(limit {report['limit_bytes'] / GIB:.2f} GiB)"
+    )
+    answers = report["fitting_x_values"].items()
+    if x not in CATEGORICAL and x not in BOOL_AXES:
+        text = ", ".join(f"{k}: {v[-1] if v else 'none'}" for k, v in answers)
+        typer.echo(f"largest {x} that fits, by {y}: {text}")
+    else:
+        text = "; ".join(f"{k}: {', '.join(map(str, v)) or 'none'}" for k, v in answers)
+        typer.echo(f"{x} that fits, by {y}: {text}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plot:
+    """What a heatmap needs besides its source (flags or points)."""
+
+    x: str
+    y: str
+    x_text: str | None
+    """--x-values as given (None: the axis's default range, or the stored values)."""
+    y_text: str | None
+    out: str
+    headroom: float
+    hardware_dir: str | None
+
+    def limit_bytes(self, profile: GpuProfile) -> float:
+        """Where fitting ends: usable memory x (1 - headroom)."""
+        return profile.usable_bytes * (1 - self.headroom)
+
+    def draw(self, cells: pl.DataFrame, xs: list[Any], ys: list[Any], *, profile: GpuProfile,
+             title: str, subtitle: str) -> None:  # fmt: skip
+        """Write the image (trainmem.results.write_heatmap) with the axis labels and limit."""
+        limit_gib = self.limit_bytes(profile) / GIB
+        label = (f"fit boundary: {limit_gib:.2f} GiB = {profile.usable_bytes / GIB:.2f} GiB "
+                 f"usable x (1 - {self.headroom:.0%} headroom)")  # fmt: skip
+        write_heatmap(cells, self.out, x=self.x, y=self.y, x_values=xs, y_values=ys,
+                      x_label=AXIS_LABELS[self.x], y_label=AXIS_LABELS[self.y],
+                      limit_gib=limit_gib, limit_label=label, title=title,
+                      subtitle=subtitle)  # fmt: skip
+
+    def report(self, cells: pl.DataFrame, xs: list[Any], ys: list[Any], *, model: str,
+               profile: GpuProfile, config: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+        """The --json object: the file, the GPU limit, the axes and every cell."""
+        return {
+            "out": self.out,
+            "model": model,
+            "gpu": {
+                "name": profile.name,
+                "memory_bytes": profile.memory_bytes,
+                "usable_bytes": profile.usable_bytes,
+            },  # fmt: skip
+            "headroom": self.headroom,
+            "limit_bytes": round(self.limit_bytes(profile)),
+            "x": self.x,
+            "y": self.y,
+            "x_values": xs,
+            "y_values": ys,
+            "config": config,
+            "fitting_x_values": fitting_x_values(cells, self.x, self.y, ys),
+            "cells": [{k: _jsonable(v) for k, v in row.items()} for row in cells.to_dicts()],
+        }
+
+
+def _from_flags(
+    plot: Plot,
+    config: dict[str, Any],
+    *,
+    model: str,
+    gpu: str,
+    models_dir: str | None,
+    optimizers_dir: str | None,
+) -> dict[str, Any]:
+    """Validate, evaluate the grid in one engine call, draw; returns the JSON report."""
+    x, y = plot.x, plot.y
+    check_axes(x, y, FLAG_AXES)
+    for name, allowed in (("precision", PRECISIONS), ("recompute", RECOMPUTE),
+                          ("attention", ATTENTION), ("framework", FRAMEWORKS),
+                          ("offload", OFFLOADS), ("loss", LOSSES)):  # fmt: skip
+        choice(name, config[name], allowed)
+    optimizer_fields = {} if "optimizer" in (x, y) else optimizer_columns(
+        config["optimizer"], optimizers_dir
+    )  # fmt: skip
+    xs = parse_values("--x-values", x, plot.x_text) if plot.x_text else default_values(x, config)
+    ys = parse_values("--y-values", y, plot.y_text) if plot.y_text else default_values(y, config)
+    spec = load_model(model, models_dir=models_dir)
+    profile = get_gpu(gpu, plot.hardware_dir)
+    cells = heatmap_cells(spec, profile, {**config, **optimizer_fields}, x=x, x_values=xs, y=y,
+                          y_values=ys, headroom=plot.headroom)  # fmt: skip
+    on = f"{config['num_gpus']} x {profile.name}" if "num_gpus" not in (x, y) else profile.name
+    plot.draw(cells, xs, ys, profile=profile, title=f"Peak memory per GPU: {spec.name} on {on}",
+              subtitle=_settings(config, (x, y)))  # fmt: skip
+    fixed = {k: v for k, v in config.items() if k not in (x, y)}
+    return plot.report(cells, xs, ys, model=spec.name, profile=profile, config=fixed)
+
+
+def _from_points(plot: Plot, path: str, *, where: str | None) -> dict[str, Any]:
+    """Read the points, keep the best per cell, draw; returns the JSON report."""
+    x, y = plot.x, plot.y
+    check_axes(x, y, POINT_AXES)
+    frame = query_points(path, where=where, head=None)
+    if frame.height == 0:
+        raise ValueError(f"--points: no points under {path!r}" + (" match --where" * bool(where)))
+    for column in ("gpu", "model"):
+        names = sorted(str(v) for v in frame[column].unique().to_list())
+        if len(names) > 1:
+            raise ValueError(
+                f"--points: points of several values of {column} ({', '.join(names)}); "
+                f"keep one with --where \"{column} = '{names[0]}'\""
+            )
+    profile = get_gpu(str(frame["gpu"][0]), plot.hardware_dir)
+    cells = best_point_cells(frame, x=x, y=y, limit_bytes=plot.limit_bytes(profile))
+    xs = parse_values("--x-values", x, plot.x_text) if plot.x_text else _axis_order(x, cells[x])
+    ys = parse_values("--y-values", y, plot.y_text) if plot.y_text else _axis_order(y, cells[y])
+    cells = cells.filter(pl.col(x).is_in(xs) & pl.col(y).is_in(ys)).sort(
+        pl.col(y).replace_strict({v: k for k, v in enumerate(ys)}, default=0),
+        pl.col(x).replace_strict({v: k for k, v in enumerate(xs)}, default=0),
+    )
+    if cells.height == 0:
+        raise ValueError("--x-values/--y-values: no stored point has these values")
+    num_gpus = frame["num_gpus"].unique().to_list()
+    on = f"{num_gpus[0]} x {profile.name}" if len(num_gpus) == 1 else profile.name
+    model = str(frame["model"][0])
+    title = f"Peak memory per GPU: {model} on {on} ({frame.height:,} stored points)"
+    plot.draw(cells, xs, ys, profile=profile, title=title,
+              subtitle=_points_settings(frame, (x, y)))  # fmt: skip
+    return plot.report(cells, xs, ys, model=model, profile=profile,
+                       config={"points": path, "where": where})  # fmt: skip
+
+
+def register(app: typer.Typer) -> None:
+    """Add `heatmap` to the CLI app."""
+    app.command("heatmap")(heatmap_cmd)
