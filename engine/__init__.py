@@ -5,7 +5,15 @@ shipped presets.
 """
 
 from ._advice import GpuChoice, advise, neighbours, top_consumers
-from ._estimate import COMPONENTS, PHASES, REASONS, estimate, layout_reason, reason_text
+from ._estimate import (
+    COMPONENTS,
+    PHASES,
+    PROFILE_MISMATCH,
+    REASONS,
+    estimate,
+    layout_reason,
+    reason_text,
+)
 from ._flops import model_flops_per_token
 from ._grid import (
     ATTENTION,
@@ -24,6 +32,13 @@ from ._model import ModelSpec, model_from_hf_config
 from ._optimizers import OptimizerSpec, load_optimizers, optimizer_columns
 from ._overhead import Overheads, cublas_workspace_bytes_for
 from ._presets import load_model, model_config_dict, model_presets, preset_names
+from ._profile import (
+    ActivationProfile,
+    derive_profile,
+    load_profile,
+    profile_model,
+    validate_profile,
+)
 from ._states import LORA_TARGETS, lora_mask, lora_num_parameters
 from ._time import TIME_COLUMNS, bubble_fraction, estimate_time
 from ._time_params import TimeParams, time_inputs
@@ -31,6 +46,7 @@ from ._units import GIB
 
 __all__ = [
     "ATTENTION",
+    "ActivationProfile",
     "COMPONENTS",
     "DEFAULTS",
     "FRAMEWORKS",
@@ -41,6 +57,7 @@ __all__ = [
     "OPTIMIZERS",
     "PHASES",
     "PRECISIONS",
+    "PROFILE_MISMATCH",
     "REASONS",
     "RECOMPUTE",
     "GpuChoice",
@@ -54,12 +71,14 @@ __all__ = [
     "bubble_fraction",
     "cublas_workspace_bytes_for",
     "decode",
+    "derive_profile",
     "estimate",
     "estimate_time",
     "layout_reason",
     "load_model",
     "model_config_dict",
     "load_optimizers",
+    "load_profile",
     "lora_mask",
     "lora_num_parameters",
     "make_grid",
@@ -69,7 +88,9 @@ __all__ = [
     "optimizer_columns",
     "model_flops_per_token",
     "preset_names",
+    "profile_model",
     "reason_text",
     "time_inputs",
     "top_consumers",
+    "validate_profile",
 ]

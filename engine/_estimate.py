@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._factorize import per_key
-from ._grid import Grid
+from ._grid import ATTENTION, PRECISIONS, RECOMPUTE, Grid
 from ._model import ModelSpec
 from ._overhead import Overheads, num_communicators
 from ._rank_activations import ACT_KEYS, activation_terms
@@ -48,8 +48,11 @@ REASONS = (
     "(and both be 1 for a dense model)",
     "offload needs zero >= 1 (optimizer+params: zero 3)",
     "qlora needs lora_rank > 0",
+    "profile: precision, recompute and attention must be the traced ones (valid_for); tp, cp, "
+    "ep and etp must be 1; no lora or qlora; loss full",
 )
 """Invalid-layout reasons; the `reason` column holds an index into this tuple (0 = valid)."""
+PROFILE_MISMATCH = len(REASONS) - 1
 
 
 def _assemble(
@@ -157,7 +160,23 @@ def layout_reason(m: ModelSpec, g: Grid) -> np.ndarray:
     reason = np.zeros(len(tp), dtype=np.int8)
     for code in range(len(rules), 0, -1):  # the first broken rule wins
         reason = np.where(rules[code - 1], code, reason).astype(np.int8)
+    if m.profile is not None:  # a traced profile: its own rule first
+        reason = np.where(profile_mismatch(m, g), PROFILE_MISMATCH, reason).astype(np.int8)
     return reason
+
+
+def profile_mismatch(m: ModelSpec, g: Grid) -> np.ndarray:
+    """Rows a traced profile does not describe: another precision, recompute policy or attention
+    than traced, any tensor, context or expert parallelism, LoRA/QLoRA, the chunked loss."""
+    p = m.profile
+    assert p is not None
+    return (
+        (g["precision"] != PRECISIONS.index(p.precision))
+        | (g["recompute"] != RECOMPUTE.index(p.recompute))
+        | (g["attention"] != ATTENTION.index(p.attention))
+        | (g["tp"] != 1) | (g["cp"] != 1) | (g["ep"] != 1) | (g["etp"] != 1)
+        | (g["lora_rank"] != 0) | g["qlora"] | (g["loss"] != 0)
+    )  # fmt: skip
 
 
 def reason_text(code: int) -> str:

@@ -22,7 +22,13 @@ def matmul_parameters(m: ModelSpec) -> tuple[float, float]:
     projection (vocab x hidden, tied or not: the embedding lookup is not a GEMM, the logits are)
     and BERT's head transform. Source: PaLM (Chowdhery et al. 2022) Appendix B; torchtitan
     `get_nparams_and_flops` (parameters less the embedding; active experts only for MoE).
+    A traced profile knows its parameter counts only: every parameter counts as a GEMM weight
+    (6N per token; its attention scores are not counted).
     """
+    traced = m.profile
+    if traced is not None:
+        blocks_traced = float(traced.num_parameters_per_layer * m.num_hidden_layers)
+        return blocks_traced, float(traced.num_parameters_outside_layers)
     blocks = 0.0
     for p in m.param_tensors():
         if p.group in BLOCK_GROUPS and len(p.shape) >= 2:

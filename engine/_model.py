@@ -9,9 +9,12 @@ rounded per tensor, as the CUDA caching allocator does.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-Family = Literal["decoder", "gpt2", "bert"]
+if TYPE_CHECKING:
+    from ._profile import ActivationProfile
+
+Family = Literal["decoder", "gpt2", "bert", "profile"]
 NormKind = Literal["rms", "gemma_rms", "layernorm"]
 MlpAct = Literal["silu", "gelu", "gelu_new", "relu"]
 TpSplit = Literal["col", "row", "vocab", "rep"]
@@ -54,7 +57,8 @@ class ModelSpec:
     """Preset name or the config file's path."""
     family: Family
     """decoder: Llama-style (Llama, Mistral, Qwen2, Gemma, Phi-3); gpt2: GPT-2/3 (Conv1D, learned
-    positions, LayerNorm with bias); bert: encoder-only BERT with an MLM head."""
+    positions, LayerNorm with bias); bert: encoder-only BERT with an MLM head; profile: an
+    architecture known only by its traced activation profile (`profile`, see _profile.py)."""
     model_type: str
     hidden_size: int
     intermediate_size: int
@@ -103,6 +107,8 @@ class ModelSpec:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    profile: ActivationProfile | None = None
+    """Family "profile": the traced coefficients that replace the activation formulas."""
 
     @property
     def is_moe(self) -> bool:
@@ -170,6 +176,15 @@ class ModelSpec:
 
 
 def _param_tensors(m: ModelSpec) -> tuple[ParamTensor, ...]:
+    if m.profile is not None:
+        # A traced profile knows its parameter counts only: one tensor per layer, one outside.
+        per_layer = m.profile.num_parameters_per_layer
+        outside = m.profile.num_parameters_outside_layers
+        layer = ParamTensor(name="layer", shape=(per_layer,), group="layer", tp_split="rep")
+        if not outside:
+            return (layer,)
+        embed = ParamTensor(name="outside_layers", shape=(outside,), group="embed", tp_split="rep")
+        return (embed, layer)
     h, f, v = m.hidden_size, m.intermediate_size, m.vocab_size
     qd, kvd = m.q_dim, m.kv_dim
     out: list[ParamTensor] = []

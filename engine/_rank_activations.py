@@ -10,6 +10,7 @@ import numpy as np
 from . import _activations as act
 from . import _states as st
 from ._model import ModelSpec
+from ._rank_profile import profile_activation_terms
 from ._rank_states import block_counts, stage_flags
 
 HF, MEGATRON, DEEPSPEED, TORCHTITAN = 0, 1, 2, 3
@@ -75,6 +76,8 @@ def _block_parts(
 
 def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Activation bytes of one micro-batch on one stage, and the loss/backward transients."""
+    if m.profile is not None:
+        return profile_activation_terms(m, c)
     prec = c["precision"].astype(np.int64)
     fw = c["framework"].astype(np.int64)
     rc = c["recompute"].astype(np.int64)

@@ -24,7 +24,9 @@ from trainmem.engine import (
     LOSSES,
     OFFLOADS,
     PRECISIONS,
+    PROFILE_MISMATCH,
     RECOMPUTE,
+    ModelSpec,
     Overheads,
     TimeParams,
     cublas_workspace_bytes_for,
@@ -32,6 +34,7 @@ from trainmem.engine import (
     estimate_time,
     layout_reason,
     load_model,
+    load_profile,
     make_grid,
     optimizer_columns,
     reason_text,
@@ -47,6 +50,50 @@ OUTPUT_FIELDS = ("as_json",)
 """Command options that choose how a report is printed, not what it says."""
 
 MINIMIZE = ("micro-batch-size", "num-gpus")
+DEFAULT_MODEL = "llama-3.1-8b"
+"""The commands' --model default: with --profile, --model is left at it or names the profile."""
+
+
+def model_spec(model: str, *, models_dir: str | None, profile_file: str | None) -> ModelSpec:
+    """The model a command estimates: a preset or config.json, or a traced profile file.
+
+    With `profile_file` (--profile), `model` must be left at its default or equal the profile's
+    name.
+    """
+    if profile_file is None:
+        return load_model(model, models_dir=models_dir)
+    spec = load_profile(profile_file)
+    if model not in (DEFAULT_MODEL, spec.name):
+        raise ValueError(
+            f"model: --model {model} conflicts with --profile {profile_file} (model "
+            f"{spec.name!r}); leave --model out"
+        )
+    return spec
+
+
+def traced_choices(spec: ModelSpec, precision: str, recompute: str, attention: str):
+    """(precision, recompute, attention): with a traced profile, those left at their defaults
+    become the traced ones (an explicit other value then fails the layout check)."""
+    p = spec.profile
+    if p is None:
+        return precision, recompute, attention
+    return tuple(
+        traced if given == DEFAULTS[key] else given
+        for key, given, traced in (("precision", precision, p.precision),
+                                   ("recompute", recompute, p.recompute),
+                                   ("attention", attention, p.attention))
+    )  # fmt: skip
+
+
+def check_layout(spec: ModelSpec, grid: dict[str, np.ndarray]) -> None:
+    """One-line ValueError when the single row of `grid` is not a valid layout for `spec`."""
+    code = int(layout_reason(spec, grid)[0])
+    if code == PROFILE_MISMATCH and spec.profile is not None:
+        raise ValueError(
+            f"layout: profile {spec.name!r} holds only for {spec.profile.valid_for_text}"
+        )
+    if code:
+        raise ValueError(f"layout: {reason_text(code)}")
 
 
 def command_fields(scope: Mapping[str, Any]) -> dict[str, Any]:
@@ -131,6 +178,7 @@ def estimate_report(
     per_stage: bool,
     tokens: float | None,
     time_param: list[str] | None,
+    profile_file: str | None = None,
 ) -> dict[str, Any]:
     """`trainmem estimate --json`: the per-device breakdown, phase peaks, fit, time and advice."""
     choice("precision", precision, PRECISIONS)
@@ -141,7 +189,8 @@ def estimate_report(
     choice("offload", offload, OFFLOADS)
     choice("loss", loss, LOSSES)
     check_headroom(headroom)
-    spec = load_model(model, models_dir=models_dir)
+    spec = model_spec(model, models_dir=models_dir, profile_file=profile_file)
+    precision, recompute, attention = traced_choices(spec, precision, recompute, attention)
     profile = get_gpu(gpu, hardware_dir)
     config: dict[str, Any] = {
         "micro_batch_size": micro_batch_size,
@@ -171,9 +220,7 @@ def estimate_report(
     }
     grid_config = {**config, **optimizer_fields}  # a user optimizer as engine columns
     grid = make_grid(grid_config)
-    reason = reason_text(layout_reason(spec, grid)[0])
-    if reason:
-        raise ValueError(f"layout: {reason}")
+    check_layout(spec, grid)
     ov = Overheads(cublas_workspace_bytes=cublas_workspace_bytes_for(profile.arch))
     ov = ov.with_overrides(key_numbers("--overhead", overhead or [], Overheads.names()))
     out = estimate(spec, grid, usable_bytes=profile.usable_bytes, headroom=headroom, overheads=ov)
@@ -251,6 +298,7 @@ def fit_report(
     max_num_gpus: int,
     models_dir: str | None,
     optimizers_dir: str | None,
+    profile_file: str | None = None,
 ) -> dict[str, Any]:
     """`trainmem fit --json`: the largest micro-batch (or fewest GPUs) that fits, its estimate,
     and the advice when nothing fits."""
@@ -268,7 +316,8 @@ def fit_report(
     check_headroom(headroom)
     if max_micro_batch_size < 1 or max_num_gpus < 1:
         raise ValueError("max-micro-batch-size and max-num-gpus must be >= 1")
-    spec = load_model(model, models_dir=models_dir)
+    spec = model_spec(model, models_dir=models_dir, profile_file=profile_file)
+    precision, recompute, attention = traced_choices(spec, precision, recompute, attention)
     profile = get_gpu(gpu, hardware_dir)
     config: dict[str, Any] = {
         "micro_batch_size": micro_batch_size, "seq_len": seq_len, "num_gpus": num_gpus,

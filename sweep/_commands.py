@@ -20,13 +20,12 @@ from trainmem.engine import (
     OPTIMIZERS,
     PRECISIONS,
     RECOMPUTE,
-    load_model,
     optimizer_columns,
 )
 from trainmem.hardware import GIB, load_gpus, parse_fleet
 from trainmem.results import query_points
 
-from ._api import command_fields, fit_report, jsonable
+from ._api import command_defaults, command_fields, fit_report, jsonable, model_spec
 from ._search import Progress, SearchResult, parse_objectives, run_exhaustive, run_optuna
 from ._space import Space, make_space
 from ._validate import check_headroom, choice
@@ -83,6 +82,13 @@ def fit_cmd(
     ] = None,
     optimizers_dir: Annotated[
         str | None, typer.Option(help="Folder of extra optimizers (or TRAINMEM_OPTIMIZERS_DIR).")
+    ] = None,
+    profile_file: Annotated[
+        str | None,
+        typer.Option(
+            "--profile",
+            help="Activation profile JSON (`trainmem trace --save-profile`) as the model.",
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
@@ -190,6 +196,13 @@ def sweep_cmd(
     optimizers_dir: Annotated[
         str | None, typer.Option(help="Folder of extra optimizers (or TRAINMEM_OPTIMIZERS_DIR).")
     ] = None,
+    profile_file: Annotated[
+        str | None,
+        typer.Option(
+            "--profile",
+            help="Activation profile JSON (`trainmem trace --save-profile`) as the model.",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Search a fleet for the cheapest (or fastest, or smallest) configuration that fits."""
@@ -200,13 +213,22 @@ def sweep_cmd(
     objectives = parse_objectives(objective)
     check_headroom(headroom)
     gpus = load_gpus(hardware_dir)
+    spec = model_spec(model, models_dir=models_dir, profile_file=profile_file)
+    if spec.profile is not None and precision not in (
+        command_defaults(sweep_cmd)["precision"],
+        spec.profile.precision,
+    ):
+        raise ValueError(
+            f"precision: --profile {profile_file} was traced with {spec.profile.precision}; "
+            f"got --precision {precision}"
+        )
     space = make_space(
-        load_model(model, models_dir=models_dir), parse_fleet(fleet, gpus), gpus,
+        spec, parse_fleet(fleet, gpus), gpus,
         seq_len=seq_len, global_batch_size=global_batch_size, precision=precision,
         optimizer=optimizer_fields, framework=framework, max_micro_batch_size=max_micro_batch_size,
         max_pp=max_pp, max_cp=max_cp, headroom=headroom,
     )  # fmt: skip
-    study = study_name or _default_study(model, fleet, seq_len, global_batch_size, method)
+    study = study_name or _default_study(spec.name, fleet, seq_len, global_batch_size, method)
     search = functools.partial(
         _search, space, method=method, out=out, study=study, objectives=objectives,
         trials=trials, seed=seed, storage=storage, workers=workers, jobs=jobs,

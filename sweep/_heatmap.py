@@ -344,8 +344,10 @@ def heatmap_cmd(
         bool, typer.Option("--json", help="Also print the cells and the file as JSON.")
     ] = False,
 ) -> None:
-    """Fit/no-fit heatmap of two knobs: colour = peak device memory per GPU (GiB), a line at the
-    GPU's usable memory less the headroom. Axes: micro_batch_size, seq_len, num_gpus, tp, pp,
+    """Fit/no-fit heatmap of two knobs: peak device memory per GPU and the fit boundary.
+
+    Colour = peak device memory per GPU (GiB), a line at the GPU's usable memory less the
+    headroom. Axes: micro_batch_size, seq_len, num_gpus, tp, pp,
     cp, ep, virtual_stages, zero, lora_rank, recompute, offload, precision, optimizer,
     attention, framework, loss, sequence_parallel, activation_offload, qlora (--points: also
     dp, grad_accum_steps, global_batch_size). With --points the other settings come from the

@@ -130,12 +130,15 @@ def space_fingerprint(space: Space, *, chunk_size: int) -> str:
 def run_exhaustive(
     space: Space,
     *,
-    out: str | os.PathLike[str],
+    out: str | os.PathLike[str] | None,
     study: str,
     objectives: Sequence[str] = ("cost",),
     chunk_size: int = 100_000,
     jobs: int = 1,
     progress: Progress | None = None,
+    top: int | None = TOP,
+    distinct: Sequence[str] = (),
+    tie_break: Sequence[str] = (),
 ) -> SearchResult:
     """Evaluate every point of `space`, chunk by chunk, each chunk one Parquet part; `jobs` > 1
     spreads the chunks over that many joblib processes.
@@ -145,14 +148,22 @@ def run_exhaustive(
 
     A rerun skips the chunks already written (deterministic part names), so a killed sweep
     resumes without losing or duplicating points. Returns the exact optimum over fitting points.
+
+    `out` None: nothing is written (the points live in memory only; `parquet` is ""). `top`:
+    the best fitting points kept (None: all); `distinct`: columns of which each combination
+    keeps only its best point (e.g. the layout columns); `tie_break`: columns that order the
+    points the objectives and TIE_BREAK leave tied. `extra["closest"]`: when nothing fits, the
+    valid point nearest to fitting (lowest device peak / usable memory), else None.
     """
     start = time.perf_counter()
     total = space.num_points
     fp = space_fingerprint(space, chunk_size=chunk_size)
-    folder = study_dir(out, study)
+    folder = None if out is None else study_dir(out, study)
     chunks = [(f"x{fp}-{c:06d}", lo, min(lo + chunk_size, total))
               for c, lo in enumerate(range(0, total, chunk_size))]  # fmt: skip
-    args: dict[str, Any] = {"out": out, "study": study, "objectives": tuple(objectives)}
+    keys = [*_sort_keys(objectives), *[k for k in tie_break if k not in _sort_keys(objectives)]]
+    args: dict[str, Any] = {"out": out, "study": study, "objectives": tuple(objectives),
+                            "keys": keys, "top": top, "distinct": tuple(distinct)}  # fmt: skip
     if jobs > 1 and len(chunks) > 1:
         from joblib import Parallel, delayed
 
@@ -164,43 +175,77 @@ def run_exhaustive(
         results = (_exhaustive_chunk(space, part=part, lo=lo, hi=hi, **args)
                    for part, lo, hi in chunks)  # fmt: skip
     keep: list[pl.DataFrame] = []
+    near: list[pl.DataFrame] = []
     skipped = 0
-    for (_, _, hi), (best_rows, was_skipped) in zip(chunks, results, strict=True):
+    for (_, _, hi), (best_rows, closest, was_skipped) in zip(chunks, results, strict=True):
         keep.append(best_rows)
+        near.append(closest)
         skipped += was_skipped
         if progress is not None:
             progress(hi, total)
     fitting = pl.concat(keep) if keep else _frame(space, space.evaluate(np.arange(0)), study=study)
-    top = fitting.sort(_sort_keys(objectives)).head(TOP)
+    top_rows = _best_of(fitting, keys=keys, top=top, distinct=tuple(distinct))
     best = _pareto(fitting, objectives) if len(fitting) else fitting
+    nearest = _closest(space, pl.concat(near)) if near and not len(fitting) else None
     return SearchResult(
         best=_best_rows(best),
-        top=top,
+        top=top_rows,
         num_points=total,
-        parquet=str(folder),
+        parquet="" if folder is None else str(folder),
         elapsed_s=time.perf_counter() - start,
-        extra={"chunks_skipped": skipped},
-    )
+        extra={"chunks_skipped": skipped,
+               "closest": nearest.to_dicts()[0] if nearest is not None and len(nearest) else None},
+    )  # fmt: skip
+
+
+def _best_of(
+    frame: pl.DataFrame, *, keys: list[str], top: int | None, distinct: tuple[str, ...]
+) -> pl.DataFrame:
+    """The best rows by `keys`: one per distinct combination of `distinct`, `top` at most."""
+    frame = frame.sort(keys, maintain_order=True)
+    if distinct:
+        frame = frame.unique(subset=list(distinct), keep="first", maintain_order=True)
+    return frame if top is None else frame.head(top)
+
+
+def _closest(space: Space, frame: pl.DataFrame) -> pl.DataFrame:
+    """The valid row (no reason) with the lowest device peak / usable memory: nearest to fit."""
+    usable = {p.gpu: float(space.gpus[p.gpu].usable_bytes) for p in space.fleet.pools}
+    ratio = pl.col("peak_device_bytes") / pl.col("gpu").replace_strict(usable, default=None)
+    valid = frame.filter(pl.col("reason") == "")
+    nearest = valid.with_columns(_ratio=ratio).sort("_ratio", nulls_last=True, maintain_order=True)
+    return nearest.head(1).drop("_ratio")
 
 
 def _exhaustive_chunk(
-    space: Space, *, out: Any, study: str, part: str, lo: int, hi: int, objectives: tuple[str, ...]
-) -> tuple[pl.DataFrame, bool]:
-    """Evaluate and write one chunk (or read it back if a previous run wrote it); returns its
-    best fitting rows (top ten, and its Pareto front for two objectives) and whether it was
-    already on disk."""
-    path = study_dir(out, study) / f"part-{part}.parquet"
-    skipped = part_exists(out, study=study, part=part)
+    space: Space,
+    *,
+    out: Any,
+    study: str,
+    part: str,
+    lo: int,
+    hi: int,
+    objectives: tuple[str, ...],
+    keys: list[str],
+    top: int | None,
+    distinct: tuple[str, ...],
+) -> tuple[pl.DataFrame, pl.DataFrame, bool]:
+    """Evaluate and write one chunk (or read it back if a previous run wrote it; `out` None:
+    evaluate only); returns its best fitting rows (`_best_of`, and its Pareto front for two
+    objectives), its valid row nearest to fitting and whether it was already on disk."""
+    skipped = out is not None and part_exists(out, study=study, part=part)
     if skipped:
-        frame = pl.read_parquet(path)
+        frame = pl.read_parquet(study_dir(out, study) / f"part-{part}.parquet")
     else:
         frame = _frame(space, space.evaluate(np.arange(lo, hi)), study=study)
-        write_points(frame, out, study=study, part=part)
+        if out is not None:
+            write_points(frame, out, study=study, part=part)
     fitting = frame.filter(pl.col("fits"))
-    best = fitting.sort(_sort_keys(objectives)).head(TOP)
+    best = _best_of(fitting, keys=keys, top=top, distinct=distinct)
     if len(objectives) > 1:
         best = pl.concat([best, _pareto(fitting, objectives)])
-    return best, skipped
+    closest = _closest(space, frame) if not len(fitting) else frame.head(0)
+    return best, closest, skipped
 
 
 # ---- Optuna ------------------------------------------------------------------------------------

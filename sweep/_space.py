@@ -218,7 +218,11 @@ def make_space(
     virtual_stages: tuple[int, ...] = (1, 2),
     headroom: float = 0.10,
 ) -> Space:
-    """The space of a job on a fleet; ValueError on bad input (one line)."""
+    """The space of a job on a fleet; ValueError on bad input (one line).
+
+    A traced profile (model.profile) fixes precision, recompute and attention to the traced ones
+    and tp = cp = 1: the rows it describes.
+    """
     errors = []
     if seq_len < 1:
         errors.append(f"seq-len must be >= 1, got {seq_len}")
@@ -235,16 +239,20 @@ def make_space(
     if model.is_moe:
         eps = [e for e in _powers_of_two(min(model.num_experts, 64)) if model.num_experts % e == 0]
     cps = [c for c in _powers_of_two(max_cp) if seq_len % c == 0]
+    recomputes: tuple[str, ...] = ("none", "selective", "full")
+    traced = model.profile
+    if traced is not None:  # a traced profile holds for its own precision and policy only
+        precision, recomputes, cps = traced.precision, (traced.recompute,), [1]
     axes: dict[str, tuple[Any, ...]] = {
         "pool": tuple(range(len(fleet.pools))),
         "num_gpus": tuple(gpu_counts(fleet)),
-        "tp": tuple(_powers_of_two(max_per_node)),
+        "tp": (1,) if traced is not None else tuple(_powers_of_two(max_per_node)),
         "pp": tuple(pps),
         "virtual_stages": tuple(virtual_stages),
         "cp": tuple(cps),
         "ep": tuple(eps),
         "zero": (0, 1, 2, 3),
-        "recompute": ("none", "selective", "full"),
+        "recompute": recomputes,
         "offload": ("none", "optimizer", "optimizer+params"),
         "micro_batch_size": tuple(_powers_of_two(min(max_micro_batch_size, global_batch_size))),
     }
@@ -256,6 +264,7 @@ def make_space(
         **({"optimizer": optimizer} if isinstance(optimizer, str) else dict(optimizer)),
         "framework": framework,
         "sequence_parallel": True,
+        **({"attention": traced.attention} if traced is not None else {}),
     }
     make_grid(fixed)  # validates the fixed fields' names and values
     return Space(model=model, fleet=fleet, gpus=gpus, axes=axes, fixed=fixed, headroom=headroom)

@@ -110,6 +110,13 @@ def estimate_cmd(
         list[str] | None,
         typer.Option(help="Override a step-time constant, KEY=VALUE (repeatable)."),
     ] = None,
+    profile_file: Annotated[
+        str | None,
+        typer.Option(
+            "--profile",
+            help="Activation profile JSON (`trainmem trace --save-profile`) as the model.",
+        ),
+    ] = None,
 ) -> None:
     """Per-device memory of one training configuration: breakdown, phase peaks, fit."""
     report = estimate_report(**command_fields(locals()))
@@ -280,8 +287,13 @@ def gpus_cmd(
 
 
 from ._commands import register as _register_sweep_commands  # noqa: E402
+from ._serve import register as _register_serve  # noqa: E402
 
 _register_sweep_commands(app)  # fit, sweep, points (sweep/_commands.py)
+from ._recommend import register as _register_recommend  # noqa: E402
+
+_register_recommend(app)  # recommend (sweep/_recommend.py)
+_register_serve(app)  # serve (sweep/_serve.py)
 from ._heatmap import register as _register_heatmap  # noqa: E402
 
 _register_heatmap(app)  # heatmap (sweep/_heatmap.py)
@@ -294,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     interface (`exit_code`, `format_message`) rather than by class.
     """
     try:
-        app(args=argv, standalone_mode=False)
+        # Not standalone, click returns typer.Exit's code instead of raising it.
+        code = app(args=argv, standalone_mode=False)
     except ValueError as exc:
         print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
@@ -313,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error: {message}", file=sys.stderr)
             return int(getattr(exc, "exit_code", 2) or 2)
         raise
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 def run() -> None:

@@ -1,0 +1,446 @@
+"""Launch configs of a recommended plan: a DeepSpeed JSON config, a torchrun line, an sbatch
+script and an accelerate FSDP config, each rendered from the `recommend --json` report alone.
+
+Each format launches some frameworks only (FORMAT_FRAMEWORKS); `recommend` restricts its search
+to what the framework can launch (`_recommend.LAUNCHABLE`), so a rendered plan is the plan that
+was estimated. Numbers are concrete (never DeepSpeed's "auto"); learning rates and data paths
+are the user's, so they are placeholders or left to `$EXTRA_ARGS`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from typing import Any
+
+from trainmem.engine import FRAMEWORKS
+
+FORMATS = ("json", "deepspeed", "torchrun", "slurm", "accelerate")
+FORMAT_FRAMEWORKS: dict[str, tuple[str, ...]] = {
+    "json": FRAMEWORKS,
+    "deepspeed": ("deepspeed",),
+    "torchrun": ("megatron", "deepspeed"),
+    "slurm": ("megatron", "deepspeed"),
+    "accelerate": ("hf",),
+}
+"""Frameworks each format launches: DeepSpeed configs DeepSpeed; accelerate's FSDP config is the
+`hf` framework (FSDP2 for ZeRO-3, README "Concepts"); torchrun and sbatch start Megatron-LM's
+pretrain_gpt.py or a Hugging Face Trainer script with `--deepspeed`."""
+DEFAULT_FRAMEWORK = {"json": "megatron", "deepspeed": "deepspeed", "torchrun": "megatron",
+                     "slurm": "megatron", "accelerate": "hf"}  # fmt: skip
+MASTER_PORT = 29500
+"""torchrun's default rendezvous port (torch/distributed/run.py `--master-port`)."""
+CPUS_PER_GPU = 8
+"""sbatch --cpus-per-task per GPU (data-loader workers and the launcher); set it to your nodes."""
+DEEPSPEED_CONFIG_FILE = "ds_config.json"
+
+
+def render(report: dict[str, Any], fmt: str) -> str:
+    """The `recommend` report as `fmt` (one of FORMATS); ValueError (one line) when the plan's
+    framework cannot be launched that way or nothing fits. An alternative renders as
+    `render({**report, **report["alternatives"][k]}, fmt)`."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format: unknown value '{fmt}'; allowed: {', '.join(FORMATS)}")
+    if fmt == "json":
+        return json.dumps(report, indent=2)
+    check_format(fmt, report["framework"])
+    if not report["fits"]:
+        raise ValueError(f"format {fmt}: nothing fits, no launch config ({report['reason']})")
+    if fmt == "deepspeed":
+        return json.dumps(deepspeed_config(report), indent=2)
+    if fmt == "accelerate":
+        return accelerate_config(report)
+    return slurm_script(report) if fmt == "slurm" else torchrun_script(report)
+
+
+def check_format(fmt: str, framework: str) -> None:
+    """ValueError unless `fmt` launches `framework`."""
+    allowed = FORMAT_FRAMEWORKS[fmt]
+    if framework not in allowed:
+        raise ValueError(
+            f"framework: format {fmt} launches {'|'.join(allowed)}, not {framework}; "
+            f"omit --framework or pass one of those"
+        )
+
+
+def _summary(plan: dict[str, Any]) -> str:
+    """One comment line: the plan and its prediction."""
+    return (
+        f"{plan['model']} on {plan['num_nodes']} node(s) x {plan['gpus_per_node']} "
+        f"{plan['gpu']}: tp {plan['tp']} pp {plan['pp']} cp {plan['cp']} dp {plan['dp']} "
+        f"ep {plan['ep']}, zero {plan['zero']}, recompute {plan['recompute']}, offload "
+        f"{plan['offload']}, micro-batch {plan['micro_batch_size']} x accumulation "
+        f"{plan['grad_accum_steps']}; peak {plan['peak_device_bytes'] / 2**30:.2f} GiB per GPU"
+    )
+
+
+# ---- DeepSpeed ---------------------------------------------------------------------------------
+
+DEEPSPEED_OPTIMIZERS: dict[str, dict[str, Any]] = {
+    "adamw": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8,
+                                          "weight_decay": 0.1}},
+    "adamw-fused": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                "weight_decay": 0.1}},
+    "sgd": {"type": "SGD", "params": {"lr": 1e-2, "momentum": 0.0, "weight_decay": 0.0}},
+    "sgd-momentum": {"type": "SGD", "params": {"lr": 1e-2, "momentum": 0.9, "weight_decay": 0.0}},
+    "lion": {"type": "Lion", "params": {"lr": 1e-4, "betas": [0.9, 0.99], "weight_decay": 0.1}},
+    "adafactor": {"type": "Adafactor", "params": {"lr": 1e-2}},
+}  # fmt: skip
+"""`optimizer` blocks by trainmem optimizer (learning rates are placeholders). DeepSpeed builds
+Adam/AdamW/Lion itself (CPU variants under offload) and any other type as
+getattr(torch.optim, type) (deepspeed/runtime/engine.py _configure_basic_optimizer; Adafactor
+needs torch >= 2.5). Others (adamw-8bit, user optimizers) are passed to deepspeed.initialize by
+the script: no block, and `zero_allow_untested_optimizer`."""
+DEEPSPEED_CPU_OPTIMIZERS = ("AdamW", "Lion")
+"""Types DeepSpeed replaces by its CPU optimizer under offload_optimizer."""
+
+
+def deepspeed_config(plan: dict[str, Any]) -> dict[str, Any]:
+    """A DeepSpeed config (https://www.deepspeed.ai/docs/config-json/) of a deepspeed plan.
+
+    Buckets at the sizes the estimate assumes (HF Trainer's "auto": reduce_bucket_size = h^2,
+    stage3_prefetch_bucket_size = 0.9 h^2, stage3_param_persistence_threshold = 10 h; source:
+    transformers/integrations/deepspeed.py trainer_config_finalize).
+    """
+    h = int(plan["architecture"]["hidden_size"])
+    zero, precision, offload = int(plan["zero"]), plan["precision"], plan["offload"]
+    cfg: dict[str, Any] = {
+        "train_batch_size": plan["micro_batch_size"] * plan["grad_accum_steps"] * plan["dp"],
+        "train_micro_batch_size_per_gpu": plan["micro_batch_size"],
+        "gradient_accumulation_steps": plan["grad_accum_steps"],
+        "gradient_clipping": 1.0,
+        "steps_per_print": 10,
+        "wall_clock_breakdown": False,
+        "bf16": {"enabled": precision == "mixed-bf16"},
+        "fp16": {"enabled": precision == "mixed-fp16"},
+    }
+    if precision == "mixed-fp16":  # dynamic loss scaling, DeepSpeed's documented defaults
+        cfg["fp16"].update(loss_scale=0, initial_scale_power=16, loss_scale_window=1000,
+                           hysteresis=2, min_loss_scale=1)  # fmt: skip
+    block = DEEPSPEED_OPTIMIZERS.get(plan["optimizer"])
+    if block is None:
+        cfg["zero_allow_untested_optimizer"] = True
+    else:
+        cfg["optimizer"] = json.loads(json.dumps(block))  # a copy
+    z: dict[str, Any] = {"stage": zero}
+    if zero >= 1:
+        z.update(overlap_comm=True, reduce_bucket_size=h * h)
+    if zero >= 2:
+        z["contiguous_gradients"] = True
+    if zero == 3:
+        z.update(
+            stage3_prefetch_bucket_size=int(0.9 * h * h),
+            stage3_param_persistence_threshold=10 * h,
+            stage3_max_live_parameters=1_000_000_000,
+            stage3_max_reuse_distance=1_000_000_000,
+            stage3_gather_16bit_weights_on_model_save=True,
+        )
+    if offload in ("optimizer", "optimizer+params"):
+        z["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if block is None or block["type"] not in DEEPSPEED_CPU_OPTIMIZERS:
+            cfg["zero_force_ds_cpu_optimizer"] = False
+    if offload == "optimizer+params":
+        z["offload_param"] = {"device": "cpu", "pin_memory": True}
+    cfg["zero_optimization"] = z
+    if (
+        plan["recompute"] == "full"
+    ):  # the model checkpoints each layer (HF: --gradient_checkpointing)
+        cfg["activation_checkpointing"] = {
+            "partition_activations": False,  # needs tensor parallelism (an mpu)
+            "contiguous_memory_optimization": False,
+            "cpu_checkpointing": False,
+            "synchronize_checkpoint_boundary": False,
+            "profile": False,
+        }
+    return cfg
+
+
+# ---- torchrun and sbatch -----------------------------------------------------------------------
+
+
+def megatron_args(plan: dict[str, Any]) -> list[list[str]]:
+    """Megatron-LM pretrain_gpt.py arguments (megatron/training/arguments.py), grouped by line:
+    parallelism, batch, model shape, memory knobs, precision and optimizer."""
+    m = plan["architecture"]
+    layers, hidden, heads = m["num_hidden_layers"], m["hidden_size"], m["num_attention_heads"]
+    parallel = ["--tensor-model-parallel-size", plan["tp"], "--pipeline-model-parallel-size",
+                plan["pp"], "--context-parallel-size", plan["cp"]]  # fmt: skip
+    if plan["virtual_stages"] > 1:
+        parallel += ["--num-layers-per-virtual-pipeline-stage",
+                     layers // (plan["pp"] * plan["virtual_stages"])]  # fmt: skip
+    if plan["ep"] > 1:
+        parallel += ["--expert-model-parallel-size", plan["ep"]]
+    if plan["tp"] > 1 and plan["sequence_parallel"]:
+        parallel.append("--sequence-parallel")
+    batch = ["--micro-batch-size", plan["micro_batch_size"], "--global-batch-size",
+             plan["global_batch_size"], "--seq-length", plan["seq_len"]]  # fmt: skip
+    shape = ["--num-layers", layers, "--hidden-size", hidden, "--ffn-hidden-size",
+             m["intermediate_size"], "--num-attention-heads", heads]  # fmt: skip
+    if m["num_key_value_heads"] != heads:
+        shape += ["--group-query-attention", "--num-query-groups", m["num_key_value_heads"]]
+    if m["head_dim"] * heads != hidden:
+        shape += ["--kv-channels", m["head_dim"]]
+    shape += ["--max-position-embeddings", max(plan["seq_len"], m["max_position_embeddings"]),
+              "--position-embedding-type", "rope" if m["rotary"] else "learned_absolute",
+              "--normalization", "RMSNorm" if m["norm"] == "rms" else "LayerNorm"]  # fmt: skip
+    if m["gated_mlp"]:
+        shape.append("--swiglu")
+    if not m["tie_word_embeddings"]:
+        shape.append("--untie-embeddings-and-output-weights")
+    if not m["mlp_bias"]:
+        shape.append("--disable-bias-linear")
+        if m["attention_bias"]:
+            shape.append("--add-qkv-bias")
+    if m["dropout"] == 0:
+        shape += ["--attention-dropout", 0, "--hidden-dropout", 0]
+    if m["num_experts"]:
+        shape += ["--num-experts", m["num_experts"], "--moe-router-topk",
+                  m["num_experts_per_tok"], "--moe-ffn-hidden-size", m["moe_intermediate_size"],
+                  "--moe-grouped-gemm"]  # fmt: skip
+        if m["shared_expert_intermediate_size"]:
+            shape += ["--moe-shared-expert-intermediate-size", m["shared_expert_intermediate_size"]]
+        if m["num_dense_layers"]:
+            dense = m["num_dense_layers"]
+            shape += ["--moe-layer-freq", f"([0]*{dense}+[1]*{layers - dense})"]
+    if m["kv_lora_rank"]:
+        shape += ["--multi-latent-attention", "--kv-lora-rank", m["kv_lora_rank"], "--qk-head-dim",
+                  m["qk_nope_head_dim"], "--qk-pos-emb-head-dim", m["qk_rope_head_dim"],
+                  "--v-head-dim", m["v_head_dim"]]  # fmt: skip
+        if m["q_lora_rank"]:
+            shape += ["--q-lora-rank", m["q_lora_rank"]]
+    memory: list[Any] = []
+    if plan["recompute"] == "full":
+        memory += ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                   "--recompute-num-layers", 1]  # fmt: skip
+    elif plan["recompute"] == "selective":
+        memory += ["--recompute-granularity", "selective"]
+    if plan["zero"] >= 1:
+        memory.append("--use-distributed-optimizer")
+    if plan["zero"] >= 2:  # Megatron-FSDP (its README's required flags)
+        strategy = "optim_grads" if plan["zero"] == 2 else "optim_grads_params"
+        memory += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy]
+        memory += ["--no-gradient-accumulation-fusion", "--ckpt-format", "fsdp_dtensor"]
+    if plan["offload"] == "optimizer":  # the hybrid device optimizer needs the precision-aware one
+        memory += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer",
+                   "--overlap-cpu-optimizer-d2h-h2d"]  # fmt: skip
+    numerics: list[Any] = {
+        "mixed-bf16": ["--bf16"],
+        "mixed-fp16": ["--fp16"],
+        "fp8-mixed": ["--bf16", "--fp8-format", "hybrid", "--fp8-amax-history-len", 1024,
+                      "--fp8-amax-compute-algo", "max"],
+        "fp32": [],
+    }[plan["precision"]]  # fmt: skip
+    optimizer = MEGATRON_OPTIMIZERS.get(plan["optimizer"])
+    if optimizer is None:
+        raise ValueError(
+            f"optimizer: Megatron-LM's --optimizer takes adam or sgd (trainmem "
+            f"{'|'.join(MEGATRON_OPTIMIZERS)}), not {plan['optimizer']}"
+        )
+    numerics += [*optimizer, "--clip-grad", 1.0]
+    return [
+        [str(a) for a in group] for group in (parallel, batch, shape, memory, numerics) if group
+    ]
+
+
+MEGATRON_OPTIMIZERS: dict[str, list[Any]] = {
+    "adamw": ["--optimizer", "adam"],  # Megatron's adam decouples weight decay (AdamW)
+    "adamw-fused": ["--optimizer", "adam"],
+    "sgd": ["--optimizer", "sgd", "--sgd-momentum", 0.0],
+    "sgd-momentum": ["--optimizer", "sgd", "--sgd-momentum", 0.9],
+}
+
+
+def trainer_args(plan: dict[str, Any]) -> list[list[str]]:
+    """Hugging Face Trainer arguments (transformers TrainingArguments) of a deepspeed plan; the
+    DeepSpeed config (`--format deepspeed`) is read from DEEPSPEED_CONFIG_FILE."""
+    batch = ["--per_device_train_batch_size", plan["micro_batch_size"],
+             "--gradient_accumulation_steps", plan["grad_accum_steps"]]  # fmt: skip
+    knobs = ["--deepspeed", DEEPSPEED_CONFIG_FILE]
+    knobs += {"mixed-bf16": ["--bf16"], "mixed-fp16": ["--fp16"]}.get(plan["precision"], [])
+    if plan["recompute"] == "full":
+        knobs.append("--gradient_checkpointing")
+    return [[str(a) for a in batch], [str(a) for a in knobs]]
+
+
+def default_script(plan: dict[str, Any]) -> str:
+    if plan["framework"] == "megatron":
+        return (
+            "pretrain_bert.py"
+            if plan["architecture"]["model_type"] == "bert"
+            else "pretrain_gpt.py"
+        )
+    return "train.py"
+
+
+def _lines(head: str, groups: list[list[str]], tail: str, width: int = 96) -> str:
+    """A command over several lines (backslash continuations): each argument group on lines of
+    its own, a flag and its value never split."""
+    body = [head]
+    for group in groups:
+        line = ""
+        for arg in group:
+            if arg.startswith("--") and line and len(line) + len(arg) > width - 20:
+                body.append("    " + line)  # a new line starts at a flag, before 76 characters
+                line = ""
+            line = f"{line} {shlex.quote(arg)}" if line else shlex.quote(arg)
+        body.append("    " + line)
+    return " \\\n".join([*body, "    " + tail])
+
+
+def _extra_comment(plan: dict[str, Any]) -> str:
+    if plan["framework"] == "megatron":
+        return ("# $EXTRA_ARGS: data, tokenizer and schedule, e.g. --data-path ... "
+                "--tokenizer-type HuggingFaceTokenizer --tokenizer-model ... --lr ...")  # fmt: skip
+    return (f"# {DEEPSPEED_CONFIG_FILE}: the same recommend with --format deepspeed; "
+            "$EXTRA_ARGS: your script's model, data and --output_dir arguments")  # fmt: skip
+
+
+def torchrun_script(plan: dict[str, Any]) -> str:
+    """The torchrun launch line (run it on every node; torch/distributed/run.py flags)."""
+    script = plan["launch"]["script"] or default_script(plan)
+    # The endpoint stays a shell expansion: MASTER_ADDR on multi-node jobs, else this host.
+    job = shlex.quote(plan["launch"]["job_name"])
+    head = (f"torchrun --nnodes={plan['num_nodes']} --nproc-per-node={plan['gpus_per_node']} "
+            f"--rdzv-backend=c10d --rdzv-endpoint=${{MASTER_ADDR:-localhost}}:{MASTER_PORT} "
+            f"--rdzv-id={job} {shlex.quote(script)}")  # fmt: skip
+    args = megatron_args(plan) if plan["framework"] == "megatron" else trainer_args(plan)
+    comments = [f"# trainmem recommend: {_summary(plan)}", _extra_comment(plan)]
+    if plan["num_nodes"] > 1:
+        comments.append(f"# run on each of the {plan['num_nodes']} nodes with MASTER_ADDR set to "
+                        "the first node's address")  # fmt: skip
+    return "\n".join([*comments, _lines(head, args, "$EXTRA_ARGS")]) + "\n"
+
+
+TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$")
+"""sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (sbatch man page)."""
+
+
+def slurm_script(plan: dict[str, Any]) -> str:
+    """An sbatch script: one task per node running torchrun (master: the first node)."""
+    launch = plan["launch"]
+    script = launch["script"] or default_script(plan)
+    per_node = plan["gpus_per_node"]
+    header = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={launch['job_name']}",
+        f"#SBATCH --nodes={plan['num_nodes']}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={per_node}",
+        f"#SBATCH --cpus-per-task={CPUS_PER_GPU * per_node}",
+        f"#SBATCH --time={launch['time_limit']}",
+        "#SBATCH --output=%x-%j.out",
+        "##SBATCH --partition=YOUR_PARTITION  (remove one # and name your GPU partition)",
+        f"# trainmem recommend: {_summary(plan)}",
+        f"# --cpus-per-task: {CPUS_PER_GPU} cores per GPU; set it to what your nodes have",
+        _extra_comment(plan),
+        "set -euo pipefail",
+        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"MASTER_PORT={MASTER_PORT}",
+        "export MASTER_ADDR MASTER_PORT",
+        'EXTRA_ARGS="${EXTRA_ARGS:-}"',
+    ]
+    head = (f'srun torchrun --nnodes="$SLURM_NNODES" --nproc-per-node={per_node} '
+            '--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" '
+            f'--rdzv-id="$SLURM_JOB_ID" {shlex.quote(script)}')  # fmt: skip
+    args = megatron_args(plan) if plan["framework"] == "megatron" else trainer_args(plan)
+    return "\n".join([*header, _lines(head, args, "$EXTRA_ARGS")]) + "\n"
+
+
+# ---- accelerate --------------------------------------------------------------------------------
+
+WRAP_CLASSES = {
+    "llama": "LlamaDecoderLayer", "mistral": "MistralDecoderLayer",
+    "mixtral": "MixtralDecoderLayer", "qwen2": "Qwen2DecoderLayer",
+    "qwen2_moe": "Qwen2MoeDecoderLayer", "qwen3": "Qwen3DecoderLayer",
+    "qwen3_moe": "Qwen3MoeDecoderLayer", "gemma": "GemmaDecoderLayer",
+    "gemma2": "Gemma2DecoderLayer", "gemma3": "Gemma3DecoderLayer", "phi": "PhiDecoderLayer",
+    "phi3": "Phi3DecoderLayer", "gpt2": "GPT2Block", "bert": "BertLayer",
+    "deepseek_v2": "DeepseekV2DecoderLayer", "deepseek_v3": "DeepseekV3DecoderLayer",
+    "gpt_neox": "GPTNeoXLayer", "falcon": "FalconDecoderLayer", "opt": "OPTDecoderLayer",
+    "starcoder2": "Starcoder2DecoderLayer", "olmo": "OlmoDecoderLayer",
+    "olmo2": "Olmo2DecoderLayer",
+}  # fmt: skip
+"""FSDP wrap unit by model_type: the block in the model's `_no_split_modules` (transformers
+models/<type>/modeling_<type>.py). Other types: accelerate falls back to `_no_split_modules`."""
+SHARDING = {3: "FULL_SHARD", 2: "SHARD_GRAD_OP", 0: "NO_SHARD"}
+MIXED_PRECISION = {"mixed-bf16": "bf16", "mixed-fp16": "fp16", "fp32": "no"}
+
+
+def accelerate_config(plan: dict[str, Any]) -> str:
+    """An `accelerate launch --config_file` YAML (accelerate's ClusterConfig keys) for FSDP.
+
+    ZeRO 3 and 2 are FSDP2 (the `hf` framework's model of ZeRO-3) with reshard_after_forward
+    True / False; ZeRO 0 is FSDP1 NO_SHARD (FSDP2 has no such strategy). fsdp_sharding_strategy is
+    written too: FSDP1 reads it (accelerate launch always exports it), FSDP2 ignores it. The
+    FSDP1-only keys (backward/forward prefetch, use_orig_params, sync_module_states) are written
+    for FSDP1 only, as `accelerate config` does (accelerate/commands/config/cluster.py).
+    """
+    zero = int(plan["zero"])
+    version = 1 if zero == 0 else 2
+    fsdp: dict[str, Any] = {
+        "fsdp_activation_checkpointing": plan["recompute"] == "full",
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_cpu_ram_efficient_loading": True,
+        "fsdp_offload_params": plan["offload"] == "optimizer+params",
+        "fsdp_reshard_after_forward": SHARDING[zero] if version == 1 else zero == 3,
+        "fsdp_sharding_strategy": SHARDING[zero],
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        "fsdp_version": version,
+    }
+    wrap = WRAP_CLASSES.get(plan["architecture"]["model_type"])
+    if wrap:
+        fsdp["fsdp_transformer_layer_cls_to_wrap"] = wrap
+    if version == 1:
+        fsdp.update(fsdp_backward_prefetch="BACKWARD_PRE", fsdp_forward_prefetch=False,
+                    fsdp_sync_module_states=True, fsdp_use_orig_params=True)  # fmt: skip
+    top: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "distributed_type": "FSDP",
+        "downcast_bf16": False,
+        "enable_cpu_affinity": False,
+        "fsdp_config": dict(sorted(fsdp.items())),
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "mixed_precision": MIXED_PRECISION[plan["precision"]],
+        "num_machines": plan["num_nodes"],
+        "num_processes": plan["num_gpus"],
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": False,
+    }
+    if plan["num_nodes"] > 1:
+        top["main_process_port"] = MASTER_PORT
+    m, a = plan["micro_batch_size"], plan["grad_accum_steps"]
+    comments = [
+        f"trainmem recommend: {_summary(plan)}",
+        f"Trainer: --per_device_train_batch_size {m} --gradient_accumulation_steps {a} (global "
+        f"batch {m * a * plan['dp']} = {m} x {a} x {plan['dp']} processes)"
+        + ("; checkpointing is fsdp_activation_checkpointing, so no --gradient_checkpointing"
+           if plan["recompute"] == "full" else ""),
+    ]  # fmt: skip
+    if plan["num_nodes"] > 1:
+        comments.append("each node: accelerate launch --config_file THIS --machine_rank RANK "
+                        "--main_process_ip FIRST_NODE script.py")  # fmt: skip
+    return "\n".join([*("# " + c for c in comments), *_yaml(dict(sorted(top.items())))]) + "\n"
+
+
+_PLAIN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+_YAML_WORDS = {"yes", "no", "on", "off", "true", "false", "null", "y", "n"}
+
+
+def _yaml(mapping: dict[str, Any], indent: str = "") -> list[str]:
+    """Block YAML of a mapping of scalars and mappings (strings quoted when YAML would read them
+    as something else)."""
+    out = []
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            out += [f"{indent}{key}:", *_yaml(value, indent + "  ")]
+        elif isinstance(value, bool):
+            out.append(f"{indent}{key}: {'true' if value else 'false'}")
+        elif isinstance(value, str) and (not _PLAIN.match(value) or value.lower() in _YAML_WORDS):
+            out.append(f"{indent}{key}: {json.dumps(value)}")
+        else:
+            out.append(f"{indent}{key}: {value}")
+    return out

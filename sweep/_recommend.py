@@ -1,0 +1,489 @@
+"""`trainmem recommend`: the best plan for a job on a fleet, its runners-up and launch configs.
+
+The search is the sweep's (`make_space` + `run_exhaustive`, in memory) over the layouts the
+framework can launch (LAUNCHABLE). The chosen points are evaluated once more in
+one vectorized call (`evaluate_columns`) for their full breakdown, so each plan equals
+`trainmem estimate` run with its `estimate_command`.
+
+When nothing fits, the report says so (`fits` false, `reason`) and describes the valid point
+nearest to fitting (lowest device peak / usable memory) instead of raising: a scheduler learns
+how far off the job is. The CLI then exits with code 1 (bad input: 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import re
+import shlex
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+
+from trainmem.engine import (
+    COMPONENTS,
+    DEFAULTS,
+    FRAMEWORKS,
+    PRECISIONS,
+    load_model,
+    optimizer_columns,
+)
+from trainmem.hardware import GIB, Fleet, load_gpus, parse_fleet
+
+from ._launch import DEFAULT_FRAMEWORK, FORMATS, TIME_RE, check_format, render
+from ._search import parse_objectives, run_exhaustive
+from ._space import _NAMES, Space, evaluate_columns, make_space, reason_texts
+from ._validate import check_headroom, choice
+
+LAYOUT = ("gpu", "num_gpus", "tp", "pp", "virtual_stages", "cp", "ep")
+"""Columns that make two plans different layouts (the alternatives are distinct layouts)."""
+TIE_BREAK = ("peak_device_bytes", *LAYOUT, "zero", "recompute", "offload", "micro_batch_size")
+"""After the objective and the sweep's tie-break: more headroom first, then a fixed order, so
+that the answer is deterministic."""
+
+SINGLE = {"tp": (1,), "pp": (1,), "virtual_stages": (1,), "cp": (1,), "ep": (1,)}
+LAUNCHABLE: dict[str, dict[str, tuple[Any, ...]]] = {
+    "megatron": {"offload": ("none", "optimizer")},
+    "deepspeed": {**SINGLE, "recompute": ("none", "full")},
+    "hf": {**SINGLE, "zero": (0, 2, 3), "recompute": ("none", "full"),
+           "offload": ("none", "optimizer+params")},
+    "torchtitan": {"zero": (0, 3), "offload": ("none",)},
+}  # fmt: skip
+"""Axis values each framework can launch (others are dropped from the sweep's space).
+Megatron-LM: any layout; ZeRO 1 = distributed optimizer, 2/3 = Megatron-FSDP; offload =
+--optimizer-cpu-offload. DeepSpeed with a Hugging Face model: data parallel only, ZeRO 0-3,
+offload_optimizer / offload_param, whole-layer checkpointing. hf = accelerate FSDP: no ZeRO-1,
+CPU offload moves parameters, gradients and optimizer together. torchtitan: FSDP2 or DDP."""
+FRAMEWORK_PRECISIONS = {
+    "megatron": ("mixed-bf16", "mixed-fp16", "fp8-mixed", "fp32"),
+    "deepspeed": ("mixed-bf16", "mixed-fp16", "fp32"),
+    "hf": ("mixed-bf16", "mixed-fp16", "fp32"),
+    "torchtitan": ("mixed-bf16", "fp8-mixed", "fp32"),
+}
+"""Precisions each framework runs (--bf16, bf16.enabled, FSDP MixedPrecision, ...)."""
+OBJECTIVE_WORDS = {"cost": "cheapest", "time": "fastest", "gpus": "fewest GPUs"}
+CONTRACT = ("gpu", "num_gpus", "num_nodes", "gpus_per_node", "tp", "pp", "dp", "cp", "ep", "zero",
+            "recompute", "micro_batch_size", "grad_accum_steps", "peak_device_bytes",
+            "headroom_bytes", "step_time_s", "cost_per_million_tokens")  # fmt: skip
+"""The JSON keys outside tools rely on (a contract: extended, never renamed)."""
+MODEL_KEYS = ("name", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+              "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+              "max_position_embeddings", "tie_word_embeddings", "norm", "gated_mlp", "rotary",
+              "attention_bias", "mlp_bias", "dropout", "num_experts", "num_experts_per_tok",
+              "moe_intermediate_size", "shared_expert_intermediate_size", "num_dense_layers",
+              "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+              "v_head_dim")  # fmt: skip
+"""The model's shape in the report (what the launch formats need)."""
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def recommend_report(
+    *,
+    model: str = "llama-3.1-8b",
+    fleet: str = "8xh100-sxm-80gb",
+    seq_len: int = 4096,
+    global_batch_size: int = 256,
+    precision: str = "mixed-bf16",
+    optimizer: str = "adamw",
+    framework: str | None = None,
+    objective: str = "cost",
+    num_alternatives: int = 4,
+    max_micro_batch_size: int = 16,
+    max_pp: int = 16,
+    max_cp: int = 4,
+    headroom: float = 0.10,
+    script: str | None = None,
+    job_name: str = "trainmem",
+    time_limit: str = "24:00:00",
+    hardware_dir: str | None = None,
+    models_dir: str | None = None,
+    optimizers_dir: str | None = None,
+) -> dict[str, Any]:
+    """The best plan (CONTRACT keys at the top level, and more) and `alternatives`: the next
+    `num_alternatives` distinct layouts, then the best layout of each other GPU type of the fleet.
+
+    Pure: prints nothing, writes nothing (the search runs in memory; `trainmem sweep --out`
+    stores points). `framework` None: megatron. ValueError (one line, naming the field) on bad
+    input.
+    """
+    fields = dict(locals())  # the arguments (the first statement)
+    space = job_space(**fields)
+    spec, pools, framework = space.model, space.fleet, space.fixed["framework"]
+    objectives = parse_objectives(objective)
+    result = run_exhaustive(space, out=None, study="recommend", objectives=objectives, top=None,
+                            distinct=LAYOUT, tie_break=TIE_BREAK)  # fmt: skip
+    rows = [r for r in result.top.to_dicts() if _whole_nodes(pools, r)]
+    picked = _pick(rows, pools, num_alternatives)
+    if not picked and result.extra["closest"] is not None:
+        picked = [(result.extra["closest"], "closest: does not fit")]
+    plans = _evaluate(space, picked)
+    context = {
+        "model": spec.name,
+        "num_parameters": spec.num_parameters,
+        "architecture": {k: getattr(spec, k) for k in MODEL_KEYS},
+        "fleet": fleet,
+        "objective": objectives[0],
+        "framework": framework,
+        "precision": space.fixed["precision"],
+        "optimizer": optimizer,
+        "seq_len": seq_len,
+        "global_batch_size": global_batch_size,
+        "headroom": headroom,
+        "launch": {"script": script, "job_name": job_name, "time_limit": time_limit},
+    }
+    for plan in plans:  # the space's fixed fields (a traced model may fix precision, attention)
+        plan.update(framework=framework, precision=space.fixed["precision"], optimizer=optimizer,
+                    attention=space.fixed.get("attention", DEFAULTS["attention"]))  # fmt: skip
+        plan["estimate_command"] = estimate_command(plan, model=model, headroom=headroom,
+                                                    hardware_dir=hardware_dir,
+                                                    models_dir=models_dir,
+                                                    optimizers_dir=optimizers_dir)  # fmt: skip
+    best = plans[0] if plans else dict.fromkeys(CONTRACT)
+    fits = bool(rows)
+    if fits:
+        reason = ""
+    elif plans:
+        reason = f"nothing fits on {fleet}; the closest configuration: {best['reason']}"
+    else:
+        reason = f"nothing fits on {fleet}: no valid configuration in the space"
+    return {
+        **{k: best.get(k) for k in CONTRACT},
+        **{k: v for k, v in best.items() if k not in CONTRACT},
+        **context,
+        "fits": fits,
+        "reason": reason,
+        "num_points": result.num_points,
+        "num_fitting_layouts": len(rows),
+        "alternatives": plans[1:],
+        "units": "bytes per device (worst rank); GiB = 2**30 in the human output",
+    }
+
+
+def space_points(**fields: Any) -> int:
+    """How many points `recommend_report(**fields)` would search (without searching): the HTTP
+    service bounds a request's work with it."""
+    bound = inspect.signature(recommend_report).bind(**fields)
+    bound.apply_defaults()
+    return job_space(**bound.arguments).num_points
+
+
+def job_space(**fields: Any) -> Space:
+    """The validated space of `recommend_report(**fields)` (all its arguments), cut to what the
+    framework launches."""
+    f = fields
+    framework = f["framework"] or DEFAULT_FRAMEWORK["json"]
+    choice("framework", framework, FRAMEWORKS)
+    choice("precision", f["precision"], PRECISIONS)
+    choice(f"precision (framework {framework})", f["precision"], FRAMEWORK_PRECISIONS[framework])
+    if len(parse_objectives(f["objective"])) != 1:
+        raise ValueError(f"objective: recommend takes one of cost, time, gpus, got "
+                         f"'{f['objective']}'")  # fmt: skip
+    check_headroom(f["headroom"])
+    if f["num_alternatives"] < 0:
+        raise ValueError(f"num-alternatives: must be >= 0, got {f['num_alternatives']}")
+    if not _NAME_RE.match(f["job_name"]):
+        raise ValueError(f"job-name: letters, digits, '.', '_' and '-' only, got '{f['job_name']}'")
+    if not TIME_RE.match(f["time_limit"]):
+        raise ValueError(f"time-limit: sbatch --time format (e.g. 24:00:00, 2-00:00:00), "
+                         f"got '{f['time_limit']}'")  # fmt: skip
+    if f["script"] is not None and not f["script"].strip():
+        raise ValueError("script: must not be empty")
+    gpus = load_gpus(f["hardware_dir"])
+    space = make_space(
+        load_model(f["model"], models_dir=f["models_dir"]), parse_fleet(f["fleet"], gpus), gpus,
+        seq_len=f["seq_len"], global_batch_size=f["global_batch_size"], precision=f["precision"],
+        optimizer=optimizer_columns(f["optimizer"], f["optimizers_dir"]), framework=framework,
+        max_micro_batch_size=f["max_micro_batch_size"], max_pp=f["max_pp"], max_cp=f["max_cp"],
+        headroom=f["headroom"],
+    )  # fmt: skip
+    # GPU counts a launcher can start: within one node, or whole nodes of some pool.
+    counts = tuple(c for c in space.axes["num_gpus"] if any(
+        c <= p.num_gpus and (c <= p.gpus_per_node or c % p.gpus_per_node == 0)
+        for p in space.fleet.pools))  # fmt: skip
+    return launchable(dataclasses.replace(space, axes={**space.axes, "num_gpus": counts}),
+                      framework)  # fmt: skip
+
+
+def launchable(space: Space, framework: str) -> Space:
+    """`space` with each axis cut to the values `framework` can launch (LAUNCHABLE)."""
+    keep = LAUNCHABLE[framework]
+    axes = {a: tuple(v for v in values if a not in keep or v in keep[a])
+            for a, values in space.axes.items()}  # fmt: skip
+    return dataclasses.replace(space, axes=axes)
+
+
+def _whole_nodes(pools: Fleet, row: dict[str, Any]) -> bool:
+    """Whether the row's GPUs fill whole nodes (or fit in one) of some pool of its GPU: a
+    launcher starts the same number of processes on every node."""
+    n = row["num_gpus"]
+    return any(p.gpu == row["gpu"] and n <= p.num_gpus and (n <= p.gpus_per_node
+               or n % p.gpus_per_node == 0) for p in pools.pools)  # fmt: skip
+
+
+def _pick(
+    rows: list[dict[str, Any]], pools: Fleet, num_alternatives: int
+) -> list[tuple[dict[str, Any], str]]:
+    """(row, note): the best, the runners-up, then the best of each GPU type not shown yet."""
+    picked = [(r, "best" if i == 0 else f"runner-up {i}")
+              for i, r in enumerate(rows[: 1 + num_alternatives])]  # fmt: skip
+    shown = {r["gpu"] for r, _ in picked}
+    for gpu in pools.gpu_names:
+        first = next((r for r in rows if r["gpu"] == gpu), None)
+        if first is not None and gpu not in shown:
+            picked.append((first, f"best on {gpu}"))
+            shown.add(gpu)
+    return picked
+
+
+def _evaluate(space: Space, picked: list[tuple[dict[str, Any], str]]) -> list[dict[str, Any]]:
+    """Each picked row evaluated again, in one call, on each pool of its GPU type that can hold
+    it; the best of those (fitting, then lowest cost) is the plan."""
+    pools = space.fleet.pools
+    cand = [(k, i) for k, (row, _) in enumerate(picked) for i, p in enumerate(pools)
+            if p.gpu == row["gpu"] and row["num_gpus"] <= p.num_gpus]  # fmt: skip
+    if not cand:
+        return []
+    cols: dict[str, np.ndarray] = {"pool": np.array([i for _, i in cand], dtype=np.int64)}
+    for axis in ("num_gpus", "tp", "pp", "virtual_stages", "cp", "ep", "zero",
+                 "micro_batch_size", "recompute", "offload"):  # fmt: skip
+        values = [picked[k][0][axis] for k, _ in cand]
+        cols[axis] = np.array(values, dtype=object if axis in _NAMES else np.int64)
+    res = evaluate_columns(space, cols)
+    plans = []
+    for k, (_, note) in enumerate(picked):
+        rows = [j for j, (kk, _) in enumerate(cand) if kk == k]
+        j = min(
+            rows, key=lambda r: (not res["fits"][r], _finite(res["cost_per_million_tokens"][r]))
+        )
+        plans.append({**_plan(space, res, j), "note": note})
+    return plans
+
+
+def _finite(x: Any) -> float:
+    x = float(x)
+    return x if math.isfinite(x) else math.inf
+
+
+def _number(x: Any) -> float | None:
+    """A float for JSON (None for NaN: time and cost of an invalid layout)."""
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _plan(space: Space, res: dict[str, np.ndarray], j: int) -> dict[str, Any]:
+    """Row `j` of `evaluate_columns` as a plan (the `estimate --json` rounding of bytes)."""
+    pool = space.fleet.pools[int(res["pool"][j])]
+    profile = space.gpus[pool.gpu]
+    n = int(res["num_gpus"][j])
+    per_node = min(n, pool.gpus_per_node)
+    breakdown = {c: int(round(float(res[c][j]))) for c in COMPONENTS}
+    peak = int(round(float(res["peak_device_bytes"][j])))
+    breakdown["transient"] += peak - sum(breakdown.values())  # rounding, as row_report
+    headroom_bytes = int(round(float(res["headroom_bytes"][j])))
+    fits = bool(res["fits"][j])
+    reason = str(reason_texts(res["reason"][j : j + 1])[0])
+    if not reason and not fits:
+        reason = (f"does not fit: {peak / GIB:.2f} GiB per device, "
+                  f"{(peak + headroom_bytes) / GIB:.2f} GiB allowed")  # fmt: skip
+    price = pool.price_per_gpu_hour(profile)
+    return {
+        "gpu": pool.gpu,
+        "num_gpus": n,
+        "num_nodes": -(-n // per_node),
+        "gpus_per_node": per_node,
+        **{k: int(res[k][j]) for k in ("tp", "pp", "dp", "cp", "ep", "virtual_stages", "zero")},
+        "sequence_parallel": bool(space.fixed["sequence_parallel"]),
+        "recompute": _NAMES["recompute"][int(res["recompute"][j])],
+        "offload": _NAMES["offload"][int(res["offload"][j])],
+        "micro_batch_size": int(res["micro_batch_size"][j]),
+        "grad_accum_steps": int(res["grad_accum_steps"][j]),
+        "global_batch_size": int(space.fixed["global_batch_size"]),
+        "seq_len": int(space.fixed["seq_len"]),
+        "peak_device_bytes": peak,
+        "peak_reserved_bytes": int(round(float(res["peak_reserved_bytes"][j]))),
+        "peak_allocated_bytes": int(round(float(res["peak_allocated_bytes"][j]))),
+        "headroom_bytes": headroom_bytes,
+        "usable_bytes": int(profile.usable_bytes),
+        "host_bytes": int(round(float(res["host_bytes"][j]))),
+        "fits": fits,
+        "reason": reason,
+        "breakdown": breakdown,
+        "step_time_s": _number(res["step_time_s"][j]),
+        "tokens_per_second": _number(res["tokens_per_second"][j]),
+        "mfu": _number(res["mfu"][j]),
+        "cost_per_million_tokens": _number(res["cost_per_million_tokens"][j]),
+        "price_per_gpu_hour_usd": price,
+    }
+
+
+def estimate_command(
+    plan: dict[str, Any],
+    *,
+    model: str,
+    headroom: float,
+    hardware_dir: str | None = None,
+    models_dir: str | None = None,
+    optimizers_dir: str | None = None,
+) -> str:
+    """The `trainmem estimate` line of the plan's configuration (same engine row)."""
+    args = ["trainmem", "estimate", "--model", model, "--gpu", plan["gpu"]]
+    for key in ("num_gpus", "seq_len", "global_batch_size", "micro_batch_size", "tp", "pp",
+                "virtual_stages", "cp", "ep", "zero", "recompute", "offload", "precision",
+                "optimizer", "attention", "framework"):  # fmt: skip
+        args += ["--" + key.replace("_", "-"), str(plan[key])]
+    if plan["sequence_parallel"]:
+        args.append("--sequence-parallel")
+    args += ["--headroom", repr(float(headroom))]
+    for flag, value in (("--hardware-dir", hardware_dir), ("--models-dir", models_dir),
+                        ("--optimizers-dir", optimizers_dir)):  # fmt: skip
+        if value is not None:
+            args += [flag, value]
+    return shlex.join(args)
+
+
+# ---- human output ------------------------------------------------------------------------------
+
+ROW = ("gpu", "num_gpus", "num_nodes", "tp", "pp", "virtual_stages", "cp", "ep", "dp", "zero",
+       "recompute", "offload", "micro_batch_size", "grad_accum_steps")  # fmt: skip
+HEADS = ("gpu", "n", "nodes", "tp", "pp", "v", "cp", "ep", "dp", "zero", "recompute", "offload",
+         "mbs", "accum")  # fmt: skip
+
+
+def summary(report: dict[str, Any]) -> str:
+    """A few lines on the best plan and a table of the alternatives."""
+    word = OBJECTIVE_WORDS[report["objective"]]
+    lines = [
+        f"{report['model']} on {report['fleet']}, seq {report['seq_len']}, global batch "
+        f"{report['global_batch_size']} ({report['framework']}, {report['precision']}, "
+        f"{report['optimizer']}): {word} of {report['num_points']:,} points, "
+        f"{report['num_fitting_layouts']} layouts fit"
+    ]
+    if report["gpu"] is None:
+        return "\n".join([*lines, report["reason"]])
+    head = "best" if report["fits"] else "NOTHING FITS; closest"
+    allowed = report["peak_device_bytes"] + report["headroom_bytes"]
+    lines += [
+        f"{head}: {report['num_gpus']} x {report['gpu']} ({report['num_nodes']} node(s) x "
+        f"{report['gpus_per_node']}), tp {report['tp']} pp {report['pp']} cp {report['cp']} "
+        f"dp {report['dp']} ep {report['ep']}, zero {report['zero']}, recompute "
+        f"{report['recompute']}, offload {report['offload']}, micro-batch "
+        f"{report['micro_batch_size']} x accumulation {report['grad_accum_steps']}",
+        f"  peak {report['peak_device_bytes'] / GIB:.2f} GiB per GPU of {allowed / GIB:.2f} GiB "
+        f"allowed ({report['usable_bytes'] / GIB:.2f} usable, {report['headroom']:.0%} headroom): "
+        f"margin {report['headroom_bytes'] / GIB:+.2f} GiB",
+    ]
+    if report["step_time_s"] is not None:
+        lines.append(
+            f"  step {report['step_time_s']:.3g} s, {report['tokens_per_second']:,.0f} tokens/s, "
+            f"MFU {report['mfu']:.0%}, ${report['cost_per_million_tokens']:.4g} per million tokens"
+        )
+    lines.append(f"  reproduce: {report['estimate_command']}")
+    if not report["fits"]:
+        return "\n".join([*lines, report["reason"]])
+    if report["alternatives"]:
+        lines += ["alternatives (distinct layouts):", _table(report["alternatives"])]
+    fmt = "torchrun|slurm" if report["framework"] in ("megatron", "deepspeed") else ""
+    fmt += "|deepspeed" if report["framework"] == "deepspeed" else ""
+    fmt += "accelerate" if report["framework"] == "hf" else ""
+    if fmt:
+        lines.append(f"launch config: --format {fmt}; --format json for all of this")
+    return "\n".join(lines)
+
+
+def _table(plans: list[dict[str, Any]]) -> str:
+    width = [max(len(h), *(len(str(p[c])) for p in plans)) for h, c in zip(HEADS, ROW, strict=True)]
+    cells = [" ".join(f"{h:<{w}}" for h, w in zip(HEADS, width, strict=True))
+             + f"{'GiB':>8}{'step s':>9}{'$/Mtok':>9}  note"]  # fmt: skip
+    for p in plans:
+        row = " ".join(f"{p[c]!s:<{w}}" for c, w in zip(ROW, width, strict=True))
+        step, cost = p["step_time_s"] or math.nan, p["cost_per_million_tokens"] or math.nan
+        cells.append(f"{row}{p['peak_device_bytes'] / GIB:>8.2f}{step:>9.3g}{cost:>9.4g}  "
+                     f"{p['note']}")  # fmt: skip
+    return "\n".join("  " + c for c in cells)
+
+
+# ---- command -----------------------------------------------------------------------------------
+
+
+def recommend_cmd(
+    model: Annotated[str, typer.Option(help="Preset name or path to a HF config.json.")] = (
+        "llama-3.1-8b"
+    ),
+    fleet: Annotated[
+        str, typer.Option(help="COUNTxGPU[,COUNTxGPU...] or a fleet TOML file.")
+    ] = "8xh100-sxm-80gb",
+    seq_len: Annotated[int, typer.Option(help="Sequence length (tokens).")] = 4096,
+    global_batch_size: Annotated[int, typer.Option(help="Sequences per optimizer step.")] = 256,
+    fmt: Annotated[
+        str | None, typer.Option("--format", help="|".join(FORMATS) + " (default: a summary).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,
+    precision: Annotated[str, typer.Option(help="|".join(PRECISIONS))] = "mixed-bf16",
+    optimizer: Annotated[str, typer.Option(help="Optimizer (see `trainmem optimizers`).")] = (
+        "adamw"
+    ),
+    framework: Annotated[
+        str | None,
+        typer.Option(help="|".join(FRAMEWORKS) + " (default: the format's; megatron)."),
+    ] = None,
+    objective: Annotated[str, typer.Option(help="cost|time|gpus")] = "cost",
+    num_alternatives: Annotated[int, typer.Option(help="Runners-up (distinct layouts).")] = 4,
+    max_micro_batch_size: Annotated[int, typer.Option(help="Largest micro-batch tried.")] = 16,
+    max_pp: Annotated[int, typer.Option(help="Largest pipeline degree tried.")] = 16,
+    max_cp: Annotated[int, typer.Option(help="Largest context-parallel degree tried.")] = 4,
+    headroom: Annotated[float, typer.Option(help="Fraction of usable memory kept free.")] = 0.10,
+    script: Annotated[
+        str | None,
+        typer.Option(help="Training script of torchrun/slurm (pretrain_gpt.py, train.py)."),
+    ] = None,
+    job_name: Annotated[str, typer.Option(help="slurm --job-name, torchrun --rdzv-id.")] = (
+        "trainmem"
+    ),
+    time_limit: Annotated[str, typer.Option(help="slurm --time.")] = "24:00:00",
+    hardware_dir: Annotated[str | None, typer.Option(help="Folder of extra GPU TOML files.")] = (
+        None
+    ),
+    models_dir: Annotated[
+        str | None, typer.Option(help="Folder of extra model presets (or TRAINMEM_MODELS_DIR).")
+    ] = None,
+    optimizers_dir: Annotated[
+        str | None, typer.Option(help="Folder of extra optimizers (or TRAINMEM_OPTIMIZERS_DIR).")
+    ] = None,
+) -> None:
+    """The cheapest plan that fits a fleet, its runners-up, and its launch config.
+
+    Searches the sweep's space (restricted to what the framework launches: deepspeed and hf/FSDP
+    are data parallel only) and prints a summary, or --format json (the plan's gpu, num_gpus,
+    num_nodes, gpus_per_node, tp, pp, dp, cp, ep, zero, recompute, micro_batch_size,
+    grad_accum_steps, peak_device_bytes, headroom_bytes, step_time_s, cost_per_million_tokens,
+    estimate_command and alternatives), a DeepSpeed config, a torchrun line, an sbatch script
+    or an accelerate FSDP config. Exit code 0: a plan fits; 1: nothing fits (the JSON and the
+    summary describe the closest configuration, the launch formats print nothing); 2: bad input.
+    """
+    fields = {k: v for k, v in locals().items() if k in REPORT_FIELDS}  # the parameters only
+    shown = "json" if as_json else fmt
+    if shown is not None:
+        choice("format", shown, FORMATS)
+        check_format(shown, framework or DEFAULT_FRAMEWORK[shown])
+    if shown is not None and framework is None:
+        fields["framework"] = DEFAULT_FRAMEWORK[shown]
+    report = recommend_report(**fields)
+    if shown not in (None, "json") and not report["fits"]:
+        typer.echo(f"error: {report['reason']}", err=True)
+        raise typer.Exit(1)
+    text = summary(report) if shown is None else render(report, shown)
+    typer.echo(text.rstrip("\n"))
+    if not report["fits"]:
+        raise typer.Exit(1)
+
+
+REPORT_FIELDS = tuple(inspect.signature(recommend_report).parameters)
+"""recommend_cmd's options that are recommend_report's keyword arguments (all but the output
+ones): the HTTP service calls recommend_report(**fields) with the same names and defaults."""
+
+
+def register(app: typer.Typer) -> None:
+    """Add `recommend` to the CLI app."""
+    app.command("recommend")(recommend_cmd)
