@@ -14,11 +14,11 @@ GPU, precision... -> 422 naming the field), numbers are bounded, unknown fields 
 Paths are not: a request cannot name a file on the server (model presets, GPUs and optimizers
 come from the folders the server was started with).
 
-Bounded work: request bodies up to `Limits.max_body_bytes`, fit grids up to
-`Limits.max_grid_rows` candidates, recommend searches up to `Limits.max_points` points, at most
-`Limits.max_concurrent` computations at once and `Limits.timeout_s` per request; a request over a
-limit gets 422 (its input asks for too much work), a server at its concurrency limit 503 with
-Retry-After. Binds to loopback (127.0.0.1) unless told otherwise.
+Bounded work (`Limits`): request bodies up to `max_body_bytes`, fit grids up to `max_grid_rows`
+candidates, recommend searches up to `max_points` points, at most `max_concurrent` computations
+at once and `timeout_s` per request; a request over a limit gets 422 (its input asks for too
+much work), a server at its concurrency limit 503 with Retry-After. Binds to loopback
+(127.0.0.1) unless told otherwise.
 
 Deliberately no `from __future__ import annotations`: FastAPI reads the endpoint annotations, which
 name request models built at run time.
@@ -69,6 +69,9 @@ class Limits:
     """recommend: points of the exhaustive search space (~10 s on one core)."""
     timeout_s: float = 30.0
     max_concurrent: int = 2
+
+
+DEFAULT_LIMITS = Limits()
 
 
 # Bounds per field (inclusive unless `lt`/`gt`). Wider than any real job, narrow enough that no
@@ -185,10 +188,8 @@ def _error_line(errors: list[dict[str, Any]]) -> str:
     first = errors[0]
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     field = ".".join(loc) or "body"
+    # pydantic's message already lists an enum's allowed values ("Input should be 'a' or 'b'").
     message = " ".join(str(first.get("msg", "invalid value")).split())
-    allowed = first.get("ctx", {}).get("expected")
-    if allowed and "expected" not in message:
-        message = f"{message} (allowed: {allowed})"
     return f"{field}: {message}"
 
 
@@ -197,7 +198,7 @@ def create_app(
     hardware_dir: str | None = None,
     models_dir: str | None = None,
     optimizers_dir: str | None = None,
-    limits: Limits = Limits(),
+    limits: Limits = DEFAULT_LIMITS,
 ) -> Any:
     """The FastAPI application (ASGI): what `trainmem serve` runs under uvicorn."""
     try:
@@ -351,7 +352,7 @@ def serve(
     hardware_dir: str | None = None,
     models_dir: str | None = None,
     optimizers_dir: str | None = None,
-    limits: Limits = Limits(),
+    limits: Limits = DEFAULT_LIMITS,
 ) -> None:
     """Run the API under uvicorn until interrupted."""
     try:
@@ -383,15 +384,15 @@ def serve_cmd(
     ] = None,
     max_points: Annotated[
         int, typer.Option(help="Largest recommend search space per request (points).")
-    ] = Limits.max_points,
+    ] = DEFAULT_LIMITS.max_points,
     max_grid_rows: Annotated[
         int, typer.Option(help="Most fit candidates per request.")
-    ] = Limits.max_grid_rows,
+    ] = DEFAULT_LIMITS.max_grid_rows,
     timeout_s: Annotated[float, typer.Option(help="Seconds one request may compute.")] = (
-        Limits.timeout_s
+        DEFAULT_LIMITS.timeout_s
     ),
     max_concurrent: Annotated[int, typer.Option(help="Computations at once.")] = (
-        Limits.max_concurrent
+        DEFAULT_LIMITS.max_concurrent
     ),
 ) -> None:
     """HTTP JSON API for schedulers: /v1/estimate, /v1/fit, /v1/recommend (trainmem[serve])."""

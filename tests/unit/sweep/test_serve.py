@@ -177,6 +177,17 @@ def test_serve_binds_loopback_by_default() -> None:
     assert inspect.signature(serve_cmd).parameters["host"].default == "127.0.0.1"
 
 
+def test_serve_command_defaults_are_the_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`trainmem serve` with no flags starts uvicorn on 127.0.0.1:8000 with the default limits."""
+    import trainmem.sweep._serve as serve_module
+
+    seen: dict = {}
+    monkeypatch.setattr(serve_module, "serve", lambda **kw: seen.update(kw))
+    assert main(["serve"]) == 0
+    assert (seen["host"], seen["port"]) == ("127.0.0.1", 8000)
+    assert seen["limits"] == Limits()
+
+
 def test_serve_rejects_a_bad_port(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--port", "70000"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
