@@ -6,7 +6,9 @@ shipped presets.
 
 from ._advice import GpuChoice, advise, neighbours, top_consumers
 from ._estimate import (
+    BLOCK_ROWS,
     COMPONENTS,
+    OUTPUTS,
     PHASES,
     PROFILE_MISMATCH,
     REASONS,
@@ -46,6 +48,7 @@ from ._units import GIB
 
 __all__ = [
     "ATTENTION",
+    "BLOCK_ROWS",
     "ActivationProfile",
     "COMPONENTS",
     "DEFAULTS",
@@ -55,6 +58,7 @@ __all__ = [
     "GIB",
     "LORA_TARGETS",
     "OPTIMIZERS",
+    "OUTPUTS",
     "PHASES",
     "PRECISIONS",
     "PROFILE_MISMATCH",

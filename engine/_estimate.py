@@ -7,9 +7,12 @@ on (see _factorize.py), the peaks are assembled over whole columns.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
+from typing import NamedTuple
+
 import numpy as np
 
-from ._factorize import per_key
+from ._factorize import factorize
 from ._grid import ATTENTION, PRECISIONS, RECOMPUTE, Grid
 from ._model import ModelSpec
 from ._overhead import Overheads, num_communicators
@@ -55,25 +58,148 @@ REASONS = (
 PROFILE_MISMATCH = len(REASONS) - 1
 
 
-def _assemble(
-    m: ModelSpec, g: Grid, cols: dict[str, np.ndarray], num_micro: np.ndarray
-) -> dict[str, np.ndarray]:
-    """Phase peaks (allocated bytes) for the stage each row's `stage_pos` names.
+BLOCK_ROWS = 16384
+"""Rows assembled per pass: the per-row temporaries of a block stay in the CPU cache."""
 
-    Everything that depends on the layout only (S) or on the micro-batch shape only (A) comes
-    precombined from the per-key passes; what is left per row is a few dozen array operations.
+OUTPUTS = (
+    *COMPONENTS[:6],
+    "framework_overhead",
+    "fragmentation",
+    "gradients_total",
+    "activations_total",
+    "activations_per_layer",
+    "activations_outside_layers",
+    "activations_autocast_weight_copies",
+    "optimizer_step_temporaries",
+    "host_bytes",
+    "peak_forward_bytes",
+    "peak_backward_bytes",
+    "peak_optimizer_step_bytes",
+    "peak_allocated_bytes",
+    "peak_reserved_bytes",
+    "peak_device_bytes",
+    "peak_phase",
+    "pp_stage",
+    "dp",
+    "num_microbatches",
+    "fits",
+    "headroom_bytes",
+    "reason",
+)
+"""Every column `estimate` returns, in order."""
+
+_STAGE_OUT = {  # estimate() column -> _assemble column, where they differ
+    "gradients": "grads_at_peak",
+    "activations": "acts_at_peak",
+}
+_S_TERMS = ("gradients", "persistent", "fsdp_fwd", "end_grads", "optimizer_peak", "states",
+            "parameters", "master_weights", "optimizer_states")  # fmt: skip
+_A_TERMS = ("stage_act", "recompute_excess", "activations_autocast_weight_copies",
+            "pipe_per_micro", "pipe_fixed", "fwd_max", "bwd_start_extra", "bwd_end_extra",
+            "embed_extra", "recompute_extra", "small")  # fmt: skip
+_OPTIONAL_TERMS = {  # output column -> (state terms, activation terms) it needs besides
+    "optimizer_step_temporaries": (("optimizer_step_temporaries",), ()),
+    "activations_per_layer": ((), ("activations_per_layer",)),
+    "activations_outside_layers": ((), ("activations_outside_layers",)),
+    "host_bytes": (("host_bytes",), ("activations_offloaded",)),
+}
+
+
+_SMALL_TABLE = 1 << 17
+"""Per-key tables up to this many values (1 MiB) are gathered term by term (they stay cached)."""
+
+
+class _Tables(NamedTuple):
+    """Per-key terms of one pipeline-stage variant, one row per term (terms x keys)."""
+
+    state: np.ndarray
+    activation: np.ndarray
+
+
+def _key_tables(
+    m: ModelSpec,
+    cols: dict[str, np.ndarray],
+    stage_pos: Sequence[np.ndarray | None],
+    terms: tuple[list[str], list[str]],
+) -> tuple[np.ndarray, np.ndarray, list[_Tables]]:
+    """(state key per row, activation key per row, the per-key `terms` of each variant).
+
+    `stage_pos` [None]: the rows' own `stage_pos` column is part of the keys (one variant). Else
+    one array per variant: the keys leave stage_pos out and each variant evaluates the terms on
+    the same representatives with its own stage_pos (only where it differs from the first's).
     """
-    S = per_key(lambda c: state_terms(m, c), cols, STATE_KEYS)
-    A = per_key(lambda c: activation_terms(m, c), cols, ACT_KEYS)
-    pp = g["pp"]
+    own = stage_pos[0] is None
+    keys = [[k for k in fields if own or k != "stage_pos"] for fields in (STATE_KEYS, ACT_KEYS)]
+    codes = [factorize([cols[k] for k in fields]) for fields in keys]
+    fns = (state_terms, activation_terms)
+    variants: list[_Tables] = []
+    for pos in stage_pos:
+        tables = []
+        for j, ((_, reps), fields, names) in enumerate(zip(codes, keys, terms, strict=True)):
+            sub = {k: cols[k][reps] for k in fields}
+            redo = np.arange(len(reps))
+            if pos is not None:
+                sub["stage_pos"] = pos[reps]
+                if variants:  # evaluate only the keys whose stage differs from the first's
+                    redo = np.flatnonzero(sub["stage_pos"] != stage_pos[0][reps])  # type: ignore[index]
+                    sub = {k: v[redo] for k, v in sub.items()}
+            terms_of = fns[j](m, sub)
+            if j == 0:
+                terms_of["states"] = (
+                    terms_of["parameters"]
+                    + terms_of["master_weights"]
+                    + terms_of["optimizer_states"]
+                )
+            else:
+                terms_of["fwd_max"] = np.maximum(terms_of["fwd_extra"], terms_of["fwd_block_extra"])
+            table = (
+                np.array(variants[0][j], copy=True)
+                if variants
+                else np.empty((len(names), len(reps)))
+            )
+            for i, k in enumerate(names):
+                table[i, redo] = np.broadcast_to(terms_of[k], (len(redo),))
+            # Large tables go keys x terms (the transpose of a C-ordered array): see _block_terms.
+            tables.append(table if table.size <= _SMALL_TABLE else np.ascontiguousarray(table.T).T)
+        variants.append(_Tables(*tables))
+    return codes[0][0], codes[1][0], variants
+
+
+def _block_terms(
+    t: _Tables, terms: tuple[list[str], list[str]], i_s: np.ndarray, i_a: np.ndarray
+) -> dict[str, np.ndarray]:
+    """The terms of a block of rows: one gather per table (a row per term, contiguous)."""
+    rows: dict[str, np.ndarray] = {}
+    for table, names, idx in zip(t, terms, (i_s, i_a), strict=True):
+        if table.flags.c_contiguous:  # terms x keys: a gather per term, rows contiguous
+            rows.update(zip(names, np.take(table, idx, axis=1), strict=True))
+        else:  # a large table, keys x terms: one row gather (a key's terms share cache lines)
+            rows.update(zip(names, table.T[idx].T, strict=True))
+    return rows
+
+
+def _assemble(
+    T: dict[str, np.ndarray],
+    *,
+    pp: np.ndarray,
+    v: np.ndarray,
+    stage: np.ndarray,
+    num_micro: np.ndarray,
+    want: frozenset[str],
+) -> dict[str, np.ndarray]:
+    """Phase peaks (allocated bytes) of a block of rows on the stage `stage` names.
+
+    Everything that depends on the layout only or on the micro-batch shape only comes in `T`,
+    precombined by the per-key passes; what is left per row is a few dozen array operations.
+    `want`: the optional columns to return besides those estimate() always needs.
+    """
+    S = A = T
     multi = pp > 1
 
     # Pipeline: 1F1B keeps min(pp - rank, m) micro-batches in flight on rank `stage`;
     # interleaving multiplies the first stage's by 1 + (p - 1)/(p v).
     # Source: Narayanan et al. 2021, Sec. 2.2; Korthikanti et al. 2022, Sec. 4.2.2.
-    v = g["virtual_stages"]
     interleave = np.where(v > 1, 1.0 + (pp - 1.0) / (pp * v), 1.0)
-    stage = cols["stage_index"]
     in_flight = np.where(
         multi,
         np.minimum(pp - stage, num_micro) * np.where(stage == 0, interleave, 1.0),
@@ -85,47 +211,48 @@ def _assemble(
 
     gradients = S["gradients"]
     grads_live = np.where((num_micro > 1) | multi, gradients, 0.0)
-    base = S["persistent"] + num_micro * A["pipe_per_micro"] + A["pipe_fixed"]
+    per_micro = num_micro * A["pipe_per_micro"]
+    base = S["persistent"] + per_micro + A["pipe_fixed"]
     live = base + grads_live
-    forward_peak = live + stored + S["fsdp_fwd"] + np.maximum(A["fwd_extra"], A["fwd_block_extra"])
-    backward_start = live + activations + S["fsdp_fwd"] + A["bwd_start_extra"]
+    forward_peak = live + stored + S["fsdp_fwd"] + A["fwd_max"]
+    live_acts = live + activations
+    backward_start = live_acts + S["fsdp_fwd"] + A["bwd_start_extra"]
     backward_end = base + S["end_grads"] + stored + A["bwd_end_extra"]
     # The embedding's backward: every other gradient done, its own being written.
     backward_embed = base + gradients + A["embed_extra"]
-    backward_recompute = live + activations + A["recompute_extra"]
+    backward_recompute = live_acts + A["recompute_extra"]
     backward_peak = np.maximum(
         np.maximum(backward_start, backward_end), np.maximum(backward_embed, backward_recompute)
     )
-    optimizer_peak = (
-        S["optimizer_peak"] + A["small"] + num_micro * A["pipe_per_micro"] + A["pipe_fixed"]
-    )
+    optimizer_peak = S["optimizer_peak"] + A["small"] + per_micro + A["pipe_fixed"]
     fb = np.maximum(forward_peak, backward_peak)
     in_optimizer = optimizer_peak >= fb
-    phase = np.where(in_optimizer, 2, (backward_peak >= forward_peak).astype(np.int8))
     peak_allocated = np.maximum(fb, optimizer_peak)
     grads_at_peak = np.where(in_optimizer, gradients, grads_live)
     acts_at_peak = np.where(in_optimizer, 0.0, activations)
-    states = S["parameters"] + S["master_weights"] + S["optimizer_states"]
-    return {
-        "parameters": S["parameters"],
-        "master_weights": S["master_weights"],
-        "gradients_total": gradients,
-        "optimizer_states": S["optimizer_states"],
-        "optimizer_step_temporaries": S["optimizer_step_temporaries"],
-        "host_bytes": S["host_bytes"] + in_flight * A["activations_offloaded"],
-        "activations_total": activations,
-        "activations_per_layer": A["activations_per_layer"],
-        "activations_outside_layers": A["activations_outside_layers"],
-        "activations_autocast_weight_copies": A["activations_autocast_weight_copies"],
+    out = {
         "grads_at_peak": grads_at_peak,
         "acts_at_peak": acts_at_peak,
-        "transient": peak_allocated - states - grads_at_peak - acts_at_peak,
+        "transient": peak_allocated - S["states"] - grads_at_peak - acts_at_peak,
+        "peak_allocated_bytes": peak_allocated,
+    }
+    if "peak_phase" in want:
+        phase = np.where(in_optimizer, 2, (backward_peak >= forward_peak).astype(np.int8))
+        out["peak_phase"] = phase.astype(np.int8)
+    optional = {
+        "gradients_total": gradients,
+        "activations_total": activations,
         "peak_forward_bytes": forward_peak,
         "peak_backward_bytes": backward_peak,
         "peak_optimizer_step_bytes": optimizer_peak,
-        "peak_allocated_bytes": peak_allocated,
-        "peak_phase": phase.astype(np.int8),
     }
+    out.update({k: x for k, x in optional.items() if k in want})
+    if "host_bytes" in want:
+        out["host_bytes"] = T["host_bytes"] + in_flight * T["activations_offloaded"]
+    out.update({k: T[k] for k in (*_OPTIONAL_TERMS, "activations_autocast_weight_copies")
+                if k in want and k != "host_bytes"})  # fmt: skip
+    out.update({k: T[k] for k in ("parameters", "master_weights", "optimizer_states")})
+    return out
 
 
 def layout_reason(m: ModelSpec, g: Grid) -> np.ndarray:
@@ -192,6 +319,8 @@ def estimate(
     headroom: float | np.ndarray = 0.10,
     overheads: Overheads | None = None,
     pp_stage: int | np.ndarray | None = None,
+    columns: Collection[str] | None = None,
+    reason: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Per-device memory of every row of `g` for model `m`.
 
@@ -202,10 +331,17 @@ def estimate(
     saved at the end of forward), per-layer details, peak_allocated_bytes / peak_reserved_bytes /
     peak_device_bytes, the phase peaks, peak_phase (0 forward, 1 backward, 2 optimizer_step),
     pp_stage, dp, num_microbatches, fits (bool), headroom_bytes, reason (int8 into REASONS).
+    `columns`: only these of OUTPUTS (the same values as the full call, less work); `reason`:
+    layout_reason(m, g) when the caller has it already.
     """
+    want = frozenset(OUTPUTS if columns is None else columns)
+    unknown = sorted(want - set(OUTPUTS))
+    if unknown:
+        raise ValueError(f"columns: unknown {', '.join(unknown)}; allowed: {', '.join(OUTPUTS)}")
     ov = overheads or Overheads()
-    reason = layout_reason(m, g)
+    reason = layout_reason(m, g) if reason is None else reason
     tp, pp, cp = g["tp"], g["pp"], g["cp"]
+    n = len(tp)
     dp = np.maximum(g["num_gpus"] // np.maximum(tp * pp * cp, 1), 1)
     gbs = np.where(g["global_batch_size"] > 0, g["global_batch_size"], g["micro_batch_size"] * dp)
     num_micro = np.maximum(gbs // np.maximum(g["micro_batch_size"] * dp, 1), 1).astype(np.float64)
@@ -217,71 +353,96 @@ def estimate(
             pp <= 1, 0, np.where(stage <= 0, 1, np.where(stage >= pp - 1, 3, 2))
         ).astype(np.int8)
 
+    terms: tuple[list[str], list[str]] = (list(_S_TERMS), list(_A_TERMS))
+    for k, (s_terms, a_terms) in _OPTIONAL_TERMS.items():
+        if k in want:
+            terms[0].extend(s_terms)
+            terms[1].extend(a_terms)
+    first_stage = np.zeros(n, dtype=np.int64)
     if pp_stage is not None:
-        stage = np.minimum(np.broadcast_to(np.asarray(pp_stage, dtype=np.int64), tp.shape), pp - 1)
-        cols = {**base, "stage_pos": stage_pos(stage), "stage_index": stage}
-        worst = _assemble(m, g, cols, num_micro)
-    else:
-        stage = np.zeros(tp.shape, dtype=np.int64)
-        worst = _assemble(m, g, {**base, "stage_pos": stage_pos(stage), "stage_index": stage},
-                          num_micro)  # fmt: skip
-        multi = np.flatnonzero(pp > 1)
-        if len(multi):  # the last stage too, on the pipelined rows only
-            sub = {k: v[multi] for k, v in base.items()}
-            sub["stage_pos"] = np.full(len(multi), 3, dtype=np.int8)
-            sub["stage_index"] = pp[multi] - 1
-            last = _assemble(m, {k: v[multi] for k, v in g.items()}, sub, num_micro[multi])
-            pick = last["peak_allocated_bytes"] > worst["peak_allocated_bytes"][multi]
-            rows = multi[pick]
-            for k, v in worst.items():
-                v = np.array(v, copy=True)
-                v[rows] = last[k][pick]
-                worst[k] = v
-            stage = stage.copy()
-            stage[rows] = (pp[rows] - 1).astype(np.int64)
+        stages = [np.minimum(np.broadcast_to(np.asarray(pp_stage, dtype=np.int64), (n,)), pp - 1)]
+        base["stage_pos"] = stage_pos(stages[0])
+        i_s, i_a, variants = _key_tables(m, base, [None], terms)
+    else:  # the first stage; the last too where some rows are pipelined
+        stages = [first_stage]
+        positions = [stage_pos(first_stage)]
+        if np.any(pp > 1):
+            stages.append(np.maximum(pp - 1, 0))
+            positions.append(np.where(pp <= 1, 0, 3).astype(np.int8))
+        i_s, i_a, variants = _key_tables(m, base, positions, terms)
+    needs_stage = "pp_stage" in want
 
-    peak_allocated = worst["peak_allocated_bytes"]
-    non_persistent = (
-        peak_allocated - worst["parameters"] - worst["master_weights"]
-        - worst["optimizer_states"] - worst["grads_at_peak"]
-    )  # fmt: skip
-    fragmentation = ov.fragmentation_fraction * np.maximum(non_persistent, 0.0)
-    peak_reserved = peak_allocated + ov.cublas_workspace_bytes + fragmentation
+    limit = np.broadcast_to(
+        np.asarray(usable_bytes, dtype=np.float64) * (1.0 - np.asarray(headroom, dtype=np.float64)),
+        (n,),
+    )
     outside_torch = ov.cuda_context_bytes + ov.nccl_bytes_per_communicator * num_communicators(
         dp=dp, tp=tp, pp=pp, cp=cp
     )
-    peak_device = peak_reserved + outside_torch
-    limit = np.asarray(usable_bytes, dtype=np.float64) * (
-        1.0 - np.asarray(headroom, dtype=np.float64)
-    )
-    framework_overhead = outside_torch + ov.cublas_workspace_bytes
-    return {
-        "parameters": worst["parameters"],
-        "master_weights": worst["master_weights"],
-        "gradients": worst["grads_at_peak"],
-        "optimizer_states": worst["optimizer_states"],
-        "activations": worst["acts_at_peak"],
-        "transient": worst["transient"],
-        "framework_overhead": framework_overhead * np.ones_like(peak_allocated),
-        "fragmentation": fragmentation,
-        "gradients_total": worst["gradients_total"],
-        "activations_total": worst["activations_total"],
-        "activations_per_layer": worst["activations_per_layer"],
-        "activations_outside_layers": worst["activations_outside_layers"],
-        "activations_autocast_weight_copies": worst["activations_autocast_weight_copies"],
-        "optimizer_step_temporaries": worst["optimizer_step_temporaries"],
-        "host_bytes": worst["host_bytes"],
-        "peak_forward_bytes": worst["peak_forward_bytes"],
-        "peak_backward_bytes": worst["peak_backward_bytes"],
-        "peak_optimizer_step_bytes": worst["peak_optimizer_step_bytes"],
-        "peak_allocated_bytes": peak_allocated,
-        "peak_reserved_bytes": peak_reserved,
-        "peak_device_bytes": peak_device,
-        "peak_phase": worst["peak_phase"],
-        "pp_stage": stage,
-        "dp": dp,
-        "num_microbatches": num_micro,
-        "fits": (peak_device <= limit) & (reason == 0),
-        "headroom_bytes": limit - peak_device,
-        "reason": reason,
-    }
+    framework_overhead = np.broadcast_to(outside_torch + ov.cublas_workspace_bytes, (n,))
+    out: dict[str, np.ndarray] = {}
+    for lo in range(0, n, BLOCK_ROWS):
+        rows = slice(lo, min(lo + BLOCK_ROWS, n))
+        bs, ba = i_s[rows], i_a[rows]
+        kw = {"pp": pp[rows], "v": g["virtual_stages"][rows], "num_micro": num_micro[rows]}
+        T = _block_terms(variants[0], terms, bs, ba)
+        worst = _assemble(T, stage=stages[0][rows], want=want, **kw)
+        stage = stages[0][rows]
+        if len(variants) > 1:  # the last stage is the worst rank where its peak is larger
+            multi = kw["pp"] > 1
+            if multi.all():
+                T = _block_terms(variants[1], terms, bs, ba)
+                last = _assemble(T, stage=stages[1][rows], want=want, **kw)
+                pick = last["peak_allocated_bytes"] > worst["peak_allocated_bytes"]
+                worst = {k: np.where(pick, last[k], x) for k, x in worst.items()}
+                if needs_stage:
+                    stage = np.where(pick, stages[1][rows], stage)
+            elif multi.any():  # the pipelined rows only
+                sub = np.flatnonzero(multi)
+                T = _block_terms(variants[1], terms, bs[sub], ba[sub])
+                last = _assemble(T, stage=stages[1][rows][sub], want=want,
+                                 **{k: x[sub] for k, x in kw.items()})  # fmt: skip
+                pick = last["peak_allocated_bytes"] > worst["peak_allocated_bytes"][sub]
+                for k, x in worst.items():  # fresh arrays of this block: updated in place
+                    x[sub[pick]] = last[k][pick]
+                if needs_stage:
+                    stage = stage.copy()
+                    stage[sub[pick]] = stages[1][rows][sub[pick]]
+        peak_allocated = worst["peak_allocated_bytes"]
+        non_persistent = (
+            peak_allocated - worst["parameters"] - worst["master_weights"]
+            - worst["optimizer_states"] - worst["grads_at_peak"]
+        )  # fmt: skip
+        fragmentation = ov.fragmentation_fraction * np.maximum(non_persistent, 0.0)
+        peak_reserved = peak_allocated + ov.cublas_workspace_bytes + fragmentation
+        peak_device = peak_reserved + outside_torch[rows]
+        block = {
+            **{k: worst[_STAGE_OUT.get(k, k)] for k in OUTPUTS if _STAGE_OUT.get(k, k) in worst},
+            "framework_overhead": framework_overhead[rows],
+            "fragmentation": fragmentation,
+            "peak_reserved_bytes": peak_reserved,
+            "peak_device_bytes": peak_device,
+            "pp_stage": stage,
+            "fits": (peak_device <= limit[rows]) & (reason[rows] == 0),
+            "headroom_bytes": limit[rows] - peak_device,
+        }
+        for k in want & block.keys():
+            if k not in out:
+                out[k] = np.empty(n, dtype=block[k].dtype)
+            out[k][rows] = block[k]
+    whole = {"dp": dp, "num_microbatches": num_micro, "reason": reason}
+    for k in want - out.keys():  # no rows, or a whole-grid column
+        if k in whole:
+            out[k] = whole[k]
+        else:
+            out[k] = np.empty(
+                0,
+                dtype=np.int8
+                if k == "peak_phase"
+                else bool
+                if k == "fits"
+                else np.int64
+                if k == "pp_stage"
+                else np.float64,
+            )
+    return {k: out[k] for k in OUTPUTS if k in want}

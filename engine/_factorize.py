@@ -14,6 +14,8 @@ import numpy as np
 
 _DENSE_LIMIT = 1 << 22
 """Largest key space factorized with a dense table (else numpy's sort-based unique)."""
+_NARROW = 256
+"""Integer columns spanning fewer values than this are coded as value - min (no gather)."""
 
 
 def _dense_codes(col: np.ndarray) -> tuple[np.ndarray, int]:
@@ -32,27 +34,49 @@ def _dense_codes(col: np.ndarray) -> tuple[np.ndarray, int]:
     return inv.reshape(-1), len(uniq)
 
 
+def _column_codes(col: np.ndarray) -> tuple[np.ndarray | None, int]:
+    """Codes 0..width-1 of one key column and `width`; (None, 1) for a constant column.
+
+    Integer and bool columns whose values span a narrow range code as value - min (no gather);
+    wider or float columns are coded densely (order-preserving), so the packed key stays small.
+    """
+    col = np.asarray(col)
+    if col.size == 0 or (col.ndim == 1 and col.strides[0] == 0):  # a broadcast scalar
+        return None, 1
+    if col.dtype == bool:
+        col = col.view(np.uint8)
+    if col.dtype.kind in "iu":
+        lo, hi = int(col.min()), int(col.max())
+        if lo == hi:
+            return None, 1
+        if hi - lo < _NARROW:
+            return (col.astype(np.int64) - lo if lo else col), hi - lo + 1
+    elif col.dtype.kind == "f" and col.min() == col.max():
+        return None, 1
+    return _dense_codes(col)
+
+
 def factorize(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(inverse, representatives): row -> distinct-key index, and one row index per key.
 
-    Small non-negative integer columns are packed into one int64 key by their value range (two
-    reductions each, no sort); the packed key is then coded densely once.
+    Constant columns are skipped; the others are packed into one int64 key by their codes
+    (`_column_codes`: two reductions each, a gather only for wide columns, no sort), compressed
+    when the key space grows large; the packed key is then coded densely once.
     """
     n = len(columns[0])
-    key = np.zeros(n, dtype=np.int64)
+    key: np.ndarray | None = None
     space = 1
     for col in columns:
-        col = np.asarray(col)
-        if col.dtype == bool or col.dtype.kind in "iu":
-            lo = int(col.min()) if n else 0
-            width = (int(col.max()) - lo + 1) if n else 1
-            codes = col.astype(np.int64) - lo if lo else col.astype(np.int64, copy=False)
-        else:
-            codes, width = _dense_codes(col)
+        codes, width = _column_codes(col)
+        if codes is None:
+            continue
         if space * width >= _DENSE_LIMIT:  # compress before the key space grows too large
+            assert key is not None
             key, space = _dense_codes(key)
-        key = key * width + codes if space > 1 else codes.copy()
+        key = codes.astype(np.int64) if key is None else key * width + codes
         space *= width
+    if key is None:  # every column constant: one key (or none for no rows)
+        return np.zeros(n, dtype=np.int64), np.zeros(min(n, 1), dtype=np.int64)
     inverse, num_keys = _dense_codes(key)
     representatives = np.empty(num_keys, dtype=np.int64)
     representatives[inverse] = np.arange(n)

@@ -155,6 +155,7 @@ def estimate_time(
     price_per_gpu_hour_usd: float | np.ndarray,
     tokens: float | np.ndarray | None = None,
     params: TimeParams | None = None,
+    reason: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Step time, throughput, MFU and cost of every row of `g` for model `m`.
 
@@ -173,9 +174,10 @@ def estimate_time(
     Source: each helper and TimeParams. Assumes: equal pipeline stages (the LM head's work is
     spread over all of them), balanced MoE routing, no stragglers or data-loader stalls, one GPU
     type per row; fp8-mixed rows run at the 16-bit peak and activation offload is not timed.
+    `reason`: layout_reason(m, g) when the caller has it already.
     """
     pr = params or TimeParams()
-    valid = layout_reason(m, g) == 0
+    valid = (layout_reason(m, g) if reason is None else reason) == 0
     num_rows = len(valid)
     # Symbols: s sequence, b micro-batch, t tp, p pp, c cp, v virtual stages, d dp, n GPUs.
     s = g["seq_len"].astype(np.float64)

@@ -20,7 +20,7 @@ import polars as pl
 
 from trainmem.results import part_exists, points_frame, study_dir, write_points
 
-from ._space import _NAMES, ALL_REASONS, AXES, Space, evaluate_columns
+from ._space import _NAMES, ALL_REASONS, AXES, POINT_COLUMNS, Space, evaluate_columns
 
 OBJECTIVES = {
     "cost": "cost_per_million_tokens",
@@ -237,7 +237,8 @@ def _exhaustive_chunk(
     if skipped:
         frame = pl.read_parquet(study_dir(out, study) / f"part-{part}.parquet")
     else:
-        frame = _frame(space, space.evaluate(np.arange(lo, hi)), study=study)
+        frame = _frame(space, space.evaluate(np.arange(lo, hi), columns=POINT_COLUMNS),
+                       study=study)  # fmt: skip
         if out is not None:
             write_points(frame, out, study=study, part=part)
     fitting = frame.filter(pl.col("fits"))
@@ -381,7 +382,7 @@ def optuna_worker(
         outer = {a: _suggest(space, a, batch) for a in AXES if a not in INNER_AXES}
         cols = {**{a: np.repeat(v, k) for a, v in outer.items()},
                 **{a: np.tile(v, b) for a, v in inner.items()}}  # fmt: skip
-        res = evaluate_columns(space, cols)
+        res = evaluate_columns(space, cols, columns=POINT_COLUMNS)
         numbers = np.array([t.number for t in batch], dtype=np.int64)
         frame = _frame(space, res, study=study, trial=np.repeat(numbers, k))
         write_points(frame, out, study=study, part=f"t{numbers.min():08d}-{numbers.max():08d}",

@@ -9,13 +9,14 @@ sweep's own (SWEEP_REASONS), never exceptions.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from trainmem.engine import (
+    COMPONENTS,
     OFFLOADS,
     REASONS,
     RECOMPUTE,
@@ -104,10 +105,16 @@ class Space:
         idx = np.unravel_index(np.asarray(flat, dtype=np.int64), self.shape)
         return {a: _axis_array(a, self.axes[a])[i] for a, i in zip(AXES, idx, strict=True)}
 
-    def evaluate(self, flat: np.ndarray, *, time_params: TimeParams | None = None) -> dict:
+    def evaluate(
+        self,
+        flat: np.ndarray,
+        *,
+        time_params: TimeParams | None = None,
+        columns: Collection[str] | None = None,
+    ) -> dict:
         """Memory, fit, time and cost of the points `flat`: one vectorized call, no row loop."""
         cols = self.columns(flat)
-        return evaluate_columns(self, cols, time_params=time_params)
+        return evaluate_columns(self, cols, time_params=time_params, columns=columns)
 
 
 _NAMES = {"recompute": RECOMPUTE, "offload": OFFLOADS}
@@ -130,13 +137,23 @@ def _codes(axis: str, values: np.ndarray) -> np.ndarray:
     return _axis_array(axis, tuple(uniq))[inverse]
 
 
+POINT_COLUMNS = (*COMPONENTS, "peak_allocated_bytes", "peak_device_bytes", "headroom_bytes")
+"""The estimate() columns a search keeps (`evaluate_columns(columns=...)`), besides the fit,
+reason and dp it always gets."""
+
+
 def evaluate_columns(
-    space: Space, cols: dict[str, np.ndarray], *, time_params: TimeParams | None = None
+    space: Space,
+    cols: dict[str, np.ndarray],
+    *,
+    time_params: TimeParams | None = None,
+    columns: Collection[str] | None = None,
 ) -> dict[str, np.ndarray]:
     """Evaluate AXES columns (plus the space's fixed fields): inputs and outputs as columns.
 
     Name-valued axes (recompute, offload) may come as names or codes; they go out as codes
-    (see `_NAMES`), the GPU as the pool index (`pool`).
+    (see `_NAMES`), the GPU as the pool index (`pool`). `columns`: the estimate() columns
+    wanted (None: all; fits, reason and dp always).
     """
     pool = cols["pool"].astype(np.int64)
     num_gpus = cols["num_gpus"].astype(np.int64)
@@ -151,7 +168,8 @@ def evaluate_columns(
     per_node = np.array([p.gpus_per_node for p in space.fleet.pools], dtype=np.int64)[pool]
     usable = np.array([g.usable_bytes for g in profiles], dtype=np.float64)[pool]
 
-    reason = layout_reason(m, grid).astype(np.int16)
+    engine_reason = layout_reason(m, grid)
+    reason = engine_reason.astype(np.int16)
     own = np.zeros_like(reason)
     own = np.where(pp == 1, np.where(grid["virtual_stages"] > 1, VIRTUAL_WITHOUT_PP, own), own)
     own = np.where(num_gpus > pool_size, EXCEEDS_POOL, own)
@@ -170,6 +188,8 @@ def evaluate_columns(
             usable_bytes=usable[rows],
             headroom=space.headroom,
             overheads=Overheads(cublas_workspace_bytes=float(ws)),
+            columns=None if columns is None else {*columns, "fits", "reason", "dp"},
+            reason=engine_reason if len(rows) == len(pool) else engine_reason[rows],
         )
         for k, v in part.items():
             if k not in out:
@@ -181,7 +201,8 @@ def evaluate_columns(
         values["gpus_per_node"] = float(p.gpus_per_node)
         for k, v in values.items():
             inputs.setdefault(k, np.empty(len(profiles)))[i] = v
-    timing = estimate_time(m, grid, params=time_params, **{k: v[pool] for k, v in inputs.items()})
+    timing = estimate_time(m, grid, params=time_params, reason=engine_reason,
+                           **{k: v[pool] for k, v in inputs.items()})  # fmt: skip
     valid = reason == 0
     gbs = grid["global_batch_size"]
     dp = out["dp"]

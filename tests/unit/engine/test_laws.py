@@ -18,9 +18,11 @@ from hypothesis import strategies as st
 
 from trainmem.engine import (
     ATTENTION,
+    BLOCK_ROWS,
     COMPONENTS,
     FRAMEWORKS,
     OPTIMIZERS,
+    OUTPUTS,
     PRECISIONS,
     RECOMPUTE,
     ModelSpec,
@@ -308,3 +310,33 @@ def test_indivisible_layouts_get_a_reason_and_never_fit(data: st.DataObject) -> 
     assert out["reason"][0] != 0
     assert "num_gpus" in reason_text(out["reason"][0])
     assert not out["fits"][0]
+
+
+@LAWS
+@given(_case(max_rows=6), st.data())
+def test_a_column_subset_equals_the_full_call(case: tuple, data: st.DataObject) -> None:
+    m, rows, view = case
+    columns = data.draw(st.sets(st.sampled_from(OUTPUTS), min_size=1))
+    grid = _grid(rows)
+    full = estimate(m, grid, pp_stage=view, usable_bytes=80e9)
+    part = estimate(m, grid, pp_stage=view, usable_bytes=80e9, columns=columns)
+    assert list(part) == [k for k in OUTPUTS if k in columns]
+    for key, column in part.items():
+        assert column.dtype == full[key].dtype
+        assert column.tobytes() == full[key].tobytes(), key
+
+
+def test_rows_assembled_in_blocks_equal_the_single_calls() -> None:
+    """A grid over several assembly blocks, rows of every layout mixed, equals row-by-row."""
+    m = load_model("llama-2-7b")
+    rng = np.random.default_rng(0)
+    n = BLOCK_ROWS + 37
+    tp, pp = rng.choice([1, 2, 4], n), rng.choice([1, 2, 4], n)
+    cols = {"tp": tp, "pp": pp, "num_gpus": tp * pp * 2, "micro_batch_size": rng.integers(1, 5, n),
+            "zero": rng.integers(0, 4, n), "recompute": rng.integers(0, 3, n),
+            "virtual_stages": np.where(pp > 1, rng.choice([1, 2], n), 1)}  # fmt: skip
+    out = estimate(m, make_grid(cols), usable_bytes=80e9)
+    for i in rng.choice(n, 40, replace=False):
+        single = estimate(m, make_grid({k: v[i] for k, v in cols.items()}), usable_bytes=80e9)
+        for key, column in out.items():
+            assert column[i] == single[key][0], (key, i)
