@@ -20,7 +20,7 @@ def main() -> None:
     config, micro, seq, precision, recompute = sys.argv[1:6]
     got = trace_step(
         json.loads(config), micro_batch_size=int(micro), seq_len=int(seq), precision=precision,
-        recompute=recompute, attention="flash", optimizer="adamw", fake=False,
+        recompute=recompute, attention="flash", optimizer="adamw", device="cpu", fake=False,
     )  # fmt: skip
     print(
         json.dumps(

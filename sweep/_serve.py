@@ -395,7 +395,7 @@ def serve_cmd(
         DEFAULT_LIMITS.max_concurrent
     ),
 ) -> None:
-    """HTTP JSON API for schedulers: /v1/estimate, /v1/fit, /v1/recommend (trainmem[serve])."""
+    """HTTP JSON API for schedulers: /v1/estimate, /v1/fit, /v1/recommend (the serve extra)."""
     if not 0 < port < 65536:
         raise ValueError(f"port: must be 1-65535, got {port}")
     if min(max_points, max_grid_rows, max_concurrent) < 1 or not timeout_s > 0:

@@ -1,34 +1,175 @@
-"""`trainmem trace`: measure one training step of a Hugging Face model on fake tensors.
+"""`trainmem trace`: measure one training step of a model on fake tensors.
 
 Needs the optional extra `trainmem[trace]` (torch, transformers); the core install does not.
 The step runs under torch's FakeTensorMode (real dispatcher, real autograd, real torch.optim and
-checkpoint code, no data, no GPU): a warm-up step, then the measured one, exactly as the ground
+checkpoint code, no data, no memory): a warm-up, then the measured step, exactly as the ground
 truth was traced (loss = model(input_ids, labels=input_ids).loss; backward; optimizer.step();
-zero_grad(set_to_none=True)). A TorchDispatchMode records every storage created, rounded to 512
-bytes as the CUDA caching allocator counts memory_allocated, and forgets it when it is freed.
+zero_grad(set_to_none=True)), with the model's KV cache off (use_cache=False: a training step
+keeps none) and unpacked batches. Every storage is counted, rounded to 512 bytes as the CUDA
+caching allocator counts memory_allocated (sweep/_trace_step.py).
 
-Device: the fake tensors live on the CPU (a CPU-only torch cannot run autograd on fake CUDA
-tensors, it has no CUDA device guard). SDPA on the CPU picks its flash kernel, which saves what
-the CUDA flash kernel saves; dropout is routed through native_dropout (CUDA's bool mask) and
-attention dropout set to 0 for flash (the CUDA kernel saves no mask for it). Checked: Llama-family
-ground-truth cases (bf16, fp32, amp, checkpointing, eager) match to 0.25% (activations) and the
-peaks exactly. Known gaps: GPT-2 on the CPU keeps per-layer tensors the CUDA trace does not (+5% on
-gpt2 bf16) and CPU autocast op lists differ from CUDA's (GPT-2 amp -10%).
+Device: a fake `cuda` device (sweep/_fake_cuda.py: a small C++ extension, built once, gives a
+CPU-only torch the CUDA device guard autograd needs), so the CUDA paths run: CUDA autocast op
+lists, the fused dropout (a bool mask), and the attention kernel a Hopper GPU picks
+(sweep/_trace_sdpa.py: flash by default). Without a C++ compiler the step falls back to fake CPU
+tensors, with a note in the result: CPU autocast op lists differ from CUDA's (GPT-2 amp -10%).
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
-import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
-BLOCK_BYTES = 512
-"""c10/cuda/CUDACachingAllocator.cpp kMinBlockSize: memory_allocated counts rounded blocks."""
+PRECISIONS_TRACED = ("fp32", "bf16", "amp-bf16")
+OPTIMIZERS_TRACED = ("adamw", "adamw-fused", "sgd", "sgd-momentum")
+DEVICES = ("cuda", "cpu")
+CPU_FALLBACK_NOTE = (
+    "traced on fake CPU tensors ({reason}): CPU autocast op lists and kernels differ from CUDA's"
+)
 
 
-def _rounded(num_bytes: int) -> int:
-    return -(-num_bytes // BLOCK_BYTES) * BLOCK_BYTES
+def import_torch() -> Any:
+    """torch, or a one-line ValueError saying how to install the trace extra."""
+    try:
+        import torch
+        import transformers  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ValueError(
+            f"trace: needs torch and transformers ({exc.name} missing); "
+            "install them with: pip install 'trainmem[trace]'"
+        ) from None
+    return torch
+
+
+def check_flags(*, precision: str, recompute: str, optimizer: str, device: str) -> None:
+    """One-line ValueErrors for flags the trace does not support."""
+    if precision not in PRECISIONS_TRACED:
+        raise ValueError(f"precision: trace supports fp32, bf16, amp-bf16; got '{precision}'")
+    if recompute not in ("none", "full"):
+        raise ValueError(f"recompute: trace supports none, full; got '{recompute}'")
+    if optimizer not in OPTIMIZERS_TRACED:
+        raise ValueError(
+            f"optimizer: trace supports {', '.join(OPTIMIZERS_TRACED)}; got '{optimizer}'"
+        )
+    if device not in DEVICES:
+        raise ValueError(f"device: trace supports cuda (fake) or cpu; got '{device}'")
+
+
+@contextlib.contextmanager
+def _cuda_like_dropout() -> Iterator[None]:
+    """On CPU tensors, route dropout through native_dropout (CUDA's fused kernel, a bool mask
+    saved) instead of the CPU's multiply by a mask in the input's dtype.
+
+    Source: aten/src/ATen/native/Dropout.cpp is_fused_kernel_acceptable (CUDA only)."""
+    import torch
+
+    plain = torch.nn.functional.dropout
+
+    def dropout(x: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+        if not training or p == 0.0:
+            return x
+        return torch.native_dropout(x, p, True)[0]
+
+    torch.nn.functional.dropout = dropout  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.nn.functional.dropout = plain  # type: ignore[assignment]
+
+
+def in_child_if_needed(function: str, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """function(**kwargs) in a fresh process when this one's autograd engine started before the
+    fake `cuda` device existed (see _fake_cuda.py); None when the trace can run here."""
+    from ._fake_cuda import autograd_sees_fake_cuda, fake_cuda_unavailable_reason
+
+    if fake_cuda_unavailable_reason() or autograd_sees_fake_cuda():
+        return None
+    from ._trace_child import run_in_child
+
+    return run_in_child(function, kwargs)
+
+
+def step_contexts(*, device: str, fake: bool, sdpa_kernel: str) -> tuple[str, list[Any], str]:
+    """(device type, contexts to run the step in, note) for a traced step on `device`."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ._fake_cuda import fake_cuda_device, fake_cuda_unavailable_reason
+    from ._trace_sdpa import gpu_attention_kernels
+
+    note = ""
+    if device == "cuda" and fake:
+        reason = fake_cuda_unavailable_reason()
+        if not reason:
+            return "cuda", [fake_cuda_device(), gpu_attention_kernels(sdpa_kernel),
+                            FakeTensorMode()], note  # fmt: skip
+        device, note = "cpu", CPU_FALLBACK_NOTE.format(reason=reason)
+    if device == "cuda":  # real tensors on a real GPU: the real kernel chooser
+        if not torch.cuda.is_available():
+            raise ValueError("device: no CUDA device here (torch.cuda.is_available() is False)")
+        return "cuda", [], note
+    contexts: list[Any] = [_cuda_like_dropout()]
+    if fake:
+        contexts.append(FakeTensorMode())
+    return "cpu", contexts, note
+
+
+@contextlib.contextmanager
+def unpacked_batches() -> Iterator[None]:
+    """transformers looks for packed sequences in the position ids and, on fake tensors (whose
+    values it cannot read), assumes a packed batch and builds a [b, 1, s, s] mask that rules out
+    the flash kernel. The traced batches are unpacked: say so.
+
+    Source: transformers/masking_utils.py find_packed_sequence_indices, _preprocess_mask_arguments
+    (only without a cache and an attention mask, i.e. in training)."""
+    from transformers import masking_utils
+
+    plain = masking_utils.find_packed_sequence_indices
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = plain
+
+
+def hf_job(
+    config: dict[str, Any], *, micro_batch_size: int, seq_len: int, precision: str,
+    attention: str, device_type: str,
+) -> Callable[[], Any]:  # fmt: skip
+    """A builder of the Hugging Face causal-LM step (model from config, no weights, no hub)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ._trace_step import StepJob
+
+    fields = {k: v for k, v in config.items() if not k.startswith("_")}
+    model_type = fields.pop("model_type", "llama")
+    fields.pop("architectures", None)
+    if attention == "flash" and device_type == "cpu":
+        # The CPU flash kernel has no dropout; the CUDA one applies it in-kernel (philox state
+        # only, no mask saved), so a zero attention dropout keeps the CPU on the same kernel.
+        for key in ("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob"):
+            if key in fields or model_type in ("gpt2", "bert"):
+                fields[key] = 0.0
+    cfg = AutoConfig.for_model(model_type, **fields)
+    cfg._attn_implementation = "sdpa" if attention == "flash" else "eager"
+    cfg.use_cache = False  # a training step keeps no KV cache (GPT-2 would copy k and v into one)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+
+    def loss(model: Any, ids: Any) -> Any:
+        return model(input_ids=ids, labels=ids).loss
+
+    def recompute(model: Any) -> None:
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        (enable or model.gradient_checkpointing_enable)()
+
+    def build() -> Any:
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+        ids = torch.randint(0, cfg.vocab_size, (micro_batch_size, seq_len))
+        return StepJob(model=model, batch=ids, loss=loss, enable_recompute=recompute)
+
+    return build
 
 
 def trace_step(
@@ -40,154 +181,57 @@ def trace_step(
     recompute: str,
     attention: str,
     optimizer: str,
+    device: str = "cuda",
+    sdpa_kernel: str = "flash",
     fake: bool = True,
+    on_phase_end: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """One measured step: persistent bytes, activations, and per-phase peaks.
+    """One measured step of a Hugging Face causal LM built from `config` (a config.json dict).
 
-    `fake=False` runs the same step on real CPU tensors (small models only): bench/cpu_trace.py
-    uses it to record reference steps.
+    Returns bytes (ints, per device): parameters_bytes, gradients_bytes, optimizer_states_bytes
+    (the optimizer's tensors on the device: fused AdamW's step counters too, foreach AdamW keeps
+    them on the host), activations_bytes (alive
+    at the end of forward: saved for backward, the loss, autocast weight copies), its split
+    activations_per_layer_bytes (mean over the repeated blocks), activations_by_layer_bytes,
+    activations_outside_layers_bytes, activations_autocast_weight_copies_bytes; phases (peak live
+    bytes of forward, backward, optimizer_step), peak_allocated_bytes, peak_phase;
+    transient_bytes (the forward/backward peak less parameters, optimizer states and
+    activations) and transient_phase; gradients_at_peak_bytes; num_layers, layer_class,
+    layer_path, parameter counts (num_parameters, parameters_per_layer,
+    parameters_outside_layers, trainable_parameters); device, note, elapsed_s.
+
+    device "cuda" (default) traces on a fake CUDA device (falling back to fake CPU tensors, with
+    a note, where the fake device cannot be built); "cpu" on fake CPU tensors. sdpa_kernel is the
+    attention kernel a GPU would run (flash, efficient, cudnn, math; see _trace_sdpa.py).
+    `fake=False` runs the same step on real tensors: bench/cpu_trace.py uses it on the CPU,
+    --real-gpu on a CUDA device (on_phase_end then reads the allocator's statistics, see
+    _trace_step.run_step).
     """
-    try:
-        import torch
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_flatten
-        from torch.utils.weak import WeakIdKeyDictionary
-        from transformers import AutoConfig, AutoModelForCausalLM
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ValueError(
-            f"trace: needs torch and transformers ({exc.name} missing); "
-            "install them with: pip install 'trainmem[trace]'"
-        ) from None
-    if precision not in ("fp32", "bf16", "amp-bf16"):
-        raise ValueError(f"precision: trace supports fp32, bf16, amp-bf16; got '{precision}'")
-    if optimizer not in ("adamw", "adamw-fused", "sgd", "sgd-momentum"):
-        raise ValueError(
-            f"optimizer: trace supports adamw, adamw-fused, sgd, sgd-momentum; got '{optimizer}'"
-        )
+    import_torch()
+    check_flags(precision=precision, recompute=recompute, optimizer=optimizer, device=device)
+    if device == "cuda" and fake and on_phase_end is None:
+        flags = {"micro_batch_size": micro_batch_size, "seq_len": seq_len, "precision": precision,
+                 "recompute": recompute, "attention": attention, "optimizer": optimizer,
+                 "sdpa_kernel": sdpa_kernel}  # fmt: skip
+        done = in_child_if_needed("trace_step", {"config": config, **flags})
+        if done is not None:
+            return done
+    from ._trace_step import run_step
 
-    live: Any = WeakIdKeyDictionary()
-    state: dict[str, Any] = {"current": 0, "phase": "forward", "peaks": {}}
-
-    def forget(size: int) -> None:
-        state["current"] -= size
-
-    class Track(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            out = func(*args, **(kwargs or {}))
-            for t in tree_flatten(out)[0]:
-                if not isinstance(t, torch.Tensor):
-                    continue
-                storage = t.untyped_storage()
-                if storage in live or storage.nbytes() == 0:
-                    continue
-                size = _rounded(storage.nbytes())
-                live[storage] = size
-                state["current"] += size
-                weakref.finalize(storage, forget, size)
-            phase = state["phase"]
-            state["peaks"][phase] = max(state["peaks"].get(phase, 0), state["current"])
-            return out
-
-    fields = {k: v for k, v in config.items() if not k.startswith("_")}
-    model_type = fields.pop("model_type", "llama")
-    fields.pop("architectures", None)
-    if attention == "flash":
-        # The CPU flash kernel has no dropout; the CUDA one applies it in-kernel (philox state
-        # only, no mask saved), so a zero attention dropout keeps the CPU on the same kernel.
-        for key in ("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob"):
-            if key in fields or model_type in ("gpt2", "bert"):
-                fields[key] = 0.0
-    cfg = AutoConfig.for_model(model_type, **fields)
-    cfg._attn_implementation = "sdpa" if attention == "flash" else "eager"
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    started = time.perf_counter()
-
-    # CUDA dropout is the fused native_dropout (a bool mask saved); the CPU path multiplies by a
-    # mask in the input's dtype. Route dropout through native_dropout so the CPU saves the same.
-    plain_dropout = torch.nn.functional.dropout
-
-    def cuda_like_dropout(x: Any, p: float = 0.5, training: bool = True, inplace: bool = False):
-        if not training or p == 0.0:
-            return x
-        return torch.native_dropout(x, p, True)[0]
-
-    torch.nn.functional.dropout = cuda_like_dropout  # type: ignore[assignment]
-    try:
-        return _measure(
-            torch, FakeTensorMode if fake else contextlib.nullcontext, Track,
-            AutoModelForCausalLM, cfg, dtype, state, live,
-            micro_batch_size=micro_batch_size, seq_len=seq_len, precision=precision,
-            recompute=recompute, optimizer=optimizer, started=started,
-        )  # fmt: skip
-    finally:
-        torch.nn.functional.dropout = plain_dropout  # type: ignore[assignment]
-
-
-def _measure(
-    torch: Any, FakeTensorMode: Any, Track: Any, AutoModelForCausalLM: Any, cfg: Any,
-    dtype: Any, state: dict[str, Any], live: Any, *, micro_batch_size: int, seq_len: int,
-    precision: str, recompute: str, optimizer: str, started: float,
-) -> dict[str, Any]:  # fmt: skip
-    """The warm-up and measured steps (see trace_step)."""
-    with FakeTensorMode():
-        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-        if recompute == "full":
-            model.gradient_checkpointing_enable()
-        model.train()
-        params = list(model.parameters())
-        if optimizer.startswith("adamw"):
-            opt: Any = torch.optim.AdamW(
-                params, foreach=optimizer == "adamw", fused=optimizer == "adamw-fused"
-            )
-        else:
-            opt = torch.optim.SGD(
-                params, lr=0.01, momentum=0.9 if optimizer == "sgd-momentum" else 0.0,
-                foreach=True,
-            )  # fmt: skip
-        ids = torch.randint(0, cfg.vocab_size, (micro_batch_size, seq_len))
-        amp = precision == "amp-bf16"
-
-        def step() -> int:
-            state["phase"] = "forward"
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
-                loss = model(input_ids=ids, labels=ids).loss
-            end_of_forward = int(state["current"])
-            state["phase"] = "backward"
-            loss.backward()
-            del loss
-            state["phase"] = "optimizer_step"
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return end_of_forward
-
-        step()  # warm-up: the optimizer states exist from here on
-
-        def storages_bytes(tensors: Any) -> int:
-            total = 0
-            for t in tensors:
-                storage = t.untyped_storage()
-                if storage not in live:
-                    live[storage] = 0  # known, not counted by the tracker
-                    total += _rounded(storage.nbytes())
-            return total
-
-        parameters = storages_bytes(params)
-        states = storages_bytes(
-            v for s in opt.state.values() for v in s.values() if torch.is_tensor(v) and v.dim()
-        )
-        storages_bytes([ids])
-        with Track():
-            activations = step()
-    base = parameters + states
-    peaks = {phase: base + peak for phase, peak in state["peaks"].items()}
-    return {
-        "parameters_bytes": parameters,
-        "optimizer_states_bytes": states,
-        "gradients_bytes": parameters if precision != "amp-bf16" else parameters,
-        "activations_bytes": activations,
-        "phases": peaks,
-        "peak_allocated_bytes": max(peaks.values()),
-        "peak_phase": max(peaks, key=lambda k: peaks[k]),
-        "elapsed_s": time.perf_counter() - started,
-    }
+    device_type, contexts, note = step_contexts(device=device, fake=fake, sdpa_kernel=sdpa_kernel)
+    build = hf_job(
+        config, micro_batch_size=micro_batch_size, seq_len=seq_len, precision=precision,
+        attention=attention, device_type=device_type,
+    )  # fmt: skip
+    out = run_step(
+        build, precision=precision, recompute=recompute, optimizer=optimizer,
+        device_type=device_type, contexts=[*contexts, unpacked_batches()],
+        on_phase_end=on_phase_end, full_warm_up=not fake,
+    )  # fmt: skip
+    out.update(
+        device=f"{device_type} (fake)" if fake else device_type,
+        note=note,
+        seq_len=seq_len,
+        micro_batch_size=micro_batch_size,
+    )
+    return out

@@ -19,18 +19,14 @@ from trainmem.engine import (
     OPTIMIZERS,
     PRECISIONS,
     RECOMPUTE,
-    estimate,
     load_model,
     load_optimizers,
-    make_grid,
-    model_config_dict,
     model_presets,
 )
 from trainmem.hardware import GIB, load_gpus
 
 from ._api import command_fields, estimate_report
 from ._report import human_table
-from ._validate import choice
 
 app = typer.Typer(
     add_completion=False,
@@ -206,52 +202,53 @@ def trace_cmd(
     model: Annotated[str, typer.Option(help="Preset name or path to a HF config.json.")] = (
         "llama-3.2-1b"
     ),
+    module: Annotated[
+        str | None,
+        typer.Option(
+            help="Trace any nn.Module instead: pkg.mod:factory or path/file.py:factory "
+            "(factory() -> (module, batch[, loss_fn]); see README)."
+        ),
+    ] = None,
     seq_len: Annotated[int, typer.Option(help="Sequence length (tokens).")] = 2048,
     micro_batch_size: Annotated[int, typer.Option(help="Sequences per step.")] = 1,
-    precision: Annotated[str, typer.Option(help="fp32|bf16|amp-bf16")] = "bf16",
+    precision: Annotated[
+        str, typer.Option(help="fp32|bf16|amp-bf16 (|mixed-bf16 with --zero 3)")
+    ] = "bf16",
     optimizer: Annotated[str, typer.Option(help="adamw|adamw-fused|sgd|sgd-momentum")] = "adamw",
     recompute: Annotated[str, typer.Option(help="none|full")] = "none",
     attention: Annotated[str, typer.Option(help="|".join(ATTENTION))] = "flash",
+    sdpa_kernel: Annotated[
+        str, typer.Option(help="SDPA kernel the GPU runs: flash|efficient|cudnn|math.")
+    ] = "flash",
+    device: Annotated[
+        str, typer.Option(help="Fake device: cuda (CUDA kernels and autocast) or cpu.")
+    ] = "cuda",
+    num_gpus: Annotated[int, typer.Option(help="Ranks of the job (one rank is traced).")] = 1,
+    zero: Annotated[int, typer.Option(help="3: FSDP2 fully_shard over num-gpus ranks.")] = 0,
+    gpu: Annotated[str, typer.Option(help="GPU profile of the estimate it is compared with.")] = (
+        "h100-sxm-80gb"
+    ),
+    save_profile: Annotated[
+        str | None,
+        typer.Option(help="Trace two lengths and write an activation profile JSON here."),
+    ] = None,
+    profile_seq_lens: Annotated[
+        str | None, typer.Option(help="The two lengths A,B (default: seq-len, 2 x seq-len).")
+    ] = None,
+    profile_name: Annotated[str | None, typer.Option(help="The profile's name.")] = None,
+    real_gpu: Annotated[
+        bool,
+        typer.Option("--real-gpu", help="Also run the step on this machine's CUDA device."),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Measure one single-GPU training step on fake tensors (needs trainmem[trace])."""
-    from ._trace import trace_step
+    """Measure one training step on fake tensors next to the estimate (needs the trace extra)."""
+    fields = command_fields(locals())
+    from ._api import command_defaults
+    from ._trace_report import trace_report, trace_text
 
-    choice("recompute", recompute, ("none", "full"))
-    choice("attention", attention, ATTENTION)
-    config = model_config_dict(model)
-    measured = trace_step(
-        config, micro_batch_size=micro_batch_size, seq_len=seq_len, precision=precision,
-        recompute=recompute, attention=attention, optimizer=optimizer,
-    )  # fmt: skip
-    spec = load_model(model)
-    grid = make_grid(
-        micro_batch_size=micro_batch_size, seq_len=seq_len, precision=precision,
-        optimizer=optimizer, recompute=recompute, attention=attention,
-    )  # fmt: skip
-    out = estimate(spec, grid)
-    predicted = {
-        "activations_bytes": float(out["activations_total"][0]),
-        "peak_allocated_bytes": float(out["peak_allocated_bytes"][0]),
-    }
-    report = {
-        "model": spec.name,
-        "measured": measured,
-        "estimate": predicted,
-        "relative_error": {
-            k: predicted[k] / measured[k] - 1.0 for k in predicted if measured.get(k)
-        },
-    }
-    if as_json:
-        typer.echo(json.dumps(report, indent=2))
-        return
-    typer.echo(f"{spec.name}: traced on fake tensors in {measured['elapsed_s']:.1f} s")
-    for key in ("parameters_bytes", "optimizer_states_bytes", "activations_bytes"):
-        typer.echo(f"  {key:<26}{measured[key] / GIB:10.3f} GiB")
-    for phase, value in measured["phases"].items():
-        typer.echo(f"  peak {phase:<21}{value / GIB:10.3f} GiB")
-    for key, err in report["relative_error"].items():
-        typer.echo(f"  estimate vs trace, {key}: {err:+.2%}")
+    report = trace_report(**fields, estimate_defaults=command_defaults(estimate_cmd))
+    typer.echo(json.dumps(report, indent=2) if as_json else trace_text(report))
 
 
 @app.command("gpus")

@@ -1,0 +1,219 @@
+"""`trainmem trace --num-gpus N --zero 3`: one rank of an FSDP2 job on a fake process group.
+
+Rank 0 of N runs in this process: torch.distributed is initialised with the "fake" backend (every
+collective returns at once, with outputs of the right shapes) and a device mesh of N fake `cuda`
+devices. The Hugging Face model is built fp32, activation checkpointing enabled if asked, then
+torch.distributed.fsdp.fully_shard is applied to each decoder layer and to the root, with
+MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) for mixed-bf16: the fp32 shards
+are the master weights, the bf16 all-gathered copies the working ones. Layers reshard after
+forward; the root keeps FSDP2's default of not resharding. AdamW (foreach) steps the shards.
+
+FSDP2 drives its copies and collectives through CUDA streams and events; on the fake device those
+are stand-ins that do nothing (the ops run in program order), as on a real GPU whose streams are
+synchronised. The byte tracker sees the shards, the all-gathered parameters, the reduce-scatter
+inputs and the activations as FSDP2 allocates them.
+
+Source: torch/distributed/fsdp/_fully_shard/_fully_shard.py (fully_shard, reshard_after_forward
+None: True below the root, False at it), _fsdp_param_group.py (streams, events),
+_fsdp_collectives.py (all-gather and reduce-scatter buffers), torch/testing/_internal/
+distributed/fake_pg.py (FakeStore), torch 2.13.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+FSDP_PRECISIONS = ("mixed-bf16", "fp32", "bf16")
+
+
+def check_parallel(
+    *, num_gpus: int, zero: int, tp: int, sequence_parallel: bool, module: str | None
+) -> None:
+    """One-line ValueErrors for the layouts the multi-GPU trace does not run."""
+    if module:
+        raise ValueError("num-gpus: --module traces one GPU; a multi-GPU trace needs --model")
+    if tp > 1 or sequence_parallel:
+        raise ValueError("tp: the multi-GPU trace runs FSDP2 (--zero 3); tp is not traced")
+    if zero != 3 or num_gpus < 2:
+        raise ValueError(
+            f"zero: a multi-GPU trace is FSDP2: --zero 3 with --num-gpus >= 2 (got zero {zero}, "
+            f"num-gpus {num_gpus})"
+        )
+
+
+class _Event:
+    """A CUDA event that is always complete."""
+
+    def record(self, stream: Any = None) -> _Event:
+        return self
+
+    def wait(self, stream: Any = None) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
+class _Stream:
+    """A CUDA stream whose work is already done (fake tensors run in program order)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        return None
+
+    def wait_stream(self, stream: Any) -> None:
+        return None
+
+    def record_event(self, event: Any = None) -> Any:
+        return event or _Event()
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
+_DEFAULT_STREAM = _Stream()
+FAKE_CUDA_HANDLE = types.SimpleNamespace(
+    current_device=lambda: 0, set_device=lambda device: None, device_count=lambda: 8,
+    is_available=lambda: True, synchronize=lambda *args: None,
+    Stream=_Stream, Event=lambda *args, **kwargs: _Event(),
+    current_stream=lambda *args, **kwargs: _DEFAULT_STREAM,
+    stream=lambda stream: contextlib.nullcontext(),
+)  # fmt: skip
+"""What FSDP2 asks of torch.cuda (its `device_handle`), on the fake device."""
+
+
+@contextlib.contextmanager
+def fake_fsdp_device_handle() -> Iterator[None]:
+    """FSDP2's modules get FAKE_CUDA_HANDLE from _get_device_handle for the duration."""
+    from torch.distributed.fsdp._fully_shard import (
+        _fsdp_collectives,
+        _fsdp_init,
+        _fsdp_param_group,
+        _fsdp_state,
+    )
+
+    modules = (_fsdp_collectives, _fsdp_init, _fsdp_param_group, _fsdp_state)
+    saved = [m._get_device_handle for m in modules]
+    for m in modules:
+        m._get_device_handle = lambda device_type: FAKE_CUDA_HANDLE
+    try:
+        yield
+    finally:
+        for m, plain in zip(modules, saved, strict=True):
+            m._get_device_handle = plain
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int) -> Iterator[None]:
+    """torch.distributed on the "fake" backend as rank 0 of `world_size`, for the duration."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise ValueError("num-gpus: torch.distributed is already initialised in this process")
+    dist.init_process_group(backend="fake", rank=0, world_size=world_size, store=FakeStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def fsdp_job(
+    config: dict[str, Any], *, num_gpus: int, micro_batch_size: int, seq_len: int,
+    precision: str, recompute: str, attention: str,
+) -> Callable[[], Any]:  # fmt: skip
+    """A builder of the FSDP2 step (see the module docstring)."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from ._trace import hf_job
+    from ._trace_step import StepJob, find_blocks
+
+    plain = hf_job(
+        config, micro_batch_size=micro_batch_size, seq_len=seq_len,
+        precision="bf16" if precision == "bf16" else "fp32", attention=attention,
+        device_type="cuda",
+    )  # fmt: skip
+
+    def build() -> Any:
+        job = plain()
+        model = job.model
+        if recompute == "full" and job.enable_recompute is not None:
+            job.enable_recompute(model)  # before wrapping, as the HF Trainer does
+        with unset_fake_temporarily():  # the mesh holds real rank numbers
+            mesh = init_device_mesh("cuda", (num_gpus,))
+        policy = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if precision == "mixed-bf16" else MixedPrecisionPolicy()
+        )  # fmt: skip
+        for block in find_blocks(model)[1]:
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+        return StepJob(model=model, batch=job.batch, loss=job.loss,
+                       enable_recompute=lambda m: None, full_warm_up=True)  # fmt: skip
+
+    return build
+
+
+def trace_parallel(
+    config: dict[str, Any], *, num_gpus: int, zero: int, tp: int, sequence_parallel: bool,
+    micro_batch_size: int, seq_len: int, precision: str, recompute: str, optimizer: str,
+    attention: str, sdpa_kernel: str = "flash", device: str = "cuda",
+) -> dict[str, Any]:  # fmt: skip
+    """One rank's measured step of an FSDP2 job (keys as trace_step's; bytes per rank).
+
+    parameters_bytes are the rank's fp32 shards (the master weights under mixed-bf16),
+    gradients_bytes its gradient shards, optimizer_states_bytes its states; the unsharded bf16
+    copies count in the peaks and, while alive at the end of forward, in the activations (the
+    root's, which FSDP2 keeps)."""
+    from ._trace import import_torch, in_child_if_needed, step_contexts, unpacked_batches
+
+    import_torch()
+    check_parallel(num_gpus=num_gpus, zero=zero, tp=tp, sequence_parallel=sequence_parallel,
+                   module=None)  # fmt: skip
+    if precision not in FSDP_PRECISIONS:
+        raise ValueError(
+            f"precision: the FSDP2 trace supports {', '.join(FSDP_PRECISIONS)}; got '{precision}'"
+        )
+    if recompute not in ("none", "full"):
+        raise ValueError(f"recompute: trace supports none, full; got '{recompute}'")
+    if device != "cuda":
+        raise ValueError("device: the multi-GPU trace runs on the fake cuda device")
+    flags = {"num_gpus": num_gpus, "zero": zero, "tp": tp, "sequence_parallel": sequence_parallel,
+             "micro_batch_size": micro_batch_size, "seq_len": seq_len, "precision": precision,
+             "recompute": recompute, "optimizer": optimizer, "attention": attention,
+             "sdpa_kernel": sdpa_kernel}  # fmt: skip
+    done = in_child_if_needed("trace_parallel", {"config": config, **flags})
+    if done is not None:
+        return done
+    from ._trace_step import run_step
+
+    device_type, contexts, note = step_contexts(device="cuda", fake=True, sdpa_kernel=sdpa_kernel)
+    if device_type != "cuda":
+        raise ValueError(f"num-gpus: the multi-GPU trace needs the fake cuda device ({note})")
+    build = fsdp_job(
+        config, num_gpus=num_gpus, micro_batch_size=micro_batch_size, seq_len=seq_len,
+        precision=precision, recompute=recompute, attention=attention,
+    )  # fmt: skip
+    out = run_step(
+        build, precision=precision, recompute="none", optimizer=optimizer,
+        device_type="cuda",
+        contexts=[fake_process_group(num_gpus), fake_fsdp_device_handle(), *contexts,
+                  unpacked_batches()],
+    )  # fmt: skip
+    out.update(device="cuda (fake)", note=note, seq_len=seq_len, micro_batch_size=micro_batch_size,
+               num_gpus=num_gpus, zero=zero, rank=0)  # fmt: skip
+    return out

@@ -1,0 +1,70 @@
+"""`trainmem trace --save-profile FILE`: per-layer activation coefficients from two traced sizes.
+
+Two steps of the same module and micro-batch at two sequence lengths (s and 2s by default) give,
+per term, two equations b (per_token s + per_token_sq s^2) = bytes, solved by the engine's
+derive_profile (engine/_profile.py, which owns the profile format); autocast's cached weight
+copies, which do not grow with the batch, are measured apart and become the `constant` terms.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+END_OF_BACKWARD_GRADIENT_FRACTION = 0.5
+"""A backward peak with at least this fraction of the gradients alive is at the end of backward
+(layer 0's recompute and gradients), below it at the start (the loss's and the head's)."""
+
+
+def parse_seq_lens(text: str | None, seq_len: int) -> tuple[int, int]:
+    """--profile-seq-lens A,B (default: seq_len and 2 x seq_len)."""
+    if not text:
+        return seq_len, 2 * seq_len
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        lens = tuple(int(p) for p in parts)
+    except ValueError:
+        lens = ()
+    if len(lens) != 2 or min(lens) < 1 or lens[0] == lens[1]:
+        raise ValueError(
+            f"profile-seq-lens: expected two different positive integers A,B, got '{text}'"
+        )
+    return lens[0], lens[1]
+
+
+def _derive_input(trace: dict[str, Any]) -> dict[str, Any]:
+    """A trace as derive_profile reads it (it takes the trace's own keys, autocast weight copies
+    counted apart), except for the gradients at the peak: derive_profile reads any as "the peak
+    is at the end of backward"; a backward peak with less than half the gradients made is at its
+    start (the loss's gradients), and the few made so far stay in the transient."""
+    out = dict(trace)
+    made = trace.get("gradients_at_peak_bytes", 0) / max(trace.get("gradients_bytes", 0), 1)
+    if made < END_OF_BACKWARD_GRADIENT_FRACTION:
+        out["gradients_at_peak_bytes"] = 0
+    return out
+
+
+def profile_from_traces(
+    trace_a: dict[str, Any], trace_b: dict[str, Any], *, name: str, command: str,
+    valid_for: dict[str, str],
+) -> dict[str, Any]:  # fmt: skip
+    """The profile JSON (engine/_profile.py format) from two traces of different lengths."""
+    import torch
+
+    from trainmem.engine import derive_profile, validate_profile
+
+    if not trace_a["num_layers"]:
+        raise ValueError(
+            "save-profile: the module has no repeated blocks (an nn.ModuleList of one class); "
+            "a profile is per layer"
+        )
+    profile = derive_profile(
+        _derive_input(trace_a), _derive_input(trace_b), name=name,
+        source={"command": command, "torch": torch.__version__,
+                "created": datetime.date.today().isoformat()},
+        valid_for=valid_for,
+    )  # fmt: skip
+    if trace_a.get("hidden_size"):
+        profile["hidden_size"] = int(trace_a["hidden_size"])
+    validate_profile(profile)
+    return profile

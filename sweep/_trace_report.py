@@ -1,0 +1,264 @@
+"""`trainmem trace`: the command's work as a function of its fields (one JSON-able dict).
+
+The report carries the keys of `estimate --json` that a measurement can fill (num_parameters,
+config, bytes, peak_allocated_bytes, peak_phase, phases, details) from the trace, and next to
+them `measured` (the raw trace), `estimate` (the formulas' figures for the same flags, for a model
+the formulas know or a profile just saved), `relative_error` (estimate / measured - 1),
+`estimate_report` (the whole `estimate --json`), and with --save-profile `profile`, with
+--real-gpu `real_gpu` and `real_gpu_vs_estimate`.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+from trainmem.engine import ATTENTION, model_config_dict
+from trainmem.hardware import GIB
+
+from ._validate import choice
+
+MIB = 2**20
+
+COMPARED = (
+    # (measured key, estimate key)
+    ("parameters_bytes", "parameters_bytes"),
+    ("gradients_bytes", "gradients_bytes"),
+    ("optimizer_states_bytes", "optimizer_states_bytes"),
+    ("activations_bytes", "activations_bytes"),
+    ("peak_allocated_bytes", "peak_allocated_bytes"),
+)
+
+
+def _estimate_figures(report: dict[str, Any]) -> dict[str, Any]:
+    """The comparable figures of an `estimate --json` report."""
+    b = report["bytes"]
+    return {
+        # the trace cannot tell fp32 working weights from master weights: compare their sum
+        "parameters_bytes": b["parameters"] + b["master_weights"],
+        "gradients_bytes": b["gradients"],
+        "optimizer_states_bytes": b["optimizer_states"],
+        "activations_bytes": b["activations"],
+        "peak_allocated_bytes": report["peak_allocated_bytes"],
+        "peak_reserved_bytes": report["peak_reserved_bytes"],
+        "peak_device_bytes": report["peak_device_bytes"],
+    }
+
+
+def _contract(measured: dict[str, Any]) -> dict[str, Any]:
+    """The estimate --json keys, filled from a measurement."""
+    return {
+        "num_parameters": measured["num_parameters"],
+        "num_trainable_parameters": measured["trainable_parameters"],
+        "bytes": {
+            "parameters": measured["parameters_bytes"],
+            "master_weights": 0,
+            "gradients": measured["gradients_bytes"],
+            "optimizer_states": measured["optimizer_states_bytes"],
+            "activations": measured["activations_bytes"],
+            "transient": measured["transient_bytes"],
+        },
+        "peak_allocated_bytes": measured["peak_allocated_bytes"],
+        "peak_phase": measured["peak_phase"],
+        "phases": measured["phases"],
+        "details": {
+            "activations_per_layer": measured["activations_per_layer_bytes"],
+            "activations_outside_layers": measured["activations_outside_layers_bytes"],
+            "activations_autocast_weight_copies": measured[
+                "activations_autocast_weight_copies_bytes"
+            ],
+            "num_layers": measured["num_layers"],
+            "layer_class": measured["layer_class"],
+        },
+    }
+
+
+def trace_report(
+    *, model: str, module: str | None, seq_len: int, micro_batch_size: int, precision: str,
+    optimizer: str, recompute: str, attention: str, sdpa_kernel: str, device: str,
+    num_gpus: int, zero: int, gpu: str, tp: int = 1, sequence_parallel: bool = False,
+    save_profile: str | None, profile_seq_lens: str | None, profile_name: str | None,
+    real_gpu: bool, estimate_defaults: dict[str, Any],
+) -> dict[str, Any]:  # fmt: skip
+    """Trace the step (and optionally a second length, a real GPU) and compare with the
+    estimate."""
+    from ._api import estimate_report
+    from ._trace import DEVICES
+    from ._trace_sdpa import SDPA_KERNELS
+
+    if real_gpu:
+        from ._trace_gpu import check_cuda
+
+        if num_gpus > 1:
+            raise ValueError("real-gpu: one GPU only (a multi-GPU job is traced on fake devices)")
+        check_cuda()  # before the fake trace, not after it
+    choice("recompute", recompute, ("none", "full"))
+    choice("attention", attention, ATTENTION)
+    choice("sdpa-kernel", sdpa_kernel, SDPA_KERNELS)
+    choice("device", device, DEVICES)
+    if seq_len < 1 or micro_batch_size < 1:
+        raise ValueError("seq-len and micro-batch-size: must be >= 1")
+    parallel = {"num_gpus": num_gpus, "zero": zero, "tp": tp,
+                "sequence_parallel": sequence_parallel}  # fmt: skip
+    if num_gpus > 1 or zero or tp > 1:
+        from ._trace_dist import check_parallel
+
+        check_parallel(**parallel, module=module)
+    common = {"precision": precision, "recompute": recompute, "optimizer": optimizer}
+
+    def run(length: int, real_hook: Any = None) -> dict[str, Any]:
+        """The step at `length` tokens: on the fake device, or (real_hook) on the real GPU."""
+        flags = {**common, "micro_batch_size": micro_batch_size, "seq_len": length,
+                 "sdpa_kernel": sdpa_kernel}  # fmt: skip
+        if real_hook is None:
+            flags["device"] = device
+        else:
+            flags.update(device="cuda", fake=False, on_phase_end=real_hook)
+        if module:
+            from ._trace_module import trace_module
+
+            return trace_module(module, **flags)
+        config = model_config_dict(model)
+        if num_gpus > 1:
+            from ._trace_dist import trace_parallel
+
+            return trace_parallel(config, attention=attention, **parallel, **flags)
+        from ._trace import trace_step
+
+        return trace_step(config, attention=attention, **flags)
+
+    def estimate_for(profile_file: str | None) -> dict[str, Any]:
+        fields = {
+            **estimate_defaults, **parallel, "gpu": gpu, "seq_len": seq_len,
+            "micro_batch_size": micro_batch_size, "precision": precision, "optimizer": optimizer,
+            "recompute": recompute, "attention": attention, "framework": "hf",
+        }  # fmt: skip
+        if profile_file:
+            fields.update(profile_file=profile_file, model=estimate_defaults["model"])
+        else:
+            fields["model"] = model
+        return estimate_report(**fields)
+
+    # The formulas' estimate first: bad flags fail before a long trace.
+    estimate_full = None if module else estimate_for(None)
+    profile_info: dict[str, Any] | None = None
+    profile_path: str | None = None
+    if save_profile:
+        from ._trace_profile import parse_seq_lens, profile_from_traces
+
+        if num_gpus > 1:
+            raise ValueError("save-profile: trace one GPU (num-gpus 1); a profile is per layer")
+        lens = parse_seq_lens(profile_seq_lens, seq_len)
+        if module:
+            from ._trace_module import factory_takes_seq_len, load_factory
+
+            if not factory_takes_seq_len(load_factory(module)):
+                raise ValueError("save-profile: the module's factory must take seq_len")
+        traces = {length: run(length) for length in sorted({*lens, seq_len})}
+        measured = traces[seq_len]
+        if module:
+            default_name = Path(module.rpartition(":")[0]).name.removesuffix(".py")
+        elif Path(model).exists():  # a config.json (or its folder): name it after the folder
+            path = Path(model)
+            default_name = path.parent.name if path.name == "config.json" else path.stem
+        else:
+            default_name = model
+        name = profile_name or default_name
+        profile = profile_from_traces(
+            traces[lens[0]], traces[lens[1]], name=name,
+            command=_command(model=model, module=module, micro_batch_size=micro_batch_size,
+                             profile_seq_lens=f"{lens[0]},{lens[1]}", sdpa_kernel=sdpa_kernel,
+                             device=device, **common, attention=attention),
+            valid_for={"precision": precision, "recompute": recompute, "attention": attention},
+        )  # fmt: skip
+        Path(save_profile).write_text(json.dumps(profile, indent=2) + "\n")
+        profile_path = save_profile
+        profile_info = {"path": save_profile, **profile}
+        if module:
+            estimate_full = estimate_for(profile_path)
+    else:
+        measured = run(seq_len)
+
+    predicted = _estimate_figures(estimate_full) if estimate_full else None
+    report: dict[str, Any] = {
+        "model": module or (estimate_full or {}).get("model", model),
+        **_contract(measured),
+        "config": {
+            **common,
+            "micro_batch_size": micro_batch_size,
+            "seq_len": seq_len,
+            "attention": attention,
+            "sdpa_kernel": sdpa_kernel,
+            **parallel,
+        },  # fmt: skip
+        "device": measured.get("device"),
+        "note": measured.get("note", ""),
+        "measured": measured,
+        "estimate": predicted,
+        "relative_error": {
+            k: predicted[e] / measured[k] - 1.0
+            for k, e in COMPARED
+            if predicted and measured.get(k)
+        },
+        "estimate_report": estimate_full,
+    }
+    if profile_info is not None:
+        report["profile"] = profile_info
+    if real_gpu:
+        report.update(_real_gpu(run, seq_len, predicted))
+    return report
+
+
+def _command(*, model: str, module: str | None, **flags: Any) -> str:
+    """The `trainmem trace` command line that traced what a profile holds."""
+    words = ["trainmem", "trace", *(["--module", module] if module else ["--model", model])]
+    for key, value in flags.items():
+        words += [f"--{key.replace('_', '-')}", str(value)]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _real_gpu(run: Any, seq_len: int, predicted: dict[str, Any] | None) -> dict[str, Any]:
+    from ._trace_gpu import differences, real_gpu_step
+
+    measured_gpu = real_gpu_step(lambda hook: run(seq_len, real_hook=hook))
+    return {"real_gpu": measured_gpu, "real_gpu_vs_estimate": differences(measured_gpu, predicted)}
+
+
+def trace_text(report: dict[str, Any]) -> str:
+    """The human output of `trainmem trace` (GiB, or MiB for a step under 1 GiB)."""
+    m = report["measured"]
+    est = report["estimate"] or {}
+    unit, name = (GIB, "GiB") if m["peak_allocated_bytes"] >= GIB else (MIB, "MiB")
+    lines = [
+        f"{report['model']}: one step traced on {m.get('device')} in {m['elapsed_s']:.1f} s"
+        + (f" ({report['note']})" if report.get("note") else "")
+    ]
+    lines.append(f"  {'':<28}{'traced ' + name:>12}{'estimate ' + name:>14}{'error':>9}")
+    for key, _ in COMPARED:
+        want = est.get(key)
+        err = report["relative_error"].get(key)
+        lines.append(
+            f"  {key.removesuffix('_bytes'):<28}{m[key] / unit:>12.3f}"
+            + (f"{want / unit:>14.3f}" if want is not None else f"{'-':>14}")
+            + (f"{err:>+9.2%}" if err is not None else "")
+        )
+    for phase, value in m["phases"].items():
+        lines.append(f"  peak {phase:<23}{value / unit:>12.3f}")
+    if m.get("num_layers"):
+        lines.append(
+            f"  per layer ({m['num_layers']} x {m['layer_class']}): "
+            f"{m['activations_per_layer_bytes'] / unit:.3f} {name} activations; outside the "
+            f"layers {m['activations_outside_layers_bytes'] / unit:.3f} {name}"
+        )
+    if report.get("profile"):
+        lines.append(f"  profile written to {report['profile']['path']}")
+    if report.get("real_gpu"):
+        r = report["real_gpu"]
+        lines.append(f"  real GPU ({r['device']}, torch {r['torch']}):")
+        for key in ("peak_allocated_bytes", "peak_reserved_bytes", "peak_device_bytes"):
+            diff = report["real_gpu_vs_estimate"].get(key)
+            text = f"  estimate {diff['relative_error']:+.2%}" if diff else ""
+            lines.append(f"    {key.removesuffix('_bytes'):<26}{r[key] / unit:>12.3f}{text}")
+    return "\n".join(lines)

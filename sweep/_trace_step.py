@@ -1,0 +1,386 @@
+"""One measured training step with every device storage tracked (imports torch: load lazily).
+
+The step is the Hugging Face Trainer's: forward (under autocast for amp-bf16) to the loss,
+backward, optimizer.step(), zero_grad(set_to_none=True). A warm-up first, so that the measured
+step starts with the optimizer states present: an optimizer step on zero gradients (the same
+state at half the cost of a whole step; checked against the ground truth to the byte), or a
+whole step where the model initialises itself in its first forward (FSDP2). A
+TorchDispatchMode sees every op's outputs; each new storage on the traced device is counted,
+rounded up to 512 bytes as the CUDA caching allocator counts memory_allocated, and uncounted when
+Python frees it (or FSDP2 resizes it). The live total's maximum per phase is
+that phase's peak; what the forward pass leaves alive is the activations.
+
+Each storage also records where it was made: inside which of the repeated blocks (the largest
+nn.ModuleList of one module class, e.g. the decoder layers), or outside them, and whether it is an
+autocast copy of a weight (a dtype cast of a parameter, which autocast caches until backward).
+
+Source: torch/distributed/_tools/mem_tracker.py (the same storage accounting: weak references to
+untyped storages, 512-byte rounding; DTensor ops left to DTensor so that its local ops are seen,
+wait_tensor in place under fake tensors, DTensor's sharding-propagation fake mode skipped; the
+ground truth used it), c10/cuda/CUDACachingAllocator.cpp (kMinBlockSize = 512).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._guards import active_fake_mode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # pragma: no cover - a torch built without torch.distributed
+    DTensor = None
+
+BLOCK_BYTES = 512
+"""c10/cuda/CUDACachingAllocator.cpp kMinBlockSize: memory_allocated counts rounded blocks."""
+OUTSIDE = -1
+"""Owner of a storage made outside the repeated blocks."""
+
+
+def local_tensor(t: Any) -> Any:
+    """A DTensor's shard on this rank (FSDP2, tensor parallelism); any other tensor itself."""
+    return getattr(t, "_local_tensor", t)
+
+
+def rounded(num_bytes: int) -> int:
+    """Bytes the caching allocator counts for a storage of `num_bytes`."""
+    return -(-num_bytes // BLOCK_BYTES) * BLOCK_BYTES
+
+
+@dataclass(kw_only=True)
+class StepJob:
+    """What a step trains: the module, its example batch and how the loss comes from them."""
+
+    model: Any
+    batch: Any
+    loss: Callable[[Any, Any], Any]
+    """loss(model, batch) -> a scalar tensor."""
+    enable_recompute: Callable[[Any], None] | None = None
+    """Turns on per-block activation checkpointing (None: checkpoint the repeated blocks)."""
+    full_warm_up: bool = False
+    """Warm up with a whole step (FSDP2 initialises itself in its first forward); else only an
+    optimizer step on zero gradients, which leaves the same state behind at half the cost."""
+
+
+class Tracker(TorchDispatchMode):
+    """Live bytes of `device_type` storages, per phase peaks, and each storage's origin."""
+
+    def __init__(self, device_type: str) -> None:
+        super().__init__()
+        self.fake_mode_on_entry: Any = None
+        self.plain_resize: Any = None
+        self.device_type = device_type
+        self.live: Any = WeakIdKeyDictionary()  # storage -> ([bytes], sequence number, owner)
+        self.current_bytes = 0
+        self.peaks: dict[str, int] = {}
+        self.peak_sequence: dict[str, int] = {}
+        self.phase = "setup"
+        self.scope = OUTSIDE
+        self.sequence = 0
+        self.parameter_storages: Any = WeakIdKeyDictionary()
+
+    def _forget(self, cell: list[int]) -> None:
+        self.current_bytes -= cell[0]
+
+    def _note_peak(self) -> None:
+        if self.current_bytes > self.peaks.get(self.phase, -1):
+            self.peaks[self.phase] = self.current_bytes
+            self.peak_sequence[self.phase] = self.sequence
+
+    def __enter__(self) -> Any:
+        self.fake_mode_on_entry = active_fake_mode()
+        # FSDP2 frees and refills its unsharded parameters with UntypedStorage.resize_, which the
+        # dispatcher does not see (mem_tracker.py patches it the same way).
+        self.plain_resize = plain = torch.UntypedStorage.resize_
+        tracker = self
+
+        def resize_(storage: Any, size: int) -> Any:
+            out = plain(storage, size)
+            entry = tracker.live.get(storage)
+            if entry is not None:
+                cell = entry[0]
+                new = rounded(storage.nbytes())
+                tracker.current_bytes += new - cell[0]
+                cell[0] = new
+                tracker._note_peak()
+            return out
+
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        torch.UntypedStorage.resize_ = self.plain_resize  # type: ignore[method-assign]
+        return super().__exit__(*exc)
+
+    def add(self, t: Any, owner: Any) -> None:
+        """Count `t`'s storage if it is new and on the traced device."""
+        if not isinstance(t, torch.Tensor) or t.device.type != self.device_type:
+            return
+        t = local_tensor(t)
+        storage = t.untyped_storage()
+        if storage in self.live:
+            return
+        cell = [rounded(storage.nbytes())]  # zero-size ones too: FSDP2 resizes them later
+        self.sequence += 1
+        self.live[storage] = (cell, self.sequence, owner)
+        self.current_bytes += cell[0]
+        weakref.finalize(storage, self._forget, cell)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if DTensor is not None and any(t is DTensor for t in types):
+            return NotImplemented  # let DTensor run its local ops, which come back here
+        if func is torch.ops._c10d_functional.wait_tensor.default and self.fake_mode_on_entry:
+            out = args[0]  # eager waits in place; the fake kernel would return a new tensor
+        else:
+            out = func(*args, **(kwargs or {}))
+        if active_fake_mode() is not self.fake_mode_on_entry:
+            return out  # DTensor's sharding propagation on its own fake tensors: no memory
+        owner: Any = self.scope
+        if (
+            func is torch.ops.aten._to_copy.default
+            and args
+            and isinstance(args[0], torch.Tensor)
+            and local_tensor(args[0]).untyped_storage() in self.parameter_storages
+        ):
+            owner = ("weight_copy", self.scope)  # autocast's cached cast of a weight
+        for t in tree_flatten(out)[0]:
+            self.add(t, owner)
+        self._note_peak()
+        return out
+
+    def storages_bytes(self, tensors: Any, *, after: int = 0, until: int | None = None) -> int:
+        """Rounded bytes of the distinct tracked storages behind `tensors`, made after sequence
+        number `after` and up to `until`."""
+        seen: set[int] = set()
+        total = 0
+        for t in tensors:
+            if t is None or t.device.type != self.device_type:
+                continue
+            storage = local_tensor(t).untyped_storage()
+            entry = self.live.get(storage)
+            if entry is None or id(storage) in seen:
+                continue
+            cell, seq, _ = entry
+            if seq > after and (until is None or seq <= until):
+                seen.add(id(storage))
+                total += cell[0]
+        return total
+
+    def made_after(self, after: int) -> dict[Any, int]:
+        """Live bytes made after sequence number `after`, by owner."""
+        out: dict[Any, int] = {}
+        for cell, seq, owner in list(self.live.values()):
+            if seq > after:
+                out[owner] = out.get(owner, 0) + cell[0]
+        return out
+
+
+def cast_floating(model: Any, dtype: Any) -> None:
+    """model.to(dtype) for floating parameters and buffers, in place (`.data`), which also works
+    on fake tensors (Module.to swaps tensor subclasses and refuses weakly referenced ones)."""
+    for t in [*model.parameters(), *model.buffers()]:
+        if t.is_floating_point() and t.dtype != dtype:
+            t.data = t.data.to(dtype)
+
+
+def find_blocks(model: Any) -> tuple[str, list[Any]]:
+    """The repeated blocks: the nn.ModuleList with the most children of a single class."""
+    best: tuple[str, list[Any]] = ("", [])
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) > len(best[1]):
+            children = list(module)
+            if len({type(c) for c in children}) == 1:
+                best = (name, children)
+    return best
+
+
+def checkpoint_blocks(blocks: list[Any]) -> None:
+    """Per-block activation checkpointing (non-reentrant), as transformers does per layer.
+
+    Source: transformers/modeling_layers.py GradientCheckpointingLayer (checkpoints `forward`, so
+    module hooks stay outside), torch/utils/checkpoint.py (use_reentrant=False)."""
+    from functools import partial
+
+    from torch.utils.checkpoint import checkpoint
+
+    for block in blocks:
+        block.forward = partial(checkpoint, block.forward, use_reentrant=False)
+
+
+def _make_optimizer(params: list[Any], optimizer: str) -> Any:
+    """AdamW foreach (the CUDA default) or fused; SGD with or without momentum 0.9."""
+    if optimizer.startswith("adamw"):
+        fused = optimizer == "adamw-fused"
+        return torch.optim.AdamW(params, foreach=not fused, fused=fused)
+    momentum = 0.9 if optimizer == "sgd-momentum" else 0.0
+    return torch.optim.SGD(params, lr=0.01, momentum=momentum, foreach=True)
+
+
+def run_step(
+    build: Callable[[], StepJob],
+    *,
+    precision: str,
+    recompute: str,
+    optimizer: str,
+    device_type: str,
+    contexts: list[Any],
+    on_phase_end: Callable[[str], None] | None = None,
+    full_warm_up: bool = False,
+) -> dict[str, Any]:
+    """Build the job inside `contexts` (fake mode, fake device, ...), run a warm-up and a measured
+    step, and return the measurement (see trace_step in _trace.py for the keys).
+
+    full_warm_up: warm up with a whole step (as job.full_warm_up; on a real device the caching
+    allocator's state after a whole step is what a training loop's second step meets).
+
+    on_phase_end(name) is called before the measured step ("warm-up") and after each of its
+    phases ("forward", "backward", "optimizer_step"): --real-gpu reads the CUDA allocator's
+    statistics there."""
+    started = time.perf_counter()
+    tracker = Tracker(device_type)
+    with contextlib.ExitStack() as stack:
+        for context in contexts:
+            stack.enter_context(context)
+        stack.enter_context(tracker)
+        with torch.device(device_type):
+            job = build()
+        model = job.model
+        if precision == "bf16":
+            cast_floating(model, torch.bfloat16)
+        block_path, blocks = find_blocks(model)
+        if recompute == "full":
+            if job.enable_recompute is not None:
+                job.enable_recompute(model)
+            elif blocks:
+                checkpoint_blocks(blocks)
+            else:
+                raise ValueError("recompute: full needs repeated blocks (an nn.ModuleList)")
+        model.train()
+        widths: list[int] = []
+
+        def enter(module: Any, args: Any, index: int) -> None:
+            tracker.scope = index
+            if not widths and args and isinstance(args[0], torch.Tensor) and args[0].dim():
+                widths.append(int(args[0].shape[-1]))  # a block's input width per token
+
+        for index, block in enumerate(blocks):
+            block.register_forward_pre_hook(lambda m, a, i=index: enter(m, a, i))
+            block.register_forward_hook(lambda m, a, o: setattr(tracker, "scope", OUTSIDE))
+        params = list(model.parameters())
+        trainable = [p for p in params if p.requires_grad]
+        for p in params:
+            tracker.parameter_storages[local_tensor(p).untyped_storage()] = True
+        opt = _make_optimizer(trainable, optimizer)
+        amp = precision == "amp-bf16"
+        marks: dict[str, Any] = {}
+
+        def phase_end(name: str) -> None:
+            if on_phase_end is not None and marks.get("measured"):
+                on_phase_end(name)
+
+        def step() -> None:
+            phase_end("warm-up")
+            marks["start_sequence"] = tracker.sequence
+            marks["start_bytes"] = tracker.current_bytes
+            tracker.phase = "forward"
+            with torch.autocast(device_type, dtype=torch.bfloat16, enabled=amp):
+                loss = job.loss(model, job.batch)
+            marks["end_of_forward_bytes"] = tracker.current_bytes
+            marks["made_in_forward"] = tracker.made_after(marks["start_sequence"])
+            phase_end("forward")
+            tracker.phase = "backward"
+            loss.backward()
+            del loss
+            phase_end("backward")
+            grads = [p.grad for p in trainable]
+            marks["gradients_bytes"] = tracker.storages_bytes(grads)
+            marks["gradients_at_peak_bytes"] = tracker.storages_bytes(
+                grads, after=marks["start_sequence"], until=tracker.peak_sequence.get("backward")
+            )
+            del grads
+            tracker.phase = "optimizer_step"
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            phase_end("optimizer_step")
+            tracker.phase = "idle"
+
+        # warm-up: the optimizer states exist from here on
+        if job.full_warm_up or full_warm_up:
+            step()
+        else:
+            for p in trainable:
+                p.grad = torch.zeros_like(p)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        tracker.peaks.clear()
+        tracker.peak_sequence.clear()
+        marks["measured"] = True
+        step()
+        states = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+        out = _report(
+            tracker, marks, params=params, trainable=trainable, blocks=blocks,
+            block_path=block_path, states=states, started=started,
+        )  # fmt: skip
+        out["hidden_size"] = widths[0] if widths else 0
+        return out
+
+
+def _report(
+    tracker: Tracker, marks: dict[str, Any], *, params: list[Any], trainable: list[Any],
+    blocks: list[Any], block_path: str, states: list[Any], started: float,
+) -> dict[str, Any]:  # fmt: skip
+    """The measurement as a JSON-able dict."""
+    made = marks["made_in_forward"]
+    num_layers = len(blocks)
+    copies_in_layers = sum(v for k, v in made.items() if isinstance(k, tuple) and k[1] != OUTSIDE)
+    copies_outside = made.get(("weight_copy", OUTSIDE), 0)
+    in_layers = [made.get(i, 0) for i in range(num_layers)]
+    outside = made.get(OUTSIDE, 0)
+    parameters_bytes = tracker.storages_bytes(params)
+    states_bytes = tracker.storages_bytes(states)
+    # Made in forward and alive at its end; storages older than the step that grew meanwhile
+    # (FSDP2's all-gathered parameters the root keeps) are not activations.
+    activations = sum(made.values())
+    regrown = marks["end_of_forward_bytes"] - marks["start_bytes"] - activations
+    phases = {k: v for k, v in tracker.peaks.items() if k in ("forward", "backward",
+                                                              "optimizer_step")}  # fmt: skip
+    fb_phase = max(("forward", "backward"), key=lambda k: phases.get(k, 0))
+    num_per_layer = sum(p.numel() for p in blocks[0].parameters()) if blocks else 0
+    num_total = sum(p.numel() for p in params)
+    return {
+        "parameters_bytes": parameters_bytes,
+        "gradients_bytes": marks["gradients_bytes"],
+        "optimizer_states_bytes": states_bytes,
+        "activations_bytes": activations,
+        "activations_per_layer_bytes": sum(in_layers) / num_layers if num_layers else 0.0,
+        "activations_by_layer_bytes": in_layers,
+        "activations_outside_layers_bytes": outside,
+        "activations_autocast_weight_copies_bytes": copies_in_layers + copies_outside,
+        "activations_autocast_weight_copies_in_layers_bytes": copies_in_layers,
+        "unsharded_parameters_at_end_of_forward_bytes": regrown,
+        "phases": phases,
+        "peak_allocated_bytes": max(phases.values()),
+        "peak_phase": max(phases, key=lambda k: phases[k]),
+        "transient_bytes": phases.get(fb_phase, 0) - parameters_bytes - states_bytes - activations,
+        "transient_phase": fb_phase,
+        "gradients_at_peak_bytes": marks["gradients_at_peak_bytes"]
+        if fb_phase == "backward"
+        else 0,  # fmt: skip
+        "num_layers": num_layers,
+        "layer_path": block_path,
+        "layer_class": type(blocks[0]).__name__ if blocks else "",
+        "num_parameters": num_total,
+        "parameters_per_layer": num_per_layer,
+        "parameters_outside_layers": num_total - num_per_layer * num_layers,
+        "trainable_parameters": sum(p.numel() for p in trainable),
+        "elapsed_s": time.perf_counter() - started,
+    }
