@@ -26,10 +26,13 @@ def _dense_codes(col: np.ndarray) -> tuple[np.ndarray, int]:
     if col.dtype.kind in "iu" and col.size:
         lo, hi = int(col.min()), int(col.max())
         if hi - lo < _DENSE_LIMIT:
+            offset = col - lo
             present = np.zeros(hi - lo + 1, dtype=bool)
-            present[col - lo] = True
-            lut = np.cumsum(present, dtype=np.int32) - 1
-            return lut[col - lo], int(present.sum())
+            present[offset] = True
+            distinct = np.flatnonzero(present)  # sorted: the codes keep the values' order
+            lut = np.empty(hi - lo + 1, dtype=np.int32)  # only present entries are read
+            lut[distinct] = np.arange(len(distinct), dtype=np.int32)
+            return lut[offset], len(distinct)
     uniq, inv = np.unique(col, return_inverse=True)
     return inv.reshape(-1), len(uniq)
 

@@ -15,6 +15,9 @@ refits the fitted ones against published tables.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from typing import Any
+
 import numpy as np
 
 from ._estimate import layout_reason
@@ -156,6 +159,7 @@ def estimate_time(
     tokens: float | np.ndarray | None = None,
     params: TimeParams | None = None,
     reason: np.ndarray | None = None,
+    columns: Collection[str] | None = None,
 ) -> dict[str, np.ndarray]:
     """Step time, throughput, MFU and cost of every row of `g` for model `m`.
 
@@ -174,11 +178,67 @@ def estimate_time(
     Source: each helper and TimeParams. Assumes: equal pipeline stages (the LM head's work is
     spread over all of them), balanced MoE routing, no stragglers or data-loader stalls, one GPU
     type per row; fp8-mixed rows run at the 16-bit peak and activation offload is not timed.
-    `reason`: layout_reason(m, g) when the caller has it already.
+    `reason`: layout_reason(m, g) when the caller has it already, or any code that is nonzero
+    at least where it is (e.g. a sweep's own reasons added): rows with a nonzero code get NaN.
+    `columns`: only these of the columns above (the same values).
+
+    Only the valid rows are evaluated (every formula is elementwise, so each value is the same
+    to the bit as in a whole-grid pass); a sweep's grid is mostly invalid layouts.
     """
-    pr = params or TimeParams()
     valid = (layout_reason(m, g) if reason is None else reason) == 0
     num_rows = len(valid)
+    gpu: dict[str, Any] = {
+        "peak_flops": peak_flops,
+        "fp32_peak_flops": fp32_peak_flops,
+        "hbm_bytes_per_s": hbm_bytes_per_s,
+        "intra_node_bytes_per_s": intra_node_bytes_per_s,
+        "inter_node_bytes_per_s": inter_node_bytes_per_s,
+        "gpus_per_node": gpus_per_node,
+        "pcie_bytes_per_s": pcie_bytes_per_s,
+        "price_per_gpu_hour_usd": price_per_gpu_hour_usd,
+        "tokens": tokens,
+    }
+    every = bool(valid.all())
+    if every:
+        out = _time_columns(m, g, params=params, **gpu)
+    else:
+        rows = np.flatnonzero(valid)
+        gpu = {
+            k: x if x is None or np.ndim(x) == 0 else np.asarray(x)[rows] for k, x in gpu.items()
+        }
+        out = _time_columns(m, {k: x[rows] for k, x in g.items()}, params=params, **gpu)
+    if columns is not None:
+        unknown = sorted(set(columns) - out.keys())
+        if unknown:
+            raise ValueError(f"columns: unknown {', '.join(unknown)}; allowed: {', '.join(out)}")
+        out = {k: x for k, x in out.items() if k in columns}
+    if every:
+        return {k: np.array(x, dtype=np.float64) for k, x in out.items()}
+    full: dict[str, np.ndarray] = {}
+    for k, x in out.items():
+        full[k] = np.full(num_rows, np.nan)
+        full[k][rows] = x
+    return full
+
+
+def _time_columns(
+    m: ModelSpec,
+    g: Grid,
+    *,
+    peak_flops: float | np.ndarray,
+    fp32_peak_flops: float | np.ndarray,
+    hbm_bytes_per_s: float | np.ndarray,
+    intra_node_bytes_per_s: float | np.ndarray,
+    inter_node_bytes_per_s: float | np.ndarray,
+    gpus_per_node: float | np.ndarray,
+    pcie_bytes_per_s: float | np.ndarray,
+    price_per_gpu_hour_usd: float | np.ndarray,
+    tokens: float | np.ndarray | None,
+    params: TimeParams | None,
+) -> dict[str, np.ndarray]:
+    """`estimate_time`'s columns for every row of `g`, valid or not (see estimate_time)."""
+    pr = params or TimeParams()
+    num_rows = len(g["tp"])
     # Symbols: s sequence, b micro-batch, t tp, p pp, c cp, v virtual stages, d dp, n GPUs.
     s = g["seq_len"].astype(np.float64)
     b = g["micro_batch_size"].astype(np.float64)
@@ -383,6 +443,5 @@ def estimate_time(
         out["time_to_train_s"] = time_to_train
         out["cost_to_train_usd"] = n * price * time_to_train / 3600.0
     return {
-        k: np.where(valid, np.broadcast_to(np.asarray(x, dtype=np.float64), (num_rows,)), np.nan)
-        for k, x in out.items()
+        k: np.broadcast_to(np.asarray(x, dtype=np.float64), (num_rows,)) for k, x in out.items()
     }

@@ -11,6 +11,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,8 @@ def run_exhaustive(
 
     A rerun skips the chunks already written (deterministic part names), so a killed sweep
     resumes without losing or duplicating points. Returns the exact optimum over fitting points.
+    In one process a writer thread writes each part while the next chunk is evaluated; a chunk
+    is reported to `progress` once its part is on disk, and a failed write is raised.
 
     `out` None: nothing is written (the points live in memory only; `parquet` is ""). `top`:
     the best fitting points kept (None: all); `distinct`: columns of which each combination
@@ -164,25 +167,34 @@ def run_exhaustive(
     keys = [*_sort_keys(objectives), *[k for k in tie_break if k not in _sort_keys(objectives)]]
     args: dict[str, Any] = {"out": out, "study": study, "objectives": tuple(objectives),
                             "keys": keys, "top": top, "distinct": tuple(distinct)}  # fmt: skip
-    if jobs > 1 and len(chunks) > 1:
-        from joblib import Parallel, delayed
-
-        results: Any = Parallel(n_jobs=jobs, backend="loky", return_as="generator")(
-            delayed(_exhaustive_chunk)(space, part=part, lo=lo, hi=hi, **args)
-            for part, lo, hi in chunks
-        )
-    else:
-        results = (_exhaustive_chunk(space, part=part, lo=lo, hi=hi, **args)
-                   for part, lo, hi in chunks)  # fmt: skip
     keep: list[pl.DataFrame] = []
     near: list[pl.DataFrame] = []
     skipped = 0
-    for (_, _, hi), (best_rows, closest, was_skipped) in zip(chunks, results, strict=True):
-        keep.append(best_rows)
-        near.append(closest)
-        skipped += was_skipped
-        if progress is not None:
-            progress(hi, total)
+    # One process: a writer thread writes chunk c's part (polars, outside the GIL) while chunk
+    # c + 1 is evaluated; a chunk is reported done only once its part is on disk.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainmem-write") as writer:
+        if jobs > 1 and len(chunks) > 1:
+            from joblib import Parallel, delayed
+
+            results: Any = Parallel(n_jobs=jobs, backend="loky", return_as="generator")(
+                delayed(_exhaustive_chunk)(space, part=part, lo=lo, hi=hi, **args)
+                for part, lo, hi in chunks
+            )
+        else:
+            results = (_exhaustive_chunk(space, part=part, lo=lo, hi=hi, writer=writer, **args)
+                       for part, lo, hi in chunks)  # fmt: skip
+        pending: tuple[int, Future[Any] | None] | None = None
+        for (_, _, hi), (best_rows, closest, was_skipped, written) in zip(
+            chunks, results, strict=True
+        ):
+            keep.append(best_rows)
+            near.append(closest)
+            skipped += was_skipped
+            if pending is not None:
+                _reported(*pending, total=total, progress=progress)
+            pending = (hi, written)
+        if pending is not None:
+            _reported(*pending, total=total, progress=progress)
     fitting = pl.concat(keep) if keep else _frame(space, space.evaluate(np.arange(0)), study=study)
     top_rows = _best_of(fitting, keys=keys, top=top, distinct=tuple(distinct))
     best = _pareto(fitting, objectives) if len(fitting) else fitting
@@ -196,6 +208,16 @@ def run_exhaustive(
         extra={"chunks_skipped": skipped,
                "closest": nearest.to_dicts()[0] if nearest is not None and len(nearest) else None},
     )  # fmt: skip
+
+
+def _reported(
+    hi: int, written: Future[Any] | None, *, total: int, progress: Progress | None
+) -> None:
+    """Wait for a chunk's part to be on disk (its write error raised here), then report it."""
+    if written is not None:
+        written.result()
+    if progress is not None:
+        progress(hi, total)
 
 
 def _best_of(
@@ -229,24 +251,29 @@ def _exhaustive_chunk(
     keys: list[str],
     top: int | None,
     distinct: tuple[str, ...],
-) -> tuple[pl.DataFrame, pl.DataFrame, bool]:
+    writer: Executor | None = None,
+) -> tuple[pl.DataFrame, pl.DataFrame, bool, Future[Any] | None]:
     """Evaluate and write one chunk (or read it back if a previous run wrote it; `out` None:
     evaluate only); returns its best fitting rows (`_best_of`, and its Pareto front for two
-    objectives), its valid row nearest to fitting and whether it was already on disk."""
+    objectives), its valid row nearest to fitting, whether it was already on disk and, with a
+    `writer`, the pending write (else the part is written before returning)."""
     skipped = out is not None and part_exists(out, study=study, part=part)
+    written: Future[Any] | None = None
     if skipped:
         frame = pl.read_parquet(study_dir(out, study) / f"part-{part}.parquet")
     else:
-        frame = _frame(space, space.evaluate(np.arange(lo, hi), columns=POINT_COLUMNS),
+        frame = _frame(space, space.evaluate(range(lo, hi), columns=POINT_COLUMNS),
                        study=study)  # fmt: skip
-        if out is not None:
+        if out is not None and writer is not None:
+            written = writer.submit(write_points, frame, out, study=study, part=part)
+        elif out is not None:
             write_points(frame, out, study=study, part=part)
     fitting = frame.filter(pl.col("fits"))
     best = _best_of(fitting, keys=keys, top=top, distinct=distinct)
     if len(objectives) > 1:
         best = pl.concat([best, _pareto(fitting, objectives)])
     closest = _closest(space, frame) if not len(fitting) else frame.head(0)
-    return best, closest, skipped
+    return best, closest, skipped, written
 
 
 # ---- Optuna ------------------------------------------------------------------------------------

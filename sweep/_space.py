@@ -100,14 +100,22 @@ class Space:
     def num_points(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
 
-    def columns(self, flat: np.ndarray) -> dict[str, np.ndarray]:
-        """The AXES values of flat point indices (categoricals as names)."""
+    def columns(self, flat: np.ndarray | range) -> dict[str, np.ndarray]:
+        """The AXES values of flat point indices (categoricals as codes).
+
+        `flat` a range (step 1, as the exhaustive search's chunks): each column is built from
+        runs of its values (repeat and tile), with no per-point index arithmetic or gather.
+        """
+        if isinstance(flat, range) and flat.step == 1:
+            strides = np.cumprod((1, *self.shape[:0:-1]))[::-1]
+            return {a: _range_column(_axis_array(a, self.axes[a]), int(st), flat.start, flat.stop)
+                    for a, st in zip(AXES, strides, strict=True)}  # fmt: skip
         idx = np.unravel_index(np.asarray(flat, dtype=np.int64), self.shape)
         return {a: _axis_array(a, self.axes[a])[i] for a, i in zip(AXES, idx, strict=True)}
 
     def evaluate(
         self,
-        flat: np.ndarray,
+        flat: np.ndarray | range,
         *,
         time_params: TimeParams | None = None,
         columns: Collection[str] | None = None,
@@ -126,6 +134,23 @@ def _axis_array(axis: str, values: tuple[Any, ...]) -> np.ndarray:
     if axis in _NAMES:
         return np.array([_NAMES[axis].index(v) for v in values], dtype=np.int8)
     return np.asarray(values, dtype=np.int64)
+
+
+def _range_column(values: np.ndarray, stride: int, lo: int, hi: int) -> np.ndarray:
+    """values[(i // stride) % len(values)] for i in range(lo, hi): one axis of a contiguous
+    range of flat indices whose later axes hold `stride` points together."""
+    if hi <= lo:
+        return values[:0]
+    period = len(values) * stride
+    if period <= hi - lo:  # an inner axis: tile one period of runs
+        start = lo % period
+        reps = -(-(start + hi - lo) // period)
+        return np.tile(np.repeat(values, stride), reps)[start : start + hi - lo]
+    first, last = lo // stride, (hi - 1) // stride  # an outer axis: a few runs, ends cut
+    counts = np.full(last - first + 1, stride, dtype=np.int64)
+    counts[0] -= lo - first * stride
+    counts[-1] -= (last + 1) * stride - hi
+    return np.repeat(values[np.arange(first, last + 1) % len(values)], counts)
 
 
 def _codes(axis: str, values: np.ndarray) -> np.ndarray:
@@ -177,10 +202,12 @@ def evaluate_columns(
     reason = np.where(reason == 0, own, reason).astype(np.int16)
 
     # One estimate per distinct cuBLAS workspace (by GPU architecture): usually one call.
-    workspace = np.array([cublas_workspace_bytes_for(g.arch) for g in profiles])[pool]
+    pool_workspace = np.array([cublas_workspace_bytes_for(g.arch) for g in profiles])
+    used = np.bincount(pool, minlength=len(profiles)) > 0
+    workspace = pool_workspace[pool] if len(np.unique(pool_workspace[used])) > 1 else None
     out: dict[str, np.ndarray] = {}
-    for ws in np.unique(workspace):
-        rows = np.flatnonzero(workspace == ws)
+    for ws in np.unique(pool_workspace[used]):
+        rows = np.arange(len(pool)) if workspace is None else np.flatnonzero(workspace == ws)
         sub = grid if len(rows) == len(pool) else {k: v[rows] for k, v in grid.items()}
         part = estimate(
             m,
@@ -201,8 +228,10 @@ def evaluate_columns(
         values["gpus_per_node"] = float(p.gpus_per_node)
         for k, v in values.items():
             inputs.setdefault(k, np.empty(len(profiles)))[i] = v
-    timing = estimate_time(m, grid, params=time_params, reason=engine_reason,
-                           **{k: v[pool] for k, v in inputs.items()})  # fmt: skip
+    # The sweep's own reasons too: estimate_time evaluates only the rows left valid.
+    gpu_values = {k: v[0] if len(profiles) == 1 else v[pool] for k, v in inputs.items()}
+    timed = ("step_time_s", "tokens_per_second", "mfu", "cost_per_million_tokens")
+    timing = estimate_time(m, grid, params=time_params, reason=reason, columns=timed, **gpu_values)
     valid = reason == 0
     gbs = grid["global_batch_size"]
     dp = out["dp"]
@@ -218,8 +247,7 @@ def evaluate_columns(
         **out,
         "fits": out["fits"] & valid,
         "reason": reason,
-        **{k: np.where(valid, timing[k], np.nan)
-           for k in ("step_time_s", "tokens_per_second", "mfu", "cost_per_million_tokens")},
+        **timing,  # NaN where the point is invalid
     }  # fmt: skip
 
 

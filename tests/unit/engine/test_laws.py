@@ -27,6 +27,8 @@ from trainmem.engine import (
     RECOMPUTE,
     ModelSpec,
     estimate,
+    estimate_time,
+    layout_reason,
     load_model,
     make_grid,
     preset_names,
@@ -340,3 +342,98 @@ def test_rows_assembled_in_blocks_equal_the_single_calls() -> None:
         single = estimate(m, make_grid({k: v[i] for k, v in cols.items()}), usable_bytes=80e9)
         for key, column in out.items():
             assert column[i] == single[key][0], (key, i)
+
+
+# ---- faster paths, same bytes -------------------------------------------------------------------
+
+
+def _mixed_grid(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+    """Rows of every kind, many invalid (indivisible layouts, offload without ZeRO, ...)."""
+    return make_grid(
+        micro_batch_size=rng.choice([0, 1, 2, 3, 8], n),
+        seq_len=rng.choice([1000, 2048, 4096], n),
+        num_gpus=rng.choice([1, 2, 6, 8, 16, 64], n),
+        tp=rng.choice([1, 2, 3, 4, 8], n),
+        pp=rng.choice([1, 2, 4, 5], n),
+        cp=rng.choice([1, 2], n),
+        virtual_stages=rng.choice([1, 2], n),
+        zero=rng.integers(0, 4, n),
+        offload=rng.integers(0, 3, n),
+        global_batch_size=rng.choice([0, 64, 96], n),
+        precision=rng.integers(0, len(PRECISIONS), n),
+        optimizer=rng.integers(0, len(OPTIMIZERS), n),
+        recompute=rng.integers(0, len(RECOMPUTE), n),
+        attention=rng.integers(0, len(ATTENTION), n),
+        framework=rng.integers(0, len(FRAMEWORKS), n),
+        sequence_parallel=rng.random(n) < 0.5,
+        lora_rank=rng.choice([0, 0, 16], n),
+        qlora=rng.random(n) < 0.2,
+    )
+
+
+def test_estimate_time_on_the_valid_rows_equals_the_whole_grid_pass() -> None:
+    """estimate_time evaluates only the valid rows (and `columns=` only those columns): the same
+    bytes as the previous path, every row evaluated and NaN put where the layout is invalid."""
+    from trainmem.engine import time_inputs
+    from trainmem.engine._time import _time_columns
+    from trainmem.hardware import load_gpus
+
+    rng = np.random.default_rng(7)
+    gpus = load_gpus()
+    profiles = [gpus["h100-sxm-80gb"], gpus["a100-sxm-80gb"]]
+    for name in ("llama-2-7b", "mixtral-8x7b", "gpt2"):
+        m = load_model(name)
+        grid = _mixed_grid(rng, 3000)
+        reason = layout_reason(m, grid)
+        assert 0 < np.mean(reason == 0) < 1
+        pool = rng.integers(0, 2, 3000)
+        inputs = [time_inputs(p) for p in profiles]
+        for gpu in ({k: np.array([i[k] for i in inputs])[pool] for k in inputs[0]}, inputs[0]):
+            new = estimate_time(m, grid, **gpu, tokens=1e9)
+            with np.errstate(all="ignore"):  # the invalid rows' divisions by zero
+                old = _time_columns(m, grid, **gpu, tokens=1e9, params=None)
+            assert list(new) == list(old)
+            for key, column in new.items():
+                expected = np.where(reason == 0, old[key], np.nan)
+                assert column.dtype == expected.dtype and column.tobytes() == expected.tobytes()
+            part = estimate_time(m, grid, **gpu, reason=reason, columns=["mfu", "step_time_s"])
+            assert list(part) == ["step_time_s", "mfu"]
+            assert all(part[k].tobytes() == new[k].tobytes() for k in part)
+        valid = {k: v[reason == 0] for k, v in grid.items()}  # every row valid: one pass
+        whole = estimate_time(m, valid, **inputs[1])
+        old = _time_columns(m, valid, **inputs[1], tokens=None, params=None)
+        assert all(whole[k].tobytes() == np.asarray(old[k]).tobytes() for k in whole)
+
+
+def test_layout_reason_in_blocks_equals_one_pass_and_single_rows() -> None:
+    from trainmem.engine._estimate import _block_reason
+
+    rng = np.random.default_rng(3)
+    m = load_model("mixtral-8x7b")
+    grid = _mixed_grid(rng, 2 * BLOCK_ROWS + 11)
+    blocked = layout_reason(m, grid)
+    assert blocked.dtype == np.int8 and blocked.tobytes() == _block_reason(m, grid).tobytes()
+    assert len(np.unique(blocked)) > 4
+    for i in rng.choice(len(blocked), 30, replace=False):
+        assert blocked[i] == layout_reason(m, {k: v[i : i + 1] for k, v in grid.items()})[0]
+
+
+def test_dense_codes_equal_sorted_unique_codes() -> None:
+    from trainmem.engine._factorize import _dense_codes, factorize
+
+    rng = np.random.default_rng(5)
+    for _ in range(100):
+        n = int(rng.integers(1, 3000))
+        col = rng.integers(-9, int(rng.choice([3, 300, 1 << 21])), n)
+        codes, k = _dense_codes(col)
+        uniq, inverse = np.unique(col, return_inverse=True)
+        assert k == len(uniq) and np.array_equal(codes, inverse.reshape(-1))
+    cols = [
+        rng.integers(0, 1 << 12, 5000),
+        rng.integers(0, 1 << 12, 5000),
+        rng.integers(0, 3, 5000),
+    ]
+    inverse, reps = factorize(cols)  # a packed key space over the dense-table limit
+    keys = np.stack(cols, axis=1)
+    assert np.array_equal(keys[reps][inverse], keys)
+    assert len(reps) == len(np.unique(keys, axis=0))

@@ -211,3 +211,60 @@ def test_exhaustive_over_two_processes_matches(space, exhaustive, tmp_path) -> N
     assert two.best == one.best
     frame = pl.read_parquet(sorted((tmp_path / "points" / "study=s").glob("part-*.parquet")))
     assert len(frame) == space.num_points
+
+
+def test_parts_written_in_the_background_equal_parts_written_in_line(space, tmp_path) -> None:
+    """One process writes chunk c's part in a thread while chunk c + 1 is evaluated: the same
+    files, byte for byte, as writing each part before evaluating the next; a chunk is reported
+    only once its part is on disk."""
+    from trainmem.sweep._search import _exhaustive_chunk, space_fingerprint
+
+    background, in_line = tmp_path / "background", tmp_path / "in-line"
+    folder = background / "points" / "study=w"
+    on_disk: list[tuple[int, int]] = []
+
+    def progress(done: int, total: int) -> None:
+        on_disk.append((done, len(list(folder.glob("part-*.parquet")))))
+
+    result = run_exhaustive(space, out=background, study="w", chunk_size=300, progress=progress)
+    num_chunks = -(-space.num_points // 300)
+    assert [done for done, _ in on_disk] == [min(300 * k, space.num_points)
+                                             for k in range(1, num_chunks + 1)]  # fmt: skip
+    assert all(parts >= k for k, (_, parts) in enumerate(on_disk, start=1))
+    fp = space_fingerprint(space, chunk_size=300)
+    for c, lo in enumerate(range(0, space.num_points, 300)):
+        _exhaustive_chunk(space, out=in_line, study="w", part=f"x{fp}-{c:06d}", lo=lo,
+                          hi=min(lo + 300, space.num_points), objectives=("cost",),
+                          keys=["cost_per_million_tokens"], top=1, distinct=())  # fmt: skip
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == sorted(p.name for p in (in_line / "points" / "study=w").iterdir())
+    assert len(names) == num_chunks and result.extra["chunks_skipped"] == 0
+    for name in names:
+        assert (folder / name).read_bytes() == (in_line / "points" / "study=w" / name).read_bytes()
+
+
+def test_a_failed_background_write_is_raised(space, tmp_path, monkeypatch) -> None:
+    from trainmem.sweep import _search
+
+    real = _search.write_points
+    calls: list[str] = []
+    reported: list[int] = []
+
+    def failing(frame, out, *, study, part):
+        calls.append(part)
+        if len(calls) == 2:
+            raise OSError("No space left on device")
+        return real(frame, out, study=study, part=part)
+
+    monkeypatch.setattr(_search, "write_points", failing)
+    with pytest.raises(OSError, match="No space left"):
+        run_exhaustive(space, out=tmp_path, study="f", chunk_size=300,
+                       progress=lambda done, total: reported.append(done))  # fmt: skip
+    assert reported == [300]  # the first chunk only: the second's part never reached the disk
+    parts = sorted(p.name for p in (tmp_path / "points" / "study=f").glob("part-*.parquet"))
+    assert calls[1] not in str(parts) and calls[0] in str(parts)  # parts are whole or absent
+    monkeypatch.setattr(_search, "write_points", real)
+    rerun = run_exhaustive(space, out=tmp_path, study="f", chunk_size=300)
+    assert rerun.extra["chunks_skipped"] == len(parts)
+    frame = pl.read_parquet(sorted((tmp_path / "points" / "study=f").glob("part-*.parquet")))
+    assert len(frame) == space.num_points

@@ -63,3 +63,28 @@ def test_bad_input_is_one_value_error() -> None:
         _space(global_batch_size=0)
     with pytest.raises(ValueError, match="precision"):
         _space(precision="fp64")
+
+
+def test_a_range_of_points_builds_the_same_columns_as_its_indices() -> None:
+    """Space.columns(range) (runs of values, the exhaustive chunks) equals the index path, and a
+    chunk evaluates to the same bytes either way."""
+    space = _space(max_micro_batch_size=8)
+    n = space.num_points
+    rng = np.random.default_rng(0)
+    ranges = [
+        (0, n),
+        (0, 0),
+        (n - 1, n),
+        (7, 8),
+        *(sorted(rng.integers(0, n + 1, 2)) for _ in range(40)),
+    ]
+    for lo, hi in ranges:
+        runs, indexed = space.columns(range(lo, hi)), space.columns(np.arange(lo, hi))
+        assert list(runs) == list(indexed)
+        for axis, column in runs.items():
+            assert column.dtype == indexed[axis].dtype
+            assert np.array_equal(column, indexed[axis]), (axis, lo, hi)
+    lo, hi = n // 3, n // 3 + 5000
+    a, b = space.evaluate(range(lo, hi)), space.evaluate(np.arange(lo, hi))
+    assert list(a) == list(b)
+    assert all(a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes() for k in a)
