@@ -142,13 +142,25 @@ def fake_cuda_device() -> Iterator[None]:
         raise ValueError(f"trace: {reason}")
     if lib is not None:
         lib.trainmem_fake_cuda_install()
-    saved = (amp_common.amp_definitely_not_available, torch.cuda.is_bf16_supported)
+    saved = (
+        amp_common.amp_definitely_not_available,
+        torch.cuda.is_bf16_supported,
+        torch.cuda.get_device_capability,
+    )
     amp_common.amp_definitely_not_available = lambda: False
     torch.cuda.is_bf16_supported = lambda *args, **kwargs: True  # Hopper: bf16 everywhere
+    # Hopper (sm90), as the SDPA kernel choice: transformers' MoE layers ask before they use
+    # grouped_mm (transformers/integrations/moe.py _can_use_grouped_mm), which would otherwise
+    # initialise the missing CUDA runtime.
+    torch.cuda.get_device_capability = lambda *args, **kwargs: (9, 0)
     try:
         yield
     finally:
-        amp_common.amp_definitely_not_available, torch.cuda.is_bf16_supported = saved
+        (
+            amp_common.amp_definitely_not_available,
+            torch.cuda.is_bf16_supported,
+            torch.cuda.get_device_capability,
+        ) = saved
         if lib is not None:
             lib.trainmem_fake_cuda_remove()
 

@@ -247,7 +247,14 @@ def trace_cmd(
     from ._api import command_defaults
     from ._trace_report import trace_report, trace_text
 
-    report = trace_report(**fields, estimate_defaults=command_defaults(estimate_cmd))
+    try:
+        report = trace_report(**fields, estimate_defaults=command_defaults(estimate_cmd))
+    except (RuntimeError, AssertionError, NotImplementedError, TypeError) as exc:
+        # A model code path the fake device cannot run: one line, not torch's traceback.
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise ValueError(
+            f"trace: the step failed on fake tensors: {type(exc).__name__}: {first}"
+        ) from None
     typer.echo(json.dumps(report, indent=2) if as_json else trace_text(report))
 
 
