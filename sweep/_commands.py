@@ -13,19 +13,45 @@ from typing import Annotated, Any
 import typer
 
 from trainmem.engine import (
-    ATTENTION,
     FRAMEWORKS,
-    LOSSES,
-    OFFLOADS,
-    OPTIMIZERS,
     PRECISIONS,
-    RECOMPUTE,
     optimizer_columns,
 )
 from trainmem.hardware import GIB, load_gpus, parse_fleet
 from trainmem.results import query_points
 
 from ._api import command_defaults, command_fields, fit_report, jsonable, model_spec
+from ._options import (
+    AsJson,
+    Attention,
+    Cp,
+    Ep,
+    Framework,
+    GlobalBatchSize,
+    Gpu,
+    HardwareDir,
+    Headroom,
+    LoraRank,
+    LoraTargets,
+    Loss,
+    MicroBatchSize,
+    Model,
+    ModelsDir,
+    NumGpus,
+    Offload,
+    Optimizer,
+    OptimizersDir,
+    Pp,
+    Precision,
+    ProfileFile,
+    Qlora,
+    Recompute,
+    SeqLen,
+    SequenceParallel,
+    Tp,
+    VirtualStages,
+    Zero,
+)
 from ._search import Progress, SearchResult, parse_objectives, run_exhaustive, run_optuna
 from ._space import Space, make_space
 from ._validate import check_headroom, choice
@@ -34,63 +60,41 @@ from ._validate import check_headroom, choice
 
 
 def fit_cmd(
-    model: Annotated[str, typer.Option(help="Preset name or path to a HF config.json.")] = (
-        "llama-3.1-8b"
-    ),
-    gpu: Annotated[str, typer.Option(help="GPU profile name (see `trainmem gpus`).")] = (
-        "h100-sxm-80gb"
-    ),
-    num_gpus: Annotated[int, typer.Option(help="Total GPUs; dp = num_gpus/(tp*pp*cp).")] = 1,
-    seq_len: Annotated[int, typer.Option(help="Sequence length (tokens).")] = 2048,
-    micro_batch_size: Annotated[
-        int, typer.Option(help="Sequences per GPU (fixed when minimizing num-gpus).")
-    ] = 1,
-    global_batch_size: Annotated[
-        int, typer.Option(help="Sequences per optimizer step (0: micro x dp).")
-    ] = 0,
-    precision: Annotated[str, typer.Option(help="|".join(PRECISIONS))] = "amp-bf16",
-    optimizer: Annotated[str, typer.Option(help="|".join(OPTIMIZERS))] = "adamw",
-    recompute: Annotated[str, typer.Option(help="|".join(RECOMPUTE))] = "none",
-    attention: Annotated[str, typer.Option(help="|".join(ATTENTION))] = "flash",
-    zero: Annotated[int, typer.Option(help="ZeRO stage 0-3 (3 = FSDP full shard).")] = 0,
-    tp: Annotated[int, typer.Option(help="Tensor parallel degree.")] = 1,
-    pp: Annotated[int, typer.Option(help="Pipeline parallel degree.")] = 1,
-    virtual_stages: Annotated[int, typer.Option(help="Interleaved stages per rank.")] = 1,
-    cp: Annotated[int, typer.Option(help="Context parallel degree.")] = 1,
-    sequence_parallel: Annotated[
-        bool, typer.Option("--sequence-parallel", help="Megatron-style sequence parallelism.")
-    ] = False,
-    framework: Annotated[str, typer.Option(help="|".join(FRAMEWORKS))] = "hf",
-    ep: Annotated[int, typer.Option(help="Expert parallel degree (MoE; divides dp*cp).")] = 1,
-    offload: Annotated[str, typer.Option(help="|".join(OFFLOADS))] = "none",
-    lora_rank: Annotated[int, typer.Option(help="LoRA rank (0: full fine-tuning).")] = 0,
-    lora_targets: Annotated[str, typer.Option(help="PEFT target modules.")] = "all-linear",
-    qlora: Annotated[bool, typer.Option("--qlora", help="NF4 base weights (QLoRA).")] = False,
-    loss: Annotated[str, typer.Option(help="|".join(LOSSES))] = "full",
-    headroom: Annotated[float, typer.Option(help="Fraction of usable memory kept free.")] = 0.10,
-    hardware_dir: Annotated[str | None, typer.Option(help="Folder of extra GPU TOML files.")] = (
-        None
-    ),
+    model: Model = ("llama-3.1-8b"),
+    gpu: Gpu = ("h100-sxm-80gb"),
+    num_gpus: NumGpus = 1,
+    seq_len: SeqLen = 2048,
+    micro_batch_size: MicroBatchSize = 1,
+    global_batch_size: GlobalBatchSize = 0,
+    precision: Precision = "amp-bf16",
+    optimizer: Optimizer = "adamw",
+    recompute: Recompute = "none",
+    attention: Attention = "flash",
+    zero: Zero = 0,
+    tp: Tp = 1,
+    pp: Pp = 1,
+    virtual_stages: VirtualStages = 1,
+    cp: Cp = 1,
+    sequence_parallel: SequenceParallel = False,
+    framework: Framework = "hf",
+    ep: Ep = 1,
+    offload: Offload = "none",
+    lora_rank: LoraRank = 0,
+    lora_targets: LoraTargets = "all-linear",
+    qlora: Qlora = False,
+    loss: Loss = "full",
+    headroom: Headroom = 0.10,
+    hardware_dir: HardwareDir = (None),
     minimize: Annotated[
         str,
         typer.Option(help="micro-batch-size: the largest that fits; num-gpus: the fewest GPUs."),
     ] = "micro-batch-size",
     max_micro_batch_size: Annotated[int, typer.Option(help="Largest micro-batch tried.")] = 1024,
     max_num_gpus: Annotated[int, typer.Option(help="Most GPUs tried (num-gpus).")] = 16384,
-    models_dir: Annotated[
-        str | None, typer.Option(help="Folder of extra model presets (or TRAINMEM_MODELS_DIR).")
-    ] = None,
-    optimizers_dir: Annotated[
-        str | None, typer.Option(help="Folder of extra optimizers (or TRAINMEM_OPTIMIZERS_DIR).")
-    ] = None,
-    profile_file: Annotated[
-        str | None,
-        typer.Option(
-            "--profile",
-            help="Activation profile JSON (`trainmem trace --save-profile`) as the model.",
-        ),
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    models_dir: ModelsDir = None,
+    optimizers_dir: OptimizersDir = None,
+    profile_file: ProfileFile = None,
+    as_json: AsJson = False,
 ) -> None:
     """The largest micro-batch that fits (or, --minimize num-gpus, the fewest GPUs)."""
     result = fit_report(**command_fields(locals()))
@@ -159,14 +163,12 @@ def _top_table(result: SearchResult) -> str:
 
 
 def sweep_cmd(
-    model: Annotated[str, typer.Option(help="Preset name or path to a HF config.json.")] = (
-        "llama-3.1-8b"
-    ),
+    model: Model = ("llama-3.1-8b"),
     fleet: Annotated[
         str, typer.Option(help="COUNTxGPU[,COUNTxGPU...] or a fleet TOML file.")
     ] = "8xh100-sxm-80gb",
-    seq_len: Annotated[int, typer.Option(help="Sequence length (tokens).")] = 4096,
-    global_batch_size: Annotated[int, typer.Option(help="Sequences per optimizer step.")] = 256,
+    seq_len: SeqLen = 4096,
+    global_batch_size: GlobalBatchSize = 256,
     method: Annotated[str, typer.Option(help="exhaustive|optuna")] = "exhaustive",
     trials: Annotated[int, typer.Option(help="Optuna: the study's total trials.")] = 200,
     seed: Annotated[int, typer.Option(help="Optuna sampler seed.")] = 0,
@@ -180,30 +182,18 @@ def sweep_cmd(
     workers: Annotated[int, typer.Option(help="Optuna: local worker processes.")] = 1,
     jobs: Annotated[int, typer.Option(help="Exhaustive: local processes over the chunks.")] = 1,
     out: Annotated[str, typer.Option(help="Output folder (Parquet points, Optuna db).")] = "out",
-    precision: Annotated[str, typer.Option(help="|".join(PRECISIONS))] = "mixed-bf16",
-    optimizer: Annotated[str, typer.Option(help="|".join(OPTIMIZERS))] = "adamw",
-    framework: Annotated[str, typer.Option(help="|".join(FRAMEWORKS))] = "megatron",
+    precision: Precision = "mixed-bf16",
+    optimizer: Optimizer = "adamw",
+    framework: Framework = "megatron",
     max_micro_batch_size: Annotated[int, typer.Option(help="Largest micro-batch tried.")] = 16,
     max_pp: Annotated[int, typer.Option(help="Largest pipeline degree tried.")] = 16,
     max_cp: Annotated[int, typer.Option(help="Largest context-parallel degree tried.")] = 4,
-    headroom: Annotated[float, typer.Option(help="Fraction of usable memory kept free.")] = 0.10,
-    hardware_dir: Annotated[str | None, typer.Option(help="Folder of extra GPU TOML files.")] = (
-        None
-    ),
-    models_dir: Annotated[
-        str | None, typer.Option(help="Folder of extra model presets (or TRAINMEM_MODELS_DIR).")
-    ] = None,
-    optimizers_dir: Annotated[
-        str | None, typer.Option(help="Folder of extra optimizers (or TRAINMEM_OPTIMIZERS_DIR).")
-    ] = None,
-    profile_file: Annotated[
-        str | None,
-        typer.Option(
-            "--profile",
-            help="Activation profile JSON (`trainmem trace --save-profile`) as the model.",
-        ),
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    headroom: Headroom = 0.10,
+    hardware_dir: HardwareDir = (None),
+    models_dir: ModelsDir = None,
+    optimizers_dir: OptimizersDir = None,
+    profile_file: ProfileFile = None,
+    as_json: AsJson = False,
 ) -> None:
     """Search a fleet for the cheapest (or fastest, or smallest) configuration that fits."""
     choice("method", method, ("exhaustive", "optuna"))

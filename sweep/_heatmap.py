@@ -37,6 +37,35 @@ from trainmem.engine import (
 from trainmem.hardware import GIB, GpuProfile, get_gpu
 from trainmem.results import heatmap_format, query_points, write_heatmap
 
+from ._options import (
+    ActivationOffload,
+    AsJson,
+    Attention,
+    Cp,
+    Ep,
+    Framework,
+    GlobalBatchSize,
+    HardwareDir,
+    Headroom,
+    LoraRank,
+    LoraTargets,
+    Loss,
+    MicroBatchSize,
+    ModelsDir,
+    NumGpus,
+    Offload,
+    Optimizer,
+    OptimizersDir,
+    Pp,
+    Precision,
+    Qlora,
+    Recompute,
+    SeqLen,
+    SequenceParallel,
+    Tp,
+    VirtualStages,
+    Zero,
+)
 from ._validate import check_headroom, choice
 
 CATEGORICAL: dict[str, tuple[str, ...]] = {
@@ -302,47 +331,33 @@ def heatmap_cmd(
     where: Annotated[
         str | None, typer.Option(help='With --points: SQL WHERE clause, e.g. "zero = 3".')
     ] = None,
-    num_gpus: Annotated[int, typer.Option(help="Total GPUs; dp = num_gpus/(tp*pp*cp).")] = 1,
-    seq_len: Annotated[int, typer.Option(help="Sequence length (tokens).")] = 2048,
-    micro_batch_size: Annotated[int, typer.Option(help="Sequences per GPU per step.")] = 1,
-    global_batch_size: Annotated[
-        int, typer.Option(help="Sequences per optimizer step (0: micro x dp).")
-    ] = 0,
-    precision: Annotated[str, typer.Option(help="|".join(PRECISIONS))] = "amp-bf16",
-    optimizer: Annotated[str, typer.Option(help="|".join(OPTIMIZERS))] = "adamw",
-    recompute: Annotated[str, typer.Option(help="|".join(RECOMPUTE))] = "none",
-    attention: Annotated[str, typer.Option(help="|".join(ATTENTION))] = "flash",
-    zero: Annotated[int, typer.Option(help="ZeRO stage 0-3 (3 = FSDP full shard).")] = 0,
-    tp: Annotated[int, typer.Option(help="Tensor parallel degree.")] = 1,
-    pp: Annotated[int, typer.Option(help="Pipeline parallel degree.")] = 1,
-    virtual_stages: Annotated[int, typer.Option(help="Interleaved stages per rank.")] = 1,
-    cp: Annotated[int, typer.Option(help="Context parallel degree.")] = 1,
-    sequence_parallel: Annotated[
-        bool, typer.Option("--sequence-parallel", help="Megatron-style sequence parallelism.")
-    ] = False,
-    framework: Annotated[str, typer.Option(help="|".join(FRAMEWORKS))] = "hf",
-    ep: Annotated[int, typer.Option(help="Expert parallel degree (MoE; divides dp*cp).")] = 1,
-    offload: Annotated[str, typer.Option(help="|".join(OFFLOADS))] = "none",
-    lora_rank: Annotated[int, typer.Option(help="LoRA rank (0: full fine-tuning).")] = 0,
-    lora_targets: Annotated[str, typer.Option(help="PEFT target modules.")] = "all-linear",
-    qlora: Annotated[bool, typer.Option("--qlora", help="NF4 base weights (QLoRA).")] = False,
-    loss: Annotated[str, typer.Option(help="|".join(LOSSES))] = "full",
-    activation_offload: Annotated[
-        bool, typer.Option("--activation-offload", help="Keep two blocks' activations on GPU.")
-    ] = False,
-    headroom: Annotated[float, typer.Option(help="Fraction of usable memory kept free.")] = 0.10,
-    hardware_dir: Annotated[str | None, typer.Option(help="Folder of extra GPU TOML files.")] = (
-        None
-    ),
-    models_dir: Annotated[
-        str | None, typer.Option(help="Folder of extra model presets (or TRAINMEM_MODELS_DIR).")
-    ] = None,
-    optimizers_dir: Annotated[
-        str | None, typer.Option(help="Folder of extra optimizers (or TRAINMEM_OPTIMIZERS_DIR).")
-    ] = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Also print the cells and the file as JSON.")
-    ] = False,
+    num_gpus: NumGpus = 1,
+    seq_len: SeqLen = 2048,
+    micro_batch_size: MicroBatchSize = 1,
+    global_batch_size: GlobalBatchSize = 0,
+    precision: Precision = "amp-bf16",
+    optimizer: Optimizer = "adamw",
+    recompute: Recompute = "none",
+    attention: Attention = "flash",
+    zero: Zero = 0,
+    tp: Tp = 1,
+    pp: Pp = 1,
+    virtual_stages: VirtualStages = 1,
+    cp: Cp = 1,
+    sequence_parallel: SequenceParallel = False,
+    framework: Framework = "hf",
+    ep: Ep = 1,
+    offload: Offload = "none",
+    lora_rank: LoraRank = 0,
+    lora_targets: LoraTargets = "all-linear",
+    qlora: Qlora = False,
+    loss: Loss = "full",
+    activation_offload: ActivationOffload = False,
+    headroom: Headroom = 0.10,
+    hardware_dir: HardwareDir = (None),
+    models_dir: ModelsDir = None,
+    optimizers_dir: OptimizersDir = None,
+    as_json: AsJson = False,
 ) -> None:
     """Fit/no-fit heatmap of two knobs: peak device memory per GPU and the fit boundary.
 

@@ -33,6 +33,18 @@ from trainmem.engine import (
 from trainmem.hardware import GIB, Fleet, load_gpus, parse_fleet
 
 from ._launch import DEFAULT_FRAMEWORK, FORMATS, TIME_RE, check_format, render
+from ._options import (
+    AsJson,
+    GlobalBatchSize,
+    HardwareDir,
+    Headroom,
+    Model,
+    ModelsDir,
+    Optimizer,
+    OptimizersDir,
+    Precision,
+    SeqLen,
+)
 from ._search import parse_objectives, run_exhaustive
 from ._space import _NAMES, Space, evaluate_columns, make_space, reason_texts
 from ._validate import check_headroom, choice
@@ -408,22 +420,18 @@ def _table(plans: list[dict[str, Any]]) -> str:
 
 
 def recommend_cmd(
-    model: Annotated[str, typer.Option(help="Preset name or path to a HF config.json.")] = (
-        "llama-3.1-8b"
-    ),
+    model: Model = ("llama-3.1-8b"),
     fleet: Annotated[
         str, typer.Option(help="COUNTxGPU[,COUNTxGPU...] or a fleet TOML file.")
     ] = "8xh100-sxm-80gb",
-    seq_len: Annotated[int, typer.Option(help="Sequence length (tokens).")] = 4096,
-    global_batch_size: Annotated[int, typer.Option(help="Sequences per optimizer step.")] = 256,
+    seq_len: SeqLen = 4096,
+    global_batch_size: GlobalBatchSize = 256,
     fmt: Annotated[
         str | None, typer.Option("--format", help="|".join(FORMATS) + " (default: a summary).")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,
-    precision: Annotated[str, typer.Option(help="|".join(PRECISIONS))] = "mixed-bf16",
-    optimizer: Annotated[str, typer.Option(help="Optimizer (see `trainmem optimizers`).")] = (
-        "adamw"
-    ),
+    as_json: AsJson = False,
+    precision: Precision = "mixed-bf16",
+    optimizer: Optimizer = ("adamw"),
     framework: Annotated[
         str | None,
         typer.Option(help="|".join(FRAMEWORKS) + " (default: the format's; megatron)."),
@@ -433,7 +441,7 @@ def recommend_cmd(
     max_micro_batch_size: Annotated[int, typer.Option(help="Largest micro-batch tried.")] = 16,
     max_pp: Annotated[int, typer.Option(help="Largest pipeline degree tried.")] = 16,
     max_cp: Annotated[int, typer.Option(help="Largest context-parallel degree tried.")] = 4,
-    headroom: Annotated[float, typer.Option(help="Fraction of usable memory kept free.")] = 0.10,
+    headroom: Headroom = 0.10,
     script: Annotated[
         str | None,
         typer.Option(help="Training script of torchrun/slurm (pretrain_gpt.py, train.py)."),
@@ -442,15 +450,9 @@ def recommend_cmd(
         "trainmem"
     ),
     time_limit: Annotated[str, typer.Option(help="slurm --time.")] = "24:00:00",
-    hardware_dir: Annotated[str | None, typer.Option(help="Folder of extra GPU TOML files.")] = (
-        None
-    ),
-    models_dir: Annotated[
-        str | None, typer.Option(help="Folder of extra model presets (or TRAINMEM_MODELS_DIR).")
-    ] = None,
-    optimizers_dir: Annotated[
-        str | None, typer.Option(help="Folder of extra optimizers (or TRAINMEM_OPTIMIZERS_DIR).")
-    ] = None,
+    hardware_dir: HardwareDir = (None),
+    models_dir: ModelsDir = None,
+    optimizers_dir: OptimizersDir = None,
 ) -> None:
     """The cheapest plan that fits a fleet, its runners-up, and its launch config.
 

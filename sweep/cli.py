@@ -13,12 +13,6 @@ import typer
 
 from trainmem.engine import (
     ATTENTION,
-    FRAMEWORKS,
-    LOSSES,
-    OFFLOADS,
-    OPTIMIZERS,
-    PRECISIONS,
-    RECOMPUTE,
     load_model,
     load_optimizers,
     model_presets,
@@ -26,6 +20,38 @@ from trainmem.engine import (
 from trainmem.hardware import GIB, load_gpus
 
 from ._api import command_fields, estimate_report
+from ._options import (
+    ActivationOffload,
+    AsJson,
+    Attention,
+    Cp,
+    Ep,
+    Framework,
+    GlobalBatchSize,
+    Gpu,
+    HardwareDir,
+    Headroom,
+    LoraRank,
+    LoraTargets,
+    Loss,
+    MicroBatchSize,
+    Model,
+    ModelsDir,
+    NumGpus,
+    Offload,
+    Optimizer,
+    OptimizersDir,
+    Pp,
+    Precision,
+    ProfileFile,
+    Qlora,
+    Recompute,
+    SeqLen,
+    SequenceParallel,
+    Tp,
+    VirtualStages,
+    Zero,
+)
 from ._report import human_table
 
 app = typer.Typer(
@@ -37,60 +63,38 @@ app = typer.Typer(
 
 @app.command("estimate")
 def estimate_cmd(
-    model: Annotated[str, typer.Option(help="Preset name or path to a HF config.json.")] = (
-        "llama-3.1-8b"
-    ),
-    gpu: Annotated[str, typer.Option(help="GPU profile name (see `trainmem gpus`).")] = (
-        "h100-sxm-80gb"
-    ),
-    num_gpus: Annotated[int, typer.Option(help="Total GPUs; dp = num_gpus/(tp*pp*cp).")] = 1,
-    seq_len: Annotated[int, typer.Option(help="Sequence length (tokens).")] = 2048,
-    micro_batch_size: Annotated[int, typer.Option(help="Sequences per GPU per step.")] = 1,
-    global_batch_size: Annotated[
-        int, typer.Option(help="Sequences per optimizer step (0: micro x dp).")
-    ] = 0,
-    precision: Annotated[str, typer.Option(help="|".join(PRECISIONS))] = "amp-bf16",
-    optimizer: Annotated[str, typer.Option(help="|".join(OPTIMIZERS))] = "adamw",
-    recompute: Annotated[str, typer.Option(help="|".join(RECOMPUTE))] = "none",
-    attention: Annotated[str, typer.Option(help="|".join(ATTENTION))] = "flash",
-    zero: Annotated[int, typer.Option(help="ZeRO stage 0-3 (3 = FSDP full shard).")] = 0,
-    tp: Annotated[int, typer.Option(help="Tensor parallel degree.")] = 1,
-    pp: Annotated[int, typer.Option(help="Pipeline parallel degree.")] = 1,
-    virtual_stages: Annotated[int, typer.Option(help="Interleaved stages per rank.")] = 1,
-    cp: Annotated[int, typer.Option(help="Context parallel degree.")] = 1,
-    sequence_parallel: Annotated[
-        bool, typer.Option("--sequence-parallel", help="Megatron-style sequence parallelism.")
-    ] = False,
-    framework: Annotated[str, typer.Option(help="|".join(FRAMEWORKS))] = "hf",
-    ep: Annotated[int, typer.Option(help="Expert parallel degree (MoE; divides dp*cp).")] = 1,
+    model: Model = ("llama-3.1-8b"),
+    gpu: Gpu = ("h100-sxm-80gb"),
+    num_gpus: NumGpus = 1,
+    seq_len: SeqLen = 2048,
+    micro_batch_size: MicroBatchSize = 1,
+    global_batch_size: GlobalBatchSize = 0,
+    precision: Precision = "amp-bf16",
+    optimizer: Optimizer = "adamw",
+    recompute: Recompute = "none",
+    attention: Attention = "flash",
+    zero: Zero = 0,
+    tp: Tp = 1,
+    pp: Pp = 1,
+    virtual_stages: VirtualStages = 1,
+    cp: Cp = 1,
+    sequence_parallel: SequenceParallel = False,
+    framework: Framework = "hf",
+    ep: Ep = 1,
     etp: Annotated[int, typer.Option(help="Expert tensor parallel degree (MoE).")] = 1,
     capacity_factor: Annotated[
         float, typer.Option(help="MoE expert capacity factor (0: dropless routing).")
     ] = 0.0,
-    offload: Annotated[str, typer.Option(help="|".join(OFFLOADS))] = "none",
-    lora_rank: Annotated[int, typer.Option(help="LoRA rank (0: full fine-tuning).")] = 0,
-    lora_targets: Annotated[
-        str, typer.Option(help="PEFT target modules, e.g. q_proj,v_proj, or all-linear.")
-    ] = "all-linear",
-    qlora: Annotated[
-        bool, typer.Option("--qlora", help="NF4 base weights (QLoRA); needs --lora-rank.")
-    ] = False,
-    loss: Annotated[str, typer.Option(help="|".join(LOSSES))] = "full",
-    activation_offload: Annotated[
-        bool, typer.Option("--activation-offload", help="Keep two blocks' activations on GPU.")
-    ] = False,
-    headroom: Annotated[float, typer.Option(help="Fraction of usable memory kept free.")] = 0.10,
-    hardware_dir: Annotated[
-        str | None, typer.Option(help="Folder of extra GPU TOML files (or TRAINMEM_HARDWARE_DIR).")
-    ] = None,
-    models_dir: Annotated[
-        str | None,
-        typer.Option(help="Folder of extra model presets, NAME.json (or TRAINMEM_MODELS_DIR)."),
-    ] = None,
-    optimizers_dir: Annotated[
-        str | None,
-        typer.Option(help="Folder of user optimizers, NAME.toml (or TRAINMEM_OPTIMIZERS_DIR)."),
-    ] = None,
+    offload: Offload = "none",
+    lora_rank: LoraRank = 0,
+    lora_targets: LoraTargets = "all-linear",
+    qlora: Qlora = False,
+    loss: Loss = "full",
+    activation_offload: ActivationOffload = False,
+    headroom: Headroom = 0.10,
+    hardware_dir: HardwareDir = None,
+    models_dir: ModelsDir = None,
+    optimizers_dir: OptimizersDir = None,
     overhead: Annotated[
         list[str] | None,
         typer.Option(help="Override an overhead parameter, KEY=BYTES (repeatable)."),
@@ -98,7 +102,7 @@ def estimate_cmd(
     per_stage: Annotated[
         bool, typer.Option("--per-stage", help="Also report every pipeline stage's rank.")
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: AsJson = False,
     tokens: Annotated[
         float | None, typer.Option(help="Token budget: adds time and cost to train it.")
     ] = None,
@@ -106,13 +110,7 @@ def estimate_cmd(
         list[str] | None,
         typer.Option(help="Override a step-time constant, KEY=VALUE (repeatable)."),
     ] = None,
-    profile_file: Annotated[
-        str | None,
-        typer.Option(
-            "--profile",
-            help="Activation profile JSON (`trainmem trace --save-profile`) as the model.",
-        ),
-    ] = None,
+    profile_file: ProfileFile = None,
 ) -> None:
     """Per-device memory of one training configuration: breakdown, phase peaks, fit."""
     report = estimate_report(**command_fields(locals()))
