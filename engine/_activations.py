@@ -17,6 +17,8 @@ from ._model import ModelSpec
 
 SMALL_TENSOR_BYTES = 512
 """One allocator block: what a scalar or an rng seed/offset tensor occupies."""
+MASK_ALIGNMENT = 16
+"""torch attention.cpp preprocess_mask: the efficient kernel's mask last dim is padded to 16."""
 
 
 def hf_norm_bytes(m: ModelSpec, *, T, e, r, amp, sp_div, num_consumers: int) -> np.ndarray:
@@ -77,6 +79,67 @@ def hf_attention_bytes(m: ModelSpec, *, T, s, e, tp, eager) -> np.ndarray:
     return qkv + out + np.where(eager, eager_extra, flash_extra)
 
 
+def sliding_window_masked(m: ModelSpec, *, s) -> np.ndarray:
+    """Whether transformers builds an explicit sliding-window mask for sequence length s.
+
+    Source: transformers masking_utils.py create_sliding_window_causal_mask (local_size =
+    config.sliding_window) and _ignore_causal_mask_sdpa: the mask is skipped (SDPA's is_causal)
+    only while kv_length < local_attention_size.
+    """
+    return (m.sliding_window > 0) & (np.asarray(s) >= max(m.sliding_window, 1))
+
+
+def hf_sdpa_kernel_delta_bytes(m: ModelSpec, *, T, s, e, tp, eager) -> np.ndarray:
+    """Change of a layer's saved bytes when SDPA's inputs do not run the flash kernel that
+    hf_attention_bytes assumes, or run it with q in another layout, per layer.
+
+    Source: transformers sdpa_attention.py (use_gqa_in_sdpa: with a mask, k and v go through
+    repeat_kv) and modeling_phi3.py apply_rotary_pos_emb (torch.cat([q_rot..., q_pass]) returns q
+    contiguous in [b, a, s, d]); torch 2.13 attention.cpp (convert_boolean_attn_mask: a new
+    additive mask in q's dtype per call; a mask rules out flash, so the memory-efficient kernel
+    runs and saves that mask; flash's output takes q's layout, and `.transpose(1, 2)
+    .contiguous()` for o_proj then copies it). Traced with `trainmem trace` on Phi-3 and Mistral
+    configs (sweep/_trace_sdpa.py picks the kernel as a Hopper GPU does).
+    Assumes: SDPA (not eager); an unpadded batch (the bool mask is [1, 1, s, s], its float copy
+    [b, 1, s, s]); s a multiple of 32 (the efficient kernel pads its logsumexp to 32; 0.2%
+    of the mask when s = 200).
+    Ignores: transformers' other masks (padding, packed sequences, Gemma-2/3 and Qwen2
+    use_sliding_window layers).
+    """
+    qd_r = m.q_dim / tp
+    kvd_r = m.kv_dim / tp
+    masked = sliding_window_masked(m, s=s)
+    gqa = m.num_key_value_heads < m.num_attention_heads
+    if not gqa:
+        repeat = 0.0
+    elif m.fused_qkv and m.rotary:
+        # q, repeated k and v (3 e T qd) replace qkv (kept by v's view) and the rotated q, k.
+        repeat = e * T * (qd_r - 3 * kvd_r)
+    else:
+        repeat = 2.0 * e * T * (qd_r - kvd_r)  # repeated k, v replace k, v
+    # [b, 1, s, s] in q's dtype (b s^2 = T s); preprocess_mask pads a last dim that is not a
+    # multiple of 16, materialising the mask per head: [b, a, s, 16 ceil(s / 16)].
+    s_pad = MASK_ALIGNMENT * np.ceil(np.asarray(s) / MASK_ALIGNMENT)
+    additive_mask = np.where(s_pad == s, e * T * s, e * T * s_pad * m.num_attention_heads / tp)
+    flash = ~masked & (np.asarray(e) < 4)  # flash takes 16-bit inputs only
+    out_copy = np.where(flash & m.rotary_cat, e * T * qd_r, 0.0)
+    return np.where(eager, 0.0, np.where(masked, additive_mask + repeat, out_copy))
+
+
+def hf_checkpointed_mask_bytes(m: ModelSpec, *, T, s, r, eager) -> np.ndarray:
+    """Bytes of the sliding-window mask that full recomputation keeps for its backward.
+
+    Source: torch.utils.checkpoint (non-reentrant) keeps each block's arguments, the
+    attention_mask among them, until the block's recomputation; transformers masking_utils.py
+    sdpa_mask builds a bool [1, 1, s, s] mask, eager_mask an additive [b, 1, s, s] one in the
+    embeddings' dtype.
+    Assumes: an unpadded batch.
+    Ignores: eager's plain causal mask, kept the same way without a window (every family).
+    """
+    size = np.where(eager, r * T * s, np.asarray(s, dtype=np.float64) ** 2)
+    return np.where(sliding_window_masked(m, s=s), size, 0.0)
+
+
 def hf_mlp_bytes(m: ModelSpec, *, T, e, amp, tp) -> np.ndarray:
     """Bytes the MLP saves, per layer.
 
@@ -108,6 +171,7 @@ def hf_layer_bytes(m: ModelSpec, *, T, s, e, r, amp, tp, sp, eager) -> np.ndarra
     return (
         norms
         + hf_attention_bytes(m, T=T, s=s, e=e, tp=tp, eager=eager)
+        + hf_sdpa_kernel_delta_bytes(m, T=T, s=s, e=e, tp=tp, eager=eager)
         + hf_mlp_bytes(m, T=T, e=e, amp=amp, tp=tp)
         + dropout_masks
     )

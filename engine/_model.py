@@ -107,6 +107,12 @@ class ModelSpec:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    sliding_window: int = 0
+    """Tokens each query attends back over when the modeling code builds a sliding-window causal
+    mask (Mistral, Mixtral, Phi-3 `sliding_window`); 0: a plain causal mask."""
+    rotary_cat: bool = False
+    """apply_rotary_pos_emb rebuilds q and k with torch.cat (Phi-3's partial-rotary form), so
+    they come out contiguous in [b, heads, s, head_dim] order rather than in the projection's."""
     profile: ActivationProfile | None = None
     """Family "profile": the traced coefficients that replace the activation formulas."""
 
@@ -449,6 +455,12 @@ def model_from_hf_config(config: dict[str, Any], *, name: str) -> ModelSpec:
         dropout=0.0,
         attention_dropout=float(config.get("attention_dropout", 0.0) or 0.0),
         embed_scale=is_gemma,
+        # modeling_{mistral,mixtral,phi3}.py build create_sliding_window_causal_mask whenever
+        # config.sliding_window is set (Qwen2/Qwen3-MoE only with use_sliding_window; not read).
+        sliding_window=int(config.get("sliding_window") or 0)
+        if model_type in ("mistral", "mixtral", "phi3")
+        else 0,
+        rotary_cat=is_phi3,
     )
 
 

@@ -143,6 +143,9 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
     # stage's output (the 16-bit logits) is held by the schedule until its backward.
     logits_held = np.where((pp > 1) & ~chunked, e * T * m.vocab_size / loss_tp_div, 0.0)
     outside = np.where(last, outside_all + logits_held, rope)
+    # Checkpointed blocks keep their attention_mask argument (a sliding-window mask) alive.
+    ckpt_mask = act.hf_checkpointed_mask_bytes(m, T=T, s=s / cp, r=r, eager=eager)
+    outside = outside + np.where((rc == FULL) & (fw != MEGATRON), ckpt_mask, 0.0)
     # With checkpointing under torch.distributed.pipelining, a stage keeps L/p - 1 checkpointed
     # inputs per micro-batch (ground truth, first and last stage alike).
     layer_inputs_not_saved = np.where((pp > 1) & (rc == FULL), layer_ckpt, 0.0)
