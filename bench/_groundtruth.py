@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from trainmem.engine import estimate, make_grid, model_from_hf_config
+from trainmem.engine import estimate, load_model, make_grid, model_from_hf_config
 
 GROUNDTRUTH_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "groundtruth"
 
@@ -46,3 +46,19 @@ def estimate_case(case: dict[str, Any]) -> dict[str, float]:
     stage = case["training"].get("pp_rank")  # a per-stage view of a non-worst rank
     out = estimate(model, make_grid(case_grid(case)), pp_stage=stage)
     return {k: float(np.asarray(v)[0]) for k, v in out.items() if k != "reason"}
+
+
+def estimate_traced_case(case: dict[str, Any]) -> dict[str, float]:
+    """The single-GPU estimate of a recorded trace case (tests/data/moe_cpu_trace.json,
+    phi3_trace.json): its `model` preset or `model_config`, and its `training` flags."""
+    t = case["training"]
+    if "model" in case:
+        model = load_model(case["model"])
+    else:
+        model = model_from_hf_config(case["model_config"], name=case["name"])
+    grid = make_grid(
+        **{k: t[k] for k in ("micro_batch_size", "seq_len", "precision", "recompute",
+                             "optimizer", "attention")}
+    )  # fmt: skip
+    out = estimate(model, grid)
+    return {k: float(np.asarray(v)[0]) for k, v in out.items() if k not in ("reason", "peak_phase")}

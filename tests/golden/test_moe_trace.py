@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trainmem.engine import estimate, make_grid, model_from_hf_config
+from bench._groundtruth import estimate_traced_case
 
 DATA = json.loads(
     (Path(__file__).resolve().parent.parent / "data" / "moe_cpu_trace.json").read_text()
@@ -21,33 +21,16 @@ DATA = json.loads(
 CASES = DATA["cases"]
 
 
-def _estimate(case: dict) -> dict:
-    t = case["training"]
-    model = model_from_hf_config(case["model_config"], name=case["name"])
-    out = estimate(
-        model,
-        make_grid(
-            micro_batch_size=t["micro_batch_size"],
-            seq_len=t["seq_len"],
-            precision=t["precision"],
-            recompute=t["recompute"],
-            optimizer=t["optimizer"],
-            attention=t["attention"],
-        ),
-    )
-    return {k: float(v[0]) for k, v in out.items()}
-
-
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_moe_states_are_exact(case: dict) -> None:
-    est = _estimate(case)
+    est = estimate_traced_case(case)
     assert est["parameters"] == case["bytes"]["params"]
     assert est["optimizer_states"] == case["bytes"]["states"]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_moe_activations_within_a_tenth_of_a_percent(case: dict) -> None:
-    est = _estimate(case)
+    est = estimate_traced_case(case)
     assert est["activations_total"] == pytest.approx(case["bytes"]["activations"], rel=1e-3)
 
 
@@ -56,7 +39,7 @@ def test_moe_activations_within_a_tenth_of_a_percent(case: dict) -> None:
 def test_moe_phase_peaks_within_three_percent(case: dict, phase: str) -> None:
     # 3%: the bound. Only the checkpointed end-of-backward point is not exact: its
     # in-flight MoE gradients use a factor read off these traces (BACKWARD_MOE_TEMP_SF).
-    est = _estimate(case)
+    est = estimate_traced_case(case)
     got = est[f"peak_{phase}_bytes"]
     want = case["bytes"][f"peak_{phase}"]
     assert got == pytest.approx(want, rel=0.03 if case["training"]["recompute"] != "none" else 1e-3)

@@ -16,42 +16,22 @@ from pathlib import Path
 
 import pytest
 
-from trainmem.engine import estimate, load_model, make_grid, model_from_hf_config
+from bench._groundtruth import estimate_traced_case
 
 DATA = json.loads((Path(__file__).resolve().parent.parent / "data" / "phi3_trace.json").read_text())
 CASES = DATA["cases"]
 TOLERANCE = 1e-3
 
 
-def _estimate(case: dict) -> dict[str, float]:
-    t = case["training"]
-    if "model" in case:
-        model = load_model(case["model"])
-    else:
-        model = model_from_hf_config(case["model_config"], name=case["name"])
-    out = estimate(
-        model,
-        make_grid(
-            micro_batch_size=t["micro_batch_size"],
-            seq_len=t["seq_len"],
-            precision=t["precision"],
-            recompute=t["recompute"],
-            optimizer=t["optimizer"],
-            attention=t["attention"],
-        ),
-    )
-    return {k: float(v[0]) for k, v in out.items() if k != "peak_phase"}
-
-
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_phi3_activations_match_the_trace(case: dict) -> None:
-    est = _estimate(case)
+    est = estimate_traced_case(case)
     assert est["activations_total"] == pytest.approx(case["bytes"]["activations"], rel=TOLERANCE)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_phi3_peak_allocated_matches_the_trace(case: dict) -> None:
-    est = _estimate(case)
+    est = estimate_traced_case(case)
     want = case["bytes"]["peak_allocated"]
     assert est["peak_allocated_bytes"] == pytest.approx(want, rel=TOLERANCE)
 
@@ -65,5 +45,5 @@ EXACT = [
 def test_phi3_per_layer_activations_are_exact(case: dict) -> None:
     # Without recomputation every byte a block saves is in the per-layer formula (at s a
     # multiple of 32: the efficient kernel pads its logsumexp, which the formula ignores).
-    est = _estimate(case)
+    est = estimate_traced_case(case)
     assert est["activations_per_layer"] == case["bytes"]["activations_per_layer"]
