@@ -18,14 +18,8 @@ from typing import Any
 import numpy as np
 
 from trainmem.engine import (
-    ATTENTION,
     DEFAULTS,
-    FRAMEWORKS,
-    LOSSES,
-    OFFLOADS,
-    PRECISIONS,
     PROFILE_MISMATCH,
-    RECOMPUTE,
     ModelSpec,
     Overheads,
     TimeParams,
@@ -44,7 +38,7 @@ from trainmem.hardware import get_gpu
 
 from ._advice import advice_report
 from ._report import row_report, stage_summary, time_report
-from ._validate import check_headroom, choice
+from ._validate import check_choices, check_headroom, choice
 
 OUTPUT_FIELDS = ("as_json",)
 """Command options that choose how a report is printed, not what it says."""
@@ -181,13 +175,10 @@ def estimate_report(
     profile_file: str | None = None,
 ) -> dict[str, Any]:
     """`trainmem estimate --json`: the per-device breakdown, phase peaks, fit, time and advice."""
-    choice("precision", precision, PRECISIONS)
+    check_choices({"precision": precision})
     optimizer_fields = optimizer_columns(optimizer, optimizers_dir)
-    choice("recompute", recompute, RECOMPUTE)
-    choice("attention", attention, ATTENTION)
-    choice("framework", framework, FRAMEWORKS)
-    choice("offload", offload, OFFLOADS)
-    choice("loss", loss, LOSSES)
+    check_choices({"recompute": recompute, "attention": attention, "framework": framework,
+                   "offload": offload, "loss": loss})  # fmt: skip
     check_headroom(headroom)
     spec = model_spec(model, models_dir=models_dir, profile_file=profile_file)
     precision, recompute, attention = traced_choices(spec, precision, recompute, attention)
@@ -303,16 +294,9 @@ def fit_report(
     """`trainmem fit --json`: the largest micro-batch (or fewest GPUs) that fits, its estimate,
     and the advice when nothing fits."""
     optimizer_fields = optimizer_columns(optimizer, optimizers_dir)
-    for name, value, allowed in (
-        ("precision", precision, PRECISIONS),
-        ("recompute", recompute, RECOMPUTE),
-        ("attention", attention, ATTENTION),
-        ("framework", framework, FRAMEWORKS),
-        ("offload", offload, OFFLOADS),
-        ("loss", loss, LOSSES),
-        ("minimize", minimize, MINIMIZE),
-    ):
-        choice(name, value, allowed)
+    check_choices({"precision": precision, "recompute": recompute, "attention": attention,
+                   "framework": framework, "offload": offload, "loss": loss})  # fmt: skip
+    choice("minimize", minimize, MINIMIZE)
     check_headroom(headroom)
     if max_micro_batch_size < 1 or max_num_gpus < 1:
         raise ValueError("max-micro-batch-size and max-num-gpus must be >= 1")

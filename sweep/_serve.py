@@ -36,19 +36,14 @@ from typing import Annotated, Any, Literal
 import typer
 
 from trainmem.engine import (
-    ATTENTION,
-    FRAMEWORKS,
-    LOSSES,
-    OFFLOADS,
     OPTIMIZERS,
-    PRECISIONS,
-    RECOMPUTE,
     load_optimizers,
     model_presets,
 )
 from trainmem.hardware import load_gpus
 
 from ._api import MINIMIZE, OUTPUT_FIELDS, estimate_report, fit_report, jsonable
+from ._validate import VOCABULARIES
 
 SERVER_FIELDS = ("hardware_dir", "models_dir", "optimizers_dir")
 """Command options the server fixes at start-up; a request cannot name a path."""
@@ -115,13 +110,8 @@ def _choices(*, hardware_dir: str | None, models_dir: str | None, optimizers_dir
     return {
         "model": tuple(model_presets(models_dir)),
         "gpu": tuple(load_gpus(hardware_dir)),
-        "precision": PRECISIONS,
+        **VOCABULARIES,
         "optimizer": tuple(dict.fromkeys((*OPTIMIZERS, *user_optimizers))),
-        "recompute": RECOMPUTE,
-        "attention": ATTENTION,
-        "framework": FRAMEWORKS,
-        "offload": OFFLOADS,
-        "loss": LOSSES,
         "minimize": MINIMIZE,
     }
 

@@ -2,12 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from trainmem.engine import ATTENTION, FRAMEWORKS, LOSSES, OFFLOADS, PRECISIONS, RECOMPUTE
+
+VOCABULARIES: dict[str, tuple[str, ...]] = {
+    "precision": PRECISIONS,
+    "recompute": RECOMPUTE,
+    "attention": ATTENTION,
+    "framework": FRAMEWORKS,
+    "offload": OFFLOADS,
+    "loss": LOSSES,
+}
+"""The engine's closed vocabularies, by field (optimizers are open: see optimizer_columns)."""
+
 
 def choice(field: str, value: str, allowed: tuple[str, ...]) -> str:
     """`value` if it is one of `allowed`, else a ValueError naming the field and the choices."""
     if value not in allowed:
         raise ValueError(f"{field}: unknown value '{value}'; allowed: {', '.join(allowed)}")
     return value
+
+
+def check_choices(values: Mapping[str, str]) -> None:
+    """`choice` for each named field of VOCABULARIES, in the order given."""
+    for field, value in values.items():
+        choice(field, value, VOCABULARIES[field])
 
 
 def check_headroom(headroom: float) -> float:
