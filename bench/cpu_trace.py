@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 
-from trainmem.sweep._trace import trace_step
+from trainmem.trace._core import trace_step
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trainmem.sweep._trace import trace_step
+from trainmem.trace._core import trace_step
 
 GROUNDTRUTH_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "groundtruth"
 COLUMNS = (
@@ -56,7 +56,7 @@ def trace_case(case: dict[str, Any], device: str) -> dict[str, Any]:
     if "sdpa_kernel" in params and t.get("sdpa_kernel"):
         kwargs["sdpa_kernel"] = t["sdpa_kernel"]
     if t["num_gpus"] > 1:
-        from trainmem.sweep._trace_dist import trace_parallel
+        from trainmem.trace._dist import trace_parallel
 
         got = trace_parallel(case["model_config"], num_gpus=t["num_gpus"], zero=t["zero"], tp=1,
                              sequence_parallel=False, **kwargs)  # fmt: skip

@@ -4,6 +4,13 @@ Columns in (a grid: one numpy array per field), columns out. Pure: no I/O beyond
 shipped presets.
 """
 
+from ._activation_profile import (
+    ActivationProfile,
+    derive_profile,
+    load_profile,
+    profile_model,
+    validate_profile,
+)
 from ._advice import GpuChoice, advise, neighbours, top_consumers
 from ._estimate import (
     BLOCK_ROWS,
@@ -34,13 +41,6 @@ from ._model import ModelSpec, model_from_hf_config
 from ._optimizers import OptimizerSpec, load_optimizers, optimizer_columns
 from ._overhead import Overheads, cublas_workspace_bytes_for
 from ._presets import load_model, model_config_dict, model_presets, preset_names
-from ._profile import (
-    ActivationProfile,
-    derive_profile,
-    load_profile,
-    profile_model,
-    validate_profile,
-)
 from ._states import LORA_TARGETS, lora_mask, lora_num_parameters
 from ._time import TIME_COLUMNS, bubble_fraction, estimate_time
 from ._time_params import TimeParams, time_inputs

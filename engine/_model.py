@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from ._profile import ActivationProfile
+    from ._activation_profile import ActivationProfile
 
 Family = Literal["decoder", "gpt2", "bert", "profile"]
 NormKind = Literal["rms", "gemma_rms", "layernorm"]

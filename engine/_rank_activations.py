@@ -10,7 +10,7 @@ import numpy as np
 from . import _activations as act
 from . import _states as st
 from ._model import ModelSpec
-from ._rank_profile import profile_activation_terms
+from ._rank_activation_profile import profile_activation_terms
 from ._rank_states import block_counts, stage_flags
 
 HF, MEGATRON, DEEPSPEED, TORCHTITAN = 0, 1, 2, 3

@@ -10,8 +10,8 @@ Built-in profiles live in ``gpus/<name>.toml``; a folder passed as ``hardware_di
 """
 
 from ._fleet import Fleet, Pool, parse_fleet
+from ._gpu import GIB, GpuProfile
 from ._loader import ENV_VAR, get_gpu, load_gpus
-from ._profile import GIB, GpuProfile
 
 __all__ = [
     "ENV_VAR",

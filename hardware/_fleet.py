@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._profile import GpuProfile
+from ._gpu import GpuProfile
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ._profile import _FLOAT_FIELDS, GpuProfile
+from ._gpu import _FLOAT_FIELDS, GpuProfile
 
 if sys.version_info >= (3, 11):
     import tomllib

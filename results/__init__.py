@@ -3,7 +3,7 @@
 Schema, Parquet store and queries (the sweep issue). Imports engine only.
 """
 
-from ._heatmap import HEATMAP_FORMATS, heatmap_format, write_heatmap
+from ._plot import HEATMAP_FORMATS, heatmap_format, write_heatmap
 from ._query import query_points
 from ._schema import SCHEMA, SCHEMA_VERSION
 from ._store import (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainmem.sweep.cli import main
+from trainmem.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

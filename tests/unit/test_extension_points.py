@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from trainmem.cli import main
 from trainmem.engine import load_model, load_optimizers, model_from_hf_config, model_presets
 from trainmem.engine._optimizers import read_optimizer_file
 from trainmem.hardware._loader import _read_file
-from trainmem.sweep.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESETS = sorted((ROOT / "engine" / "presets").glob("*.json"))

@@ -1,7 +1,13 @@
-"""The import graph keeps the layering: engine and hardware are leaves, results sits below sweep.
+"""The import graph keeps the layering: every arrow points one way (down this table).
 
-    sweep  ->  results, engine, hardware
-    results -> engine, hardware (never sweep)
+    cli      -> anything below (the command line; nothing imports it)
+    serve    -> plan, sweep, report, results, engine, hardware (the HTTP face)
+    api      -> plan, sweep, trace, report, results, engine, hardware (`import trainmem`)
+    plan     -> sweep, report, results, engine, hardware (recommendations, launch configs)
+    trace    -> report, engine, hardware (fake-tensor training steps)
+    sweep    -> report, results, engine, hardware (space, searches, fit)
+    report   -> engine, hardware (one configuration's answer)
+    results  -> engine, hardware (points table, store, plots)
     engine, hardware: nothing of ours but their own modules (relative imports)
 
 Checked statically (every import statement, also inside functions, and literal names passed to
@@ -18,15 +24,49 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[2]
-PACKAGES = ("engine", "hardware", "results", "sweep")
-"""Top-level folders that are the trainmem.* subpackages (pyproject [tool.setuptools])."""
+FOLDERS = {
+    "api": "trainmem",
+    "cli": "trainmem.cli",
+    "engine": "trainmem.engine",
+    "hardware": "trainmem.hardware",
+    "plan": "trainmem.plan",
+    "report": "trainmem.report",
+    "results": "trainmem.results",
+    "serve": "trainmem.serve",
+    "sweep": "trainmem.sweep",
+    "trace": "trainmem.trace",
+}
+"""Top-level folders and the package each is installed as (pyproject [tool.setuptools])."""
+PACKAGES = tuple(FOLDERS)
 OURS = ("trainmem", *PACKAGES, "bench", "tests")
 """Names that would reach our code: the namespace, and the folders themselves (importable from
 the repository root under their bare names)."""
 
 LEAVES = ("engine", "hardware")
-ALLOWED_BY_PACKAGE = {"results": ("trainmem.engine", "trainmem.hardware")}
-"""Which of our packages a non-leaf may import (sweep, the top, may import any)."""
+MAY_IMPORT: dict[str, tuple[str, ...]] = {
+    "engine": (),
+    "hardware": (),
+    "results": ("engine", "hardware"),
+    "report": ("engine", "hardware"),
+    "sweep": ("report", "results", "engine", "hardware"),
+    "trace": ("report", "engine", "hardware"),
+    "plan": ("sweep", "report", "results", "engine", "hardware"),
+    "api": ("plan", "sweep", "trace", "report", "results", "engine", "hardware"),
+    "serve": (
+        "cli",
+        "plan",
+        "sweep",
+        "report",
+        "results",
+        "engine",
+        "hardware",
+    ),  # until the config
+    "cli": ("serve", "plan", "sweep", "trace", "report", "results", "engine", "hardware"),
+}
+"""Which of our packages each may import (the arrows of the picture above)."""
+PENDING = {("serve", "cli")}
+"""Arrows still pointing up: the request models read the CLI signatures until they come from
+the typed training configuration."""
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -76,16 +116,43 @@ def test_leaf_packages_import_only_their_own_modules(package: str) -> None:
     assert not offenders
 
 
-def test_results_never_imports_sweep() -> None:
+def _package_of(module: str) -> str | None:
+    """The folder an absolute import of ours lands in (None: not ours, or the bare namespace)."""
+    parts = module.split(".")
+    if parts[0] != "trainmem":
+        return parts[0] if parts[0] in PACKAGES else None
+    if len(parts) == 1:
+        return "api"
+    return parts[1] if parts[1] in PACKAGES else "api"
+
+
+def test_the_arrows_point_one_way() -> None:
+    """The allowed imports form a DAG (no package reaches itself through others)."""
+    order: list[str] = []
+    todo = dict(MAY_IMPORT)
+    while todo:
+        ready = [
+            p for p, deps in todo.items() if all(d in order or (p, d) in PENDING for d in deps)
+        ]
+        assert ready, f"cycle among {sorted(todo)}"
+        order.extend(sorted(ready))
+        for p in ready:
+            del todo[p]
+    assert set(MAY_IMPORT) == set(PACKAGES)
+
+
+@pytest.mark.parametrize("package", [p for p in PACKAGES if p not in LEAVES])
+def test_each_package_imports_only_what_the_layering_allows(package: str) -> None:
     offenders = []
-    for path in _sources("results"):
-        depth = len(path.relative_to(ROOT / "results").parts)
+    for path in _sources(package):
+        depth = len(path.relative_to(ROOT / package).parts)
         for level, module in _imports(path):
-            escapes = level > depth  # `from ..x import` leaves results/
-            absolute_ours = level == 0 and _is_ours(module)
-            allowed = module.startswith(ALLOWED_BY_PACKAGE["results"])
-            if escapes or (absolute_ours and not allowed):
+            if level > depth:  # `from ..x import` leaves the package
                 offenders.append(f"{path.relative_to(ROOT)}: {'.' * level}{module}")
+            elif level == 0 and _is_ours(module):
+                target = _package_of(module)
+                if target != package and target not in MAY_IMPORT[package]:
+                    offenders.append(f"{path.relative_to(ROOT)}: {module}")
     assert not offenders
 
 
@@ -102,11 +169,7 @@ def test_no_package_imports_bench_or_tests() -> None:
 
 @pytest.mark.parametrize(
     ("package", "may_load"),
-    [
-        ("trainmem.engine", ()),
-        ("trainmem.hardware", ()),
-        ("trainmem.results", ("trainmem.engine", "trainmem.hardware")),
-    ],
+    [(FOLDERS[p], tuple(FOLDERS[d] for d in MAY_IMPORT[p])) for p in PACKAGES if p != "api"],
 )
 def test_importing_a_package_loads_only_what_the_layering_allows(
     package: str, may_load: tuple[str, ...]
@@ -118,6 +181,6 @@ def test_importing_a_package_loads_only_what_the_layering_allows(
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT.parent
     )
-    loaded = {m.split(".")[1] for m in result.stdout.split()}
-    allowed = {package.split(".")[1]} | {m.split(".")[1] for m in may_load}
+    loaded = {_package_of(m) for m in result.stdout.split()}
+    allowed = {_package_of(package)} | {_package_of(m) for m in may_load} | {"api"}
     assert loaded <= allowed, loaded - allowed

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from trainmem.results import heatmap_format, write_heatmap
-from trainmem.results._heatmap import boundary_segments, cell_matrices
+from trainmem.results._plot import boundary_segments, cell_matrices
 
 
 def png_size(path: Path) -> tuple[int, int]:

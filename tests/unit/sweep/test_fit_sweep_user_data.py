@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from trainmem.cli import main
 from trainmem.engine import model_config_dict
-from trainmem.sweep.cli import main
 
 ROOT = Path(__file__).resolve().parents[3]
 OPTIMIZERS = ROOT / "tests" / "data" / "examples" / "optimizers"

@@ -11,9 +11,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from trainmem.cli import main
 from trainmem.hardware import get_gpu
 from trainmem.sweep._heatmap import default_values
-from trainmem.sweep.cli import main
 
 JOB = ["--model", "llama-3.1-8b", "--gpu", "h100-sxm-80gb", "--num-gpus", "8", "--zero", "3"]
 

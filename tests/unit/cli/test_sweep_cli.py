@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from trainmem.sweep.cli import main
+from trainmem.cli import main
 
 
 def _json(capsys, argv: list[str]) -> dict:

@@ -24,8 +24,8 @@ pytest.importorskip("uvicorn", reason="trainmem[serve] not installed")
 import httpx  # noqa: E402
 import uvicorn  # noqa: E402
 
-from trainmem.sweep._serve import Limits, create_app  # noqa: E402
-from trainmem.sweep.cli import main  # noqa: E402
+from trainmem.cli import main  # noqa: E402
+from trainmem.serve._app import Limits, create_app  # noqa: E402
 
 
 def _free_port() -> int:
@@ -172,14 +172,14 @@ def test_slow_work_times_out_with_422() -> None:
 def test_serve_binds_loopback_by_default() -> None:
     import inspect
 
-    from trainmem.sweep._serve import serve_cmd
+    from trainmem.cli._serve import serve_cmd
 
     assert inspect.signature(serve_cmd).parameters["host"].default == "127.0.0.1"
 
 
 def test_serve_command_defaults_are_the_limits(monkeypatch: pytest.MonkeyPatch) -> None:
     """`trainmem serve` with no flags starts uvicorn on 127.0.0.1:8000 with the default limits."""
-    import trainmem.sweep._serve as serve_module
+    import trainmem.cli._serve as serve_module
 
     seen: dict = {}
     monkeypatch.setattr(serve_module, "serve", lambda **kw: seen.update(kw))

@@ -18,9 +18,26 @@ from trainmem.engine import (
     optimizer_columns,
 )
 from trainmem.hardware import GIB, load_gpus, parse_fleet
+from trainmem.report import (
+    check_headroom,
+    choice,
+    command_defaults,
+    command_fields,
+    jsonable,
+    model_spec,
+)
 from trainmem.results import query_points
+from trainmem.sweep import (
+    Progress,
+    SearchResult,
+    Space,
+    fit_report,
+    make_space,
+    parse_objectives,
+    run_exhaustive,
+    run_optuna,
+)
 
-from ._api import command_defaults, command_fields, fit_report, jsonable, model_spec
 from ._options import (
     AsJson,
     Attention,
@@ -52,9 +69,6 @@ from ._options import (
     VirtualStages,
     Zero,
 )
-from ._search import Progress, SearchResult, parse_objectives, run_exhaustive, run_optuna
-from ._space import Space, make_space
-from ._validate import check_headroom, choice
 
 # ---- fit ---------------------------------------------------------------------------------------
 

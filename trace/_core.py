@@ -85,7 +85,7 @@ def in_child_if_needed(function: str, kwargs: dict[str, Any]) -> dict[str, Any] 
 
     if fake_cuda_unavailable_reason() or autograd_sees_fake_cuda():
         return None
-    from ._trace_child import run_in_child
+    from ._child import run_in_child
 
     return run_in_child(function, kwargs)
 
@@ -96,7 +96,7 @@ def step_contexts(*, device: str, fake: bool, sdpa_kernel: str) -> tuple[str, li
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ._fake_cuda import fake_cuda_device, fake_cuda_unavailable_reason
-    from ._trace_sdpa import gpu_attention_kernels
+    from ._sdpa import gpu_attention_kernels
 
     note = ""
     if device == "cuda" and fake:
@@ -141,7 +141,7 @@ def hf_job(
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from ._trace_step import StepJob
+    from ._step import StepJob
 
     fields = {k: v for k, v in config.items() if not k.startswith("_")}
     model_type = fields.pop("model_type", "llama")
@@ -216,7 +216,7 @@ def trace_step(
         done = in_child_if_needed("trace_step", {"config": config, **flags})
         if done is not None:
             return done
-    from ._trace_step import run_step
+    from ._step import run_step
 
     device_type, contexts, note = step_contexts(device=device, fake=fake, sdpa_kernel=sdpa_kernel)
     build = hf_job(

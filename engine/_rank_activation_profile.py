@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import _states as st
+from ._activation_profile import Coefficients
 from ._model import ModelSpec
-from ._profile import Coefficients
 from ._rank_states import block_counts, stage_flags
 
 HF = 0

@@ -17,8 +17,7 @@ from typing import Any
 
 from trainmem.engine import ATTENTION, model_config_dict
 from trainmem.hardware import GIB
-
-from ._validate import choice
+from trainmem.report import choice
 
 MIB = 2**20
 
@@ -84,12 +83,13 @@ def trace_report(
 ) -> dict[str, Any]:  # fmt: skip
     """Trace the step (and optionally a second length, a real GPU) and compare with the
     estimate."""
-    from ._api import estimate_report
-    from ._trace import DEVICES
-    from ._trace_sdpa import SDPA_KERNELS
+    from trainmem.report import estimate_report
+
+    from ._core import DEVICES
+    from ._sdpa import SDPA_KERNELS
 
     if real_gpu:
-        from ._trace_gpu import check_cuda
+        from ._gpu import check_cuda
 
         if num_gpus > 1:
             raise ValueError("real-gpu: one GPU only (a multi-GPU job is traced on fake devices)")
@@ -103,7 +103,7 @@ def trace_report(
     parallel = {"num_gpus": num_gpus, "zero": zero, "tp": tp,
                 "sequence_parallel": sequence_parallel}  # fmt: skip
     if num_gpus > 1 or zero or tp > 1:
-        from ._trace_dist import check_parallel
+        from ._dist import check_parallel
 
         check_parallel(**parallel, module=module)
     common = {"precision": precision, "recompute": recompute, "optimizer": optimizer}
@@ -117,15 +117,15 @@ def trace_report(
         else:
             flags.update(device="cuda", fake=False, on_phase_end=real_hook)
         if module:
-            from ._trace_module import trace_module
+            from ._module import trace_module
 
             return trace_module(module, **flags)
         config = model_config_dict(model)
         if num_gpus > 1:
-            from ._trace_dist import trace_parallel
+            from ._dist import trace_parallel
 
             return trace_parallel(config, attention=attention, **parallel, **flags)
-        from ._trace import trace_step
+        from ._core import trace_step
 
         return trace_step(config, attention=attention, **flags)
 
@@ -146,13 +146,13 @@ def trace_report(
     profile_info: dict[str, Any] | None = None
     profile_path: str | None = None
     if save_profile:
-        from ._trace_profile import parse_seq_lens, profile_from_traces
+        from ._save_profile import parse_seq_lens, profile_from_traces
 
         if num_gpus > 1:
             raise ValueError("save-profile: trace one GPU (num-gpus 1); a profile is per layer")
         lens = parse_seq_lens(profile_seq_lens, seq_len)
         if module:
-            from ._trace_module import factory_takes_seq_len, load_factory
+            from ._module import factory_takes_seq_len, load_factory
 
             if not factory_takes_seq_len(load_factory(module)):
                 raise ValueError("save-profile: the module's factory must take seq_len")
@@ -220,7 +220,7 @@ def _command(*, model: str, module: str | None, **flags: Any) -> str:
 
 
 def _real_gpu(run: Any, seq_len: int, predicted: dict[str, Any] | None) -> dict[str, Any]:
-    from ._trace_gpu import differences, real_gpu_step
+    from ._gpu import differences, real_gpu_step
 
     measured_gpu = real_gpu_step(lambda hook: run(seq_len, real_hook=hook))
     return {"real_gpu": measured_gpu, "real_gpu_vs_estimate": differences(measured_gpu, predicted)}

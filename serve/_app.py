@@ -26,14 +26,11 @@ name request models built at run time.
 
 import concurrent.futures
 import inspect
-import sys
 import threading
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
-
-import typer
 
 from trainmem.engine import (
     OPTIMIZERS,
@@ -41,9 +38,8 @@ from trainmem.engine import (
     model_presets,
 )
 from trainmem.hardware import load_gpus
-
-from ._api import MINIMIZE, OUTPUT_FIELDS, estimate_report, fit_report, jsonable
-from ._validate import VOCABULARIES
+from trainmem.report import MINIMIZE, OUTPUT_FIELDS, VOCABULARIES, estimate_report, jsonable
+from trainmem.sweep import fit_report
 
 SERVER_FIELDS = ("hardware_dir", "models_dir", "optimizers_dir")
 """Command options the server fixes at start-up; a request cannot name a path."""
@@ -201,9 +197,9 @@ def create_app(
             "install them with: pip install 'trainmem[serve]'"
         ) from None
 
+    from trainmem.cli import _app as cli
+    from trainmem.cli import _sweep as _commands
     from trainmem.results import tool_version as version
-
-    from . import _commands, cli
 
     dirs = {
         "hardware_dir": hardware_dir,
@@ -304,12 +300,13 @@ def _add_recommend(
     limits: Limits,
     run: Callable[[Callable[[], dict[str, Any]]], dict[str, Any]],
 ) -> None:
-    from . import _recommend
+    from trainmem.cli._recommend import recommend_cmd
+    from trainmem.plan import check_format, recommend_report, render, space_points
 
     RecommendRequest = request_model(
-        "RecommendRequest", _recommend.recommend_cmd, choices=choices, exclude=("fmt",)
+        "RecommendRequest", recommend_cmd, choices=choices, exclude=("fmt",)
     )
-    from ._launch import DEFAULT_FRAMEWORK, FORMATS
+    from trainmem.plan import DEFAULT_FRAMEWORK, FORMATS
 
     def recommend(
         body: RecommendRequest,  # type: ignore[valid-type]
@@ -319,17 +316,17 @@ def _add_recommend(
         also `launch`, the rendered launch configuration."""
         fields = {**body.model_dump(), **dirs}  # type: ignore[attr-defined]
         if format != "json":  # the launch format decides the framework, as on the CLI
-            _recommend.check_format(format, fields["framework"] or DEFAULT_FRAMEWORK[format])
+            check_format(format, fields["framework"] or DEFAULT_FRAMEWORK[format])
             fields["framework"] = fields["framework"] or DEFAULT_FRAMEWORK[format]
-        points = _recommend.space_points(**fields)
+        points = space_points(**fields)
         if points > limits.max_points:
             raise WorkLimit(
                 f"work limit: recommend would search {points:,} points (limit "
                 f"{limits.max_points:,}); narrow fleet, max_pp, max_cp or max_micro_batch_size"
             )
-        report = run(lambda: jsonable(_recommend.recommend_report(**fields)))
+        report = run(lambda: jsonable(recommend_report(**fields)))
         if format != "json":
-            report = {**report, "format": format, "launch": _recommend.render(report, format)}
+            report = {**report, "format": format, "launch": render(report, format)}
         return report
 
     app.post("/v1/recommend")(recommend)
@@ -356,53 +353,3 @@ def serve(
         limits=limits,
     )  # fmt: skip
     uvicorn.run(app, host=host, port=port, log_level="warning")
-
-
-def serve_cmd(
-    host: Annotated[
-        str, typer.Option(help="Address to bind (loopback by default; 0.0.0.0 exposes it).")
-    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
-    hardware_dir: Annotated[
-        str | None, typer.Option(help="Folder of extra GPU TOML files (or TRAINMEM_HARDWARE_DIR).")
-    ] = None,
-    models_dir: Annotated[
-        str | None, typer.Option(help="Folder of extra model presets (or TRAINMEM_MODELS_DIR).")
-    ] = None,
-    optimizers_dir: Annotated[
-        str | None, typer.Option(help="Folder of extra optimizers (or TRAINMEM_OPTIMIZERS_DIR).")
-    ] = None,
-    max_points: Annotated[
-        int, typer.Option(help="Largest recommend search space per request (points).")
-    ] = DEFAULT_LIMITS.max_points,
-    max_grid_rows: Annotated[
-        int, typer.Option(help="Most fit candidates per request.")
-    ] = DEFAULT_LIMITS.max_grid_rows,
-    timeout_s: Annotated[float, typer.Option(help="Seconds one request may compute.")] = (
-        DEFAULT_LIMITS.timeout_s
-    ),
-    max_concurrent: Annotated[int, typer.Option(help="Computations at once.")] = (
-        DEFAULT_LIMITS.max_concurrent
-    ),
-) -> None:
-    """HTTP JSON API for schedulers: /v1/estimate, /v1/fit, /v1/recommend (the serve extra)."""
-    if not 0 < port < 65536:
-        raise ValueError(f"port: must be 1-65535, got {port}")
-    if min(max_points, max_grid_rows, max_concurrent) < 1 or not timeout_s > 0:
-        raise ValueError("max-points, max-grid-rows, max-concurrent and timeout-s must be > 0")
-    limits = Limits(
-        max_points=max_points, max_grid_rows=max_grid_rows, timeout_s=timeout_s,
-        max_concurrent=max_concurrent,
-    )  # fmt: skip
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"warning: serving on {host}: reachable beyond this machine", file=sys.stderr)
-    print(f"trainmem serve: http://{host}:{port} (OpenAPI at /openapi.json)", file=sys.stderr)
-    serve(
-        host=host, port=port, hardware_dir=hardware_dir, models_dir=models_dir,
-        optimizers_dir=optimizers_dir, limits=limits,
-    )  # fmt: skip
-
-
-def register(app: typer.Typer) -> None:
-    """Add `serve` to the CLI app."""
-    app.command("serve")(serve_cmd)

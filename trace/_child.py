@@ -10,16 +10,16 @@ import sys
 from typing import Any
 
 FUNCTIONS = {
-    "trace_step": ("trainmem.sweep._trace", "trace_step"),
-    "trace_module": ("trainmem.sweep._trace_module", "trace_module"),
-    "trace_parallel": ("trainmem.sweep._trace_dist", "trace_parallel"),
+    "trace_step": ("trainmem.trace._core", "trace_step"),
+    "trace_module": ("trainmem.trace._module", "trace_module"),
+    "trace_parallel": ("trainmem.trace._dist", "trace_parallel"),
 }
 
 
 def run_in_child(function: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     """function(**kwargs) in a fresh Python process; ValueErrors come back as ValueErrors."""
     proc = subprocess.run(
-        [sys.executable, "-m", "trainmem.sweep._trace_child"],
+        [sys.executable, "-m", "trainmem.trace._child"],
         input=json.dumps({"function": function, "kwargs": kwargs}),
         capture_output=True, text=True, check=False,
     )  # fmt: skip

@@ -125,7 +125,7 @@ def module_job(factory: Callable[..., Any], *, seq_len: int, micro_batch_size: i
     import torch
     from torch.utils._pytree import tree_map
 
-    from ._trace_step import StepJob
+    from ._step import StepJob
 
     def build() -> Any:
         made = call_factory(factory, seq_len=seq_len, micro_batch_size=micro_batch_size)
@@ -178,7 +178,7 @@ def trace_module(
 ) -> dict[str, Any]:
     """One measured step of the module TARGET's factory builds (keys as trace_step's; `fake` and
     `on_phase_end` as there)."""
-    from ._trace import (
+    from ._core import (
         check_flags,
         import_torch,
         in_child_if_needed,
@@ -196,7 +196,7 @@ def trace_module(
         done = in_child_if_needed("trace_module", {"target": target, **flags})
         if done is not None:
             return done
-    from ._trace_step import run_step
+    from ._step import run_step
 
     device_type, contexts, note = step_contexts(device=device, fake=fake, sdpa_kernel=sdpa_kernel)
     build = module_job(factory, seq_len=seq_len, micro_batch_size=micro_batch_size,

@@ -139,8 +139,8 @@ def fsdp_job(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from ._trace import hf_job
-    from ._trace_step import StepJob, find_blocks
+    from ._core import hf_job
+    from ._step import StepJob, find_blocks
 
     plain = hf_job(
         config, micro_batch_size=micro_batch_size, seq_len=seq_len,
@@ -179,7 +179,7 @@ def trace_parallel(
     gradients_bytes its gradient shards, optimizer_states_bytes its states; the unsharded bf16
     copies count in the peaks and, while alive at the end of forward, in the activations (the
     root's, which FSDP2 keeps)."""
-    from ._trace import import_torch, in_child_if_needed, step_contexts, unpacked_batches
+    from ._core import import_torch, in_child_if_needed, step_contexts, unpacked_batches
 
     import_torch()
     check_parallel(num_gpus=num_gpus, zero=zero, tp=tp, sequence_parallel=sequence_parallel,
@@ -199,7 +199,7 @@ def trace_parallel(
     done = in_child_if_needed("trace_parallel", {"config": config, **flags})
     if done is not None:
         return done
-    from ._trace_step import run_step
+    from ._step import run_step
 
     device_type, contexts, note = step_contexts(device="cuda", fake=True, sdpa_kernel=sdpa_kernel)
     if device_type != "cuda":

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from trainmem.sweep.cli import main
+from trainmem.cli import main
 
 NOT_FITTING = [
     "estimate", "--model", "llama-3-8b", "--gpu", "h100-sxm-80gb", "--seq-len", "8192",

@@ -16,9 +16,9 @@ import pytest
 pytest.importorskip("torch", reason="trainmem[trace] not installed: pip install 'trainmem[trace]'")
 pytest.importorskip("transformers", reason="trainmem[trace] not installed")
 
-from trainmem.sweep._fake_cuda import fake_cuda_unavailable_reason  # noqa: E402
-from trainmem.sweep._trace import trace_step  # noqa: E402
-from trainmem.sweep.cli import main  # noqa: E402
+from trainmem.cli import main  # noqa: E402
+from trainmem.trace._core import trace_step  # noqa: E402
+from trainmem.trace._fake_cuda import fake_cuda_unavailable_reason  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 GROUNDTRUTH = DATA / "groundtruth"
@@ -113,7 +113,7 @@ def test_trace_one_rank_of_fsdp2_reproduces_the_ground_truth(capsys, tmp_path) -
 
 
 def test_trace_without_the_fake_cuda_device_falls_back_to_the_cpu(monkeypatch) -> None:
-    from trainmem.sweep import _fake_cuda
+    from trainmem.trace import _fake_cuda
 
     monkeypatch.setattr(_fake_cuda, "_library", lambda: (None, "no C++ compiler (test)"))
     got = trace_step(TINY_LLAMA, micro_batch_size=2, seq_len=64, precision="bf16",
@@ -124,7 +124,7 @@ def test_trace_without_the_fake_cuda_device_falls_back_to_the_cpu(monkeypatch) -
 
 
 def test_trace_module_by_file_path_splits_activations_by_block() -> None:
-    from trainmem.sweep._trace_module import trace_module
+    from trainmem.trace._module import trace_module
 
     got = trace_module(f"{VISION}:factory", seq_len=64, micro_batch_size=2, precision="bf16",
                        recompute="none", optimizer="adamw")  # fmt: skip
@@ -144,7 +144,7 @@ def test_trace_module_by_file_path_splits_activations_by_block() -> None:
 
 
 def test_trace_module_of_a_hf_model_equals_trace_model() -> None:
-    from trainmem.sweep._trace_module import trace_module
+    from trainmem.trace._module import trace_module
 
     flags = {"seq_len": 128, "micro_batch_size": 2, "precision": "amp-bf16",
              "recompute": "none", "optimizer": "adamw"}  # fmt: skip
@@ -165,7 +165,7 @@ def test_trace_module_of_a_hf_model_equals_trace_model() -> None:
     ],
 )
 def test_trace_module_bad_targets_are_one_line_errors(target: str, message: str) -> None:
-    from trainmem.sweep._trace_module import trace_module
+    from trainmem.trace._module import trace_module
 
     with pytest.raises(ValueError, match=message.replace("(", r"\(")) as info:
         trace_module(target, seq_len=8, micro_batch_size=1, precision="bf16", recompute="none",
@@ -174,7 +174,7 @@ def test_trace_module_bad_targets_are_one_line_errors(target: str, message: str)
 
 
 def test_trace_module_tensor_output_is_reduced_by_its_mean() -> None:
-    from trainmem.sweep._trace_module import trace_module
+    from trainmem.trace._module import trace_module
 
     got = trace_module(f"{VISION}:tensor_factory", seq_len=8, micro_batch_size=2,
                        precision="bf16", recompute="none", optimizer="sgd")  # fmt: skip
@@ -201,7 +201,7 @@ def test_save_profile_predicts_a_third_length(capsys, tmp_path) -> None:
     assert main(["estimate", "--profile", str(path), "--seq-len", "256", "--micro-batch-size",
                  "2", "--json"]) == 0  # fmt: skip
     predicted = json.loads(capsys.readouterr().out)["bytes"]["activations"]
-    from trainmem.sweep._trace_module import trace_module
+    from trainmem.trace._module import trace_module
 
     traced = trace_module(f"{VISION}:factory", seq_len=256, micro_batch_size=2,
                           precision="bf16", recompute="none", optimizer="adamw")  # fmt: skip
@@ -247,7 +247,7 @@ def test_real_gpu_without_cuda_is_a_one_line_error(capsys) -> None:
 def test_real_gpu_plumbing_reads_the_allocator_after_each_phase() -> None:
     """--real-gpu's hook, on a CPU trace (no GPU here): called before the measured step and after
     each of its phases, in order; the estimate's differences are estimate - measured."""
-    from trainmem.sweep._trace_gpu import differences
+    from trainmem.trace._gpu import differences
 
     calls: list[str] = []
     trace_step(TINY_LLAMA, micro_batch_size=1, seq_len=32, precision="bf16", recompute="none",
@@ -275,8 +275,8 @@ def test_sdpa_on_the_fake_device_saves_what_the_gpu_kernel_saves(kernel, node, l
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from trainmem.sweep._fake_cuda import fake_cuda_device
-    from trainmem.sweep._trace_sdpa import gpu_attention_kernels
+    from trainmem.trace._fake_cuda import fake_cuda_device
+    from trainmem.trace._sdpa import gpu_attention_kernels
 
     if fake_cuda_unavailable_reason():
         pytest.skip(f"no fake CUDA device here: {fake_cuda_unavailable_reason()}")

@@ -17,21 +17,21 @@ from typing import Any
 import numpy as np
 import pytest
 
+from trainmem.cli import main
+from trainmem.cli._recommend import recommend_cmd
 from trainmem.engine import load_model, model_config_dict
 from trainmem.hardware import load_gpus, parse_fleet
-from trainmem.sweep._launch import deepspeed_config, render
-from trainmem.sweep._recommend import (
+from trainmem.plan._launch import deepspeed_config, render
+from trainmem.plan._recommend import (
     CONTRACT,
     LAUNCHABLE,
     LAYOUT,
     launchable,
-    recommend_cmd,
     recommend_report,
     space_points,
 )
 from trainmem.sweep._search import run_exhaustive
 from trainmem.sweep._space import make_space
-from trainmem.sweep.cli import main
 
 ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT / "tests" / "data"

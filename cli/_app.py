@@ -1,4 +1,5 @@
-"""The `trainmem` command line (typer): estimate, models, gpus.
+"""The `trainmem` command line (typer): estimate, models, optimizers, trace, gpus; the others
+register from their modules (fit, sweep, points, recommend, heatmap, serve).
 
 Bad input: one line naming the field and the allowed values on stderr, exit code 2, no traceback.
 """
@@ -18,8 +19,8 @@ from trainmem.engine import (
     model_presets,
 )
 from trainmem.hardware import GIB, load_gpus
+from trainmem.report import command_fields, estimate_report, human_table
 
-from ._api import command_fields, estimate_report
 from ._options import (
     ActivationOffload,
     AsJson,
@@ -52,7 +53,6 @@ from ._options import (
     VirtualStages,
     Zero,
 )
-from ._report import human_table
 
 app = typer.Typer(
     add_completion=False,
@@ -242,8 +242,8 @@ def trace_cmd(
 ) -> None:
     """Measure one training step on fake tensors next to the estimate (needs the trace extra)."""
     fields = command_fields(locals())
-    from ._api import command_defaults
-    from ._trace_report import trace_report, trace_text
+    from trainmem.report import command_defaults
+    from trainmem.trace import trace_report, trace_text
 
     try:
         report = trace_report(**fields, estimate_defaults=command_defaults(estimate_cmd))
@@ -288,17 +288,15 @@ def gpus_cmd(
         )
 
 
-from ._commands import register as _register_sweep_commands  # noqa: E402
-from ._serve import register as _register_serve  # noqa: E402
-
-_register_sweep_commands(app)  # fit, sweep, points (sweep/_commands.py)
-from ._recommend import register as _register_recommend  # noqa: E402
-
-_register_recommend(app)  # recommend (sweep/_recommend.py)
-_register_serve(app)  # serve (sweep/_serve.py)
 from ._heatmap import register as _register_heatmap  # noqa: E402
+from ._recommend import register as _register_recommend  # noqa: E402
+from ._serve import register as _register_serve  # noqa: E402
+from ._sweep import register as _register_sweep_commands  # noqa: E402
 
-_register_heatmap(app)  # heatmap (sweep/_heatmap.py)
+_register_sweep_commands(app)  # fit, sweep, points (cli/_sweep.py)
+_register_recommend(app)  # recommend (cli/_recommend.py)
+_register_serve(app)  # serve (cli/_serve.py)
+_register_heatmap(app)  # heatmap (cli/_heatmap.py)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainmem.sweep.cli import main
+from trainmem.cli import main
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = str(ROOT / "tests" / "data" / "profiles" / "vit-base.json")

@@ -1,0 +1,1 @@
+"""trainmem: predict the per-GPU memory of a training job before it runs."""

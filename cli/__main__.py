@@ -1,0 +1,3 @@
+from trainmem.cli import run
+
+run()
