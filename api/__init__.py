@@ -1,1 +1,117 @@
-"""trainmem: predict the per-GPU memory of a training job before it runs."""
+"""trainmem: predict the per-GPU memory of a training job before it runs, and search a GPU fleet
+for the cheapest configuration that fits.
+
+The verbs of the command line, as functions (each returns what `trainmem VERB --json` prints):
+
+>>> import trainmem
+>>> config = trainmem.TrainingConfig(num_gpus=8, zero=3, precision="mixed-bf16",
+...                                  recompute="full", micro_batch_size=4, seq_len=8192)
+>>> report = trainmem.estimate(config, model="llama-3.1-8b", gpu="h100-sxm-80gb")
+>>> round(report["peak_device_bytes"] / 2**30, 2), report["fits"]
+(77.9, False)
+>>> trainmem.fit(config, model="llama-3.1-8b")["max_micro_batch_size"]
+3
+
+`trainmem.sweep(...)` searches a fleet (it is also the `trainmem.sweep` package, callable),
+`trainmem.recommend(...)` plans a job with its launch configs; `load_model` and `load_gpu` read
+presets, Hugging Face config.json files and GPU profiles. Sizes are bytes; GiB = 2**30.
+
+Nothing heavy is imported until a verb runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainmem.engine import ModelSpec, TrainingConfig
+    from trainmem.hardware import GpuProfile
+
+__all__ = [
+    "TrainingConfig",
+    "estimate",
+    "fit",
+    "load_gpu",
+    "load_model",
+    "recommend",
+    "sweep",
+]
+
+
+def estimate(training: TrainingConfig | dict[str, Any] | None = None, /, **options: Any) -> dict:
+    """Per-device memory of one job: breakdown, phase peaks, fit, step time and advice.
+
+    `training`: a TrainingConfig (or a dict of its fields); `options`: model, gpu, headroom,
+    tokens, overhead, time_param, per_stage, the user folders, or training fields by name.
+    Same keys as `trainmem estimate --json`.
+
+    >>> r = estimate(model="gpt2", gpu="t4-16gb", micro_batch_size=4, seq_len=1024)
+    >>> r["fits"], r["config"]["micro_batch_size"]
+    (True, 4)
+    """
+    from trainmem.report import estimate_report
+
+    return estimate_report(training, **options)
+
+
+def fit(training: TrainingConfig | dict[str, Any] | None = None, /, **options: Any) -> dict:
+    """The largest micro-batch that fits (or, minimize="num-gpus", the fewest GPUs).
+
+    >>> fit(model="gpt2", gpu="t4-16gb", seq_len=1024)["max_micro_batch_size"]
+    7
+    """
+    from trainmem.sweep import fit_report
+
+    return fit_report(training, **options)
+
+
+def recommend(training: TrainingConfig | dict[str, Any] | None = None, /, **options: Any) -> dict:
+    """The best plan for a job on a fleet, its runners-up (same keys as `trainmem recommend
+    --format json`); render it with `trainmem.plan.render(report, "deepspeed")`.
+
+    >>> plan = recommend(model="gpt2", fleet="2xt4-16gb", seq_len=1024, global_batch_size=32,
+    ...                  max_pp=1, max_cp=1, max_micro_batch_size=4)
+    >>> plan["fits"], plan["num_gpus"] * plan["micro_batch_size"] * plan["grad_accum_steps"]
+    (True, 32)
+    """
+    from trainmem.plan import recommend_report
+
+    return recommend_report(training, **options)
+
+
+def load_model(name: str, *, models_dir: str | None = None) -> ModelSpec:
+    """A model preset by name, or a Hugging Face config.json by path (no network).
+
+    >>> load_model("llama-3.1-8b").num_parameters
+    8030261248
+    """
+    from trainmem.engine import load_model as _load
+
+    return _load(name, models_dir=models_dir)
+
+
+def load_gpu(name: str, *, hardware_dir: str | None = None) -> GpuProfile:
+    """A GPU profile by name (`trainmem gpus`), from the built-in files or `hardware_dir`.
+
+    >>> load_gpu("h100-sxm-80gb").memory_bytes
+    85899345920
+    """
+    from trainmem.hardware import get_gpu
+
+    return get_gpu(name, hardware_dir)
+
+
+def __getattr__(name: str) -> Any:
+    """Lazy names: TrainingConfig (engine) and sweep (the callable trainmem.sweep package)."""
+    if name == "TrainingConfig":
+        from trainmem.engine import TrainingConfig
+
+        return TrainingConfig
+    if name == "sweep":
+        return importlib.import_module("trainmem.sweep")
+    raise AttributeError(f"module 'trainmem' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -19,40 +19,9 @@ from trainmem.engine import (
     model_presets,
 )
 from trainmem.hardware import GIB, load_gpus
-from trainmem.report import command_fields, estimate_report, human_table
+from trainmem.report import ESTIMATE_OPTIONS, command_fields, estimate_report, human_table
 
-from ._options import (
-    ActivationOffload,
-    AsJson,
-    Attention,
-    Cp,
-    Ep,
-    Framework,
-    GlobalBatchSize,
-    Gpu,
-    HardwareDir,
-    Headroom,
-    LoraRank,
-    LoraTargets,
-    Loss,
-    MicroBatchSize,
-    Model,
-    ModelsDir,
-    NumGpus,
-    Offload,
-    Optimizer,
-    OptimizersDir,
-    Pp,
-    Precision,
-    ProfileFile,
-    Qlora,
-    Recompute,
-    SeqLen,
-    SequenceParallel,
-    Tp,
-    VirtualStages,
-    Zero,
-)
+from ._options import command
 
 app = typer.Typer(
     add_completion=False,
@@ -62,58 +31,10 @@ app = typer.Typer(
 
 
 @app.command("estimate")
-def estimate_cmd(
-    model: Model = ("llama-3.1-8b"),
-    gpu: Gpu = ("h100-sxm-80gb"),
-    num_gpus: NumGpus = 1,
-    seq_len: SeqLen = 2048,
-    micro_batch_size: MicroBatchSize = 1,
-    global_batch_size: GlobalBatchSize = 0,
-    precision: Precision = "amp-bf16",
-    optimizer: Optimizer = "adamw",
-    recompute: Recompute = "none",
-    attention: Attention = "flash",
-    zero: Zero = 0,
-    tp: Tp = 1,
-    pp: Pp = 1,
-    virtual_stages: VirtualStages = 1,
-    cp: Cp = 1,
-    sequence_parallel: SequenceParallel = False,
-    framework: Framework = "hf",
-    ep: Ep = 1,
-    etp: Annotated[int, typer.Option(help="Expert tensor parallel degree (MoE).")] = 1,
-    capacity_factor: Annotated[
-        float, typer.Option(help="MoE expert capacity factor (0: dropless routing).")
-    ] = 0.0,
-    offload: Offload = "none",
-    lora_rank: LoraRank = 0,
-    lora_targets: LoraTargets = "all-linear",
-    qlora: Qlora = False,
-    loss: Loss = "full",
-    activation_offload: ActivationOffload = False,
-    headroom: Headroom = 0.10,
-    hardware_dir: HardwareDir = None,
-    models_dir: ModelsDir = None,
-    optimizers_dir: OptimizersDir = None,
-    overhead: Annotated[
-        list[str] | None,
-        typer.Option(help="Override an overhead parameter, KEY=BYTES (repeatable)."),
-    ] = None,
-    per_stage: Annotated[
-        bool, typer.Option("--per-stage", help="Also report every pipeline stage's rank.")
-    ] = False,
-    as_json: AsJson = False,
-    tokens: Annotated[
-        float | None, typer.Option(help="Token budget: adds time and cost to train it.")
-    ] = None,
-    time_param: Annotated[
-        list[str] | None,
-        typer.Option(help="Override a step-time constant, KEY=VALUE (repeatable)."),
-    ] = None,
-    profile_file: ProfileFile = None,
-) -> None:
+@command(ESTIMATE_OPTIONS)
+def estimate_cmd(training: dict[str, Any], *, as_json: bool, **options: Any) -> None:
     """Per-device memory of one training configuration: breakdown, phase peaks, fit."""
-    report = estimate_report(**command_fields(locals()))
+    report = estimate_report(training, **options)
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:

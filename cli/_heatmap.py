@@ -3,96 +3,56 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 
+from trainmem.engine import grid_columns
 from trainmem.hardware import GIB
-from trainmem.report import check_headroom
+from trainmem.report import AS_JSON, HEADROOM, USER_DIRS, Option, check_headroom, training_options
 from trainmem.results import heatmap_format
 from trainmem.sweep._heatmap import BOOL_AXES, CATEGORICAL, Plot, from_flags, from_points
 
-from ._options import (
-    ActivationOffload,
-    AsJson,
-    Attention,
-    Cp,
-    Ep,
-    Framework,
-    GlobalBatchSize,
-    HardwareDir,
-    Headroom,
-    LoraRank,
-    LoraTargets,
-    Loss,
-    MicroBatchSize,
-    ModelsDir,
-    NumGpus,
-    Offload,
-    Optimizer,
-    OptimizersDir,
-    Pp,
-    Precision,
-    Qlora,
-    Recompute,
-    SeqLen,
-    SequenceParallel,
-    Tp,
-    VirtualStages,
-    Zero,
-)
+from ._options import command
+
+HEATMAP_OPTIONS: tuple[Option, ...] = (
+    Option(name="model", type=str | None, default=None,
+           help="Preset name or HF config.json path; default llama-3.1-8b."),
+    Option(name="gpu", type=str | None, default=None,
+           help="GPU profile (`trainmem gpus`); default h100-sxm-80gb."),
+    Option(name="x", type=str, default="micro_batch_size", flag="--x",
+           help="Field on the x axis (listed above)."),
+    Option(name="y", type=str, default="seq_len", flag="--y", help="Field on the y axis."),
+    Option(name="x_values", type=str | None, default=None,
+           help="Comma list of x values (default: a range per field)."),
+    Option(name="y_values", type=str | None, default=None, help="Comma list of y values."),
+    Option(name="out", type=str, default="heatmap.png", help="Image file: .png or .svg."),
+    Option(name="points", type=str | None, default=None,
+           help="Draw stored points (a sweep's --out folder): best point per cell."),
+    Option(name="where", type=str | None, default=None,
+           help='With --points: SQL WHERE clause, e.g. "zero = 3".'),
+    *training_options(), HEADROOM, *USER_DIRS, AS_JSON,
+)  # fmt: skip
 
 
+@command(HEATMAP_OPTIONS)
 def heatmap_cmd(
-    model: Annotated[
-        str | None, typer.Option(help="Preset name or HF config.json path; default llama-3.1-8b.")
-    ] = None,
-    gpu: Annotated[
-        str | None, typer.Option(help="GPU profile (`trainmem gpus`); default h100-sxm-80gb.")
-    ] = None,
-    x: Annotated[str, typer.Option("--x", help="Field on the x axis (listed above).")] = (
-        "micro_batch_size"
-    ),
-    y: Annotated[str, typer.Option("--y", help="Field on the y axis.")] = "seq_len",
-    x_values: Annotated[
-        str | None, typer.Option(help="Comma list of x values (default: a range per field).")
-    ] = None,
-    y_values: Annotated[str | None, typer.Option(help="Comma list of y values.")] = None,
-    out: Annotated[str, typer.Option(help="Image file: .png or .svg.")] = "heatmap.png",
-    points: Annotated[
-        str | None,
-        typer.Option(help="Draw stored points (a sweep's --out folder): best point per cell."),
-    ] = None,
-    where: Annotated[
-        str | None, typer.Option(help='With --points: SQL WHERE clause, e.g. "zero = 3".')
-    ] = None,
-    num_gpus: NumGpus = 1,
-    seq_len: SeqLen = 2048,
-    micro_batch_size: MicroBatchSize = 1,
-    global_batch_size: GlobalBatchSize = 0,
-    precision: Precision = "amp-bf16",
-    optimizer: Optimizer = "adamw",
-    recompute: Recompute = "none",
-    attention: Attention = "flash",
-    zero: Zero = 0,
-    tp: Tp = 1,
-    pp: Pp = 1,
-    virtual_stages: VirtualStages = 1,
-    cp: Cp = 1,
-    sequence_parallel: SequenceParallel = False,
-    framework: Framework = "hf",
-    ep: Ep = 1,
-    offload: Offload = "none",
-    lora_rank: LoraRank = 0,
-    lora_targets: LoraTargets = "all-linear",
-    qlora: Qlora = False,
-    loss: Loss = "full",
-    activation_offload: ActivationOffload = False,
-    headroom: Headroom = 0.10,
-    hardware_dir: HardwareDir = (None),
-    models_dir: ModelsDir = None,
-    optimizers_dir: OptimizersDir = None,
-    as_json: AsJson = False,
+    training: dict[str, Any],
+    *,
+    model: str | None,
+    gpu: str | None,
+    x: str,
+    y: str,
+    x_values: str | None,
+    y_values: str | None,
+    out: str,
+    points: str | None,
+    where: str | None,
+    headroom: float,
+    hardware_dir: str | None,
+    models_dir: str | None,
+    optimizers_dir: str | None,
+    as_json: bool,
 ) -> None:
     """Fit/no-fit heatmap of two knobs: peak device memory per GPU and the fit boundary.
 
@@ -115,16 +75,7 @@ def heatmap_cmd(
     else:
         if where is not None:
             raise ValueError("--where: applies to --points only")
-        config: dict[str, Any] = {
-            "micro_batch_size": micro_batch_size, "seq_len": seq_len, "num_gpus": num_gpus,
-            "global_batch_size": global_batch_size, "tp": tp, "pp": pp, "cp": cp,
-            "virtual_stages": virtual_stages, "zero": zero,
-            "sequence_parallel": sequence_parallel, "precision": precision,
-            "optimizer": optimizer, "recompute": recompute, "attention": attention,
-            "framework": framework, "ep": ep, "offload": offload, "lora_rank": lora_rank,
-            "lora_targets": lora_targets, "qlora": qlora, "loss": loss,
-            "activation_offload": activation_offload,
-        }  # fmt: skip
+        config: dict[str, Any] = grid_columns(training)
         report = from_flags(plot, config, model=model or "llama-3.1-8b",
                              gpu=gpu or "h100-sxm-80gb", models_dir=models_dir,
                              optimizers_dir=optimizers_dir)  # fmt: skip

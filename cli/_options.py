@@ -1,74 +1,51 @@
-"""The CLI options several commands share, declared once (typer `Annotated` aliases).
+"""typer options made from the commands' declared options (trainmem.report.Option).
 
-A command writes `seq_len: SeqLen = 2048`; its default stays in its own signature (commands
-differ: sweep searches mixed-bf16 on Megatron, estimate defaults to amp-bf16 on HF). The HTTP
-service (sweep/_serve.py) builds its request models from the same signatures.
+`command(options)` turns a function taking `(training, **other)` into a typer command whose
+signature is the declared options: the training configuration's fields (collected into
+`training`, a dict of the values given) and the command's own (passed by name). Nothing about a
+field is written here: its type, default, help and choices come from the declaration.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any
 
 import typer
 
-from trainmem.engine import (
-    ATTENTION,
-    FRAMEWORKS,
-    LOSSES,
-    OFFLOADS,
-    OPTIMIZERS,
-    PRECISIONS,
-    RECOMPUTE,
-)
+from trainmem.engine import FIELD_NAMES
+from trainmem.report import Option
 
-Model = Annotated[str, typer.Option(help="Preset name or path to a HF config.json.")]
-Gpu = Annotated[str, typer.Option(help="GPU profile name (see `trainmem gpus`).")]
-NumGpus = Annotated[int, typer.Option(help="Total GPUs; dp = num_gpus/(tp*pp*cp).")]
-SeqLen = Annotated[int, typer.Option(help="Sequence length (tokens).")]
-MicroBatchSize = Annotated[int, typer.Option(help="Sequences per GPU per step.")]
-GlobalBatchSize = Annotated[int, typer.Option(help="Sequences per optimizer step (0: micro x dp).")]
-Precision = Annotated[str, typer.Option(help="|".join(PRECISIONS))]
-Optimizer = Annotated[str, typer.Option(help="|".join(OPTIMIZERS) + "|USER-NAME")]
-Recompute = Annotated[str, typer.Option(help="|".join(RECOMPUTE))]
-Attention = Annotated[str, typer.Option(help="|".join(ATTENTION))]
-Zero = Annotated[int, typer.Option(help="ZeRO stage 0-3 (3 = FSDP full shard).")]
-Tp = Annotated[int, typer.Option(help="Tensor parallel degree.")]
-Pp = Annotated[int, typer.Option(help="Pipeline parallel degree.")]
-VirtualStages = Annotated[int, typer.Option(help="Interleaved stages per rank.")]
-Cp = Annotated[int, typer.Option(help="Context parallel degree.")]
-SequenceParallel = Annotated[
-    bool, typer.Option("--sequence-parallel", help="Megatron-style sequence parallelism.")
-]
-Framework = Annotated[str, typer.Option(help="|".join(FRAMEWORKS))]
-Ep = Annotated[int, typer.Option(help="Expert parallel degree (MoE; divides dp*cp).")]
-Offload = Annotated[str, typer.Option(help="|".join(OFFLOADS))]
-LoraRank = Annotated[int, typer.Option(help="LoRA rank (0: full fine-tuning).")]
-LoraTargets = Annotated[
-    str, typer.Option(help="PEFT target modules, e.g. q_proj,v_proj, or all-linear.")
-]
-Qlora = Annotated[
-    bool, typer.Option("--qlora", help="NF4 base weights (QLoRA); needs --lora-rank.")
-]
-Loss = Annotated[str, typer.Option(help="|".join(LOSSES))]
-ActivationOffload = Annotated[
-    bool, typer.Option("--activation-offload", help="Keep two blocks' activations on GPU.")
-]
-Headroom = Annotated[float, typer.Option(help="Fraction of usable memory kept free.")]
-HardwareDir = Annotated[
-    str | None, typer.Option(help="Folder of extra GPU TOML files (or TRAINMEM_HARDWARE_DIR).")
-]
-ModelsDir = Annotated[
-    str | None,
-    typer.Option(help="Folder of extra model presets, NAME.json (or TRAINMEM_MODELS_DIR)."),
-]
-OptimizersDir = Annotated[
-    str | None,
-    typer.Option(help="Folder of user optimizers, NAME.toml (or TRAINMEM_OPTIMIZERS_DIR)."),
-]
-ProfileFile = Annotated[
-    str | None,
-    typer.Option(
-        "--profile", help="Activation profile JSON (`trainmem trace --save-profile`) as the model."
-    ),
-]
-AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+
+def typer_parameter(option: Option) -> inspect.Parameter:
+    """The keyword parameter typer reads for one option (Annotated type + typer.Option)."""
+    help_text = option.help
+    if option.choices and "|" not in help_text:
+        help_text = f"{help_text} ({'|'.join(option.choices)})"
+    decls = (option.flag,) if option.flag else ()
+    if option.type is bool and option.default is True and option.flag and "/" not in option.flag:
+        decls = (f"{option.flag}/--no-{option.flag.removeprefix('--')}",)  # on by default
+    annotation = Annotated[option.type, typer.Option(*decls, help=help_text)]
+    return inspect.Parameter(
+        option.name, inspect.Parameter.KEYWORD_ONLY, default=option.default, annotation=annotation
+    )
+
+
+def command(options: Sequence[Option]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: the typer command of `options`; the function gets (training, **the rest)."""
+
+    def wrap(function: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def run(**values: Any) -> Any:
+            training = {k: values.pop(k) for k in FIELD_NAMES if k in values}
+            return function(training, **values)
+
+        parameters = [typer_parameter(o) for o in options]
+        run.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+        run.__annotations__ = {p.name: p.annotation for p in parameters}
+        run.options = tuple(options)  # type: ignore[attr-defined]
+        return run
+
+    return wrap

@@ -7,111 +7,33 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from typing import Annotated, Any
 
 import typer
 
-from trainmem.engine import (
-    FRAMEWORKS,
-    PRECISIONS,
-    optimizer_columns,
-)
-from trainmem.hardware import GIB, load_gpus, parse_fleet
+from trainmem.hardware import GIB
 from trainmem.report import (
-    check_headroom,
-    choice,
-    command_defaults,
-    command_fields,
     jsonable,
-    model_spec,
 )
 from trainmem.results import query_points
 from trainmem.sweep import (
-    Progress,
+    FIT_OPTIONS,
+    SWEEP_OPTIONS,
     SearchResult,
-    Space,
     fit_report,
-    make_space,
-    parse_objectives,
-    run_exhaustive,
-    run_optuna,
+    run_sweep,
 )
 
-from ._options import (
-    AsJson,
-    Attention,
-    Cp,
-    Ep,
-    Framework,
-    GlobalBatchSize,
-    Gpu,
-    HardwareDir,
-    Headroom,
-    LoraRank,
-    LoraTargets,
-    Loss,
-    MicroBatchSize,
-    Model,
-    ModelsDir,
-    NumGpus,
-    Offload,
-    Optimizer,
-    OptimizersDir,
-    Pp,
-    Precision,
-    ProfileFile,
-    Qlora,
-    Recompute,
-    SeqLen,
-    SequenceParallel,
-    Tp,
-    VirtualStages,
-    Zero,
-)
+from ._options import command
 
 # ---- fit ---------------------------------------------------------------------------------------
 
 
-def fit_cmd(
-    model: Model = ("llama-3.1-8b"),
-    gpu: Gpu = ("h100-sxm-80gb"),
-    num_gpus: NumGpus = 1,
-    seq_len: SeqLen = 2048,
-    micro_batch_size: MicroBatchSize = 1,
-    global_batch_size: GlobalBatchSize = 0,
-    precision: Precision = "amp-bf16",
-    optimizer: Optimizer = "adamw",
-    recompute: Recompute = "none",
-    attention: Attention = "flash",
-    zero: Zero = 0,
-    tp: Tp = 1,
-    pp: Pp = 1,
-    virtual_stages: VirtualStages = 1,
-    cp: Cp = 1,
-    sequence_parallel: SequenceParallel = False,
-    framework: Framework = "hf",
-    ep: Ep = 1,
-    offload: Offload = "none",
-    lora_rank: LoraRank = 0,
-    lora_targets: LoraTargets = "all-linear",
-    qlora: Qlora = False,
-    loss: Loss = "full",
-    headroom: Headroom = 0.10,
-    hardware_dir: HardwareDir = (None),
-    minimize: Annotated[
-        str,
-        typer.Option(help="micro-batch-size: the largest that fits; num-gpus: the fewest GPUs."),
-    ] = "micro-batch-size",
-    max_micro_batch_size: Annotated[int, typer.Option(help="Largest micro-batch tried.")] = 1024,
-    max_num_gpus: Annotated[int, typer.Option(help="Most GPUs tried (num-gpus).")] = 16384,
-    models_dir: ModelsDir = None,
-    optimizers_dir: OptimizersDir = None,
-    profile_file: ProfileFile = None,
-    as_json: AsJson = False,
-) -> None:
+@command(FIT_OPTIONS)
+def fit_cmd(training: dict[str, Any], *, as_json: bool, **options: Any) -> None:
     """The largest micro-batch that fits (or, --minimize num-gpus, the fewest GPUs)."""
-    result = fit_report(**command_fields(locals()))
+    result = fit_report(training, **options)
+    minimize, seq_len = options["minimize"], training["seq_len"]
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return
@@ -138,11 +60,6 @@ def fit_cmd(
 
 SHOW = ("gpu", "num_gpus", "tp", "pp", "virtual_stages", "cp", "ep", "dp", "zero", "recompute",
         "offload", "micro_batch_size", "grad_accum_steps")  # fmt: skip
-
-
-def _default_study(model: str, fleet: str, seq_len: int, gbs: int, method: str) -> str:
-    name = f"{model}-{fleet}-s{seq_len}-g{gbs}-{method}"
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_.-")[:120] or "study"
 
 
 def _best_json(row: dict[str, Any]) -> dict[str, Any]:
@@ -176,69 +93,41 @@ def _top_table(result: SearchResult) -> str:
     return "\n".join(lines)
 
 
+@command(SWEEP_OPTIONS)
 def sweep_cmd(
-    model: Model = ("llama-3.1-8b"),
-    fleet: Annotated[
-        str, typer.Option(help="COUNTxGPU[,COUNTxGPU...] or a fleet TOML file.")
-    ] = "8xh100-sxm-80gb",
-    seq_len: SeqLen = 4096,
-    global_batch_size: GlobalBatchSize = 256,
-    method: Annotated[str, typer.Option(help="exhaustive|optuna")] = "exhaustive",
-    trials: Annotated[int, typer.Option(help="Optuna: the study's total trials.")] = 200,
-    seed: Annotated[int, typer.Option(help="Optuna sampler seed.")] = 0,
-    objective: Annotated[
-        str, typer.Option(help="cost|time|gpus; two comma-separated: the Pareto front.")
-    ] = "cost",
-    storage: Annotated[
-        str | None, typer.Option(help="Optuna RDB URL (default: sqlite file in --out).")
-    ] = None,
-    study_name: Annotated[str | None, typer.Option(help="Study name (default: derived).")] = None,
-    workers: Annotated[int, typer.Option(help="Optuna: local worker processes.")] = 1,
-    jobs: Annotated[int, typer.Option(help="Exhaustive: local processes over the chunks.")] = 1,
-    out: Annotated[str, typer.Option(help="Output folder (Parquet points, Optuna db).")] = "out",
-    precision: Precision = "mixed-bf16",
-    optimizer: Optimizer = "adamw",
-    framework: Framework = "megatron",
-    max_micro_batch_size: Annotated[int, typer.Option(help="Largest micro-batch tried.")] = 16,
-    max_pp: Annotated[int, typer.Option(help="Largest pipeline degree tried.")] = 16,
-    max_cp: Annotated[int, typer.Option(help="Largest context-parallel degree tried.")] = 4,
-    headroom: Headroom = 0.10,
-    hardware_dir: HardwareDir = (None),
-    models_dir: ModelsDir = None,
-    optimizers_dir: OptimizersDir = None,
-    profile_file: ProfileFile = None,
-    as_json: AsJson = False,
+    training: dict[str, Any],
+    *,
+    model: str,
+    fleet: str,
+    method: str,
+    trials: int,
+    seed: int,
+    objective: str,
+    storage: str | None,
+    study_name: str | None,
+    workers: int,
+    jobs: int,
+    out: str,
+    max_micro_batch_size: int,
+    max_pp: int,
+    max_cp: int,
+    headroom: float,
+    hardware_dir: str | None,
+    models_dir: str | None,
+    optimizers_dir: str | None,
+    profile_file: str | None,
+    as_json: bool,
 ) -> None:
     """Search a fleet for the cheapest (or fastest, or smallest) configuration that fits."""
-    choice("method", method, ("exhaustive", "optuna"))
-    choice("precision", precision, PRECISIONS)
-    optimizer_fields = optimizer_columns(optimizer, optimizers_dir)
-    choice("framework", framework, FRAMEWORKS)
-    objectives = parse_objectives(objective)
-    check_headroom(headroom)
-    gpus = load_gpus(hardware_dir)
-    spec = model_spec(model, models_dir=models_dir, profile_file=profile_file)
-    if spec.profile is not None and precision not in (
-        command_defaults(sweep_cmd)["precision"],
-        spec.profile.precision,
-    ):
-        raise ValueError(
-            f"precision: --profile {profile_file} was traced with {spec.profile.precision}; "
-            f"got --precision {precision}"
-        )
-    space = make_space(
-        spec, parse_fleet(fleet, gpus), gpus,
-        seq_len=seq_len, global_batch_size=global_batch_size, precision=precision,
-        optimizer=optimizer_fields, framework=framework, max_micro_batch_size=max_micro_batch_size,
-        max_pp=max_pp, max_cp=max_cp, headroom=headroom,
-    )  # fmt: skip
-    study = study_name or _default_study(spec.name, fleet, seq_len, global_batch_size, method)
-    search = functools.partial(
-        _search, space, method=method, out=out, study=study, objectives=objectives,
-        trials=trials, seed=seed, storage=storage, workers=workers, jobs=jobs,
+    run = functools.partial(
+        run_sweep, training, model=model, fleet=fleet, method=method, trials=trials, seed=seed,
+        objective=objective, storage=storage, study_name=study_name, workers=workers, jobs=jobs,
+        out=out, max_micro_batch_size=max_micro_batch_size, max_pp=max_pp, max_cp=max_cp,
+        headroom=headroom, hardware_dir=hardware_dir, models_dir=models_dir,
+        optimizers_dir=optimizers_dir, profile_file=profile_file,
     )  # fmt: skip
     if as_json:
-        result = search()
+        done = run()
     else:
         from rich.progress import Progress as ProgressBar
 
@@ -249,7 +138,8 @@ def sweep_cmd(
             def progress(done: int, total: int) -> None:
                 bar.update(task, completed=done, total=total)
 
-            result = search(progress=progress)
+            done = run(progress=progress)
+    result, space, study, objectives = done.result, done.space, done.study, done.objectives
     payload: dict[str, Any] = {
         "study": study,
         "method": method,
@@ -275,33 +165,6 @@ def sweep_cmd(
     typer.echo(_top_table(result))
     if len(objectives) > 1:
         typer.echo(f"Pareto front ({' vs '.join(objectives)}): {len(result.best)} points")
-
-
-def _search(
-    space: Space,
-    *,
-    method: str,
-    out: str,
-    study: str,
-    objectives: tuple[str, ...],
-    trials: int,
-    seed: int,
-    storage: str | None,
-    workers: int,
-    jobs: int,
-    progress: Progress | None = None,
-) -> SearchResult:
-    if jobs < 1 or workers < 1:
-        raise ValueError("--jobs and --workers must be >= 1")
-    if method == "exhaustive":
-        if storage or workers != 1:
-            raise ValueError("--storage and --workers apply to --method optuna")
-        return run_exhaustive(space, out=out, study=study, objectives=objectives, jobs=jobs,
-                              progress=progress)  # fmt: skip
-    if jobs != 1:
-        raise ValueError("--jobs applies to --method exhaustive (optuna: --workers)")
-    return run_optuna(space, out=out, study=study, trials=trials, objectives=objectives,
-                      seed=seed, storage=storage, workers=workers, progress=progress)  # fmt: skip
 
 
 # ---- points ------------------------------------------------------------------------------------

@@ -12,6 +12,19 @@ from ._activation_profile import (
     validate_profile,
 )
 from ._advice import GpuChoice, advise, neighbours, top_consumers
+from ._config import (
+    DEFAULTS_BY_FIELD,
+    FIELD_NAMES,
+    FIELDS,
+    KNOBS,
+    SWEEP_AXES,
+    TYPES,
+    Knob,
+    TrainingConfig,
+    check_fields,
+    grid_columns,
+    parallel_layout,
+)
 from ._estimate import (
     BLOCK_ROWS,
     COMPONENTS,
@@ -47,6 +60,17 @@ from ._time_params import TimeParams, time_inputs
 from ._units import GIB
 
 __all__ = [
+    "DEFAULTS_BY_FIELD",
+    "FIELD_NAMES",
+    "FIELDS",
+    "KNOBS",
+    "Knob",
+    "SWEEP_AXES",
+    "TYPES",
+    "TrainingConfig",
+    "check_fields",
+    "grid_columns",
+    "parallel_layout",
     "ATTENTION",
     "BLOCK_ROWS",
     "ActivationProfile",

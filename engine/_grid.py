@@ -11,24 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from ._config import DEFAULTS_BY_FIELD, TYPES, grid_columns
 from ._states import lora_mask
-
-PRECISIONS = (
-    "fp32",
-    "bf16",
-    "fp16",
-    "amp-bf16",
-    "amp-fp16",
-    "mixed-bf16",
-    "mixed-fp16",
-    "fp8-mixed",
-)
-OPTIMIZERS = ("adamw", "adamw-fused", "adamw-8bit", "sgd", "sgd-momentum", "adafactor", "lion")
-RECOMPUTE = ("none", "selective", "full")
-ATTENTION = ("flash", "eager")
-FRAMEWORKS = ("hf", "megatron", "deepspeed", "torchtitan")
-OFFLOADS = ("none", "optimizer", "optimizer+params")
-LOSSES = ("full", "chunked")
+from ._vocab import ATTENTION, FRAMEWORKS, LOSSES, OFFLOADS, OPTIMIZERS, PRECISIONS, RECOMPUTE
 
 CATEGORICAL: dict[str, tuple[str, ...]] = {
     "precision": PRECISIONS,
@@ -40,31 +25,7 @@ CATEGORICAL: dict[str, tuple[str, ...]] = {
     "loss": LOSSES,
 }
 
-DEFAULTS: dict[str, Any] = {
-    "micro_batch_size": 1,
-    "seq_len": 2048,
-    "num_gpus": 1,
-    "global_batch_size": 0,
-    "tp": 1,
-    "pp": 1,
-    "cp": 1,
-    "virtual_stages": 1,
-    "zero": 0,
-    "sequence_parallel": False,
-    "precision": "amp-bf16",
-    "optimizer": "adamw",
-    "recompute": "none",
-    "attention": "flash",
-    "framework": "hf",
-    "ep": 1,
-    "etp": 1,
-    "capacity_factor_pct": 0,
-    "offload": "none",
-    "lora_rank": 0,
-    "lora_targets": "all-linear",
-    "qlora": False,
-    "loss": "full",
-    "activation_offload": False,
+OPTIMIZER_COLUMNS: dict[str, Any] = {
     "optimizer_custom": False,
     "optimizer_num_states": 0.0,
     "optimizer_state_bytes": 0.0,
@@ -72,39 +33,20 @@ DEFAULTS: dict[str, Any] = {
     "optimizer_eight_bit": False,
     "optimizer_step_bytes": 0.0,
 }
-"""Every grid field and its default. `global_batch_size` 0 means micro_batch_size x dp (no
-gradient accumulation). The `optimizer_*` fields describe a user optimizer (a TOML file, see
-_optimizers.py) and apply only where `optimizer_custom` is true."""
+"""A user optimizer (a TOML file, see _optimizers.py) as grid columns; they apply only where
+`optimizer_custom` is true."""
 
-FLOAT_FIELDS = (
-    "optimizer_num_states",
-    "optimizer_state_bytes",
-    "optimizer_temp_states",
-    "optimizer_step_bytes",
-)
+DEFAULTS: dict[str, Any] = {**grid_columns(DEFAULTS_BY_FIELD), **OPTIMIZER_COLUMNS}
+"""Every grid field and its default: the training configuration's fields (engine/_config.py)
+as grid columns, then the user-optimizer columns. `global_batch_size` 0 means
+micro_batch_size x dp (no gradient accumulation)."""
+
+FLOAT_FIELDS = tuple(k for k, v in OPTIMIZER_COLUMNS.items() if isinstance(v, float))
 BOOL_FIELDS = (
-    "sequence_parallel",
-    "qlora",
-    "activation_offload",
-    "optimizer_custom",
-    "optimizer_eight_bit",
+    *(k for k, t in TYPES.items() if t is bool),
+    *(k for k, v in OPTIMIZER_COLUMNS.items() if isinstance(v, bool)),
 )
-
-INT_FIELDS = (
-    "micro_batch_size",
-    "seq_len",
-    "num_gpus",
-    "global_batch_size",
-    "tp",
-    "pp",
-    "cp",
-    "virtual_stages",
-    "zero",
-    "ep",
-    "etp",
-    "capacity_factor_pct",
-    "lora_rank",
-)
+INT_FIELDS = tuple(k for k, v in DEFAULTS.items() if isinstance(v, int) and not isinstance(v, bool))
 
 Grid = dict[str, np.ndarray]
 

@@ -6,9 +6,16 @@ FSDP config.
 """
 
 from ._launch import DEFAULT_FRAMEWORK, FORMATS, check_format, deepspeed_config, render
-from ._recommend import REPORT_FIELDS, recommend_report, space_points, summary
+from ._recommend import (
+    RECOMMEND_OPTIONS,
+    REPORT_FIELDS,
+    recommend_report,
+    space_points,
+    summary,
+)
 
 __all__ = [
+    "RECOMMEND_OPTIONS",
     "DEFAULT_FRAMEWORK",
     "FORMATS",
     "REPORT_FIELDS",

@@ -13,10 +13,10 @@ how far off the job is. The CLI then exits with code 1 (bad input: 2).
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 import re
 import shlex
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -24,17 +24,39 @@ import numpy as np
 from trainmem.engine import (
     COMPONENTS,
     DEFAULTS,
+    DEFAULTS_BY_FIELD,
+    FIELD_NAMES,
     FRAMEWORKS,
+    KNOBS,
     PRECISIONS,
+    SWEEP_AXES,
+    TrainingConfig,
     load_model,
     optimizer_columns,
 )
 from trainmem.hardware import GIB, Fleet, load_gpus, parse_fleet
-from trainmem.report import check_headroom, choice
-from trainmem.sweep import parse_objectives, run_exhaustive
+from trainmem.report import (
+    AS_JSON,
+    HEADROOM,
+    MODEL,
+    USER_DIRS,
+    Option,
+    check_headroom,
+    choice,
+    training_config,
+    training_options,
+)
+from trainmem.sweep import (
+    FLEET,
+    SEARCH_DEFAULTS,
+    SEARCH_OPTIONS,
+    extra_fields,
+    parse_objectives,
+    run_exhaustive,
+)
 from trainmem.sweep._space import _NAMES, Space, evaluate_columns, make_space, reason_texts
 
-from ._launch import DEFAULT_FRAMEWORK, TIME_RE
+from ._launch import DEFAULT_FRAMEWORK, FORMATS, TIME_RE
 
 LAYOUT = ("gpu", "num_gpus", "tp", "pp", "virtual_stages", "cp", "ep")
 """Columns that make two plans different layouts (the alternatives are distinct layouts)."""
@@ -78,15 +100,32 @@ MODEL_KEYS = ("name", "model_type", "hidden_size", "intermediate_size", "num_hid
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
+RECOMMEND_OPTIONS: tuple[Option, ...] = (
+    MODEL, FLEET,
+    *training_options(defaults=SEARCH_DEFAULTS, exclude=("sequence_parallel",),
+                      optional=(*SWEEP_AXES, "framework")),
+    Option(name="fmt", type=str | None, default=None, flag="--format", http=False,
+           help="|".join(FORMATS) + " (default: a summary)."),
+    AS_JSON,
+    Option(name="num_alternatives", type=int, default=4, ge=0, le=64,
+           help="Runners-up (distinct layouts)."),
+    *SEARCH_OPTIONS, HEADROOM,
+    Option(name="script", type=str | None, default=None,
+           help="Training script of torchrun/slurm (pretrain_gpt.py, train.py)."),
+    Option(name="job_name", type=str, default="trainmem",
+           help="slurm --job-name, torchrun --rdzv-id."),
+    Option(name="time_limit", type=str, default="24:00:00", help="slurm --time."),
+    *USER_DIRS,
+)  # fmt: skip
+"""`trainmem recommend`, `POST /v1/recommend`, `trainmem.recommend`. `framework` unset: the
+launch format's (megatron for json); a searched field given pins its axis."""
+
+
 def recommend_report(
+    training: TrainingConfig | Mapping[str, Any] | None = None,
     *,
     model: str = "llama-3.1-8b",
     fleet: str = "8xh100-sxm-80gb",
-    seq_len: int = 4096,
-    global_batch_size: int = 256,
-    precision: str = "mixed-bf16",
-    optimizer: str = "adamw",
-    framework: str | None = None,
     objective: str = "cost",
     num_alternatives: int = 4,
     max_micro_batch_size: int = 16,
@@ -99,15 +138,22 @@ def recommend_report(
     hardware_dir: str | None = None,
     models_dir: str | None = None,
     optimizers_dir: str | None = None,
+    **fields: Any,
 ) -> dict[str, Any]:
     """The best plan (CONTRACT keys at the top level, and more) and `alternatives`: the next
     `num_alternatives` distinct layouts, then the best layout of each other GPU type of the fleet.
 
-    Pure: prints nothing, writes nothing (the search runs in memory; `trainmem sweep --out`
-    stores points). `framework` None: megatron. ValueError (one line, naming the field) on bad
-    input.
+    The job's training fields: `training` updated by keyword fields, over SEARCH_DEFAULTS;
+    searched fields left unset (None) are searched. Pure: prints nothing, writes nothing (the
+    search runs in memory; `trainmem sweep --out` stores points). `framework` None: megatron.
+    ValueError (one line, naming the field) on bad input.
     """
-    fields = dict(locals())  # the arguments (the first statement)
+    scope = dict(locals())  # the arguments (the first statement)
+    args = {k: v for k, v in scope.items() if k not in ("training", "fields")}
+    job = training_config(training, fields, defaults=RECOMMEND_TRAINING)
+    seq_len, global_batch_size = job["seq_len"], job["global_batch_size"]
+    optimizer = job["optimizer"]
+    fields = {**args, **job}
     space = job_space(**fields)
     spec, pools, framework = space.model, space.fleet, space.fixed["framework"]
     objectives = parse_objectives(objective)
@@ -138,7 +184,8 @@ def recommend_report(
         plan["estimate_command"] = estimate_command(plan, model=model, headroom=headroom,
                                                     hardware_dir=hardware_dir,
                                                     models_dir=models_dir,
-                                                    optimizers_dir=optimizers_dir)  # fmt: skip
+                                                    optimizers_dir=optimizers_dir,
+                                                    extra=extra_fields(job))  # fmt: skip
     best = plans[0] if plans else dict.fromkeys(CONTRACT)
     fits = bool(rows)
     if fits:
@@ -163,9 +210,11 @@ def recommend_report(
 def space_points(**fields: Any) -> int:
     """How many points `recommend_report(**fields)` would search (without searching): the HTTP
     service bounds a request's work with it."""
-    bound = inspect.signature(recommend_report).bind(**fields)
-    bound.apply_defaults()
-    return job_space(**bound.arguments).num_points
+    options = {o.name: o.default for o in RECOMMEND_OPTIONS if o.name not in ("fmt", "as_json")}
+    unknown = sorted(set(fields) - set(options))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument {unknown[0]!r}")
+    return job_space(**{**options, **fields}).num_points
 
 
 def job_space(**fields: Any) -> Space:
@@ -195,12 +244,15 @@ def job_space(**fields: Any) -> Space:
         seq_len=f["seq_len"], global_batch_size=f["global_batch_size"], precision=f["precision"],
         optimizer=optimizer_columns(f["optimizer"], f["optimizers_dir"]), framework=framework,
         max_micro_batch_size=f["max_micro_batch_size"], max_pp=f["max_pp"], max_cp=f["max_cp"],
-        headroom=f["headroom"],
+        headroom=f["headroom"], training=extra_fields(f), optimizer_name=f["optimizer"],
     )  # fmt: skip
     # GPU counts a launcher can start: within one node, or whole nodes of some pool.
     counts = tuple(c for c in space.axes["num_gpus"] if any(
         c <= p.num_gpus and (c <= p.gpus_per_node or c % p.gpus_per_node == 0)
         for p in space.fleet.pools))  # fmt: skip
+    if not counts:
+        raise ValueError(f"num_gpus: {space.axes['num_gpus'][0]} GPUs cannot be launched on "
+                         f"{f['fleet']} (within one node, or whole nodes of a pool)")  # fmt: skip
     return launchable(dataclasses.replace(space, axes={**space.axes, "num_gpus": counts}),
                       framework)  # fmt: skip
 
@@ -210,6 +262,11 @@ def launchable(space: Space, framework: str) -> Space:
     keep = LAUNCHABLE[framework]
     axes = {a: tuple(v for v in values if a not in keep or v in keep[a])
             for a, values in space.axes.items()}  # fmt: skip
+    for axis, values in axes.items():
+        if not values and space.axes[axis]:  # a pinned value the framework cannot launch
+            allowed = ", ".join(str(v) for v in keep[axis])
+            raise ValueError(f"{axis}: {space.axes[axis][0]} is not launchable with framework "
+                             f"{framework} (allowed: {allowed})")  # fmt: skip
     return dataclasses.replace(space, axes=axes)
 
 
@@ -325,8 +382,10 @@ def estimate_command(
     hardware_dir: str | None = None,
     models_dir: str | None = None,
     optimizers_dir: str | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> str:
-    """The `trainmem estimate` line of the plan's configuration (same engine row)."""
+    """The `trainmem estimate` line of the plan's configuration (same engine row); `extra`:
+    the job's other training fields (written where they differ from estimate's defaults)."""
     args = ["trainmem", "estimate", "--model", model, "--gpu", plan["gpu"]]
     for key in ("num_gpus", "seq_len", "global_batch_size", "micro_batch_size", "tp", "pp",
                 "virtual_stages", "cp", "ep", "zero", "recompute", "offload", "precision",
@@ -334,6 +393,11 @@ def estimate_command(
         args += ["--" + key.replace("_", "-"), str(plan[key])]
     if plan["sequence_parallel"]:
         args.append("--sequence-parallel")
+    for key, value in (extra or {}).items():
+        if key in plan or value == DEFAULTS_BY_FIELD[key]:
+            continue
+        flag = KNOBS[key].flag or "--" + key.replace("_", "-")
+        args += [flag] if isinstance(value, bool) else [flag, str(value)]
     args += ["--headroom", repr(float(headroom))]
     for flag, value in (("--hardware-dir", hardware_dir), ("--models-dir", models_dir),
                         ("--optimizers-dir", optimizers_dir)):  # fmt: skip
@@ -403,6 +467,12 @@ def _table(plans: list[dict[str, Any]]) -> str:
     return "\n".join("  " + c for c in cells)
 
 
-REPORT_FIELDS = tuple(inspect.signature(recommend_report).parameters)
-"""recommend_cmd's options that are recommend_report's keyword arguments (all but the output
-ones): the HTTP service calls recommend_report(**fields) with the same names and defaults."""
+RECOMMEND_TRAINING = {
+    **DEFAULTS_BY_FIELD,
+    **{o.name: o.default for o in RECOMMEND_OPTIONS if o.name in FIELD_NAMES},
+    "sequence_parallel": True,
+}
+"""The training fields of a recommendation when not given (searched fields: None)."""
+RECOMMEND_ARGS = tuple(o.name for o in RECOMMEND_OPTIONS if o.name not in ("fmt", "as_json"))
+REPORT_FIELDS = RECOMMEND_ARGS
+"""recommend_report's keyword arguments (the options but the output ones)."""

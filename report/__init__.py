@@ -17,11 +17,35 @@ from ._estimate import (
     key_numbers,
     model_spec,
     traced_choices,
+    training_config,
+)
+from ._options import (
+    AS_JSON,
+    ESTIMATE_OPTIONS,
+    GPU,
+    HEADROOM,
+    MODEL,
+    PROFILE_FILE,
+    USER_DIRS,
+    Option,
+    option_defaults,
+    training_options,
 )
 from ._row import human_table, row_report, stage_summary, time_line, time_report
 from ._validate import VOCABULARIES, check_choices, check_headroom, choice
 
 __all__ = [
+    "AS_JSON",
+    "GPU",
+    "HEADROOM",
+    "MODEL",
+    "PROFILE_FILE",
+    "USER_DIRS",
+    "ESTIMATE_OPTIONS",
+    "Option",
+    "option_defaults",
+    "training_options",
+    "training_config",
     "DEFAULT_MODEL",
     "MINIMIZE",
     "OUTPUT_FIELDS",

@@ -19,10 +19,13 @@ import numpy as np
 
 from trainmem.engine import (
     DEFAULTS,
+    DEFAULTS_BY_FIELD,
+    FIELD_NAMES,
     PROFILE_MISMATCH,
     ModelSpec,
     Overheads,
     TimeParams,
+    TrainingConfig,
     cublas_workspace_bytes_for,
     estimate,
     estimate_time,
@@ -136,79 +139,61 @@ def key_numbers(flag: str, items: list[str], keys: tuple[str, ...]) -> dict[str,
 # ---- estimate ----------------------------------------------------------------------------------
 
 
-def estimate_report(
+def training_config(
+    training: TrainingConfig | Mapping[str, Any] | None,
+    fields: Mapping[str, Any],
     *,
-    model: str,
-    gpu: str,
-    num_gpus: int,
-    seq_len: int,
-    micro_batch_size: int,
-    global_batch_size: int,
-    precision: str,
-    optimizer: str,
-    recompute: str,
-    attention: str,
-    zero: int,
-    tp: int,
-    pp: int,
-    virtual_stages: int,
-    cp: int,
-    sequence_parallel: bool,
-    framework: str,
-    ep: int,
-    etp: int,
-    capacity_factor: float,
-    offload: str,
-    lora_rank: int,
-    lora_targets: str,
-    qlora: bool,
-    loss: str,
-    activation_offload: bool,
-    headroom: float,
-    hardware_dir: str | None,
-    models_dir: str | None,
-    optimizers_dir: str | None,
-    overhead: list[str] | None,
-    per_stage: bool,
-    tokens: float | None,
-    time_param: list[str] | None,
-    profile_file: str | None = None,
+    defaults: Mapping[str, Any] = DEFAULTS_BY_FIELD,
 ) -> dict[str, Any]:
-    """`trainmem estimate --json`: the per-device breakdown, phase peaks, fit, time and advice."""
-    check_choices({"precision": precision})
+    """The training fields of a call: `defaults`, then `training`, then keyword fields.
+
+    An unknown name is a TypeError (as for any unexpected keyword argument).
+    """
+    base = training.as_dict() if isinstance(training, TrainingConfig) else dict(training or {})
+    values = {**defaults, **base, **fields}
+    unknown = sorted(set(values) - set(FIELD_NAMES))
+    if unknown:
+        raise TypeError(
+            f"unexpected keyword argument {unknown[0]!r}; training fields: {', '.join(FIELD_NAMES)}"
+        )
+    return values
+
+
+def estimate_report(
+    training: TrainingConfig | Mapping[str, Any] | None = None,
+    *,
+    model: str = DEFAULT_MODEL,
+    gpu: str = "h100-sxm-80gb",
+    headroom: float = 0.10,
+    hardware_dir: str | None = None,
+    models_dir: str | None = None,
+    optimizers_dir: str | None = None,
+    overhead: list[str] | None = None,
+    per_stage: bool = False,
+    tokens: float | None = None,
+    time_param: list[str] | None = None,
+    profile_file: str | None = None,
+    **fields: Any,
+) -> dict[str, Any]:
+    """`trainmem estimate --json`: the per-device breakdown, phase peaks, fit, time and advice.
+
+    The job is `training` (a TrainingConfig or a mapping of its fields) updated by keyword
+    training fields; every option is ESTIMATE_OPTIONS' (report/_options.py).
+    """
+    values = training_config(training, fields)
+    check_choices({"precision": values["precision"]})
+    optimizer = values["optimizer"]
     optimizer_fields = optimizer_columns(optimizer, optimizers_dir)
-    check_choices({"recompute": recompute, "attention": attention, "framework": framework,
-                   "offload": offload, "loss": loss})  # fmt: skip
+    config_ = TrainingConfig.from_fields(values)
     check_headroom(headroom)
     spec = model_spec(model, models_dir=models_dir, profile_file=profile_file)
-    precision, recompute, attention = traced_choices(spec, precision, recompute, attention)
+    precision, recompute, attention = traced_choices(
+        spec, config_.precision, config_.recompute, config_.attention
+    )
+    config_ = config_.replace(precision=precision, recompute=recompute, attention=attention)
+    pp = config_.pp
     profile = get_gpu(gpu, hardware_dir)
-    config: dict[str, Any] = {
-        "micro_batch_size": micro_batch_size,
-        "seq_len": seq_len,
-        "num_gpus": num_gpus,
-        "global_batch_size": global_batch_size,
-        "tp": tp,
-        "pp": pp,
-        "cp": cp,
-        "virtual_stages": virtual_stages,
-        "zero": zero,
-        "sequence_parallel": sequence_parallel,
-        "precision": precision,
-        "optimizer": optimizer,
-        "recompute": recompute,
-        "attention": attention,
-        "framework": framework,
-        "ep": ep,
-        "etp": etp,
-        "capacity_factor_pct": int(round(capacity_factor * 100)),
-        "offload": offload,
-        "lora_rank": lora_rank,
-        "lora_targets": lora_targets,
-        "qlora": qlora,
-        "loss": loss,
-        "activation_offload": activation_offload,
-    }
+    config: dict[str, Any] = config_.grid_columns()
     grid_config = {**config, **optimizer_fields}  # a user optimizer as engine columns
     grid = make_grid(grid_config)
     check_layout(spec, grid)

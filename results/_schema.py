@@ -8,27 +8,20 @@ from __future__ import annotations
 
 import polars as pl
 
-from trainmem.engine import COMPONENTS
+from trainmem.engine import COMPONENTS, FIELD_NAMES, TYPES
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: every training field of the configuration is a column (1: the searched ones only)."""
+
+_POLARS_TYPES: dict[type, type[pl.DataType]] = {
+    int: pl.Int64, float: pl.Float64, bool: pl.Boolean, str: pl.String,
+}  # fmt: skip
 
 CONFIG_COLUMNS: dict[str, type[pl.DataType] | pl.DataType] = {
     "gpu": pl.String,
-    "num_gpus": pl.Int64,
-    "micro_batch_size": pl.Int64,
-    "grad_accum_steps": pl.Int64,
-    "tp": pl.Int64,
-    "pp": pl.Int64,
-    "virtual_stages": pl.Int64,
+    **{name: _POLARS_TYPES[TYPES[name]] for name in FIELD_NAMES},
     "dp": pl.Int64,
-    "cp": pl.Int64,
-    "ep": pl.Int64,
-    "zero": pl.Int64,
-    "recompute": pl.String,
-    "offload": pl.String,
-    "precision": pl.String,
-    "seq_len": pl.Int64,
-    "global_batch_size": pl.Int64,
+    "grad_accum_steps": pl.Int64,
 }
 """The configuration of a point."""
 

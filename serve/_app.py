@@ -8,8 +8,11 @@
                            (+ `launch`: the rendered config when `format` is not json)
     GET  /openapi.json     the schema (FastAPI), /docs its browsable form
 
-The request models are generated from the CLI commands' typer signatures (names, types, defaults,
-help): one declaration of the fields for the CLI and the API. Choices become enums (unknown model,
+The request models are generated from the commands' declared options (trainmem.report.Option:
+the training configuration's fields and each command's own; names, types, defaults, help,
+choices, bounds): one declaration of the fields for the CLI, the API and HTTP. The bounds are
+wider than any real job and narrow enough that no product of them overflows int64 in the engine
+(seq_len^2 x micro-batch x heads < 2^63). Choices become enums (unknown model,
 GPU, precision... -> 422 naming the field), numbers are bounded, unknown fields are refused.
 Paths are not: a request cannot name a file on the server (model presets, GPUs and optimizers
 come from the folders the server was started with).
@@ -25,10 +28,8 @@ name request models built at run time.
 """
 
 import concurrent.futures
-import inspect
 import threading
-import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -38,8 +39,16 @@ from trainmem.engine import (
     model_presets,
 )
 from trainmem.hardware import load_gpus
-from trainmem.report import MINIMIZE, OUTPUT_FIELDS, VOCABULARIES, estimate_report, jsonable
-from trainmem.sweep import fit_report
+from trainmem.report import (
+    ESTIMATE_OPTIONS,
+    MINIMIZE,
+    OUTPUT_FIELDS,
+    VOCABULARIES,
+    Option,
+    estimate_report,
+    jsonable,
+)
+from trainmem.sweep import FIT_OPTIONS, fit_report
 
 SERVER_FIELDS = ("hardware_dir", "models_dir", "optimizers_dir")
 """Command options the server fixes at start-up; a request cannot name a path."""
@@ -65,30 +74,6 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 
 
-# Bounds per field (inclusive unless `lt`/`gt`). Wider than any real job, narrow enough that no
-# product of them overflows int64 in the engine (seq_len^2 x micro-batch x heads < 2^63).
-BOUNDS: dict[str, dict[str, float]] = {
-    "num_gpus": {"ge": 1, "le": 1 << 20},
-    "seq_len": {"ge": 1, "le": 1 << 22},
-    "micro_batch_size": {"ge": 1, "le": 1 << 16},
-    "global_batch_size": {"ge": 0, "le": 1 << 24},
-    "zero": {"ge": 0, "le": 3},
-    "tp": {"ge": 1, "le": 1024},
-    "pp": {"ge": 1, "le": 1024},
-    "cp": {"ge": 1, "le": 1024},
-    "ep": {"ge": 1, "le": 1024},
-    "etp": {"ge": 1, "le": 1024},
-    "virtual_stages": {"ge": 1, "le": 64},
-    "capacity_factor": {"ge": 0, "le": 64},
-    "lora_rank": {"ge": 0, "le": 1 << 16},
-    "headroom": {"ge": 0, "lt": 1},
-    "tokens": {"gt": 0, "le": 1e18},
-    "max_micro_batch_size": {"ge": 1, "le": 1 << 16},
-    "max_num_gpus": {"ge": 1, "le": 1 << 20},
-    "max_pp": {"ge": 1, "le": 1024},
-    "max_cp": {"ge": 1, "le": 1024},
-    "num_alternatives": {"ge": 0, "le": 64},
-}
 MAX_STRING_CHARS = 4096
 MAX_LIST_ITEMS = 64
 
@@ -114,25 +99,28 @@ def _choices(*, hardware_dir: str | None, models_dir: str | None, optimizers_dir
 
 def request_model(
     name: str,
-    command: Callable[..., Any],
+    options: Sequence[Option],
     *,
     choices: Mapping[str, tuple[str, ...]],
-    exclude: tuple[str, ...] = (),
 ) -> Any:
-    """A pydantic model of a typer command's options: same names, defaults and help."""
+    """A pydantic model of a command's declared options (report.Option): same names, defaults,
+    help, choices and bounds; options that name a server path or only change printing are left
+    out (`http` False)."""
     from pydantic import ConfigDict, Field, create_model
 
-    hints = typing.get_type_hints(command, include_extras=True)
     fields: dict[str, Any] = {}
-    for pname, param in inspect.signature(command).parameters.items():
-        if pname in (*OUTPUT_FIELDS, *SERVER_FIELDS, *FILE_FIELDS, *exclude):
+    for option in options:
+        if not option.http or option.name in (*OUTPUT_FIELDS, *SERVER_FIELDS, *FILE_FIELDS):
             continue
-        base, *meta = typing.get_args(hints[pname]) or (hints[pname],)
-        help_text = next((m.help for m in meta if getattr(m, "help", None)), None)
-        kwargs: dict[str, Any] = dict(BOUNDS.get(pname, {}))
-        if pname in choices:
-            base = Literal[choices[pname]]  # type: ignore[valid-type]
-        elif base is int:
+        base = option.type
+        bounds = {k: getattr(option, k) for k in ("ge", "le", "gt", "lt")}
+        kwargs: dict[str, Any] = {k: v for k, v in bounds.items() if v is not None}
+        allowed = choices.get(option.name, option.choices)
+        if allowed is not None:
+            base = Literal[allowed]  # type: ignore[valid-type]
+            if option.default is None:
+                base = base | None
+        elif base is int or base == (int | None):
             kwargs.setdefault("ge", -INT32_MAX)
             kwargs.setdefault("le", INT32_MAX)
         elif base is float or base == (float | None):
@@ -142,7 +130,7 @@ def request_model(
         elif base == (list[str] | None):
             base = list[Annotated[str, Field(max_length=MAX_STRING_CHARS)]] | None
             kwargs["max_length"] = MAX_LIST_ITEMS
-        fields[pname] = (base, Field(param.default, description=help_text, **kwargs))
+        fields[option.name] = (base, Field(option.default, description=option.help, **kwargs))
     return create_model(name, __config__=ConfigDict(extra="forbid"), **fields)
 
 
@@ -197,8 +185,6 @@ def create_app(
             "install them with: pip install 'trainmem[serve]'"
         ) from None
 
-    from trainmem.cli import _app as cli
-    from trainmem.cli import _sweep as _commands
     from trainmem.results import tool_version as version
 
     dirs = {
@@ -207,8 +193,8 @@ def create_app(
         "optimizers_dir": optimizers_dir,
     }
     choices = _choices(**dirs)
-    EstimateRequest = request_model("EstimateRequest", cli.estimate_cmd, choices=choices)
-    FitRequest = request_model("FitRequest", _commands.fit_cmd, choices=choices)
+    EstimateRequest = request_model("EstimateRequest", ESTIMATE_OPTIONS, choices=choices)
+    FitRequest = request_model("FitRequest", FIT_OPTIONS, choices=choices)
     run = _Runner(limits)
 
     app = FastAPI(
@@ -300,12 +286,15 @@ def _add_recommend(
     limits: Limits,
     run: Callable[[Callable[[], dict[str, Any]]], dict[str, Any]],
 ) -> None:
-    from trainmem.cli._recommend import recommend_cmd
-    from trainmem.plan import check_format, recommend_report, render, space_points
-
-    RecommendRequest = request_model(
-        "RecommendRequest", recommend_cmd, choices=choices, exclude=("fmt",)
+    from trainmem.plan import (
+        RECOMMEND_OPTIONS,
+        check_format,
+        recommend_report,
+        render,
+        space_points,
     )
+
+    RecommendRequest = request_model("RecommendRequest", RECOMMEND_OPTIONS, choices=choices)
     from trainmem.plan import DEFAULT_FRAMEWORK, FORMATS
 
     def recommend(

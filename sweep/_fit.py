@@ -5,6 +5,7 @@ Bad input raises ValueError (one line naming the field).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,7 @@ from trainmem.engine import (
     DEFAULTS,
     Overheads,
     TimeParams,
+    TrainingConfig,
     cublas_workspace_bytes_for,
     estimate,
     estimate_time,
@@ -23,9 +25,16 @@ from trainmem.engine import (
 )
 from trainmem.hardware import get_gpu
 from trainmem.report import (
+    AS_JSON,
+    DEFAULT_MODEL,
+    GPU,
+    HEADROOM,
     MINIMIZE,
+    MODEL,
+    PROFILE_FILE,
+    USER_DIRS,
+    Option,
     advice_report,
-    check_choices,
     check_headroom,
     choice,
     jsonable,
@@ -33,63 +42,62 @@ from trainmem.report import (
     row_report,
     time_report,
     traced_choices,
+    training_config,
+    training_options,
 )
+
+MINIMIZE_OPTIONS = (
+    Option(name="minimize", type=str, default="micro-batch-size", choices=MINIMIZE,
+           help="micro-batch-size: the largest that fits; num-gpus: the fewest GPUs."),
+    Option(name="max_micro_batch_size", type=int, default=1024, ge=1, le=1 << 16,
+           help="Largest micro-batch tried."),
+    Option(name="max_num_gpus", type=int, default=16384, ge=1, le=1 << 20,
+           help="Most GPUs tried (num-gpus)."),
+)  # fmt: skip
+FIT_OPTIONS: tuple[Option, ...] = (
+    MODEL, GPU, *training_options(), HEADROOM, *USER_DIRS, *MINIMIZE_OPTIONS, PROFILE_FILE,
+    AS_JSON,
+)  # fmt: skip
+"""`trainmem fit`, `POST /v1/fit`, `trainmem.fit`."""
 
 
 def fit_report(
+    training: TrainingConfig | Mapping[str, Any] | None = None,
     *,
-    model: str,
-    gpu: str,
-    num_gpus: int,
-    seq_len: int,
-    micro_batch_size: int,
-    global_batch_size: int,
-    precision: str,
-    optimizer: str,
-    recompute: str,
-    attention: str,
-    zero: int,
-    tp: int,
-    pp: int,
-    virtual_stages: int,
-    cp: int,
-    sequence_parallel: bool,
-    framework: str,
-    ep: int,
-    offload: str,
-    lora_rank: int,
-    lora_targets: str,
-    qlora: bool,
-    loss: str,
-    headroom: float,
-    hardware_dir: str | None,
-    minimize: str,
-    max_micro_batch_size: int,
-    max_num_gpus: int,
-    models_dir: str | None,
-    optimizers_dir: str | None,
+    model: str = DEFAULT_MODEL,
+    gpu: str = "h100-sxm-80gb",
+    headroom: float = 0.10,
+    hardware_dir: str | None = None,
+    minimize: str = "micro-batch-size",
+    max_micro_batch_size: int = 1024,
+    max_num_gpus: int = 16384,
+    models_dir: str | None = None,
+    optimizers_dir: str | None = None,
     profile_file: str | None = None,
+    **fields: Any,
 ) -> dict[str, Any]:
     """`trainmem fit --json`: the largest micro-batch (or fewest GPUs) that fits, its estimate,
-    and the advice when nothing fits."""
+    and the advice when nothing fits.
+
+    The job is `training` updated by keyword training fields (as `estimate_report`); the
+    searched field (micro_batch_size or num_gpus) is replaced by the candidates.
+    """
+    values = training_config(training, fields)
+    optimizer = values["optimizer"]
     optimizer_fields = optimizer_columns(optimizer, optimizers_dir)
-    check_choices({"precision": precision, "recompute": recompute, "attention": attention,
-                   "framework": framework, "offload": offload, "loss": loss})  # fmt: skip
+    config_ = TrainingConfig.from_fields(values)
     choice("minimize", minimize, MINIMIZE)
     check_headroom(headroom)
     if max_micro_batch_size < 1 or max_num_gpus < 1:
         raise ValueError("max-micro-batch-size and max-num-gpus must be >= 1")
     spec = model_spec(model, models_dir=models_dir, profile_file=profile_file)
-    precision, recompute, attention = traced_choices(spec, precision, recompute, attention)
+    precision, recompute, attention = traced_choices(
+        spec, config_.precision, config_.recompute, config_.attention
+    )
+    config_ = config_.replace(precision=precision, recompute=recompute, attention=attention)
+    tp, pp, cp = config_.tp, config_.pp, config_.cp
     profile = get_gpu(gpu, hardware_dir)
-    config: dict[str, Any] = {
-        "micro_batch_size": micro_batch_size, "seq_len": seq_len, "num_gpus": num_gpus,
-        "global_batch_size": global_batch_size, "tp": tp, "pp": pp, "cp": cp,
-        "virtual_stages": virtual_stages, "zero": zero, "sequence_parallel": sequence_parallel,
-        "precision": precision, "optimizer": optimizer, "recompute": recompute,
-        "attention": attention, "framework": framework, "ep": ep, "offload": offload,
-        "lora_rank": lora_rank, "lora_targets": lora_targets, "qlora": qlora, "loss": loss,
-    }  # fmt: skip
+    config: dict[str, Any] = config_.grid_columns()
     config.update(optimizer_fields)
     key = "micro_batch_size" if minimize == "micro-batch-size" else "num_gpus"
     if key == "micro_batch_size":

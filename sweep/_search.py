@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from trainmem.results import part_exists, points_frame, study_dir, write_points
+from trainmem.results import SCHEMA_VERSION, part_exists, points_frame, study_dir, write_points
 
 from ._space import _NAMES, ALL_REASONS, AXES, POINT_COLUMNS, Space, evaluate_columns
 
@@ -73,14 +73,12 @@ def _frame(
     space: Space, res: dict[str, np.ndarray], *, study: str, trial: Any = None
 ) -> pl.DataFrame:
     cols: dict[str, Any] = {
-        **res,
+        **{k: v for k, v in res.items() if k not in space.labels},
         "gpu": _names([p.gpu for p in space.fleet.pools], res["pool"]),
         "recompute": _names(_NAMES["recompute"], res["recompute"]),
         "offload": _names(_NAMES["offload"], res["offload"]),
         "reason": _names(ALL_REASONS, res["reason"]),
-        "precision": space.fixed["precision"],
-        "seq_len": space.fixed["seq_len"],
-        "global_batch_size": space.fixed["global_batch_size"],
+        **{k: v for k, v in space.labels.items() if k not in res},
         "model": space.model.name,
         "study": study,
     }
@@ -124,6 +122,7 @@ def space_fingerprint(space: Space, *, chunk_size: int) -> str:
         "fixed": space.fixed,
         "headroom": space.headroom,
         "chunk_size": chunk_size,
+        "schema_version": SCHEMA_VERSION,
     }  # fmt: skip
     return hashlib.sha256(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()[:10]
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from trainmem.engine import (
     COMPONENTS,
+    DEFAULTS_BY_FIELD,
     OFFLOADS,
     REASONS,
     RECOMPUTE,
@@ -26,6 +27,7 @@ from trainmem.engine import (
     cublas_workspace_bytes_for,
     estimate,
     estimate_time,
+    grid_columns,
     layout_reason,
     make_grid,
     time_inputs,
@@ -91,6 +93,8 @@ class Space:
     """Grid fields shared by every point (seq_len, global_batch_size, precision, ...)."""
     headroom: float = 0.10
     """Fraction of usable memory kept free."""
+    labels: dict[str, Any] = field(default_factory=dict)
+    """The job's training fields that are not axes, by name (the points table's columns)."""
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -266,11 +270,19 @@ def make_space(
     max_cp: int = 4,
     virtual_stages: tuple[int, ...] = (1, 2),
     headroom: float = 0.10,
+    training: Mapping[str, Any] | None = None,
+    optimizer_name: str | None = None,
 ) -> Space:
     """The space of a job on a fleet; ValueError on bad input (one line).
 
     A traced profile (model.profile) fixes precision, recompute and attention to the traced ones
     and tp = cp = 1: the rows it describes.
+
+    `optimizer_name`: the optimizer's name when `optimizer` is a user optimizer's columns.
+    `training`: other training fields (engine TrainingConfig names). A searched field (AXES)
+    given there pins its axis to that value; any other field that differs from its default is
+    fixed for every point (a field at its default changes nothing: the space is the one without
+    it, and a traced profile keeps its own attention).
     """
     errors = []
     if seq_len < 1:
@@ -315,8 +327,18 @@ def make_space(
         "sequence_parallel": True,
         **({"attention": traced.attention} if traced is not None else {}),
     }
+    for name, value in (training or {}).items():
+        if name in axes:
+            axes[name] = (value,)
+        elif value != DEFAULTS_BY_FIELD[name]:
+            fixed.update(grid_columns({name: value}))
     make_grid(fixed)  # validates the fixed fields' names and values
-    return Space(model=model, fleet=fleet, gpus=gpus, axes=axes, fixed=fixed, headroom=headroom)
+    labels = {**DEFAULTS_BY_FIELD, **{k: v for k, v in fixed.items() if k in DEFAULTS_BY_FIELD}}
+    labels.update({k: v for k, v in (training or {}).items() if k not in axes})
+    labels["optimizer"] = optimizer_name or (optimizer if isinstance(optimizer, str) else "custom")
+    labels = {k: v for k, v in labels.items() if k not in axes}
+    return Space(model=model, fleet=fleet, gpus=gpus, axes=axes, fixed=fixed, headroom=headroom,
+                 labels=labels)  # fmt: skip
 
 
 def reason_texts(codes: np.ndarray) -> np.ndarray:

@@ -111,9 +111,14 @@ def use_source(source: Path, shim: Path) -> None:
     """Make `import trainmem.X` load --source's folders, and nothing else."""
     pyproject = tomllib.loads((source / "pyproject.toml").read_text())
     package_dir = pyproject["tool"]["setuptools"]["package-dir"]
-    for package, folder in package_dir.items():
+    for package, folder in sorted(package_dir.items(), key=lambda item: item[0].count(".")):
         link = shim.joinpath(*package.split("."))
         link.parent.mkdir(parents=True, exist_ok=True)
+        if package == "trainmem":  # the namespace root maps a folder too: link its files, so
+            link.mkdir()  # that the subpackages' links land in the shim, not in that folder
+            for item in (source / folder).resolve().iterdir():
+                (link / item.name).symlink_to(item)
+            continue
         link.symlink_to((source / folder).resolve(), target_is_directory=True)
     sys.meta_path[:] = [f for f in sys.meta_path
                         if "editable" not in getattr(f, "__module__", "").lower()
@@ -543,6 +548,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=HERE, help="folder of the KIND.json files")
     parser.add_argument("--allow-dirty", action="store_true",
                         help="record even if --source has uncommitted changes")  # fmt: skip
+    parser.add_argument("--refresh", default="",
+                        help="KIND[,KIND]: re-record these kinds' existing cases (same argv) "
+                             "after a deliberate, reviewed output change")  # fmt: skip
     args = parser.parse_args(argv)
     source = args.source.resolve()
     info = source_info(source)
@@ -562,8 +570,23 @@ def main(argv: list[str] | None = None) -> int:
             with shared.SysCapture() as capture:
                 return shared.run_step(main_fn, argv, work, capture.readouterr)["exit_code"]
 
+        if args.refresh:
+            refresh = [k.strip() for k in args.refresh.split(",") if k.strip()]
+            kinds = {}
+            for kind in refresh:
+                old = json.loads((args.out / f"{kind}.json").read_text(encoding="utf-8"))
+                kinds[kind] = [
+                    {"id": c["id"], "steps": [{k: s[k] for k in ("command", "argv") if k in s}
+                                              for s in c["steps"]],
+                     **({"points": True} if "points" in c else {}),
+                     **({"inputs": c["inputs"]} if "inputs" in c else {})}
+                    for c in old["cases"]
+                ]  # fmt: skip
+            info = {**info, "refreshed": refresh}
+        else:
+            kinds = {}
         rng = random.Random(SEED)
-        kinds = {
+        kinds = kinds or {
             "estimate": estimate_cases(random.Random(rng.random()), 500, probe),
             "fit": fit_cases(random.Random(rng.random()), 60, probe),
             "recommend": recommend_cases(random.Random(rng.random())),
@@ -572,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
             "lists": list_cases(),
             "readme": [readme_case(source)],
         }
-        assert set(kinds) == set(shared.KINDS) and shared.TMP == TMP_ARG
+        assert (args.refresh or set(kinds) == set(shared.KINDS)) and shared.TMP == TMP_ARG
         args.out.mkdir(parents=True, exist_ok=True)
         for kind, cases in kinds.items():
             recorded = [record(shared, main_fn, case, work) for case in cases]

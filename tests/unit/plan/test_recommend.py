@@ -21,6 +21,7 @@ from trainmem.cli import main
 from trainmem.cli._recommend import recommend_cmd
 from trainmem.engine import load_model, model_config_dict
 from trainmem.hardware import load_gpus, parse_fleet
+from trainmem.plan import RECOMMEND_OPTIONS, REPORT_FIELDS
 from trainmem.plan._launch import deepspeed_config, render
 from trainmem.plan._recommend import (
     CONTRACT,
@@ -221,14 +222,13 @@ def test_bad_input_is_one_line_exit_2(capsys, extra: list[str], field: str) -> N
 
 
 def test_report_takes_every_command_option() -> None:
-    """The HTTP service's rule: recommend_report(**fields) with the command's names and defaults
-    (all but the output options)."""
+    """The HTTP service's rule: recommend_report(**fields) takes the command's options by name
+    (all but the output ones), each declared once in RECOMMEND_OPTIONS."""
     cmd = inspect.signature(recommend_cmd).parameters
-    report = inspect.signature(recommend_report).parameters
-    assert set(cmd) - set(report) == {"fmt", "as_json"}
-    for name, param in report.items():
-        assert param.kind is inspect.Parameter.KEYWORD_ONLY
-        assert name in cmd and cmd[name].default == param.default, name
+    assert list(cmd) == [o.name for o in RECOMMEND_OPTIONS]
+    names = [n for n in cmd if n not in ("fmt", "as_json")]
+    inspect.signature(recommend_report).bind(**{n: cmd[n].default for n in names})
+    assert set(names) == set(REPORT_FIELDS)
 
 
 def test_cli_forms(capsys, megatron) -> None:

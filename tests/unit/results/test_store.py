@@ -18,26 +18,59 @@ from trainmem.results import (
 )
 
 SNAPSHOT = [
-    ("gpu", "String"), ("num_gpus", "Int64"), ("micro_batch_size", "Int64"),
-    ("grad_accum_steps", "Int64"), ("tp", "Int64"), ("pp", "Int64"),
-    ("virtual_stages", "Int64"), ("dp", "Int64"), ("cp", "Int64"), ("ep", "Int64"),
-    ("zero", "Int64"), ("recompute", "String"), ("offload", "String"),
-    ("precision", "String"), ("seq_len", "Int64"), ("global_batch_size", "Int64"),
-    ("peak_device_bytes", "Float64"), ("parameters", "Float64"),
-    ("master_weights", "Float64"), ("gradients", "Float64"),
-    ("optimizer_states", "Float64"), ("activations", "Float64"), ("transient", "Float64"),
-    ("framework_overhead", "Float64"), ("fragmentation", "Float64"),
-    ("peak_allocated_bytes", "Float64"), ("fits", "Boolean"), ("reason", "String"),
-    ("step_time_s", "Float64"), ("tokens_per_second", "Float64"), ("mfu", "Float64"),
-    ("cost_per_million_tokens", "Float64"), ("model", "String"), ("study", "String"),
+    ("gpu", "String"),
+    ("micro_batch_size", "Int64"),
+    ("seq_len", "Int64"),
+    ("num_gpus", "Int64"),
+    ("global_batch_size", "Int64"),
+    ("tp", "Int64"),
+    ("pp", "Int64"),
+    ("cp", "Int64"),
+    ("virtual_stages", "Int64"),
+    ("zero", "Int64"),
+    ("sequence_parallel", "Boolean"),
+    ("precision", "String"),
+    ("optimizer", "String"),
+    ("recompute", "String"),
+    ("attention", "String"),
+    ("framework", "String"),
+    ("ep", "Int64"),
+    ("etp", "Int64"),
+    ("capacity_factor", "Float64"),
+    ("offload", "String"),
+    ("lora_rank", "Int64"),
+    ("lora_targets", "String"),
+    ("qlora", "Boolean"),
+    ("loss", "String"),
+    ("activation_offload", "Boolean"),
+    ("dp", "Int64"),
+    ("grad_accum_steps", "Int64"),
+    ("peak_device_bytes", "Float64"),
+    ("parameters", "Float64"),
+    ("master_weights", "Float64"),
+    ("gradients", "Float64"),
+    ("optimizer_states", "Float64"),
+    ("activations", "Float64"),
+    ("transient", "Float64"),
+    ("framework_overhead", "Float64"),
+    ("fragmentation", "Float64"),
+    ("peak_allocated_bytes", "Float64"),
+    ("fits", "Boolean"),
+    ("reason", "String"),
+    ("step_time_s", "Float64"),
+    ("tokens_per_second", "Float64"),
+    ("mfu", "Float64"),
+    ("cost_per_million_tokens", "Float64"),
+    ("model", "String"),
+    ("study", "String"),
     ("trial", "Int64"),
-]  # fmt: skip
+]
 """The Parquet schema, frozen: changing it means bumping SCHEMA_VERSION and this list."""
 
 
 def test_schema_snapshot() -> None:
     assert [(k, str(v)) for k, v in SCHEMA.items()] == SNAPSHOT
-    assert SCHEMA_VERSION == 1
+    assert SCHEMA_VERSION == 2
 
 
 def _frame(n: int = 5) -> pl.DataFrame:

@@ -1,0 +1,202 @@
+"""The training configuration: every training field declared once, with its type, choices,
+default, bounds and help text.
+
+`TrainingConfig` is the one declaration. From its fields come the grid columns and codes
+(`config.grid_columns()`, `make_grid`), the CLI options of every command (trainmem.cli), the HTTP
+request models (trainmem.serve), the public Python API (`trainmem.estimate(config, ...)`) and the
+points table's configuration columns (trainmem.results). A field added here appears in all of
+them; tests/unit/test_config_reach.py proves it.
+
+The parallel layout (dp, gradient accumulation, the groups that shard model states) is derived
+once, by `parallel_layout`, for a single configuration and for columns alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._vocab import ATTENTION, FRAMEWORKS, LOSSES, OFFLOADS, PRECISIONS, RECOMPUTE
+
+INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Knob:
+    """What a training field is: its help text, allowed values and bounds (inclusive)."""
+
+    help: str
+    """One line for --help and the HTTP schema."""
+    choices: tuple[str, ...] | None = None
+    """Closed vocabulary of a categorical field (None: any value of its type)."""
+    open_choices: bool = False
+    """The vocabulary is extensible (user optimizers): choices lists the built-in ones."""
+    ge: float | None = None
+    le: float | None = None
+    flag: str | None = None
+    """The CLI flag of a boolean switch (`--qlora`); others are --field-name."""
+    grid: str | None = None
+    """The grid column, where it differs from the field (capacity_factor -> capacity_factor_pct)."""
+    sweep_axis: bool = False
+    """Searched by `trainmem sweep` / `recommend` (a value given there pins the axis)."""
+
+
+def knob(default: Any, **meta: Any) -> Any:
+    """A dataclass field whose metadata is a Knob (the declaration of a training field)."""
+    return dataclasses.field(default=default, metadata={"knob": Knob(**meta)})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingConfig:
+    """One training job's configuration (everything but the model and the GPU).
+
+    Field names follow Hugging Face where they exist and torchtitan for parallel degrees.
+    Construction checks choices and bounds (one ValueError naming the field and what is
+    allowed); whether a layout is valid for a model (heads divisible by tp, ...) is the engine's
+    `layout_reason`, since it needs the model.
+
+    >>> c = TrainingConfig(num_gpus=8, tp=2, micro_batch_size=2, global_batch_size=64)
+    >>> c.dp, c.grad_accum_steps
+    (4, 8)
+    """
+
+    micro_batch_size: int = knob(
+        1, help="Sequences per GPU per step.", ge=1, le=1 << 16, sweep_axis=True
+    )
+    seq_len: int = knob(2048, help="Sequence length (tokens).", ge=1, le=1 << 22)
+    num_gpus: int = knob(
+        1, help="Total GPUs; dp = num_gpus/(tp*pp*cp).", ge=1, le=1 << 20, sweep_axis=True
+    )
+    global_batch_size: int = knob(
+        0, help="Sequences per optimizer step (0: micro x dp).", ge=0, le=1 << 24
+    )
+    tp: int = knob(1, help="Tensor parallel degree.", ge=1, le=1024, sweep_axis=True)
+    pp: int = knob(1, help="Pipeline parallel degree.", ge=1, le=1024, sweep_axis=True)
+    cp: int = knob(1, help="Context parallel degree.", ge=1, le=1024, sweep_axis=True)
+    virtual_stages: int = knob(1, help="Interleaved stages per rank.", ge=1, le=64, sweep_axis=True)
+    zero: int = knob(0, help="ZeRO stage 0-3 (3 = FSDP full shard).", ge=0, le=3, sweep_axis=True)
+    sequence_parallel: bool = knob(
+        False, help="Megatron-style sequence parallelism.", flag="--sequence-parallel"
+    )
+    precision: str = knob("amp-bf16", help="|".join(PRECISIONS), choices=PRECISIONS)
+    optimizer: str = knob(
+        "adamw",
+        help="Built-in or user optimizer (`trainmem optimizers`).",
+        choices=None,
+        open_choices=True,
+    )
+    recompute: str = knob("none", help="|".join(RECOMPUTE), choices=RECOMPUTE, sweep_axis=True)
+    attention: str = knob("flash", help="|".join(ATTENTION), choices=ATTENTION)
+    framework: str = knob("hf", help="|".join(FRAMEWORKS), choices=FRAMEWORKS)
+    ep: int = knob(
+        1, help="Expert parallel degree (MoE; divides dp*cp).", ge=1, le=1024, sweep_axis=True
+    )
+    etp: int = knob(1, help="Expert tensor parallel degree (MoE).", ge=1, le=1024)
+    capacity_factor: float = knob(
+        0.0,
+        help="MoE expert capacity factor (0: dropless routing).",
+        ge=0,
+        le=64,
+        grid="capacity_factor_pct",
+    )
+    offload: str = knob("none", help="|".join(OFFLOADS), choices=OFFLOADS, sweep_axis=True)
+    lora_rank: int = knob(0, help="LoRA rank (0: full fine-tuning).", ge=0, le=1 << 16)
+    lora_targets: str = knob(
+        "all-linear", help="PEFT target modules, e.g. q_proj,v_proj, or all-linear."
+    )
+    qlora: bool = knob(False, help="NF4 base weights (QLoRA); needs --lora-rank.", flag="--qlora")
+    loss: str = knob("full", help="|".join(LOSSES), choices=LOSSES)
+    activation_offload: bool = knob(
+        False, help="Keep two blocks' activations on GPU.", flag="--activation-offload"
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self.as_dict())
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, Any]) -> TrainingConfig:
+        """The configuration of the training fields in `fields` (other keys ignored)."""
+        return cls(**{k: fields[k] for k in FIELD_NAMES if k in fields})
+
+    def as_dict(self) -> dict[str, Any]:
+        """Field name -> value, in declaration order."""
+        return {name: getattr(self, name) for name in FIELD_NAMES}
+
+    def grid_columns(self) -> dict[str, Any]:
+        """The engine grid's columns of this configuration (`make_grid` input)."""
+        return grid_columns(self.as_dict())
+
+    def replace(self, **changes: Any) -> TrainingConfig:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: num_gpus / (tp x pp x cp), at least 1."""
+        return int(parallel_layout(self.as_dict())["dp"])
+
+    @property
+    def grad_accum_steps(self) -> int:
+        """Micro-batches per optimizer step per data-parallel rank."""
+        return int(parallel_layout(self.as_dict())["grad_accum_steps"])
+
+
+FIELDS: tuple[dataclasses.Field[Any], ...] = dataclasses.fields(TrainingConfig)
+FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in FIELDS)
+KNOBS: dict[str, Knob] = {f.name: f.metadata["knob"] for f in FIELDS}
+DEFAULTS_BY_FIELD: dict[str, Any] = {f.name: f.default for f in FIELDS}
+TYPES: dict[str, type] = {
+    f.name: {"int": int, "float": float, "bool": bool, "str": str}[str(f.type)] for f in FIELDS
+}
+"""Each field's Python type (int, float, bool or str)."""
+SWEEP_AXES: tuple[str, ...] = tuple(n for n, k in KNOBS.items() if k.sweep_axis)
+
+
+def grid_columns(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """Training fields (names as declared) -> grid columns (capacity_factor -> _pct)."""
+    out: dict[str, Any] = {}
+    for name, value in fields.items():
+        target = KNOBS[name].grid if name in KNOBS else None
+        if target == "capacity_factor_pct":
+            out[target] = (
+                int(round(value * 100))
+                if np.ndim(value) == 0
+                else np.rint(np.asarray(value, dtype=np.float64) * 100).astype(np.int64)
+            )
+        else:
+            out[name] = value
+    return out
+
+
+def check_fields(fields: Mapping[str, Any], *, order: tuple[str, ...] | None = None) -> None:
+    """ValueError naming the first field whose value is outside its choices.
+
+    Assumes: bounds are the HTTP layer's (the engine marks out-of-range layouts with a reason).
+    """
+    for name in order or tuple(fields):
+        knob_ = KNOBS.get(name)
+        if knob_ is None or knob_.choices is None or knob_.open_choices:
+            continue
+        value = fields[name]
+        if value not in knob_.choices:
+            raise ValueError(
+                f"{name}: unknown value '{value}'; allowed: {', '.join(knob_.choices)}"
+            )
+
+
+def parallel_layout(c: Mapping[str, Any]) -> dict[str, Any]:
+    """dp and gradient accumulation of a configuration or of grid columns (vectorized).
+
+    dp = num_gpus // (tp x pp x cp) (at least 1); grad_accum_steps = global_batch_size //
+    (micro_batch_size x dp), 1 when global_batch_size is 0 (no accumulation).
+    Source: Megatron-LM arguments.py (data_parallel_size, num_micro_batches).
+    """
+    par = np.maximum(np.asarray(c["tp"]) * np.asarray(c["pp"]) * np.asarray(c["cp"]), 1)
+    dp = np.maximum(np.asarray(c["num_gpus"]) // par, 1)
+    gbs = np.asarray(c["global_batch_size"])
+    micro = np.asarray(c["micro_batch_size"])
+    accum = np.where(gbs > 0, gbs // np.maximum(micro * dp, 1), 1)
+    return {"dp": dp, "grad_accum_steps": accum}

@@ -1,0 +1,23 @@
+"""The engine's closed vocabularies: the names a categorical training field takes.
+
+A grid stores a categorical field as its code, the index of the name in its tuple here.
+"""
+
+from __future__ import annotations
+
+PRECISIONS = (
+    "fp32",
+    "bf16",
+    "fp16",
+    "amp-bf16",
+    "amp-fp16",
+    "mixed-bf16",
+    "mixed-fp16",
+    "fp8-mixed",
+)
+OPTIMIZERS = ("adamw", "adamw-fused", "adamw-8bit", "sgd", "sgd-momentum", "adafactor", "lion")
+RECOMPUTE = ("none", "selective", "full")
+ATTENTION = ("flash", "eager")
+FRAMEWORKS = ("hf", "megatron", "deepspeed", "torchtitan")
+OFFLOADS = ("none", "optimizer", "optimizer+params")
+LOSSES = ("full", "chunked")

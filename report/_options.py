@@ -1,0 +1,173 @@
+"""The commands' options, declared once as data: the CLI (trainmem.cli) makes typer options of
+them, the HTTP service (trainmem.serve) pydantic request fields, the Python API keyword
+arguments.
+
+A command's options are the training configuration's fields (engine TrainingConfig: their
+type, default, choices, bounds and help live there) plus its own `Option`s below. A command may
+change a training field's default (sweep and recommend search mixed-bf16 on Megatron) and leave
+fields out (the ones a sweep searches).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trainmem.engine import FIELDS, KNOBS, TYPES
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Option:
+    """One command option: name (the Python keyword; --name-with-dashes on the CLI), type,
+    default, help, choices and bounds (inclusive `ge`/`le`, exclusive `gt`/`lt`)."""
+
+    name: str
+    type: Any
+    """int, float, bool, str, or an optional / list form: str | None, list[str] | None."""
+    default: Any
+    help: str
+    flag: str | None = None
+    """The CLI spelling when it is not --name-with-dashes (`--json`, `--per-stage`)."""
+    choices: tuple[str, ...] | None = None
+    ge: float | None = None
+    le: float | None = None
+    gt: float | None = None
+    lt: float | None = None
+    http: bool = True
+    """Offered over HTTP (False: names a server path or only changes how output is printed)."""
+
+    def with_default(self, default: Any) -> Option:
+        return dataclasses.replace(self, default=default)
+
+
+def training_options(
+    *,
+    defaults: Mapping[str, Any] | None = None,
+    exclude: Sequence[str] = (),
+    optional: Sequence[str] = (),
+) -> tuple[Option, ...]:
+    """The training configuration's fields as options (declaration order).
+
+    `defaults` overrides a field's default for one command; `exclude` leaves fields out;
+    `optional` fields default to None (unset: the command decides, e.g. a sweep searches it).
+    """
+    out = []
+    for f in FIELDS:
+        if f.name in exclude:
+            continue
+        k = KNOBS[f.name]
+        kind = TYPES[f.name]
+        default = (defaults or {}).get(f.name, f.default)
+        if f.name in optional:
+            kind, default = kind | None, None
+        out.append(
+            Option(
+                name=f.name,
+                type=kind,
+                default=default,
+                help=k.help,
+                flag=k.flag,
+                choices=None if k.open_choices else k.choices,
+                ge=k.ge,
+                le=k.le,
+            )
+        )
+    return tuple(out)
+
+
+def option_defaults(options: Sequence[Option]) -> dict[str, Any]:
+    return {o.name: o.default for o in options}
+
+
+AS_JSON = Option(
+    name="as_json",
+    type=bool,
+    default=False,
+    help="Print one JSON object.",
+    flag="--json",
+    http=False,
+)
+MODEL = Option(
+    name="model", type=str, default="llama-3.1-8b", help="Preset name or path to a HF config.json."
+)
+GPU = Option(
+    name="gpu", type=str, default="h100-sxm-80gb", help="GPU profile name (see `trainmem gpus`)."
+)
+HEADROOM = Option(
+    name="headroom",
+    type=float,
+    default=0.10,
+    help="Fraction of usable memory kept free.",
+    ge=0,
+    lt=1,
+)
+HARDWARE_DIR = Option(
+    name="hardware_dir",
+    type=str | None,
+    default=None,
+    http=False,
+    help="Folder of extra GPU TOML files (or TRAINMEM_HARDWARE_DIR).",
+)
+MODELS_DIR = Option(
+    name="models_dir",
+    type=str | None,
+    default=None,
+    http=False,
+    help="Folder of extra model presets, NAME.json (or TRAINMEM_MODELS_DIR).",
+)
+OPTIMIZERS_DIR = Option(
+    name="optimizers_dir",
+    type=str | None,
+    default=None,
+    http=False,
+    help="Folder of user optimizers, NAME.toml (or TRAINMEM_OPTIMIZERS_DIR).",
+)
+PROFILE_FILE = Option(
+    name="profile_file",
+    type=str | None,
+    default=None,
+    flag="--profile",
+    http=False,
+    help="Activation profile JSON (`trainmem trace --save-profile`) as the model.",
+)
+USER_DIRS = (HARDWARE_DIR, MODELS_DIR, OPTIMIZERS_DIR)
+
+ESTIMATE_OPTIONS: tuple[Option, ...] = (
+    MODEL,
+    GPU,
+    *training_options(),
+    HEADROOM,
+    *USER_DIRS,
+    Option(
+        name="overhead",
+        type=list[str] | None,
+        default=None,
+        help="Override an overhead parameter, KEY=BYTES (repeatable).",
+    ),
+    Option(
+        name="per_stage",
+        type=bool,
+        default=False,
+        flag="--per-stage",
+        help="Also report every pipeline stage's rank.",
+    ),
+    AS_JSON,
+    Option(
+        name="tokens",
+        type=float | None,
+        default=None,
+        gt=0,
+        le=1e18,
+        help="Token budget: adds time and cost to train it.",
+    ),
+    Option(
+        name="time_param",
+        type=list[str] | None,
+        default=None,
+        help="Override a step-time constant, KEY=VALUE (repeatable).",
+    ),
+    PROFILE_FILE,
+)
+"""`trainmem estimate`, `POST /v1/estimate`, `trainmem.estimate`."""

@@ -1,0 +1,46 @@
+"""The public Python API: `import trainmem` gives the verbs; their doctests run; nothing heavy
+is imported until a verb runs."""
+
+from __future__ import annotations
+
+import doctest
+import subprocess
+import sys
+
+import trainmem
+import trainmem.engine._config as config_module
+
+
+def test_doctests_of_the_public_api_run() -> None:
+    for module in (trainmem, config_module):
+        result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+def test_the_verbs_are_there() -> None:
+    for name in trainmem.__all__:
+        assert callable(getattr(trainmem, name)), name
+    assert set(trainmem.__all__) >= {"estimate", "fit", "sweep", "recommend", "load_model",
+                                     "load_gpu", "TrainingConfig"}  # fmt: skip
+
+
+def test_sweep_is_the_package_and_the_verb(tmp_path) -> None:
+    import trainmem.sweep._search  # noqa: F401  (a submodule import must not hide the verb)
+
+    run = trainmem.sweep(model="gpt2", fleet="2xt4-16gb", seq_len=1024, global_batch_size=32,
+                         max_pp=1, max_cp=1, max_micro_batch_size=4, out=str(tmp_path))  # fmt: skip
+    assert run.result.num_points > 0 and run.result.best
+    assert (
+        run.result.best[0]["micro_batch_size"]
+        * run.result.best[0]["grad_accum_steps"]
+        * (run.result.best[0]["dp"])
+        == 32
+    )
+
+
+def test_import_trainmem_loads_nothing_heavy() -> None:
+    heavy = ("trainmem.", "polars", "optuna", "numpy")
+    code = f"import sys, trainmem; print(sorted(m for m in sys.modules if m.startswith({heavy})))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True).stdout  # fmt: skip
+    assert loaded.strip() == "[]", loaded
