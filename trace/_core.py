@@ -6,13 +6,14 @@ checkpoint code, no data, no memory): a warm-up, then the measured step, exactly
 truth was traced (loss = model(input_ids, labels=input_ids).loss; backward; optimizer.step();
 zero_grad(set_to_none=True)), with the model's KV cache off (use_cache=False: a training step
 keeps none) and unpacked batches. Every storage is counted, rounded to 512 bytes as the CUDA
-caching allocator counts memory_allocated (sweep/_trace_step.py).
+caching allocator counts memory_allocated (trace/_step.py).
 
-Device: a fake `cuda` device (sweep/_fake_cuda.py: a small C++ extension, built once, gives a
-CPU-only torch the CUDA device guard autograd needs), so the CUDA paths run: CUDA autocast op
-lists, the fused dropout (a bool mask), and the attention kernel a Hopper GPU picks
-(sweep/_trace_sdpa.py: flash by default). Without a C++ compiler the step falls back to fake CPU
-tensors, with a note in the result: CPU autocast op lists differ from CUDA's (GPT-2 amp -10%).
+Device: a fake `cuda` device (trace/_fake_cuda.py: a small C++ extension, built once, gives a
+torch without a GPU, CPU or CUDA build, the CUDA device guard and hooks autograd needs), so the
+CUDA paths run: CUDA autocast op lists, the fused dropout (a bool mask), and the attention kernel
+a Hopper GPU picks (trace/_sdpa.py: flash by default). Without a C++ compiler the step falls
+back to fake CPU tensors, with a note in the result: CPU autocast op lists differ from CUDA's
+(GPT-2 amp -10%).
 """
 
 from __future__ import annotations
@@ -80,13 +81,16 @@ def _cuda_like_dropout() -> Iterator[None]:
 
 def in_child_if_needed(function: str, kwargs: dict[str, Any]) -> dict[str, Any] | None:
     """function(**kwargs) in a fresh process when this one's autograd engine started before the
-    fake `cuda` device existed (see _fake_cuda.py); None when the trace can run here."""
+    fake `cuda` device existed (see _fake_cuda.py); None when the trace can run here. One level
+    only: in a trace child (_child.is_child) this raises a one-line ValueError naming the torch
+    build instead of starting another process."""
+    from ._child import is_child, no_second_child_error, run_in_child
     from ._fake_cuda import autograd_sees_fake_cuda, fake_cuda_unavailable_reason
 
     if fake_cuda_unavailable_reason() or autograd_sees_fake_cuda():
         return None
-    from ._child import run_in_child
-
+    if is_child():
+        raise no_second_child_error()
     return run_in_child(function, kwargs)
 
 

@@ -104,14 +104,14 @@ def fake_fsdp_device_handle() -> Iterator[None]:
     )
 
     modules = (_fsdp_collectives, _fsdp_init, _fsdp_param_group, _fsdp_state)
-    saved = [m._get_device_handle for m in modules]
+    saved = [m._get_device_handle for m in modules]  # type: ignore[attr-defined]
     for m in modules:
-        m._get_device_handle = lambda device_type: FAKE_CUDA_HANDLE
+        m._get_device_handle = lambda device_type: FAKE_CUDA_HANDLE  # type: ignore[attr-defined]
     try:
         yield
     finally:
         for m, plain in zip(modules, saved, strict=True):
-            m._get_device_handle = plain
+            m._get_device_handle = plain  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager

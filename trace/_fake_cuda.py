@@ -1,28 +1,37 @@
-"""A fake `cuda` device on a CPU-only torch, so that a traced step runs as a GPU would run it.
+"""A fake `cuda` device on a machine without a GPU, so that a traced step runs as a GPU would
+run it: on a CPU-only torch, and on a CUDA build of torch (what `pip install torch` gives).
 
 Fake tensors (torch._subclasses.fake_tensor.FakeTensorMode) can say `device='cuda'` on any torch
-build, but a CPU-only build cannot run autograd on them: the autograd engine asks for the CUDA
-device guard (c10::impl::getDeviceGuardImpl) and for the current accelerator's stream
-(at::accelerator::getCurrentStream), and a CPU build has neither. A ten-line C++ extension,
-compiled once with torch.utils.cpp_extension and cached, supplies both:
+build, but without a GPU autograd cannot run on them: the autograd engine asks for the CUDA
+device guard (c10::impl::getDeviceGuardImpl: it sizes its per-device queues by the guard's
+deviceCount()) and for the current accelerator's stream and primary context (CUDA hooks). A CPU
+build has neither; a CUDA build has real ones that count no device and fail
+("hasPrimaryContext expects a valid device index, but got device_index=0"). A small C++
+extension, compiled once with torch.utils.cpp_extension and cached, supplies both:
 
-- it registers c10's own FakeGuardImpl<CUDA> as the CUDA device guard (the test double c10 ships
-  in c10/core/impl/FakeGuardImpl.h: eight devices, streams as ids, events as no-ops);
-- while a trace runs, it swaps the vtable of the default at::CUDAHooksInterface object for one
-  whose hasCUDA()/isBuilt() say yes, so at::accelerator::getAccelerator() answers CUDA; the
-  original is put back afterwards. No CUDA call is ever made: every op runs on fake tensors.
+- it sets c10's own FakeGuardImpl<CUDA> as the CUDA device guard (the test double c10 ships in
+  c10/core/impl/FakeGuardImpl.h: eight devices, streams as ids, events as no-ops); on a CPU build
+  it stays, on a CUDA build the real guard is put back after the trace;
+- while a trace runs, it swaps the vtable of the CUDA hooks object (a CPU build's default
+  at::CUDAHooksInterface, or a CUDA build's at::cuda::detail::CUDAHooks: both hold no data) for
+  one whose hasCUDA()/isBuilt()/hasPrimaryContext() say yes, so at::accelerator::getAccelerator()
+  answers CUDA; the original vtable is put back afterwards. No CUDA call is ever made: every op
+  runs on fake tensors. Where a GPU is there (a CUDA build that sees one) nothing is swapped.
 
 The guard must be there before the process's first backward pass: the autograd engine sizes its
 per-device queues once. A process that ran autograd before (a test session, a notebook) traces
-in a fresh child process instead (autograd_sees_fake_cuda says which).
+in one fresh child process instead (autograd_sees_fake_cuda says which; _child.py: a child never
+starts another one).
 
 Python side, torch.autocast("cuda") would disable itself (torch.cuda.is_available() is False);
 during the trace its two availability checks answer yes, so the real CUDA autocast op lists
-apply. On a torch built with CUDA none of this is needed (FakeTensorMode registers a guard itself).
+apply.
 
-Source: torch/csrc/autograd/input_buffer.cpp (InputBuffer::add asks for the accelerator's
-current stream), aten/src/ATen/DeviceAccelerator.cpp (getAccelerator consults the CUDA hooks),
-torch/amp/autocast_mode.py (the CUDA availability checks), torch 2.13.
+Source: torch/csrc/autograd/engine.cpp (start_device_threads, ready_queue_by_index),
+torch/csrc/autograd/input_buffer.cpp (InputBuffer::add asks for the accelerator's current
+stream), aten/src/ATen/DeviceAccelerator.cpp (getAccelerator consults the CUDA hooks),
+aten/src/ATen/cuda/detail/CUDAHooks.h, torch/amp/autocast_mode.py (the CUDA availability checks);
+torch 2.13 (CPU build) and 2.14.1+cu130 (CUDA build, no GPU).
 """
 
 from __future__ import annotations
@@ -31,7 +40,9 @@ import contextlib
 import ctypes
 import functools
 import hashlib
+import logging
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +52,8 @@ CPP_SOURCE = r"""
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/FakeGuardImpl.h>
 
+#include <atomic>
+#include <cstring>
 #include <new>
 #include <typeinfo>
 
@@ -59,20 +72,49 @@ struct FakeCUDAHooks final : at::CUDAHooksInterface {
 };
 static_assert(sizeof(FakeCUDAHooks) == sizeof(at::CUDAHooksInterface), "vtable swap only");
 
+// A CUDA build's hooks (ATen/cuda/detail/CUDAHooks.h): methods only, no data members.
+constexpr const char* kCUDAHooksName = "N2at4cuda6detail9CUDAHooksE";
+
 c10::impl::FakeGuardImpl<c10::DeviceType::CUDA> fake_guard;
+const c10::impl::DeviceGuardImplInterface* saved_guard = nullptr;
+bool guard_swapped = false;
+void* saved_vptr = nullptr;
+
+std::atomic<const c10::impl::DeviceGuardImplInterface*>& cuda_slot() {
+  return c10::impl::device_guard_impl_registry[static_cast<size_t>(c10::DeviceType::CUDA)];
+}
 }  // namespace
 
 extern "C" {
-// 0: installed; 1: this torch has real CUDA hooks (nothing to do).
+// 1 when the hooks are of a kind install knows (a CPU build's, a CUDA build's, or the fake).
+int trainmem_fake_cuda_supported() {
+  const std::type_info& type = typeid(at::detail::getCUDAHooks());
+  return type == typeid(FakeCUDAHooks) || type == typeid(at::CUDAHooksInterface) ||
+         std::strcmp(type.name(), kCUDAHooksName) == 0;
+}
+
+// 0: installed; 1: hooks of an unknown kind (nothing done).
 int trainmem_fake_cuda_install() {
   auto& hooks = const_cast<at::CUDAHooksInterface&>(at::detail::getCUDAHooks());
-  if (typeid(hooks) != typeid(at::CUDAHooksInterface) && typeid(hooks) != typeid(FakeCUDAHooks)) {
+  const std::type_info& type = typeid(hooks);
+  if (type == typeid(FakeCUDAHooks)) {
+    return 0;
+  }
+  const bool cpu_build = type == typeid(at::CUDAHooksInterface);
+  if (!cpu_build && std::strcmp(type.name(), kCUDAHooksName) != 0) {
     return 1;
   }
-  auto& slot = c10::impl::device_guard_impl_registry[static_cast<size_t>(c10::DeviceType::CUDA)];
-  if (slot.load() == nullptr) {
-    slot.store(&fake_guard);  // stays: harmless without CUDA tensors, and autograd caches it
+  auto& slot = cuda_slot();
+  if (cpu_build) {
+    if (slot.load() == nullptr) {
+      slot.store(&fake_guard);  // stays: harmless without CUDA tensors, and autograd caches it
+    }
+  } else if (!guard_swapped) {
+    // A CUDA build without a GPU: its real guard counts no device and fails on every call.
+    saved_guard = slot.exchange(&fake_guard);
+    guard_swapped = true;
   }
+  std::memcpy(&saved_vptr, static_cast<void*>(&hooks), sizeof(void*));
   new (&hooks) FakeCUDAHooks();
   return 0;
 }
@@ -80,7 +122,11 @@ int trainmem_fake_cuda_install() {
 void trainmem_fake_cuda_remove() {
   auto& hooks = const_cast<at::CUDAHooksInterface&>(at::detail::getCUDAHooks());
   if (typeid(hooks) == typeid(FakeCUDAHooks)) {
-    new (&hooks) at::CUDAHooksInterface();
+    std::memcpy(static_cast<void*>(&hooks), &saved_vptr, sizeof(void*));
+  }
+  if (guard_swapped) {
+    cuda_slot().store(saved_guard);
+    guard_swapped = false;
   }
 }
 }
@@ -94,18 +140,49 @@ def _cache_dir() -> Path:
     return Path(root)
 
 
-@functools.cache
-def _library() -> tuple[Any, str]:
-    """(ctypes library, '') once built and loaded, or (None, why not)."""
+def torch_build() -> str:
+    """This torch, as the errors name it: 'torch 2.14.1+cu130 (CUDA 13.0 build, no GPU seen)'."""
     import torch
 
-    if torch.backends.cuda.is_built():
-        return None, ""  # a CUDA build: FakeTensorMode sets a guard itself
+    cuda = torch.version.cuda
+    if not cuda:
+        return f"torch {torch.__version__} (CPU build)"
+    gpu = "a GPU seen" if _gpu_seen() else "no GPU seen"
+    return f"torch {torch.__version__} (CUDA {cuda} build, {gpu})"
+
+
+@functools.cache
+def _gpu_seen() -> bool:
+    """Whether a CUDA build of torch sees a GPU (a CPU build never does)."""
+    import torch
+
+    if not torch.backends.cuda.is_built():
+        return False
+    with warnings.catch_warnings():  # "CUDA initialization: Found no NVIDIA driver ..."
+        warnings.simplefilter("ignore")
+        return bool(torch.cuda.is_available())
+
+
+@functools.cache
+def _library() -> tuple[Any, str]:
+    """(ctypes library, '') once built and loaded, (None, '') where a real GPU is there (the
+    real CUDA guard and hooks serve fake tensors), or (None, why not)."""
+    import torch
+
+    if _gpu_seen():
+        return None, ""
     key = hashlib.sha256(f"{torch.__version__}\n{CPP_SOURCE}".encode()).hexdigest()[:12]
     name = f"trainmem_fake_cuda_{key}"
     build_dir = _cache_dir() / name
     try:
-        from torch.utils import cpp_extension
+        # Its import warns "No CUDA runtime is found" on a CUDA build without a GPU: expected.
+        quiet = logging.getLogger("torch.utils.cpp_extension")
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)
+        try:
+            from torch.utils import cpp_extension
+        finally:
+            quiet.setLevel(level)
 
         build_dir.mkdir(parents=True, exist_ok=True)
         source = build_dir / "fake_cuda.cpp"
@@ -115,18 +192,17 @@ def _library() -> tuple[Any, str]:
             name=name, sources=[str(source)], build_directory=str(build_dir),
             is_python_module=False, verbose=False,
         )  # fmt: skip
-        return ctypes.CDLL(str(path)), ""
+        lib = ctypes.CDLL(str(path))
     except Exception as exc:  # no compiler, no ninja, a read-only cache, ...
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return None, f"could not build the fake-cuda extension ({first_line[:200]})"
+    if not lib.trainmem_fake_cuda_supported():
+        return None, f"{torch_build()} has CUDA hooks of an unknown kind"
+    return lib, ""
 
 
 def fake_cuda_unavailable_reason() -> str:
     """'' when traces can run on a fake `cuda` device here, else why not (one line)."""
-    import torch
-
-    if torch.backends.cuda.is_built():
-        return ""
     return _library()[1]
 
 
@@ -166,9 +242,10 @@ def fake_cuda_device() -> Iterator[None]:
 
 
 @functools.cache
-def autograd_sees_fake_cuda() -> bool:
-    """Whether this process's autograd engine can run backward on fake `cuda` tensors: it can
-    unless it started (sized its device queues) before the fake guard was registered."""
+def autograd_failure() -> str:
+    """'' when this process's autograd engine can run backward on fake `cuda` tensors, else the
+    failure in one line. It can unless it started (sized its device queues) before the fake
+    guard was registered."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -176,6 +253,12 @@ def autograd_sees_fake_cuda() -> bool:
         with fake_cuda_device(), FakeTensorMode():
             x = torch.empty(2, device="cuda", requires_grad=True)
             (x * 2.0).sum().backward()
-    except RuntimeError:
-        return False
-    return True
+    except Exception as exc:  # any failure means: not in this process
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        return f"{type(exc).__name__}: {first}"
+    return ""
+
+
+def autograd_sees_fake_cuda() -> bool:
+    """Whether this process's autograd engine can run backward on fake `cuda` tensors."""
+    return not autograd_failure()

@@ -100,18 +100,22 @@ def trace_report(
     choice("device", device, DEVICES)
     if seq_len < 1 or micro_batch_size < 1:
         raise ValueError("seq-len and micro-batch-size: must be >= 1")
-    parallel = {"num_gpus": num_gpus, "zero": zero, "tp": tp,
-                "sequence_parallel": sequence_parallel}  # fmt: skip
+    parallel: dict[str, Any] = {"num_gpus": num_gpus, "zero": zero, "tp": tp,
+                                "sequence_parallel": sequence_parallel}  # fmt: skip
     if num_gpus > 1 or zero or tp > 1:
         from ._dist import check_parallel
 
         check_parallel(**parallel, module=module)
-    common = {"precision": precision, "recompute": recompute, "optimizer": optimizer}
+    common: dict[str, Any] = {
+        "precision": precision,
+        "recompute": recompute,
+        "optimizer": optimizer,
+    }
 
     def run(length: int, real_hook: Any = None) -> dict[str, Any]:
         """The step at `length` tokens: on the fake device, or (real_hook) on the real GPU."""
-        flags = {**common, "micro_batch_size": micro_batch_size, "seq_len": length,
-                 "sdpa_kernel": sdpa_kernel}  # fmt: skip
+        flags: dict[str, Any] = {**common, "micro_batch_size": micro_batch_size,
+                                 "seq_len": length, "sdpa_kernel": sdpa_kernel}  # fmt: skip
         if real_hook is None:
             flags["device"] = device
         else:

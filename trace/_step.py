@@ -38,7 +38,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 try:
     from torch.distributed.tensor import DTensor
 except ImportError:  # pragma: no cover - a torch built without torch.distributed
-    DTensor = None
+    DTensor = None  # type: ignore[misc,assignment]
 
 BLOCK_BYTES = 512
 """c10/cuda/CUDACachingAllocator.cpp kMinBlockSize: memory_allocated counts rounded blocks."""
@@ -114,7 +114,7 @@ class Tracker(TorchDispatchMode):
                 tracker._note_peak()
             return out
 
-        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign,assignment]
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> Any:

@@ -1,7 +1,7 @@
 """`trainmem trace` on fake tensors (needs the trace extra: torch + transformers).
 
 Skipped, with the reason, where torch or transformers is not installed (the core install, CI).
-The ground-truth cases run on the fake CUDA device (sweep/_fake_cuda.py); where its C++
+The ground-truth cases run on the fake CUDA device (trace/_fake_cuda.py); where its C++
 extension cannot be built the trace falls back to CPU tensors, and the cases that depend on the
 CUDA paths are skipped with that reason.
 """
