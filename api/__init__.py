@@ -68,7 +68,7 @@ def fit(training: TrainingConfig | dict[str, Any] | None = None, /, **options: A
 
 def recommend(training: TrainingConfig | dict[str, Any] | None = None, /, **options: Any) -> dict:
     """The best plan for a job on a fleet, its runners-up (same keys as `trainmem recommend
-    --format json`); render it with `trainmem.plan.render(report, "deepspeed")`.
+    --format json`); render it with `trainmem.plan.render(report, "torchrun")`.
 
     >>> plan = recommend(model="gpt2", fleet="2xt4-16gb", seq_len=1024, global_batch_size=32,
     ...                  max_pp=1, max_cp=1, max_micro_batch_size=4)

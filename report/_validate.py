@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from trainmem.engine import ATTENTION, FRAMEWORKS, LOSSES, OFFLOADS, PRECISIONS, RECOMPUTE
+from trainmem.engine import KNOBS
 
 VOCABULARIES: dict[str, tuple[str, ...]] = {
-    "precision": PRECISIONS,
-    "recompute": RECOMPUTE,
-    "attention": ATTENTION,
-    "framework": FRAMEWORKS,
-    "offload": OFFLOADS,
-    "loss": LOSSES,
+    name: knob.choices
+    for name, knob in KNOBS.items()
+    if knob.choices is not None and not knob.open_choices
 }
-"""The engine's closed vocabularies, by field (optimizers are open: see optimizer_columns)."""
+"""The closed vocabularies of the training fields (TrainingConfig), by field; optimizers are
+open (built-in or user files: see optimizer_columns)."""
 
 
 def choice(field: str, value: str, allowed: tuple[str, ...]) -> str:

@@ -18,6 +18,7 @@ import polars as pl
 from trainmem.engine import (
     ATTENTION,
     FRAMEWORKS,
+    KNOBS,
     LOSSES,
     OFFLOADS,
     OPTIMIZERS,
@@ -30,6 +31,7 @@ from trainmem.engine import (
     load_model,
     make_grid,
     optimizer_columns,
+    parallel_layout,
     reason_text,
 )
 from trainmem.hardware import GIB, GpuProfile, get_gpu
@@ -37,13 +39,9 @@ from trainmem.report import choice
 from trainmem.results import query_points, write_heatmap
 
 CATEGORICAL: dict[str, tuple[str, ...]] = {
-    "precision": PRECISIONS,
-    "optimizer": OPTIMIZERS,
-    "recompute": RECOMPUTE,
-    "attention": ATTENTION,
-    "framework": FRAMEWORKS,
-    "offload": OFFLOADS,
-    "loss": LOSSES,
+    name: OPTIMIZERS if knob.open_choices else knob.choices
+    for name, knob in KNOBS.items()
+    if knob.choices is not None or knob.open_choices
 }
 """The axes that take names, in their vocabulary's order (built-in optimizers only)."""
 
@@ -217,7 +215,7 @@ def _axis_order(axis: str, column: pl.Series) -> list[Any]:
 
 def _settings(c: dict[str, Any], axes: tuple[str, str]) -> str:
     """The fixed settings of a flags heatmap in words (the axes and idle defaults left out)."""
-    dp = c["num_gpus"] // max(c["tp"] * c["pp"] * c["cp"], 1)
+    dp = int(parallel_layout(c)["dp"])
     adapter = "QLoRA" if c["qlora"] else "LoRA"
     shown = [
         ("seq_len", f"seq {c['seq_len']:,}"),

@@ -30,6 +30,7 @@ from trainmem.engine import (
     grid_columns,
     layout_reason,
     make_grid,
+    parallel_layout,
     time_inputs,
 )
 from trainmem.hardware import Fleet, GpuProfile
@@ -187,7 +188,6 @@ def evaluate_columns(
     pool = cols["pool"].astype(np.int64)
     num_gpus = cols["num_gpus"].astype(np.int64)
     tp, pp = cols["tp"].astype(np.int64), cols["pp"].astype(np.int64)
-    micro = cols["micro_batch_size"].astype(np.int64)
     cols = {**cols, **{a: _codes(a, cols[a]) for a in _NAMES}}
     grid_cols = {a: cols[a] for a in AXES if a != "pool"}
     grid = make_grid({**space.fixed, **grid_cols})
@@ -237,12 +237,11 @@ def evaluate_columns(
     timed = ("step_time_s", "tokens_per_second", "mfu", "cost_per_million_tokens")
     timing = estimate_time(m, grid, params=time_params, reason=reason, columns=timed, **gpu_values)
     valid = reason == 0
-    gbs = grid["global_batch_size"]
     dp = out["dp"]
     return {
         "pool": pool,
         **{k: grid[k] for k in ("micro_batch_size", "tp", "pp", "virtual_stages", "cp", "ep")},
-        "grad_accum_steps": np.where(gbs > 0, gbs // np.maximum(micro * dp, 1), 1),
+        "grad_accum_steps": parallel_layout(grid)["grad_accum_steps"],
         "dp": dp,
         "zero": grid["zero"],
         "recompute": cols["recompute"],
