@@ -97,3 +97,27 @@ def test_one_declaration_site() -> None:
     source = inspect.getsource(cli_options)
     for knob in KNOBS.values():
         assert knob.help not in source
+
+
+def test_report_signatures_take_the_declared_options_with_their_defaults() -> None:
+    """The report functions spell their non-training options in their signatures (typed, for
+    the Python API); each must be a declared option with the declared default."""
+    from trainmem.plan import RECOMMEND_OPTIONS, recommend_report
+    from trainmem.report import ESTIMATE_OPTIONS, estimate_report
+    from trainmem.sweep import FIT_OPTIONS, SWEEP_OPTIONS, fit_report, run_sweep
+
+    pairs = (
+        (estimate_report, ESTIMATE_OPTIONS),
+        (fit_report, FIT_OPTIONS),
+        (recommend_report, RECOMMEND_OPTIONS),
+        (run_sweep, SWEEP_OPTIONS),
+    )
+    for function, options in pairs:
+        declared = {o.name: o.default for o in options if o.name not in FIELD_NAMES}
+        params = inspect.signature(function).parameters
+        for name, param in params.items():
+            if param.kind is inspect.Parameter.KEYWORD_ONLY and name != "progress":
+                assert name in declared, (function.__name__, name)
+                assert param.default == declared[name], (function.__name__, name)
+        missing = set(declared) - set(params) - {"as_json", "fmt"}
+        assert not missing, (function.__name__, missing)
