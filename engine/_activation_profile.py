@@ -42,6 +42,7 @@ import datetime
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -184,6 +185,75 @@ def derive_profile(
     precision, recompute and attention as traced. Each term is solved from the two traces (see
     _fit).
     """
+    trace_a, trace_b, seq, micro = _paired_traces(trace_a, trace_b)
+
+    def fit(key: str) -> dict[str, float]:
+        values = (_trace_number(trace_a, key, "a"), _trace_number(trace_b, key, "b"))
+        return _fit(seq, micro, values)
+
+    phase = _transient_phase(trace_a, trace_b, seq)
+    if phase == "backward_end":
+        _exclude_gradients(trace_a, trace_b)
+    per_layer, outside = _activation_coefficients(trace_a, trace_b, fit)
+    profile = {
+        "format": FORMAT,
+        "version": VERSION,
+        "name": name,
+        "source": {
+            "created": datetime.date.today().isoformat(),
+            **source,
+            "traced_seq_lens": list(seq),
+            "micro_batch_size": micro[0],
+        },
+        "valid_for": dict(valid_for),
+        **_module_fields(trace_a),
+        "activation_bytes": {"per_layer": per_layer, "outside_layers": outside},
+        "transient_bytes": fit("transient_bytes"),
+        "transient_phase": phase,
+    }
+    validate_profile(profile)
+    return profile
+
+
+def _activation_coefficients(
+    trace_a: dict[str, Any], trace_b: dict[str, Any], fit: Callable[[str], dict[str, float]]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """(per layer, outside the layers) activation coefficients, `fit` from the two traces.
+
+    Autocast's weight copies, when the trace counts them apart from the activations: measured,
+    not fitted (they do not grow with tokens), so they go to `constant` directly and the two
+    traces still solve per_token and per_token_sq.
+    """
+    pair = (("a", trace_a), ("b", trace_b))
+    copies = max(_optional(t, "activations_autocast_weight_copies_bytes", w) for w, t in pair)
+    copies_in_layers = max(
+        _optional(t, "activations_autocast_weight_copies_in_layers_bytes", w) for w, t in pair
+    )
+    per_layer = fit("activations_per_layer_bytes")
+    per_layer["constant"] += copies_in_layers / int(trace_a["num_layers"])
+    outside = fit("activations_outside_layers_bytes")
+    outside["constant"] += max(copies - copies_in_layers, 0.0)
+    return per_layer, outside
+
+
+def _module_fields(trace: dict[str, Any]) -> dict[str, Any]:
+    """The traced module's profile fields: num_layers, layer_class, parameters."""
+    return {
+        "num_layers": int(trace["num_layers"]),
+        "layer_class": str(trace["layer_class"]),
+        "parameters": {
+            "per_layer": int(trace["parameters_per_layer"]),
+            "outside_layers": int(trace["parameters_outside_layers"]),
+            "trainable": int(trace["trainable_parameters"]),
+        },
+    }
+
+
+def _paired_traces(
+    trace_a: dict[str, Any], trace_b: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any], tuple[int, int], tuple[int, int]]:
+    """(shorter trace, longer trace, their sequence lengths, micro-batch sizes): copies, checked
+    to hold TRACE_KEYS and to trace the same module and micro-batch at two lengths."""
     for which, trace in (("a", trace_a), ("b", trace_b)):
         missing = [k for k in TRACE_KEYS if k not in trace]
         if missing:
@@ -203,11 +273,12 @@ def derive_profile(
         raise ValueError(f"seq_len: the two traces need different sequence lengths, got {seq[0]}")
     if seq[0] < 1:
         raise ValueError(f"seq_len: must be >= 1, got {seq[0]}")
-    micro = (int(trace_a["micro_batch_size"]),) * 2
+    return trace_a, trace_b, seq, (int(trace_a["micro_batch_size"]),) * 2
 
-    def fit(key: str) -> dict[str, float]:
-        values = (_trace_number(trace_a, key, "a"), _trace_number(trace_b, key, "b"))
-        return _fit(seq, micro, values)
+
+def _transient_phase(trace_a: dict[str, Any], trace_b: dict[str, Any], seq) -> str:
+    """The phase both traces peak in (one transient per profile: two phases would fit a line
+    through unrelated points)."""
 
     def phase_of(trace: dict[str, Any]) -> str:
         if trace.get("gradients_at_peak_bytes"):
@@ -217,63 +288,30 @@ def derive_profile(
 
     phase = phase_of(trace_b)
     if phase_of(trace_a) != phase:
-        # One transient per profile: two phases would fit a line through unrelated points.
         raise ValueError(
             f"transient_bytes: the traces peak in different phases ({phase_of(trace_a)} at "
             f"seq_len {seq[0]}, {phase} at {seq[1]}); trace two lengths on the same side"
         )
-    if phase == "backward_end":
-        num_layers = int(trace_a["num_layers"])
-        for which, trace in (("a", trace_a), ("b", trace_b)):
-            grads = _trace_number(trace, "gradients_at_peak_bytes", which) if (
-                "gradients_at_peak_bytes" in trace) else 0.0  # fmt: skip
-            acts = num_layers * _trace_number(trace, "activations_per_layer_bytes", which)
-            acts += _trace_number(trace, "activations_outside_layers_bytes", which)
-            acts += _optional(trace, "activations_autocast_weight_copies_bytes", which)
-            transient = _trace_number(trace, "transient_bytes", which) + acts - grads
-            if transient < 0:
-                raise ValueError(
-                    f"trace {which}: gradients_at_peak_bytes: more than the peak holds beyond "
-                    "parameters and optimizer states"
-                )
-            trace["transient_bytes"] = transient
-    # Autocast's weight copies, when the trace counts them apart from the activations above:
-    # measured, not fitted (they do not grow with tokens), so they go to `constant` directly
-    # and the two traces still solve per_token and per_token_sq.
-    copies = max(_optional(t, "activations_autocast_weight_copies_bytes", w)
-                 for w, t in (("a", trace_a), ("b", trace_b)))  # fmt: skip
-    copies_in_layers = max(
-        _optional(t, "activations_autocast_weight_copies_in_layers_bytes", w)
-        for w, t in (("a", trace_a), ("b", trace_b))
-    )
-    per_layer = fit("activations_per_layer_bytes")
-    per_layer["constant"] += copies_in_layers / int(trace_a["num_layers"])
-    outside = fit("activations_outside_layers_bytes")
-    outside["constant"] += max(copies - copies_in_layers, 0.0)
-    profile = {
-        "format": FORMAT,
-        "version": VERSION,
-        "name": name,
-        "source": {
-            "created": datetime.date.today().isoformat(),
-            **source,
-            "traced_seq_lens": list(seq),
-            "micro_batch_size": micro[0],
-        },
-        "valid_for": dict(valid_for),
-        "num_layers": int(trace_a["num_layers"]),
-        "layer_class": str(trace_a["layer_class"]),
-        "parameters": {
-            "per_layer": int(trace_a["parameters_per_layer"]),
-            "outside_layers": int(trace_a["parameters_outside_layers"]),
-            "trainable": int(trace_a["trainable_parameters"]),
-        },
-        "activation_bytes": {"per_layer": per_layer, "outside_layers": outside},
-        "transient_bytes": fit("transient_bytes"),
-        "transient_phase": phase,
-    }
-    validate_profile(profile)
-    return profile
+    return phase
+
+
+def _exclude_gradients(trace_a: dict[str, Any], trace_b: dict[str, Any]) -> None:
+    """At a backward_end peak the transient is the peak less parameters, optimizer states and
+    the gradients alive at it: rewrite each trace's transient_bytes so (in place)."""
+    num_layers = int(trace_a["num_layers"])
+    for which, trace in (("a", trace_a), ("b", trace_b)):
+        grads = _trace_number(trace, "gradients_at_peak_bytes", which) if (
+            "gradients_at_peak_bytes" in trace) else 0.0  # fmt: skip
+        acts = num_layers * _trace_number(trace, "activations_per_layer_bytes", which)
+        acts += _trace_number(trace, "activations_outside_layers_bytes", which)
+        acts += _optional(trace, "activations_autocast_weight_copies_bytes", which)
+        transient = _trace_number(trace, "transient_bytes", which) + acts - grads
+        if transient < 0:
+            raise ValueError(
+                f"trace {which}: gradients_at_peak_bytes: more than the peak holds beyond "
+                "parameters and optimizer states"
+            )
+        trace["transient_bytes"] = transient
 
 
 # ---- validating and loading ----------------------------------------------------------------
@@ -312,6 +350,22 @@ def _coefficients(data: dict[str, Any], key: str, where: str) -> Coefficients:
     return Coefficients(**out)
 
 
+def _check_source(source: dict[str, Any], inner: str) -> None:
+    """The profile's `source` object: command, torch, traced_seq_lens, micro_batch_size,
+    created (an ISO date)."""
+    _need(source, "command", str, inner)
+    _need(source, "torch", str, inner)
+    lens = _need(source, "traced_seq_lens", list, inner)
+    if len(lens) != 2 or not all(isinstance(v, int) and v >= 1 for v in lens):
+        raise ValueError(f"profile{inner}: traced_seq_lens: must be two integers >= 1")
+    _count(source, "micro_batch_size", inner, minimum=1)
+    created = _need(source, "created", str, inner)
+    try:
+        datetime.date.fromisoformat(created[:10])
+    except ValueError:
+        raise ValueError(f"profile{inner}: created: must be an ISO date, got {created!r}") from None
+
+
 def validate_profile(data: Any, *, where: str = "") -> ActivationProfile:
     """Check a profile's fields; one-line ValueError naming the first bad one.
 
@@ -325,19 +379,7 @@ def validate_profile(data: Any, *, where: str = "") -> ActivationProfile:
         raise ValueError(f"profile{where}: version: must be {VERSION}, got {data.get('version')!r}")
     if not _need(data, "name", str, where):
         raise ValueError(f"profile{where}: name: must not be empty")
-    source = _need(data, "source", dict, where)
-    inner = f"{where}: source"
-    _need(source, "command", str, inner)
-    _need(source, "torch", str, inner)
-    lens = _need(source, "traced_seq_lens", list, inner)
-    if len(lens) != 2 or not all(isinstance(v, int) and v >= 1 for v in lens):
-        raise ValueError(f"profile{inner}: traced_seq_lens: must be two integers >= 1")
-    _count(source, "micro_batch_size", inner, minimum=1)
-    created = _need(source, "created", str, inner)
-    try:
-        datetime.date.fromisoformat(created[:10])
-    except ValueError:
-        raise ValueError(f"profile{inner}: created: must be an ISO date, got {created!r}") from None
+    _check_source(_need(data, "source", dict, where), f"{where}: source")
     valid = _need(data, "valid_for", dict, where)
     inner = f"{where}: valid_for"
     for key, allowed in (("precision", PRECISIONS), ("recompute", RECOMPUTE_TRACED),

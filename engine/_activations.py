@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._codes import RECOMPUTE_FULL, RECOMPUTE_SELECTIVE
 from ._model import ModelSpec
 
 SMALL_TENSOR_BYTES = 512
@@ -245,9 +246,9 @@ def megatron_layer_bytes(m: ModelSpec, *, s, b, tp, sp, recompute_code) -> np.nd
     replicated = 10.0
     core = 5.0 * a * s / h
     per = np.where(sp, (replicated + divided) / tp, replicated + divided / tp)
-    per = per + np.where(recompute_code == 1, 0.0, core / tp)
+    per = per + np.where(recompute_code == RECOMPUTE_SELECTIVE, 0.0, core / tp)
     full = 2.0 * sbh / np.where(sp, tp, 1)
-    return np.where(recompute_code == 2, full, sbh * per)
+    return np.where(recompute_code == RECOMPUTE_FULL, full, sbh * per)
 
 
 def hf_qk_norm_bytes(m: ModelSpec, *, T, r, tp) -> np.ndarray:
@@ -315,63 +316,3 @@ def hf_moe_bytes(m: ModelSpec, *, T, e, e_expert, amp, etp=1.0, capacity=0.0) ->
         out = out + e * T * h + e * T  # shared output and sigmoid(gate) saved by their product
     del amp
     return out
-
-
-def lora_activation_delta_bytes(
-    m: ModelSpec, *, T, e, amp, tp, rank, mask, adapted_bits
-) -> np.ndarray:
-    """Change of a block's saved bytes under LoRA (frozen base, fp32 adapters), per layer.
-
-    Source: PEFT LoraLayer.forward: `x = self._cast_input_dtype(x, lora_A.weight.dtype)` (an fp32
-    copy of each adapted linear's input for a 16-bit base; under autocast a bf16 copy), lora_A's
-    output [T, r] saved by lora_B; a frozen linear saves no input (autograd saves `self` of a
-    matmul only when the weight needs a gradient).
-    Assumes: lora_dropout 0 (Identity); adapters replicated under tensor parallelism; the
-    experts of an MoE block are not adapted.
-    `adapted_bits` maps "q_proj", ... to per-row booleans.
-    """
-    h = m.hidden_size
-    f_r = m.intermediate_size / tp if not m.is_moe else 0.0
-    cast = np.where(amp, 2.0, np.where(e < 4, 4.0, 0.0))  # bytes per element of the adapter input
-    one = np.ones_like(np.asarray(T, dtype=np.float64))
-    # What the frozen base no longer saves: the linear inputs of the two norms' consumers and
-    # the down projection's input.
-    removed = np.where(amp, (3.0 + 2.0) * 2.0 * T * h, 2.0 * e * T * h) + e * T * f_r
-    added = 0.0 * one
-    widths = {
-        "q_proj": h, "k_proj": h, "v_proj": h, "o_proj": m.o_dim / tp,
-        "gate_proj": h, "up_proj": h, "down_proj": f_r,
-    }  # fmt: skip
-    any_attn_in = 0.0 * one
-    any_mlp_in = 0.0 * one
-    for name, width in widths.items():
-        a = adapted_bits[name].astype(np.float64)
-        added = added + a * (cast * T * width + np.where(e < 4, 4.0, 4.0) * T * rank)
-        if name in ("q_proj", "k_proj", "v_proj"):
-            any_attn_in = np.maximum(any_attn_in, a)
-        if name in ("gate_proj", "up_proj"):
-            any_mlp_in = np.maximum(any_mlp_in, a)
-        if name == "down_proj":
-            added = added + np.where(cast == 0, a * e * T * f_r, 0.0)
-    # An fp32 base shares one input between the adapters of a norm's consumers.
-    added = added + np.where(cast == 0, (any_attn_in + any_mlp_in) * e * T * h, 0.0)
-    return added - removed
-
-
-def chunked_loss_bytes(m: ModelSpec, *, T, e, r, param_e, loss_tp_div, head_trainable) -> tuple:
-    """(saved, transient) bytes of a fused linear + cross-entropy loss (`--loss chunked`).
-
-    Source: Liger-Kernel LigerFusedLinearCrossEntropyFunction: the forward walks the tokens in
-    chunks of next_power_of_2(ceil(T / ceil(V / H))) rows, computes each chunk's logits, loss and
-    gradient at once, and keeps grad_input [T, h] and grad_weight [V, h] for backward; no
-    [T, V] tensor outlives a chunk.
-    """
-    h, v = m.hidden_size, m.vocab_size
-    T = np.asarray(T, dtype=np.float64)
-    rows = np.ceil(T / np.ceil(v / h))
-    chunk = np.minimum(T, 2.0 ** np.ceil(np.log2(np.maximum(rows, 1.0))))
-    # grad_input in the hidden states' dtype; grad_weight = zeros_like(weight) (fp32 under amp).
-    # grad_weight is the head's gradient, only earlier: it exists from the forward on.
-    saved = r * T * h + np.where(head_trainable, param_e * v * h / loss_tp_div, 0.0)
-    transient = (e + 4.0 + 4.0) * chunk * v / loss_tp_div
-    return saved, transient

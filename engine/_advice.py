@@ -9,17 +9,21 @@ call and ranks them; `top_consumers` names the largest pieces of the current pea
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from . import _states as st
+from ._data_parallel import ZERO_PARAMETERS, ZERO_STATES
 from ._estimate import PHASES, estimate, layout_reason
-from ._grid import OPTIMIZERS, PRECISIONS, RECOMPUTE, make_grid
+from ._grid import PRECISIONS, RECOMPUTE, make_grid
+from ._lora import LORA_ADAPTER_BYTES
+from ._loss import LOSS_GRADIENT_TENSORS
 from ._model import ModelSpec
+from ._optimizers import BUILTIN_OPTIMIZERS
 from ._overhead import Overheads
+from ._precision import PARAM_BYTES, STATE_BYTES
 from ._time import estimate_time
 from ._time_params import TimeParams
 from ._units import GIB
@@ -77,82 +81,87 @@ def neighbours(
     like the micro-batch changes (micro x accumulation x dp constant).
     """
     c = dict(config)
-    out: list[Neighbour] = []
+    changes = [*_layout_changes(c), *_memory_changes(c, optimizer_name=optimizer_name)]
+    out = [
+        Neighbour(knob=knob, change=words, config={**c, **fields}, gpu=gpu, changes=fields)
+        for knob, words, fields in changes
+    ]
+    for name in larger_gpus:
+        if name != gpu:
+            out.append(Neighbour(knob="gpu", change=f"gpu {gpu} -> {name}", config={**c}, gpu=name))
+    return out
 
-    def add(knob: str, change: str, gpu_name: str = gpu, **changes: Any) -> None:
-        _add(knob, change, changes, gpu_name)
 
-    def _add(knob: str, change: str, changes: dict[str, Any], gpu_name: str) -> None:
-        out.append(
-            Neighbour(
-                knob=knob, change=change, config={**c, **changes}, gpu=gpu_name, changes=changes
-            )
-        )
+_Change = tuple[str, str, dict[str, Any]]
+"""(knob, the change in words, the grid fields it sets)."""
 
+
+def _layout_changes(c: dict[str, Any]) -> list[_Change]:
+    """Recompute policy, ZeRO stage, micro-batch (accumulation kept), tp / pp / cp doubled."""
+    out: list[_Change] = []
     for value in RECOMPUTE:
         if value != c["recompute"]:
-            add("recompute", f"recompute {c['recompute']} -> {value}", recompute=value)
+            out.append(("recompute", f"recompute {c['recompute']} -> {value}",
+                        {"recompute": value}))  # fmt: skip
     dp, gbs, accum = _resolved_batch(c)
     if dp > 1:
-        for stage in range(4):
+        for stage in range(ZERO_PARAMETERS + 1):
             if stage != c["zero"]:
-                add("zero", f"zero {c['zero']} -> {stage}", zero=stage)
+                out.append(("zero", f"zero {c['zero']} -> {stage}", {"zero": stage}))
     mb = int(c["micro_batch_size"])
     for div in (2, 4):
         if mb % div == 0:
-            add(
-                "micro_batch_size",
-                f"micro-batch {mb} -> {mb // div}, gradient accumulation {accum} -> {accum * div}",
-                micro_batch_size=mb // div,
-                global_batch_size=gbs,
+            words = (
+                f"micro-batch {mb} -> {mb // div}, gradient accumulation {accum} -> {accum * div}"
             )
+            out.append(("micro_batch_size", words,
+                        {"micro_batch_size": mb // div, "global_batch_size": gbs}))  # fmt: skip
     for knob in ("tp", "pp", "cp"):
         old = int(c[knob])
         if dp % 2 == 0:
             words = f"{knob} {old} -> {2 * old} (dp {dp} -> {dp // 2})"
-            _add(knob, words, {"global_batch_size": gbs, knob: 2 * old}, gpu)
+            out.append((knob, words, {"global_batch_size": gbs, knob: 2 * old}))
+    return out
+
+
+def _memory_changes(c: dict[str, Any], *, optimizer_name: str | None) -> list[_Change]:
+    """Offload, the chunked loss, 8-bit AdamW, LoRA / QLoRA, activation offload."""
+    out: list[_Change] = []
     zero = int(c["zero"])
     if c["offload"] != "optimizer":
-        new_zero = max(zero, 1)
+        new_zero = max(zero, ZERO_STATES)
         words = f"offload {c['offload']} -> optimizer"
-        add("offload", words + (f" (zero {zero} -> 1)" if new_zero != zero else ""),
-            offload="optimizer", zero=new_zero)  # fmt: skip
+        if new_zero != zero:
+            words += f" (zero {zero} -> {new_zero})"
+        out.append(("offload", words, {"offload": "optimizer", "zero": new_zero}))
     if c["offload"] != "optimizer+params":
         words = f"offload {c['offload']} -> optimizer+params"
-        add("offload", words + (f" (zero {zero} -> 3)" if zero != 3 else ""),
-            offload="optimizer+params", zero=3)  # fmt: skip
+        if zero != ZERO_PARAMETERS:
+            words += f" (zero {zero} -> {ZERO_PARAMETERS})"
+        out.append(("offload", words, {"offload": "optimizer+params", "zero": ZERO_PARAMETERS}))
     if c["loss"] != "chunked":
-        add("loss", "loss full -> chunked", loss="chunked")
+        out.append(("loss", "loss full -> chunked", {"loss": "chunked"}))
     custom = bool(c.get("optimizer_custom", False))
     if c["optimizer"] != "adamw-8bit" or custom:
         name = optimizer_name or c["optimizer"]
         reset: dict[str, Any] = {"optimizer_custom": False} if custom else {}
-        _add(
-            "optimizer",
-            f"optimizer {name} -> adamw-8bit",
-            {"optimizer": "adamw-8bit", **reset},
-            gpu,
-        )
+        out.append(("optimizer", f"optimizer {name} -> adamw-8bit",
+                    {"optimizer": "adamw-8bit", **reset}))  # fmt: skip
     rank = int(c["lora_rank"])
     if rank <= 0:
-        add(
-            "lora",
-            f"full fine-tuning -> LoRA rank {LORA_ADVICE_RANK}, all-linear (adapters only)",
-            lora_rank=LORA_ADVICE_RANK,
-            lora_targets="all-linear",
-        )
+        words = f"full fine-tuning -> LoRA rank {LORA_ADVICE_RANK}, all-linear (adapters only)"
+        out.append(("lora", words, {"lora_rank": LORA_ADVICE_RANK, "lora_targets": "all-linear"}))
     if not c["qlora"]:
         new_rank = rank if rank > 0 else LORA_ADVICE_RANK
         words = "LoRA -> QLoRA (NF4 base)" if rank > 0 else (
             f"full fine-tuning -> QLoRA rank {new_rank}, all-linear (NF4 base, adapters only)"
         )  # fmt: skip
         targets = c["lora_targets"] if rank > 0 else "all-linear"
-        add("qlora", words, lora_rank=new_rank, lora_targets=targets, qlora=True)
+        out.append(("qlora", words,
+                    {"lora_rank": new_rank, "lora_targets": targets, "qlora": True}))  # fmt: skip
     if not c["activation_offload"]:
-        add("activation_offload", "activation offload off -> on", activation_offload=True)
-    for name in larger_gpus:
-        if name != gpu:
-            add("gpu", f"gpu {gpu} -> {name}", gpu_name=name)
+        out.append(("activation_offload", "activation offload off -> on",
+                    {"activation_offload": True}))  # fmt: skip
     return out
 
 
@@ -219,29 +228,9 @@ def advise(
     by_name = {g.name: g for g in (gpu, *catalogue)}
     larger = [g.name for g in catalogue if g.usable_bytes > gpu.usable_bytes]
     singles = neighbours(config, gpu=gpu.name, larger_gpus=larger, optimizer_name=optimizer_name)
-    current = Neighbour(knob="", change="", config=dict(config), gpu=gpu.name)
-    rows = [current, *singles]
-    probe = make_grid({k: [r.config[k] for r in rows] for k in config})
-    ok = layout_reason(m, probe) == 0
-    singles = [n for n, good in zip(singles, ok[1:], strict=True) if good]
-    rows = [current, *singles, *combinations(singles, max_changes=max_changes)]
-    grid = make_grid({k: [r.config[k] for r in rows] for k in config})
-    valid = layout_reason(m, grid) == 0
-    valid[0] = True
-    keep = np.flatnonzero(valid)
-    rows = [rows[i] for i in keep]
-    grid = {k: v[keep] for k, v in grid.items()}
+    rows, grid = _candidates(m, config, gpu=gpu.name, singles=singles, max_changes=max_changes)
     gpus = [by_name[r.gpu] for r in rows]
-    usable = np.array([g.usable_bytes for g in gpus], dtype=np.float64)
-    out = estimate(m, grid, usable_bytes=usable, headroom=headroom, overheads=ov)
-    # Each row's own cuBLAS workspace: additive to reserved, device and framework overhead.
-    ws = np.array([g.cublas_workspace_bytes for g in gpus], dtype=np.float64)
-    extra = ws - ov.cublas_workspace_bytes
-    for key in ("peak_reserved_bytes", "peak_device_bytes", "framework_overhead"):
-        out[key] = out[key] + extra
-    limit = usable * (1.0 - headroom)
-    out["headroom_bytes"] = limit - out["peak_device_bytes"]
-    out["fits"] = (out["peak_device_bytes"] <= limit) & (out["reason"] == 0)
+    out = _estimate_on_own_gpus(m, grid, gpus, headroom=headroom, overheads=ov)
     time_kwargs = {
         key: np.array([g.time_kwargs[key] for g in gpus], dtype=np.float64)
         for key in gpu.time_kwargs
@@ -268,6 +257,57 @@ def advise(
                 "step_time_ratio": float(step[i] / step[0]),
             }
         )
+    return {"current": {k: v[:1] for k, v in out.items()}, "advice": _ranked(items)}
+
+
+def _candidates(
+    m: ModelSpec,
+    config: Mapping[str, Any],
+    *,
+    gpu: str,
+    singles: list[Neighbour],
+    max_changes: int,
+) -> tuple[list[Neighbour], dict[str, np.ndarray]]:
+    """(rows, their grid): the current configuration first, then the single changes the engine
+    accepts and their compositions (combinations), invalid layouts dropped."""
+    current = Neighbour(knob="", change="", config=dict(config), gpu=gpu)
+    rows = [current, *singles]
+    probe = make_grid({k: [r.config[k] for r in rows] for k in config})
+    ok = layout_reason(m, probe) == 0
+    singles = [n for n, good in zip(singles, ok[1:], strict=True) if good]
+    rows = [current, *singles, *combinations(singles, max_changes=max_changes)]
+    grid = make_grid({k: [r.config[k] for r in rows] for k in config})
+    valid = layout_reason(m, grid) == 0
+    valid[0] = True
+    keep = np.flatnonzero(valid)
+    return [rows[i] for i in keep], {k: v[keep] for k, v in grid.items()}
+
+
+def _estimate_on_own_gpus(
+    m: ModelSpec,
+    grid: dict[str, np.ndarray],
+    gpus: list[GpuChoice],
+    *,
+    headroom: float,
+    overheads: Overheads,
+) -> dict[str, np.ndarray]:
+    """estimate() of every row with its own GPU's usable memory and cuBLAS workspace (additive
+    to reserved, device and framework overhead); fits and headroom against its own memory."""
+    usable = np.array([g.usable_bytes for g in gpus], dtype=np.float64)
+    out = estimate(m, grid, usable_bytes=usable, headroom=headroom, overheads=overheads)
+    ws = np.array([g.cublas_workspace_bytes for g in gpus], dtype=np.float64)
+    extra = ws - overheads.cublas_workspace_bytes
+    for key in ("peak_reserved_bytes", "peak_device_bytes", "framework_overhead"):
+        out[key] = out[key] + extra
+    limit = usable * (1.0 - headroom)
+    out["headroom_bytes"] = limit - out["peak_device_bytes"]
+    out["fits"] = (out["peak_device_bytes"] <= limit) & (out["reason"] == 0)
+    return out
+
+
+def _ranked(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The single changes (and, when none fits, the minimal fitting compositions) ranked:
+    fitting first, then least slowdown, then most bytes saved."""
     single = [a for a in items if a["num_changes"] == 1]
     if not any(a["fits"] for a in single):
         fitting = [a for a in items if a["num_changes"] > 1 and a["fits"]]
@@ -283,7 +323,7 @@ def advise(
         ratio = item["step_time_ratio"]
         return (not item["fits"], np.inf if np.isnan(ratio) else ratio, -item["saved_bytes"])
 
-    return {"current": {k: v[:1] for k, v in out.items()}, "advice": sorted(single, key=rank)}
+    return sorted(single, key=rank)
 
 
 def _dtype(nbytes: float) -> str:
@@ -309,57 +349,71 @@ def top_consumers(
         return float(np.asarray(out[key]).reshape(-1)[row])
 
     prec = PRECISIONS.index(str(config["precision"]))
-    opt = str(config["optimizer"])
-    opt_code = OPTIMIZERS.index(opt)
     lora = int(config["lora_rank"]) > 0
-    phase = PHASES[int(at("peak_phase"))]
     items: list[tuple[str, float]] = []
     weights = "NF4 base weights, 16-bit rest" if config["qlora"] else (
-        f"{_dtype(st.PARAM_BYTES[prec])} working weights"
+        f"{_dtype(PARAM_BYTES[prec])} working weights"
     )  # fmt: skip
     items.append((f"parameters ({weights}, {m.num_parameters / 1e9:.2f}B)", at("parameters")))
     items.append(("fp32 master weights", at("master_weights")))
     items.append(("gradients" + (" of the LoRA adapters" if lora else ""), at("gradients")))
-    custom = bool(config.get("optimizer_custom", False))
-    custom_e = float(config.get("optimizer_state_bytes", 0.0)) if custom else 0.0
-    n = float(config["optimizer_num_states"]) if custom else float(st.NUM_STATES[opt_code])
-    eight_bit = opt == "adamw-8bit" or (custom and bool(config.get("optimizer_eight_bit")))
-    if eight_bit:
-        states = f"{n:g} 8-bit blockwise state{'s' if n != 1 else ''} per parameter"
-    elif opt == "adafactor" and not custom:
-        states = "factored fp32 second moments"
-    else:
-        elem = custom_e or (st.LORA_ADAPTER_BYTES if lora else st.STATE_BYTES[prec])
-        states = f"{n:g} {_dtype(elem)} state{'s' if n != 1 else ''} per parameter"
-    name = optimizer_name or opt
+    states = _optimizer_states_words(config, prec=prec, lora=lora)
+    name = optimizer_name or str(config["optimizer"])
     items.append((f"optimizer states ({name}, {states})", at("optimizer_states")))
     acts = at("activations")
     copies = at("activations_autocast_weight_copies") if acts > 0 else 0.0
     items.append(("activations saved for backward", acts - copies))
     items.append(("autocast weight copies (16-bit casts of the fp32 weights)", copies))
-    transient = at("transient")
-    named = 0.0
-    pp = int(config["pp"])
-    last_stage = pp == 1 or int(at("pp_stage")) == pp - 1
-    if phase == "backward" and config["loss"] == "full" and last_stage:
-        tokens = int(config["micro_batch_size"]) * int(config["seq_len"]) / int(config["cp"])
-        tp_div = int(config["tp"]) if config["framework"] == "megatron" else 1
-        named = min(8.0 * tokens * m.vocab_size / tp_div, transient)
-        items.append(
-            (f"the fp32 loss gradients over a {m.vocab_size:,}-token vocabulary "
-             f"(two [{int(tokens):,}, {m.vocab_size:,}] tensors at the start of backward)", named)
-        )  # fmt: skip
-    elif phase == "optimizer_step":
-        named = min(at("optimizer_step_temporaries"), transient)
-        items.append((f"optimizer-step temporaries ({opt})", named))
-    items.append((f"other transient buffers at the {phase.replace('_', ' ')} peak",
-                  transient - named))  # fmt: skip
+    items.extend(_transient_items(m, config, at))
     items.append(
         ("framework overhead (CUDA context, cuBLAS workspace, NCCL)", at("framework_overhead"))
     )
     items.append(("allocator fragmentation", at("fragmentation")))
     items = [(k, v) for k, v in items if v > 0.5]
     return sorted(items, key=lambda kv: -kv[1])
+
+
+def _optimizer_states_words(config: Mapping[str, Any], *, prec: int, lora: bool) -> str:
+    """What the optimizer keeps per parameter, in words (the registry's spec or the user's)."""
+    spec = BUILTIN_OPTIMIZERS[str(config["optimizer"])]
+    custom = bool(config.get("optimizer_custom", False))
+    custom_e = float(config.get("optimizer_state_bytes", 0.0)) if custom else 0.0
+    n = float(config["optimizer_num_states"]) if custom else spec.num_states
+    plural = "s" if n != 1 else ""
+    if spec.eight_bit_blockwise or (custom and bool(config.get("optimizer_eight_bit"))):
+        return f"{n:g} 8-bit blockwise state{plural} per parameter"
+    if spec.factored_second_moment and not custom:
+        return "factored fp32 second moments"
+    elem = custom_e or (LORA_ADAPTER_BYTES if lora else STATE_BYTES[prec])
+    return f"{n:g} {_dtype(elem)} state{plural} per parameter"
+
+
+def _transient_items(
+    m: ModelSpec, config: Mapping[str, Any], at: Callable[[str], float]
+) -> list[tuple[str, float]]:
+    """`transient` split at a backward peak on the loss stage into the loss gradients and the
+    rest; at an optimizer-step peak into the step temporaries and the rest."""
+    phase = PHASES[int(at("peak_phase"))]
+    transient = at("transient")
+    items: list[tuple[str, float]] = []
+    named = 0.0
+    pp = int(config["pp"])
+    last_stage = pp == 1 or int(at("pp_stage")) == pp - 1
+    if phase == "backward" and config["loss"] == "full" and last_stage:
+        tokens = int(config["micro_batch_size"]) * int(config["seq_len"]) / int(config["cp"])
+        tp_div = int(config["tp"]) if config["framework"] == "megatron" else 1
+        loss_grads = LOSS_GRADIENT_TENSORS * 4.0 * tokens * m.vocab_size / tp_div
+        named = min(loss_grads, transient)
+        items.append(
+            (f"the fp32 loss gradients over a {m.vocab_size:,}-token vocabulary "
+             f"(two [{int(tokens):,}, {m.vocab_size:,}] tensors at the start of backward)", named)
+        )  # fmt: skip
+    elif phase == "optimizer_step":
+        named = min(at("optimizer_step_temporaries"), transient)
+        items.append((f"optimizer-step temporaries ({config['optimizer']})", named))
+    items.append((f"other transient buffers at the {phase.replace('_', ' ')} peak",
+                  transient - named))  # fmt: skip
+    return items
 
 
 def describe_bytes(num_bytes: float) -> str:

@@ -12,10 +12,13 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ._codes import LOSS_FULL, OFFLOAD_OPTIMIZER, OFFLOAD_PARAMS
+from ._data_parallel import ZERO_PARAMETERS, ZERO_STATES
 from ._factorize import factorize
 from ._grid import ATTENTION, PRECISIONS, RECOMPUTE, Grid
 from ._model import ModelSpec
 from ._overhead import Overheads, num_communicators
+from ._pipeline import STAGE_LAST, STAGE_ONLY, micro_batches_in_flight, stage_position
 from ._rank_activations import ACT_KEYS, activation_terms
 from ._rank_states import STATE_KEYS, state_terms
 
@@ -33,9 +36,9 @@ COMPONENTS = (
 
 PHASES = ("forward", "backward", "optimizer_step")
 
-HF, MEGATRON, DEEPSPEED, TORCHTITAN = 0, 1, 2, 3
-ADAMW, ADAMW_FUSED, ADAMW_8BIT, SGD, SGD_MOMENTUM, ADAFACTOR, LION = range(7)
-NONE, SELECTIVE, FULL = 0, 1, 2
+PEAK_FORWARD, PEAK_BACKWARD, PEAK_OPTIMIZER_STEP = (PHASES.index(p) for p in PHASES)
+"""Codes of the `peak_phase` column (index into PHASES)."""
+assert (PEAK_FORWARD, PEAK_BACKWARD) == (False, True), "peak_phase codes a bool comparison"
 
 REASONS = (
     "",
@@ -178,33 +181,20 @@ def _block_terms(
     return rows
 
 
-def _assemble(
-    T: dict[str, np.ndarray],
-    *,
-    pp: np.ndarray,
-    v: np.ndarray,
-    stage: np.ndarray,
-    num_micro: np.ndarray,
-    want: frozenset[str],
+def _phase_peaks(
+    T: dict[str, np.ndarray], *, pp: np.ndarray, v: np.ndarray, stage, num_micro
 ) -> dict[str, np.ndarray]:
-    """Phase peaks (allocated bytes) of a block of rows on the stage `stage` names.
+    """Allocated bytes at the forward, backward and optimizer-step peaks of a block of rows on
+    the stage `stage` names, and the activations and gradients they hold.
 
-    Everything that depends on the layout only or on the micro-batch shape only comes in `T`,
-    precombined by the per-key passes; what is left per row is a few dozen array operations.
-    `want`: the optional columns to return besides those estimate() always needs.
+    Peaks are phase-aware: the end of forward (the loss), four moments of backward (its start,
+    its end in layer 0, the embedding's backward, a layer's recomputation) and the optimizer
+    step; the peak is their max, not a sum of everything. Source: the ground-truth traces
+    (tests/data/groundtruth) per phase.
     """
     S = A = T
     multi = pp > 1
-
-    # Pipeline: 1F1B keeps min(pp - rank, m) micro-batches in flight on rank `stage`;
-    # interleaving multiplies the first stage's by 1 + (p - 1)/(p v).
-    # Source: Narayanan et al. 2021, Sec. 2.2; Korthikanti et al. 2022, Sec. 4.2.2.
-    interleave = np.where(v > 1, 1.0 + (pp - 1.0) / (pp * v), 1.0)
-    in_flight = np.where(
-        multi,
-        np.minimum(pp - stage, num_micro) * np.where(stage == 0, interleave, 1.0),
-        1.0,
-    )
+    in_flight = micro_batches_in_flight(pp=pp, v=v, stage=stage, num_micro=num_micro, multi=multi)
     stored = in_flight * A["stage_act"]
     # "Activations" of a pipeline stage: the most alive at any moment of the schedule.
     activations = stored + A["recompute_excess"] + A["activations_autocast_weight_copies"]
@@ -224,23 +214,51 @@ def _assemble(
     backward_peak = np.maximum(
         np.maximum(backward_start, backward_end), np.maximum(backward_embed, backward_recompute)
     )
-    optimizer_peak = S["optimizer_peak"] + A["small"] + per_micro + A["pipe_fixed"]
+    return {
+        "forward": forward_peak,
+        "backward": backward_peak,
+        "optimizer_step": S["optimizer_peak"] + A["small"] + per_micro + A["pipe_fixed"],
+        "activations": activations,
+        "gradients": gradients,
+        "grads_live": grads_live,
+        "in_flight": in_flight,
+    }
+
+
+def _assemble(
+    T: dict[str, np.ndarray],
+    *,
+    pp: np.ndarray,
+    v: np.ndarray,
+    stage: np.ndarray,
+    num_micro: np.ndarray,
+    want: frozenset[str],
+) -> dict[str, np.ndarray]:
+    """Phase peaks (allocated bytes) of a block of rows on the stage `stage` names.
+
+    Everything that depends on the layout only or on the micro-batch shape only comes in `T`,
+    precombined by the per-key passes; what is left per row is a few dozen array operations.
+    `want`: the optional columns to return besides those estimate() always needs.
+    """
+    peaks = _phase_peaks(T, pp=pp, v=v, stage=stage, num_micro=num_micro)
+    forward_peak, backward_peak = peaks["forward"], peaks["backward"]
+    optimizer_peak, activations = peaks["optimizer_step"], peaks["activations"]
     fb = np.maximum(forward_peak, backward_peak)
     in_optimizer = optimizer_peak >= fb
     peak_allocated = np.maximum(fb, optimizer_peak)
-    grads_at_peak = np.where(in_optimizer, gradients, grads_live)
+    grads_at_peak = np.where(in_optimizer, peaks["gradients"], peaks["grads_live"])
     acts_at_peak = np.where(in_optimizer, 0.0, activations)
     out = {
         "grads_at_peak": grads_at_peak,
         "acts_at_peak": acts_at_peak,
-        "transient": peak_allocated - S["states"] - grads_at_peak - acts_at_peak,
+        "transient": peak_allocated - T["states"] - grads_at_peak - acts_at_peak,
         "peak_allocated_bytes": peak_allocated,
     }
-    if "peak_phase" in want:
-        phase = np.where(in_optimizer, 2, (backward_peak >= forward_peak).astype(np.int8))
-        out["peak_phase"] = phase.astype(np.int8)
+    if "peak_phase" in want:  # False / True: PEAK_FORWARD / PEAK_BACKWARD
+        later = (backward_peak >= forward_peak).astype(np.int8)
+        out["peak_phase"] = np.where(in_optimizer, PEAK_OPTIMIZER_STEP, later).astype(np.int8)
     optional = {
-        "gradients_total": gradients,
+        "gradients_total": peaks["gradients"],
         "activations_total": activations,
         "peak_forward_bytes": forward_peak,
         "peak_backward_bytes": backward_peak,
@@ -248,7 +266,7 @@ def _assemble(
     }
     out.update({k: x for k, x in optional.items() if k in want})
     if "host_bytes" in want:
-        out["host_bytes"] = T["host_bytes"] + in_flight * T["activations_offloaded"]
+        out["host_bytes"] = T["host_bytes"] + peaks["in_flight"] * T["activations_offloaded"]
     out.update({k: T[k] for k in (*_OPTIONAL_TERMS, "activations_autocast_weight_copies")
                 if k in want and k != "host_bytes"})  # fmt: skip
     out.update({k: T[k] for k in ("parameters", "master_weights", "optimizer_states")})
@@ -281,7 +299,7 @@ def _block_reason(m: ModelSpec, g: Grid) -> np.ndarray:
     rules = [
         (g["micro_batch_size"] < 1) | (g["seq_len"] < 1) | (g["num_gpus"] < 1) | (tp < 1)
         | (pp < 1) | (cp < 1) | (g["virtual_stages"] < 1),
-        (g["zero"] < 0) | (g["zero"] > 3),
+        (g["zero"] < 0) | (g["zero"] > ZERO_PARAMETERS),
         g["num_gpus"] % safe_par != 0,
         m.num_attention_heads % safe_tp != 0,
         (m.num_key_value_heads % safe_tp != 0) & (safe_tp % max(m.num_key_value_heads, 1) != 0),
@@ -296,7 +314,8 @@ def _block_reason(m: ModelSpec, g: Grid) -> np.ndarray:
            & (not m.is_moe or m.moe_intermediate_size % np.maximum(g["etp"], 1) != 0))
         | ((dp * cp * tp) % np.maximum(g["ep"] * g["etp"], 1) != 0)
         | (g["capacity_factor_pct"] < 0),
-        ((g["offload"] >= 1) & (g["zero"] < 1)) | ((g["offload"] == 2) & (g["zero"] < 3)),
+        ((g["offload"] >= OFFLOAD_OPTIMIZER) & (g["zero"] < ZERO_STATES))
+        | ((g["offload"] == OFFLOAD_PARAMS) & (g["zero"] < ZERO_PARAMETERS)),
         g["qlora"] & (g["lora_rank"] < 1),
     ]  # fmt: skip
     reason = np.zeros(len(tp), dtype=np.int8)
@@ -317,7 +336,7 @@ def profile_mismatch(m: ModelSpec, g: Grid) -> np.ndarray:
         | (g["recompute"] != RECOMPUTE.index(p.recompute))
         | (g["attention"] != ATTENTION.index(p.attention))
         | (g["tp"] != 1) | (g["cp"] != 1) | (g["ep"] != 1) | (g["etp"] != 1)
-        | (g["lora_rank"] != 0) | g["qlora"] | (g["loss"] != 0)
+        | (g["lora_rank"] != 0) | g["qlora"] | (g["loss"] != LOSS_FULL)
     )  # fmt: skip
 
 
@@ -357,107 +376,158 @@ def estimate(
     reason = layout_reason(m, g) if reason is None else reason
     tp, pp, cp = g["tp"], g["pp"], g["cp"]
     n = len(tp)
-    dp = np.maximum(g["num_gpus"] // np.maximum(tp * pp * cp, 1), 1)
-    gbs = np.where(g["global_batch_size"] > 0, g["global_batch_size"], g["micro_batch_size"] * dp)
-    num_micro = np.maximum(gbs // np.maximum(g["micro_batch_size"] * dp, 1), 1).astype(np.float64)
+    dp, _, num_micro = batch_layout(g)
     sp = g["sequence_parallel"] & (tp > 1)
-    base = {**g, "dp": dp, "sp": sp}
-
-    def stage_pos(stage: np.ndarray) -> np.ndarray:
-        return np.where(
-            pp <= 1, 0, np.where(stage <= 0, 1, np.where(stage >= pp - 1, 3, 2))
-        ).astype(np.int8)
-
-    terms: tuple[list[str], list[str]] = (list(_S_TERMS), list(_A_TERMS))
-    for k, (s_terms, a_terms) in _OPTIONAL_TERMS.items():
-        if k in want:
-            terms[0].extend(s_terms)
-            terms[1].extend(a_terms)
-    first_stage = np.zeros(n, dtype=np.int64)
-    if pp_stage is not None:
-        stages = [np.minimum(np.broadcast_to(np.asarray(pp_stage, dtype=np.int64), (n,)), pp - 1)]
-        base["stage_pos"] = stage_pos(stages[0])
-        i_s, i_a, variants = _key_tables(m, base, [None], terms)
-    else:  # the first stage; the last too where some rows are pipelined
-        stages = [first_stage]
-        positions = [stage_pos(first_stage)]
-        if np.any(pp > 1):
-            stages.append(np.maximum(pp - 1, 0))
-            positions.append(np.where(pp <= 1, 0, 3).astype(np.int8))
-        i_s, i_a, variants = _key_tables(m, base, positions, terms)
-    needs_stage = "pp_stage" in want
-
+    terms = _wanted_terms(want)
+    stages, keys = _stage_variants(m, {**g, "dp": dp, "sp": sp}, pp, pp_stage, terms)
     limit = np.broadcast_to(
         np.asarray(usable_bytes, dtype=np.float64) * (1.0 - np.asarray(headroom, dtype=np.float64)),
         (n,),
     )
-    outside_torch = ov.cuda_context_bytes + ov.nccl_bytes_per_communicator * num_communicators(
-        dp=dp, tp=tp, pp=pp, cp=cp
-    )
-    framework_overhead = np.broadcast_to(outside_torch + ov.cublas_workspace_bytes, (n,))
+    outside_torch, framework_overhead = _outside_torch(ov, dp=dp, tp=tp, pp=pp, cp=cp)
     out: dict[str, np.ndarray] = {}
     for lo in range(0, n, BLOCK_ROWS):
         rows = slice(lo, min(lo + BLOCK_ROWS, n))
-        bs, ba = i_s[rows], i_a[rows]
         kw = {"pp": pp[rows], "v": g["virtual_stages"][rows], "num_micro": num_micro[rows]}
-        T = _block_terms(variants[0], terms, bs, ba)
-        worst = _assemble(T, stage=stages[0][rows], want=want, **kw)
-        stage = stages[0][rows]
-        if len(variants) > 1:  # the last stage is the worst rank where its peak is larger
-            multi = kw["pp"] > 1
-            if multi.all():
-                T = _block_terms(variants[1], terms, bs, ba)
-                last = _assemble(T, stage=stages[1][rows], want=want, **kw)
-                pick = last["peak_allocated_bytes"] > worst["peak_allocated_bytes"]
-                worst = {k: np.where(pick, last[k], x) for k, x in worst.items()}
-                if needs_stage:
-                    stage = np.where(pick, stages[1][rows], stage)
-            elif multi.any():  # the pipelined rows only
-                sub = np.flatnonzero(multi)
-                T = _block_terms(variants[1], terms, bs[sub], ba[sub])
-                last = _assemble(T, stage=stages[1][rows][sub], want=want,
-                                 **{k: x[sub] for k, x in kw.items()})  # fmt: skip
-                pick = last["peak_allocated_bytes"] > worst["peak_allocated_bytes"][sub]
-                for k, x in worst.items():  # fresh arrays of this block: updated in place
-                    x[sub[pick]] = last[k][pick]
-                if needs_stage:
-                    stage = stage.copy()
-                    stage[sub[pick]] = stages[1][rows][sub[pick]]
-        peak_allocated = worst["peak_allocated_bytes"]
-        non_persistent = (
-            peak_allocated - worst["parameters"] - worst["master_weights"]
-            - worst["optimizer_states"] - worst["grads_at_peak"]
-        )  # fmt: skip
-        fragmentation = ov.fragmentation_fraction * np.maximum(non_persistent, 0.0)
-        peak_reserved = peak_allocated + ov.cublas_workspace_bytes + fragmentation
-        peak_device = peak_reserved + outside_torch[rows]
-        block = {
-            **{k: worst[_STAGE_OUT.get(k, k)] for k in OUTPUTS if _STAGE_OUT.get(k, k) in worst},
+        worst, stage = _worst_rank(keys, terms, [x[rows] for x in stages], rows, kw, want)
+        block = _device_columns(worst, ov, outside_torch=outside_torch[rows])
+        block.update({
             "framework_overhead": framework_overhead[rows],
-            "fragmentation": fragmentation,
-            "peak_reserved_bytes": peak_reserved,
-            "peak_device_bytes": peak_device,
             "pp_stage": stage,
-            "fits": (peak_device <= limit[rows]) & (reason[rows] == 0),
-            "headroom_bytes": limit[rows] - peak_device,
-        }
+            "fits": (block["peak_device_bytes"] <= limit[rows]) & (reason[rows] == 0),
+            "headroom_bytes": limit[rows] - block["peak_device_bytes"],
+        })  # fmt: skip
         for k in want & block.keys():
             if k not in out:
                 out[k] = np.empty(n, dtype=block[k].dtype)
             out[k][rows] = block[k]
     whole = {"dp": dp, "num_microbatches": num_micro, "reason": reason}
     for k in want - out.keys():  # no rows, or a whole-grid column
-        if k in whole:
-            out[k] = whole[k]
-        else:
-            out[k] = np.empty(
-                0,
-                dtype=np.int8
-                if k == "peak_phase"
-                else bool
-                if k == "fits"
-                else np.int64
-                if k == "pp_stage"
-                else np.float64,
-            )
+        out[k] = whole[k] if k in whole else np.empty(0, dtype=_EMPTY_DTYPES.get(k, np.float64))
     return {k: out[k] for k in OUTPUTS if k in want}
+
+
+_EMPTY_DTYPES: dict[str, type] = {"peak_phase": np.int8, "fits": bool, "pp_stage": np.int64}
+"""dtypes of the per-row columns that are not float64 (for a grid of no rows)."""
+
+
+def batch_layout(g: Grid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dp, global batch, micro-batches per step) of every row: dp = num_gpus / (tp pp cp);
+    `global_batch_size` 0 means micro_batch_size x dp (no gradient accumulation)."""
+    dp = np.maximum(g["num_gpus"] // np.maximum(g["tp"] * g["pp"] * g["cp"], 1), 1)
+    gbs = np.where(g["global_batch_size"] > 0, g["global_batch_size"], g["micro_batch_size"] * dp)
+    num_micro = np.maximum(gbs // np.maximum(g["micro_batch_size"] * dp, 1), 1).astype(np.float64)
+    return dp, gbs, num_micro
+
+
+def _outside_torch(ov: Overheads, *, dp, tp, pp, cp) -> tuple[np.ndarray, np.ndarray]:
+    """(device bytes outside PyTorch's allocator: CUDA context and NCCL buffers, the framework
+    overhead column: those and the cuBLAS workspace) per row. Source: Overheads."""
+    outside_torch = ov.cuda_context_bytes + ov.nccl_bytes_per_communicator * num_communicators(
+        dp=dp, tp=tp, pp=pp, cp=cp
+    )
+    return outside_torch, np.broadcast_to(outside_torch + ov.cublas_workspace_bytes, (len(tp),))
+
+
+def _wanted_terms(want: frozenset[str]) -> tuple[list[str], list[str]]:
+    """(state terms, activation terms) the per-key tables hold for the `want`ed columns."""
+    terms: tuple[list[str], list[str]] = (list(_S_TERMS), list(_A_TERMS))
+    for k, (s_terms, a_terms) in _OPTIONAL_TERMS.items():
+        if k in want:
+            terms[0].extend(s_terms)
+            terms[1].extend(a_terms)
+    return terms
+
+
+class _Keys(NamedTuple):
+    """Per-row key indices into the per-key tables, and the tables of each stage variant."""
+
+    state: np.ndarray
+    activation: np.ndarray
+    variants: list[_Tables]
+
+
+def _stage_variants(
+    m: ModelSpec,
+    base: dict[str, np.ndarray],
+    pp: np.ndarray,
+    pp_stage: int | np.ndarray | None,
+    terms: tuple[list[str], list[str]],
+) -> tuple[list[np.ndarray], _Keys]:
+    """(the stage of each variant per row, the per-key tables of the variants).
+
+    With `pp_stage`: that stage, one variant. Else the first stage, and the last too where some
+    rows are pipelined (the worst rank is one of them).
+    """
+    n = len(pp)
+    if pp_stage is not None:
+        stages = [np.minimum(np.broadcast_to(np.asarray(pp_stage, dtype=np.int64), (n,)), pp - 1)]
+        base["stage_pos"] = stage_position(stages[0], pp)
+        return stages, _Keys(*_key_tables(m, base, [None], terms))
+    first_stage = np.zeros(n, dtype=np.int64)
+    stages = [first_stage]
+    positions = [stage_position(first_stage, pp)]
+    if np.any(pp > 1):
+        stages.append(np.maximum(pp - 1, 0))
+        positions.append(np.where(pp <= 1, STAGE_ONLY, STAGE_LAST).astype(np.int8))
+    return stages, _Keys(*_key_tables(m, base, positions, terms))
+
+
+def _worst_rank(
+    keys: _Keys,
+    terms: tuple[list[str], list[str]],
+    stages: list[np.ndarray],
+    rows: slice,
+    kw: dict[str, np.ndarray],
+    want: frozenset[str],
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """(_assemble's columns, the stage) of the worst rank of a block of rows: the first stage's,
+    or the last stage's where its allocated peak is larger (`stages`: this block's, per
+    variant)."""
+    bs, ba, variants = keys.state[rows], keys.activation[rows], keys.variants
+    worst = _assemble(_block_terms(variants[0], terms, bs, ba), stage=stages[0], want=want, **kw)
+    stage = stages[0]
+    if len(variants) == 1:
+        return worst, stage
+    needs_stage = "pp_stage" in want
+    multi = kw["pp"] > 1
+    if multi.all():
+        last = _assemble(_block_terms(variants[1], terms, bs, ba), stage=stages[1], want=want,
+                         **kw)  # fmt: skip
+        pick = last["peak_allocated_bytes"] > worst["peak_allocated_bytes"]
+        worst = {k: np.where(pick, last[k], x) for k, x in worst.items()}
+        if needs_stage:
+            stage = np.where(pick, stages[1], stage)
+    elif multi.any():  # the pipelined rows only
+        sub = np.flatnonzero(multi)
+        T = _block_terms(variants[1], terms, bs[sub], ba[sub])
+        last = _assemble(T, stage=stages[1][sub], want=want,
+                         **{k: x[sub] for k, x in kw.items()})  # fmt: skip
+        pick = last["peak_allocated_bytes"] > worst["peak_allocated_bytes"][sub]
+        for k, x in worst.items():  # fresh arrays of this block: updated in place
+            x[sub[pick]] = last[k][pick]
+        if needs_stage:
+            stage = stage.copy()
+            stage[sub[pick]] = stages[1][sub[pick]]
+    return worst, stage
+
+
+def _device_columns(
+    worst: dict[str, np.ndarray], ov: Overheads, *, outside_torch: np.ndarray
+) -> dict[str, np.ndarray]:
+    """The output columns of a block of rows from the worst rank's allocated peak: reserved
+    (cuBLAS workspace, allocator fragmentation of the non-persistent bytes) and device (CUDA
+    context, NCCL) bytes. Source: Overheads."""
+    peak_allocated = worst["peak_allocated_bytes"]
+    non_persistent = (
+        peak_allocated - worst["parameters"] - worst["master_weights"]
+        - worst["optimizer_states"] - worst["grads_at_peak"]
+    )  # fmt: skip
+    fragmentation = ov.fragmentation_fraction * np.maximum(non_persistent, 0.0)
+    peak_reserved = peak_allocated + ov.cublas_workspace_bytes + fragmentation
+    return {
+        **{k: worst[_STAGE_OUT.get(k, k)] for k in OUTPUTS if _STAGE_OUT.get(k, k) in worst},
+        "fragmentation": fragmentation,
+        "peak_reserved_bytes": peak_reserved,
+        "peak_device_bytes": peak_reserved + outside_torch,
+    }

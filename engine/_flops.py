@@ -1,17 +1,13 @@
-"""FLOP counts of a training step: GEMM weights per token, MLP width, LoRA adapters.
+"""FLOP counts of a training step: GEMM weights per token, MLP width.
 
-Pure functions of a ModelSpec (and, for LoRA, of the grid's rank and target columns).
+Pure functions of a ModelSpec (LoRA adapters: engine/_lora.py `lora_width`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ._model import ModelSpec
-from ._states import lora_adapted
-
-BLOCK_GROUPS = ("layer", "mlp", "moe")
-"""ModelSpec parameter groups that live in the transformer blocks."""
+from ._model import BLOCK_GROUPS, ModelSpec
 
 
 def matmul_parameters(m: ModelSpec) -> tuple[float, float]:
@@ -57,16 +53,3 @@ def model_flops_per_token(m: ModelSpec, seq_len: np.ndarray) -> np.ndarray:
     blocks, head = matmul_parameters(m)
     attention = 6.0 * m.num_hidden_layers * s * (m.q_dim + m.o_dim)  # QK^T and AV, 2 + 4
     return 6.0 * (blocks + head) + attention  # 2 forward + 4 backward per weight
-
-
-def lora_width(m: ModelSpec, targets: np.ndarray) -> np.ndarray:
-    """Sum of (d_in + d_out) over the adapted weight matrices of all blocks, per row's target
-    mask: x lora_rank it is the trainable adapter count (PEFT's r (d_in + d_out) per weight).
-    Source: engine._states.lora_num_parameters, vectorized over the target masks."""
-    mask = np.asarray(targets)
-    width = np.zeros(mask.shape)
-    for p in m.param_tensors():
-        if p.group in BLOCK_GROUPS and len(p.shape) == 2:
-            d_out, d_in = p.shape
-            width += (d_in + d_out) * m.group_count(p.group) * lora_adapted(p, mask)
-    return width

@@ -21,6 +21,8 @@ TpSplit = Literal["col", "row", "vocab", "rep"]
 Group = Literal["embed", "layer", "mlp", "moe", "final", "head"]
 """embed/final/head once; layer (attention + norms) in every block; mlp in dense blocks only;
 moe (router, routed and shared experts) in mixture-of-experts blocks only."""
+BLOCK_GROUPS: tuple[Group, ...] = ("layer", "mlp", "moe")
+"""ModelSpec parameter groups that live in the transformer blocks."""
 
 _GELU_TANH_PYTHON = {"gelu_new", "gelu_fast", "gelu_python"}
 """Activations that transformers implements as a Python tanh formula (several saved tensors)."""
@@ -47,6 +49,12 @@ class ParamTensor:
         for d in self.shape:
             n *= d
         return n
+
+    @property
+    def is_block_linear(self) -> bool:
+        """A linear layer's weight inside a transformer block (what LoRA adapts, QLoRA
+        quantises and fp8 recipes cast)."""
+        return len(self.shape) == 2 and self.group in BLOCK_GROUPS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -191,11 +199,27 @@ def _param_tensors(m: ModelSpec) -> tuple[ParamTensor, ...]:
             return (layer,)
         embed = ParamTensor(name="outside_layers", shape=(outside,), group="embed", tp_split="rep")
         return (embed, layer)
-    h, f, v = m.hidden_size, m.intermediate_size, m.vocab_size
-    qd, kvd = m.q_dim, m.kv_dim
-    out: list[ParamTensor] = []
+    inv = _Inventory(m)
+    _add_embeddings(inv, m)
+    _add_attention_block(inv, m)
+    # The dense MLP (every block of a dense model; the leading blocks of an MoE model).
+    if m.num_mlp_layers:
+        inv.add_mlp("", m.intermediate_size, "mlp")
+    if m.is_moe:
+        _add_moe_block(inv, m)
+    _add_head(inv, m)
+    return tuple(inv.tensors)
+
+
+class _Inventory:
+    """The parameter tensors of a model, in module order, as they are added."""
+
+    def __init__(self, m: ModelSpec) -> None:
+        self.m = m
+        self.tensors: list[ParamTensor] = []
 
     def add(
+        self,
         name: str,
         shape: tuple[int, ...],
         group: Group,
@@ -203,21 +227,21 @@ def _param_tensors(m: ModelSpec) -> tuple[ParamTensor, ...]:
         lora: tuple[str, ...] = (),
         expert: bool = False,
     ) -> None:
-        out.append(
+        self.tensors.append(
             ParamTensor(
                 name=name, shape=shape, group=group, tp_split=split, lora_targets=lora,
                 expert=expert,
             )
         )  # fmt: skip
 
-    norm_has_bias = m.norm == "layernorm"
+    def add_norm(self, name: str, group: Group, width: int | None = None) -> None:
+        width = self.m.hidden_size if width is None else width
+        self.add(f"{name}.weight", (width,), group, "rep")
+        if self.m.norm == "layernorm":
+            self.add(f"{name}.bias", (width,), group, "rep")
 
-    def add_norm(name: str, group: Group, width: int = h) -> None:
-        add(f"{name}.weight", (width,), group, "rep")
-        if norm_has_bias:
-            add(f"{name}.bias", (width,), group, "rep")
-
-    def add_mlp(prefix: str, width: int, group: Group) -> None:
+    def add_mlp(self, prefix: str, width: int, group: Group) -> None:
+        m, h, add = self.m, self.m.hidden_size, self.add
         if m.gated_mlp:
             if m.fused_gate_up:
                 add(f"{prefix}gate_up_proj.weight", (2 * width, h), group, "col",
@@ -236,34 +260,26 @@ def _param_tensors(m: ModelSpec) -> tuple[ParamTensor, ...]:
         if m.mlp_bias:
             add(f"{prefix}fc_out.bias", (h,), group, "rep")
 
-    # Embeddings.
-    add("embed_tokens.weight", (v, h), "embed", "vocab")
-    if m.family in ("gpt2", "bert"):
-        add("position_embeddings.weight", (m.max_position_embeddings, h), "embed", "rep")
-    if m.family == "bert":
-        add("token_type_embeddings.weight", (m.type_vocab_size, h), "embed", "rep")
-        add_norm("embeddings.LayerNorm", "embed")
 
-    # One transformer block: attention and norms.
+def _add_embeddings(inv: _Inventory, m: ModelSpec) -> None:
+    inv.add("embed_tokens.weight", (m.vocab_size, m.hidden_size), "embed", "vocab")
+    if m.family in ("gpt2", "bert"):
+        inv.add("position_embeddings.weight", (m.max_position_embeddings, m.hidden_size), "embed",
+                "rep")  # fmt: skip
+    if m.family == "bert":
+        inv.add("token_type_embeddings.weight", (m.type_vocab_size, m.hidden_size), "embed", "rep")
+        inv.add_norm("embeddings.LayerNorm", "embed")
+
+
+def _add_attention_block(inv: _Inventory, m: ModelSpec) -> None:
+    """One transformer block's attention and norms (group "layer")."""
+    h, qd, kvd, add = m.hidden_size, m.q_dim, m.kv_dim, inv.add
     if m.family == "decoder":
-        add_norm("input_layernorm", "layer")
+        inv.add_norm("input_layernorm", "layer")
     if m.family == "gpt2":
-        add_norm("ln_1", "layer")
+        inv.add_norm("ln_1", "layer")
     if m.is_mla:
-        # DeepseekV3Attention: q_a_proj -> q_a_layernorm -> q_b_proj (or q_proj),
-        # kv_a_proj_with_mqa -> kv_a_layernorm -> kv_b_proj, o_proj.
-        a = m.num_attention_heads
-        if m.q_lora_rank:
-            add("q_a_proj.weight", (m.q_lora_rank, h), "layer", "rep", ("q_proj",))
-            add_norm("q_a_layernorm", "layer", m.q_lora_rank)
-            add("q_b_proj.weight", (qd, m.q_lora_rank), "layer", "col", ("q_proj",))
-        else:
-            add("q_proj.weight", (qd, h), "layer", "col", ("q_proj",))
-        width = m.kv_lora_rank + m.qk_rope_head_dim
-        add("kv_a_proj_with_mqa.weight", (width, h), "layer", "rep", ("k_proj",))
-        add_norm("kv_a_layernorm", "layer", m.kv_lora_rank)
-        kv_b = a * (m.qk_nope_head_dim + m.v_head_dim)
-        add("kv_b_proj.weight", (kv_b, m.kv_lora_rank), "layer", "col", ("v_proj",))
+        _add_mla_projections(inv, m)
     elif m.fused_qkv:
         add("qkv_proj.weight", (qd + 2 * kvd, h), "layer", "col", ("q_proj", "k_proj", "v_proj"))
         if m.attention_bias:
@@ -280,42 +296,59 @@ def _param_tensors(m: ModelSpec) -> tuple[ParamTensor, ...]:
     if m.o_proj_bias:
         add("o_proj.bias", (h,), "layer", "rep")
     if m.family == "bert":
-        add_norm("attention.output.LayerNorm", "layer")
+        inv.add_norm("attention.output.LayerNorm", "layer")
     if m.family == "decoder":
-        add_norm("post_attention_layernorm", "layer")
+        inv.add_norm("post_attention_layernorm", "layer")
     if m.family == "gpt2":
-        add_norm("ln_2", "layer")
+        inv.add_norm("ln_2", "layer")
     if m.family == "bert":
-        add_norm("output.LayerNorm", "layer")
+        inv.add_norm("output.LayerNorm", "layer")
 
-    # The dense MLP (every block of a dense model; the leading blocks of an MoE model).
-    if m.num_mlp_layers:
-        add_mlp("", f, "mlp")
-    # The MoE block: router, routed experts as 3-D tensors (transformers 5), shared experts.
-    if m.is_moe:
-        e, fe = m.num_experts, m.moe_intermediate_size
-        add("router.weight", (e, h), "moe", "rep")
-        add("experts.gate_up_proj", (e, 2 * fe, h), "moe", "rep", expert=True)
-        add("experts.down_proj", (e, h, fe), "moe", "rep", expert=True)
-        if m.shared_expert_intermediate_size:
-            add_mlp("shared_experts.", m.shared_expert_intermediate_size, "moe")
-        if m.shared_expert_gate:
-            add("shared_expert_gate.weight", (1, h), "moe", "rep")
 
-    # Final norm and head.
+def _add_mla_projections(inv: _Inventory, m: ModelSpec) -> None:
+    """DeepseekV3Attention: q_a_proj -> q_a_layernorm -> q_b_proj (or q_proj),
+    kv_a_proj_with_mqa -> kv_a_layernorm -> kv_b_proj (o_proj is added by the caller)."""
+    h, qd, add = m.hidden_size, m.q_dim, inv.add
+    if m.q_lora_rank:
+        add("q_a_proj.weight", (m.q_lora_rank, h), "layer", "rep", ("q_proj",))
+        inv.add_norm("q_a_layernorm", "layer", m.q_lora_rank)
+        add("q_b_proj.weight", (qd, m.q_lora_rank), "layer", "col", ("q_proj",))
+    else:
+        add("q_proj.weight", (qd, h), "layer", "col", ("q_proj",))
+    width = m.kv_lora_rank + m.qk_rope_head_dim
+    add("kv_a_proj_with_mqa.weight", (width, h), "layer", "rep", ("k_proj",))
+    inv.add_norm("kv_a_layernorm", "layer", m.kv_lora_rank)
+    kv_b = m.num_attention_heads * (m.qk_nope_head_dim + m.v_head_dim)
+    add("kv_b_proj.weight", (kv_b, m.kv_lora_rank), "layer", "col", ("v_proj",))
+
+
+def _add_moe_block(inv: _Inventory, m: ModelSpec) -> None:
+    """The MoE block: router, routed experts as 3-D tensors (transformers 5), shared experts."""
+    e, fe, h = m.num_experts, m.moe_intermediate_size, m.hidden_size
+    inv.add("router.weight", (e, h), "moe", "rep")
+    inv.add("experts.gate_up_proj", (e, 2 * fe, h), "moe", "rep", expert=True)
+    inv.add("experts.down_proj", (e, h, fe), "moe", "rep", expert=True)
+    if m.shared_expert_intermediate_size:
+        inv.add_mlp("shared_experts.", m.shared_expert_intermediate_size, "moe")
+    if m.shared_expert_gate:
+        inv.add("shared_expert_gate.weight", (1, h), "moe", "rep")
+
+
+def _add_head(inv: _Inventory, m: ModelSpec) -> None:
+    """Final norm and head."""
+    h, v = m.hidden_size, m.vocab_size
     if m.family == "decoder":
-        add_norm("norm", "final")
+        inv.add_norm("norm", "final")
     if m.family == "gpt2":
-        add_norm("ln_f", "final")
+        inv.add_norm("ln_f", "final")
     if m.family == "bert":
         # BertForMaskedLM's cls.predictions: transform dense + LayerNorm, decoder bias.
-        add("cls.transform.dense.weight", (h, h), "head", "rep")
-        add("cls.transform.dense.bias", (h,), "head", "rep")
-        add_norm("cls.transform.LayerNorm", "head")
-        add("cls.decoder.bias", (v,), "head", "vocab")
+        inv.add("cls.transform.dense.weight", (h, h), "head", "rep")
+        inv.add("cls.transform.dense.bias", (h,), "head", "rep")
+        inv.add_norm("cls.transform.LayerNorm", "head")
+        inv.add("cls.decoder.bias", (v,), "head", "vocab")
     if not m.tie_word_embeddings:
-        add("lm_head.weight", (v, h), "head", "vocab")
-    return tuple(out)
+        inv.add("lm_head.weight", (v, h), "head", "vocab")
 
 
 _REQUIRED = {
@@ -359,67 +392,85 @@ def model_from_hf_config(config: dict[str, Any], *, name: str) -> ModelSpec:
         raise ValueError(f"{name}: config is missing required field(s): {', '.join(missing)}")
     model_type = str(config.get("model_type", family))
     if family == "gpt2":
-        h = int(config["n_embd"])
-        a = int(config["n_head"])
-        n_inner = config.get("n_inner")
-        act = str(config.get("activation_function", "gelu_new"))
-        return ModelSpec(
-            name=name,
-            family="gpt2",
-            model_type=model_type,
-            hidden_size=h,
-            intermediate_size=int(n_inner) if n_inner else 4 * h,
-            num_hidden_layers=int(config["n_layer"]),
-            num_attention_heads=a,
-            num_key_value_heads=a,
-            head_dim=h // a,
-            vocab_size=int(config["vocab_size"]),
-            max_position_embeddings=int(config.get("n_positions", config.get("n_ctx", 1024))),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
-            mlp_act="gelu_new" if act in _GELU_TANH_PYTHON else _act(act),
-            gated_mlp=False,
-            norm="layernorm",
-            attention_bias=True,
-            o_proj_bias=True,
-            mlp_bias=True,
-            rotary=False,
-            fused_qkv=True,
-            fused_gate_up=False,
-            dropout=float(config.get("resid_pdrop", 0.1)),
-            attention_dropout=float(config.get("attn_pdrop", 0.1)),
-        )
+        return _gpt2_spec(config, name=name, model_type=model_type)
+    if family == "bert":
+        return _bert_spec(config, name=name, model_type=model_type)
+    return _decoder_spec(config, name=name, model_type=model_type)
+
+
+def _gpt2_spec(config: dict[str, Any], *, name: str, model_type: str) -> ModelSpec:
+    """GPT-2/3 (n_embd, n_layer, n_head; Conv1D, learned positions, LayerNorm with bias)."""
+    h = int(config["n_embd"])
+    a = int(config["n_head"])
+    n_inner = config.get("n_inner")
+    act = str(config.get("activation_function", "gelu_new"))
+    return ModelSpec(
+        name=name,
+        family="gpt2",
+        model_type=model_type,
+        hidden_size=h,
+        intermediate_size=int(n_inner) if n_inner else 4 * h,
+        num_hidden_layers=int(config["n_layer"]),
+        num_attention_heads=a,
+        num_key_value_heads=a,
+        head_dim=h // a,
+        vocab_size=int(config["vocab_size"]),
+        max_position_embeddings=int(config.get("n_positions", config.get("n_ctx", 1024))),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+        mlp_act="gelu_new" if act in _GELU_TANH_PYTHON else _act(act),
+        gated_mlp=False,
+        norm="layernorm",
+        attention_bias=True,
+        o_proj_bias=True,
+        mlp_bias=True,
+        rotary=False,
+        fused_qkv=True,
+        fused_gate_up=False,
+        dropout=float(config.get("resid_pdrop", 0.1)),
+        attention_dropout=float(config.get("attn_pdrop", 0.1)),
+    )
+
+
+def _bert_spec(config: dict[str, Any], *, name: str, model_type: str) -> ModelSpec:
+    """BERT-style encoders with an MLM head."""
+    h = int(config["hidden_size"])
+    a = int(config["num_attention_heads"])
+    act_name = str(config.get("hidden_activation") or config.get("hidden_act", "silu"))
+    return ModelSpec(
+        name=name,
+        family="bert",
+        model_type=model_type,
+        hidden_size=h,
+        intermediate_size=int(config["intermediate_size"]),
+        num_hidden_layers=int(config["num_hidden_layers"]),
+        num_attention_heads=a,
+        num_key_value_heads=a,
+        head_dim=h // a,
+        vocab_size=int(config["vocab_size"]),
+        max_position_embeddings=int(config.get("max_position_embeddings", 512)),
+        type_vocab_size=int(config.get("type_vocab_size", 2)),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+        mlp_act=_act(act_name),
+        gated_mlp=False,
+        norm="layernorm",
+        attention_bias=True,
+        o_proj_bias=True,
+        mlp_bias=True,
+        rotary=False,
+        fused_qkv=False,
+        fused_gate_up=False,
+        dropout=float(config.get("hidden_dropout_prob", 0.1)),
+        attention_dropout=float(config.get("attention_probs_dropout_prob", 0.1)),
+    )
+
+
+def _decoder_spec(config: dict[str, Any], *, name: str, model_type: str) -> ModelSpec:
+    """Llama-style decoders (Llama, Mistral, Qwen, Gemma, Phi-3; MoE and MLA variants)."""
     h = int(config["hidden_size"])
     a = int(config["num_attention_heads"])
     kv = config.get("num_key_value_heads")
     head_dim = config.get("head_dim")
     act_name = str(config.get("hidden_activation") or config.get("hidden_act", "silu"))
-    if family == "bert":
-        return ModelSpec(
-            name=name,
-            family="bert",
-            model_type=model_type,
-            hidden_size=h,
-            intermediate_size=int(config["intermediate_size"]),
-            num_hidden_layers=int(config["num_hidden_layers"]),
-            num_attention_heads=a,
-            num_key_value_heads=a,
-            head_dim=h // a,
-            vocab_size=int(config["vocab_size"]),
-            max_position_embeddings=int(config.get("max_position_embeddings", 512)),
-            type_vocab_size=int(config.get("type_vocab_size", 2)),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
-            mlp_act=_act(act_name),
-            gated_mlp=False,
-            norm="layernorm",
-            attention_bias=True,
-            o_proj_bias=True,
-            mlp_bias=True,
-            rotary=False,
-            fused_qkv=False,
-            fused_gate_up=False,
-            dropout=float(config.get("hidden_dropout_prob", 0.1)),
-            attention_dropout=float(config.get("attention_probs_dropout_prob", 0.1)),
-        )
     is_qwen2 = model_type.startswith("qwen2")
     is_phi3 = model_type == "phi3"
     is_gemma = model_type.startswith("gemma")

@@ -1,22 +1,32 @@
-"""Optimizers as data: the built-ins (described from the _states.py tables) and user TOML files.
+"""Optimizers as data: the built-in registry, user TOML files, and the bytes of their states.
+
+Every built-in optimizer is one `OptimizerSpec` in `BUILTIN_OPTIMIZERS`; the vocabulary
+(`OPTIMIZERS`, in registry order: an optimizer's grid code is its position) and every
+per-optimizer table the formulas index with an optimizer column are derived from it. Adding a
+built-in optimizer is adding one entry (at the end, so that earlier codes keep their meaning).
 
 A user optimizer is one ``<name>.toml`` in a folder given as `optimizers_dir` or named by
 ``$TRAINMEM_OPTIMIZERS_DIR``. It becomes grid columns through `optimizer_columns`: the grid's
 `optimizer` code stays "adamw" (no special path) and `optimizer_custom` switches the state
-counts, dtype and step temporaries to the file's values (see _rank_states.state_terms).
+counts, dtype and step temporaries to the file's values (see `state_counts`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import _states as st
-from ._grid import OPTIMIZERS
-from ._time import OPTIMIZER_STEP_BYTES_PER_PARAMETER
+import numpy as np
+
+from ._model import ModelSpec
+from ._units import ALLOCATOR_BLOCK_BYTES, round_to_block
+
+if TYPE_CHECKING:
+    from ._states import LocalTensor
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -49,10 +59,16 @@ class OptimizerSpec:
     sources: tuple[str, ...] = ()
     path: str = BUILTIN
     """Where it came from: "built-in" or the TOML file's path."""
+    device_step_scalars: bool = False
+    """Built-in only (not a TOML key): one fp32 `step` scalar per parameter tensor on the device
+    (fused AdamW), see FUSED_STEP_TENSOR_BYTES."""
+    factored_second_moment: bool = False
+    """Built-in only (not a TOML key): Adafactor's factored second moment replaces the
+    full-size states and step temporaries, see `adafactor_state_bytes`."""
 
     def __post_init__(self) -> None:
         errors = []
-        if self.name in OPTIMIZERS and self.path != BUILTIN:
+        if self.path != BUILTIN and self.name in OPTIMIZERS:  # built-ins define them
             errors.append(f"name {self.name!r} is a built-in optimizer; choose another name")
         for key in ("num_states", "state_bytes", "step_temp_states", "step_bytes_per_parameter"):
             value = getattr(self, key)
@@ -64,35 +80,249 @@ class OptimizerSpec:
             raise ValueError(f"optimizer {self.name}: {'; '.join(errors)}")
 
 
-_KEYS = frozenset(f.name for f in fields(OptimizerSpec)) - {"path"}
-_REQUIRED = _KEYS - {"sources", "description"}
+_TORCH_ADAMW = "torch/optim/adamw.py (exp_avg, exp_avg_sq)"
+_FOREACH_TEMP = (
+    "torch/optim/adamw.py `_multi_tensor_adamw`: `exp_avg_sq_sqrt = torch._foreach_sqrt(...)` "
+    "allocates one state-sized list per (device, dtype) group, the rest runs in place (ground "
+    "truth: +1x parameter bytes); fused and sgd allocate none (ground truth: 0)"
+)
+_STEP_TRAFFIC = (
+    "step bytes: the tensors each torch.optim update reads and writes: fp32 parameter read + "
+    "write 8, gradient read 4, each fp32 state read + write 8 (8-bit AdamW: 2 per state; "
+    "Adafactor: small factored statistics, two gradient-sized temporaries); no savings from "
+    "fused kernels, no 16-bit weight copy refresh"
+)
 
-_BUILTIN_DESCRIPTIONS = {
-    "adamw": "torch.optim.AdamW, foreach (the default implementation)",
-    "adamw-fused": "torch.optim.AdamW(fused=True): no step temporaries, device step counters",
-    "adamw-8bit": "bitsandbytes AdamW8bit: two 8-bit blockwise states",
-    "sgd": "torch.optim.SGD without momentum",
-    "sgd-momentum": "torch.optim.SGD with a momentum buffer",
-    "adafactor": "transformers Adafactor (beta1=None): factored second moment (rows + columns)",
-    "lion": "lion-pytorch Lion: one momentum state, one temporary",
-}
+BUILTIN_OPTIMIZERS: dict[str, OptimizerSpec] = {
+    spec.name: spec
+    for spec in (
+        OptimizerSpec(
+            name="adamw",
+            description="torch.optim.AdamW, foreach (the default implementation)",
+            num_states=2.0, state_bytes=0.0, step_temp_states=1.0, eight_bit_blockwise=False,
+            step_bytes_per_parameter=28.0, sources=(_TORCH_ADAMW, _FOREACH_TEMP, _STEP_TRAFFIC),
+        ),
+        OptimizerSpec(
+            name="adamw-fused",
+            description="torch.optim.AdamW(fused=True): no step temporaries, device step counters",
+            num_states=2.0, state_bytes=0.0, step_temp_states=0.0, eight_bit_blockwise=False,
+            step_bytes_per_parameter=28.0, device_step_scalars=True,
+            sources=(_TORCH_ADAMW, _FOREACH_TEMP, _STEP_TRAFFIC),
+        ),
+        OptimizerSpec(
+            name="adamw-8bit",
+            description="bitsandbytes AdamW8bit: two 8-bit blockwise states",
+            num_states=2.0, state_bytes=0.0, step_temp_states=0.0, eight_bit_blockwise=True,
+            step_bytes_per_parameter=16.0,
+            sources=("bitsandbytes AdamW8bit (two uint8 states)", _STEP_TRAFFIC),
+        ),
+        OptimizerSpec(
+            name="sgd",
+            description="torch.optim.SGD without momentum",
+            num_states=0.0, state_bytes=0.0, step_temp_states=0.0, eight_bit_blockwise=False,
+            step_bytes_per_parameter=12.0, sources=("torch/optim/sgd.py", _STEP_TRAFFIC),
+        ),
+        OptimizerSpec(
+            name="sgd-momentum",
+            description="torch.optim.SGD with a momentum buffer",
+            num_states=1.0, state_bytes=0.0, step_temp_states=0.0, eight_bit_blockwise=False,
+            step_bytes_per_parameter=20.0,
+            sources=("torch/optim/sgd.py (momentum_buffer)", _STEP_TRAFFIC),
+        ),
+        OptimizerSpec(
+            name="adafactor",
+            description="transformers Adafactor (beta1=None): factored second moment (rows + "
+            "columns)",
+            num_states=0.0, state_bytes=0.0, step_temp_states=0.0, eight_bit_blockwise=False,
+            step_bytes_per_parameter=24.0, factored_second_moment=True,
+            sources=("Shazeer & Stern 2018, Sec. 3", _STEP_TRAFFIC),
+        ),
+        OptimizerSpec(
+            name="lion",
+            description="lion-pytorch Lion: one momentum state, one temporary",
+            num_states=1.0, state_bytes=0.0, step_temp_states=1.0, eight_bit_blockwise=False,
+            step_bytes_per_parameter=20.0, sources=("lion-pytorch (exp_avg)", _STEP_TRAFFIC),
+        ),
+    )
+}  # fmt: skip
+"""The built-in optimizers by name, in grid-code order."""
+
+OPTIMIZERS: tuple[str, ...] = tuple(BUILTIN_OPTIMIZERS)
+"""The optimizer vocabulary (engine/_vocab.py re-exports it): built-in names in code order."""
+
+
+def _table(field: str, dtype: type = np.float64) -> np.ndarray:
+    """One field of every built-in optimizer, indexed by optimizer code."""
+    return np.array([getattr(BUILTIN_OPTIMIZERS[n], field) for n in OPTIMIZERS], dtype=dtype)
+
+
+NUM_STATES = _table("num_states")
+"""Full-size state tensors per parameter (Adafactor's factored moments are handled apart).
+
+Source: torch/optim/adamw.py (exp_avg, exp_avg_sq), sgd.py (momentum_buffer), lion-pytorch
+(exp_avg); bitsandbytes AdamW8bit (two uint8 states)."""
+STEP_TEMP_STATES = _table("step_temp_states")
+"""Full-size temporaries of a foreach step, in state units.
+
+Source: torch/optim/adamw.py `_multi_tensor_adamw` (see _FOREACH_TEMP); fused and sgd allocate
+none (ground truth: 0)."""
+STEP_BYTES_PER_PARAMETER = _table("step_bytes_per_parameter")
+"""HBM bytes the optimizer update moves per local parameter (the step-time model).
+
+Source: the tensors each torch.optim update reads and writes (see _STEP_TRAFFIC). Assumes: no
+savings from fused kernels, no 16-bit weight copy refresh."""
+IS_EIGHT_BIT = _table("eight_bit_blockwise", bool)
+HAS_DEVICE_STEP_SCALARS = _table("device_step_scalars", bool)
+IS_FACTORED = _table("factored_second_moment", bool)
+
+EIGHT_BIT_STATE_BYTES = 1.0 + 4.0 / 256
+"""bitsandbytes 8-bit blockwise state: 1 byte + an fp32 absmax per 256-element block.
+
+Source: bitsandbytes/optim/optimizer.py (Optimizer8bit, block_wise=True, blocksize 256)."""
+EIGHT_BIT_MIN_NUMEL = 4096
+"""bitsandbytes keeps tensors under `min_8bit_size` = 4096 elements in 32-bit states."""
+FUSED_STEP_TENSOR_BYTES = ALLOCATOR_BLOCK_BYTES
+"""Fused AdamW keeps each parameter's `step` as a device fp32 scalar (one 512-byte block);
+foreach keeps it on the CPU (torch/optim/adamw.py, `_get_scalar_dtype`, capturable/fused)."""
+ADAFACTOR_STEP_TEMP_TENSORS = 2.0
+"""Adafactor's step: two fp32 temporaries the size of the largest tensor.
+Source: transformers.optimization.Adafactor.step (per parameter `update = grad**2 + eps` and
+the approximated squared gradient, fp32). Assumes: parameters are stepped in turn, so the
+largest tensor bounds them."""
+
+
+def eight_bit_state_bytes(numel: np.ndarray) -> np.ndarray:
+    """bitsandbytes AdamW8bit states of one tensor: 8-bit blockwise, fp32 when small."""
+    per = np.where(numel >= EIGHT_BIT_MIN_NUMEL, EIGHT_BIT_STATE_BYTES, 4.0)
+    return 2.0 * round_to_block(numel * per)
+
+
+def adafactor_state_bytes(m: ModelSpec, *, numel_local) -> np.ndarray:
+    """Adafactor (transformers.optimization.Adafactor, beta1=None): factored second moment.
+
+    Source: Shazeer & Stern 2018, Sec. 3: a 2-D [r, c] parameter keeps r + c fp32 accumulators,
+    a 1-D one its full size; no first moment by default.
+    Assumes: sharding shrinks the row/column factors proportionally.
+    """
+    full = 0.0
+    factored = 0.0
+    for p in m.param_tensors():
+        mult = m.group_count(p.group)
+        if len(p.shape) == 2:
+            factored += (p.shape[0] + p.shape[1]) * mult
+        else:
+            full += p.numel * mult
+    frac = numel_local / max(m.num_parameters, 1)
+    return 4.0 * (factored + full) * frac
+
+
+def state_counts(c: dict[str, np.ndarray], opt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(full-size states, step temporaries in state units) per trainable parameter: the
+    registry's for a built-in, the user's columns where `optimizer_custom`."""
+    custom = c["optimizer_custom"]
+    num_states = np.where(custom, c["optimizer_num_states"], NUM_STATES[opt])
+    temp_states = np.where(custom, c["optimizer_temp_states"], STEP_TEMP_STATES[opt])
+    return num_states, temp_states
+
+
+def state_element_bytes(
+    c: dict[str, np.ndarray], *, state_bytes: np.ndarray, lora: np.ndarray, adapter_bytes: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes per state element over the model's parameters, over the trainable ones).
+
+    A user optimizer's `state_bytes` > 0 overrides the precision's; 0 keeps the dtype of the
+    parameters it steps (LoRA adapters: `adapter_bytes`).
+    """
+    custom_e = c["optimizer_state_bytes"]
+    own = c["optimizer_custom"] & (custom_e > 0)
+    state_e = np.where(own, custom_e, state_bytes)
+    return state_e, np.where(lora & ~own, adapter_bytes, state_e)
+
+
+def optimizer_state_bytes(
+    m: ModelSpec,
+    full: Sequence[LocalTensor],
+    *,
+    c: dict[str, np.ndarray],
+    opt: np.ndarray,
+    num_states: np.ndarray,
+    plain_states: np.ndarray,
+    state_numel: np.ndarray,
+    sharded: np.ndarray,
+    dp: np.ndarray,
+    lora: np.ndarray,
+) -> np.ndarray:
+    """Optimizer-state bytes on one rank: `num_states` x `plain_states` (one state's bytes),
+    8-bit blockwise where the optimizer is, Adafactor's factored moments, fused AdamW's device
+    step scalars.
+
+    `full`: the rank's unsharded tensors; `sharded`: ZeRO-1+ rows (states over `dp` ranks);
+    `state_numel`: the trainable elements whose states this rank keeps.
+    Source: EIGHT_BIT_STATE_BYTES, adafactor_state_bytes, FUSED_STEP_TENSOR_BYTES.
+    Assumes: LoRA adapters' 8-bit states are blockwise throughout (no small-tensor fp32, no
+    per-tensor rounding).
+    """
+    optimizer_states = num_states * plain_states
+    eight_bit = sum((eight_bit_state_bytes(t.numel) * t.count for t in full), np.zeros_like(dp))
+    eight_bit = np.where(sharded, eight_bit / dp, eight_bit)
+    eight_bit = np.where(lora, 2.0 * EIGHT_BIT_STATE_BYTES * state_numel, eight_bit)
+    optimizer_states = np.where(IS_EIGHT_BIT[opt], eight_bit, optimizer_states)
+    # eight_bit holds two states; a user 8-bit optimizer scales it to its own count.
+    optimizer_states = np.where(
+        c["optimizer_custom"] & c["optimizer_eight_bit"],
+        eight_bit * num_states / 2.0,
+        optimizer_states,
+    )
+    optimizer_states = np.where(
+        IS_FACTORED[opt], adafactor_state_bytes(m, numel_local=state_numel), optimizer_states
+    )
+    num_tensors = sum((t.count for t in full), np.zeros_like(dp))
+    return optimizer_states + np.where(
+        HAS_DEVICE_STEP_SCALARS[opt], FUSED_STEP_TENSOR_BYTES * num_tensors, 0.0
+    )
+
+
+def step_temporary_bytes(
+    full: Sequence[LocalTensor],
+    *,
+    opt: np.ndarray,
+    temp_states: np.ndarray,
+    state_elem: np.ndarray,
+    group_numel: np.ndarray,
+    dp: np.ndarray,
+) -> np.ndarray:
+    """Bytes the optimizer step allocates beyond the states.
+
+    foreach: `temp_states` state-sized lists of the largest (device, dtype) group
+    (`group_numel` elements), groups in turn; Adafactor: two fp32 temporaries of its largest
+    tensor. Source: the registry's `sources`; ADAFACTOR_STEP_TEMP_TENSORS.
+    """
+    step_temp = temp_states * state_elem * group_numel
+    max_tensor = np.max(np.stack([np.broadcast_to(t.numel, dp.shape) for t in full]), axis=0)
+    return np.where(IS_FACTORED[opt], ADAFACTOR_STEP_TEMP_TENSORS * 4.0 * max_tensor, step_temp)
+
+
+def optimizer_step_s(
+    c: dict[str, np.ndarray], opt: np.ndarray, *, step_params, hbm, offloaded
+) -> np.ndarray:
+    """Time of the optimizer update on the device: `step_params` local parameters x the bytes
+    the update moves per parameter (the registry's, or the user's `optimizer_step_bytes`) at
+    the effective HBM bandwidth `hbm`; 0 where `offloaded` (the host steps).
+    Source: the registry's `step_bytes_per_parameter` (_STEP_TRAFFIC)."""
+    optimizer_bytes = np.where(
+        c["optimizer_custom"], c["optimizer_step_bytes"], STEP_BYTES_PER_PARAMETER[opt]
+    )
+    return np.where(offloaded, 0.0, step_params * optimizer_bytes / hbm)
 
 
 def builtin_optimizers() -> dict[str, OptimizerSpec]:
-    """The built-in optimizers as the engine's tables define them (read-only description)."""
-    return {
-        name: OptimizerSpec(
-            name=name,
-            description=_BUILTIN_DESCRIPTIONS.get(name, ""),
-            num_states=float(st.NUM_STATES[code]),
-            state_bytes=0.0,
-            step_temp_states=float(st.STEP_TEMP_STATES[code]),
-            eight_bit_blockwise=name == "adamw-8bit",
-            step_bytes_per_parameter=OPTIMIZER_STEP_BYTES_PER_PARAMETER[code],
-            sources=("engine/_states.py",),
-        )
-        for code, name in enumerate(OPTIMIZERS)
-    }
+    """The built-in optimizers by name (a copy of the registry)."""
+    return dict(BUILTIN_OPTIMIZERS)
+
+
+_BUILTIN_ONLY = frozenset({"device_step_scalars", "factored_second_moment"})
+_KEYS = frozenset(f.name for f in fields(OptimizerSpec)) - {"path"} - _BUILTIN_ONLY
+_REQUIRED = _KEYS - {"sources", "description"}
 
 
 def _user_dir(optimizers_dir: str | os.PathLike[str] | None) -> Path | None:

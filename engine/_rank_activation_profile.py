@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _states as st
 from ._activation_profile import Coefficients
 from ._model import ModelSpec
-from ._rank_states import block_counts, stage_flags
+from ._offload import offloaded_activation_bytes
+from ._pipeline import block_counts, receive_buffer_bytes, stage_flags
+from ._precision import COMPUTE_BYTES
 
-HF = 0
-ACTIVATION_OFFLOAD_RESIDENT_LAYERS = 2.0
-"""As _rank_activations: two blocks' activations stay on the GPU under activation offloading."""
 BACKWARD_END_LAYERS = 2.0
 """Layers' worth of activation bytes alive at the end of backward: layer 0's saved tensors and
 as many bytes of gradients in flight through it. Assumes: a layer's backward temporaries are
@@ -25,7 +23,7 @@ about its saved activations (the Llama ground truth: 0.8x to 1.3x)."""
 def profile_bytes(k: Coefficients, *, b: np.ndarray, s: np.ndarray) -> np.ndarray:
     """Bytes of one term for a micro-batch of b sequences of length s, without the constant.
 
-    Source: the profile format (engine/_profile.py): b (per_token s + per_token_sq s^2).
+    Source: the profile format (engine/_activation_profile.py): b (per_token s + per_token_sq s^2).
     """
     return b * (k.per_token * s + k.per_token_sq * s * s)
 
@@ -58,9 +56,8 @@ def profile_activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str
     )
     transient = profile_bytes(p.transient, b=b, s=s) + p.transient.constant
     stage_layers = per_layer * num_layers_local
-    offload_act = c["activation_offload"].astype(bool) & (num_layers_local > 2)
-    offloaded = np.where(
-        offload_act, per_layer * (num_layers_local - ACTIVATION_OFFLOAD_RESIDENT_LAYERS), 0.0
+    offloaded = offloaded_activation_bytes(
+        per_layer, num_layers=num_layers_local, enabled=c["activation_offload"]
     )
     stage_act = stage_layers + outside - offloaded
     # The loss's transients (forward, start of backward) are the last stage's; the end of
@@ -69,7 +66,8 @@ def profile_activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str
     end = p.transient_phase == "backward_end"
     transient = np.where(last | end, transient, 0.0)
     zero_col = np.zeros_like(b)
-    pipe_one = np.where(pp > 1, st.COMPUTE_BYTES[prec] * b * s * m.hidden_size, 0.0)
+    pipe_one = np.where(pp > 1, COMPUTE_BYTES[prec] * b * s * m.hidden_size, 0.0)
+    pipe_per_micro, pipe_fixed = receive_buffer_bytes(pipe_one, fw=fw)
     return {
         "activations_per_layer": per_layer,
         "activations_outside_layers": outside,
@@ -84,6 +82,6 @@ def profile_activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str
         "embed_extra": zero_col,
         "recompute_excess": zero_col,
         "recompute_extra": np.full_like(b, -np.inf),
-        "pipe_per_micro": np.where(fw == HF, pipe_one, 0.0),
-        "pipe_fixed": np.where(fw == HF, 0.0, 2.0 * pipe_one),
+        "pipe_per_micro": pipe_per_micro,
+        "pipe_fixed": pipe_fixed,
     }

@@ -1,26 +1,50 @@
 """Model states of one rank: parameters, master weights, gradients, optimizer states, host bytes.
 
 Evaluated once per distinct layout (see _factorize.per_key): every input column here has few
-distinct values in a sweep.
+distinct values in a sweep. The assembly only: the formulas are in the rank's inventory
+(_states.py) and in one module per technique (_data_parallel, _tensor_parallel, _lora,
+_optimizers, _offload, _fp8, _precision).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
-from . import _states as st
+from ._codes import MEGATRON
+from ._data_parallel import (
+    ZERO_GRADIENTS,
+    ZERO_PARAMETERS,
+    ZERO_STATES,
+    deepspeed_buffer_bytes,
+    fp32_gradient_partition_bytes,
+    fsdp2_buffer_bytes,
+    is_fsdp2,
+    model_state_element_bytes,
+)
+from ._fp8 import fp8_cache_bytes
+from ._lora import (
+    LORA_ADAPTER_BYTES,
+    Adapters,
+    lora_parameter_bytes,
+    nf4_base_bytes,
+    qlora_dequant_bytes,
+    rank_adapters,
+)
 from ._model import ModelSpec
-
-HF, MEGATRON, DEEPSPEED, TORCHTITAN = 0, 1, 2, 3
-ADAMW, ADAMW_FUSED, ADAMW_8BIT, SGD, SGD_MOMENTUM, ADAFACTOR, LION = range(7)
-OFFLOAD_NONE, OFFLOAD_OPTIMIZER, OFFLOAD_PARAMS = 0, 1, 2
-
-DEEPSPEED_BUCKET_ELEMS_PER_H2 = 1.0
-"""HF Trainer's DeepSpeed "auto" values: reduce_bucket_size = h*h, stage3_prefetch_bucket_size
-= 0.9*h*h. Source: transformers/integrations/deepspeed.py (trainer_config_finalize)."""
-OFFLOAD_PINNED_BUCKETS = 2.0
-"""Pinned host buffers of an offloaded optimizer: two gradient buckets in flight (DeepSpeed
-ZeRO-Offload double-buffers the device-to-host gradient copies)."""
+from ._offload import offloaded_states
+from ._optimizers import (
+    optimizer_state_bytes,
+    state_counts,
+    state_element_bytes,
+    step_temporary_bytes,
+)
+from ._pipeline import block_counts, stage_flags
+from ._precision import IS_FP8, IS_MIXED, STATE_BYTES
+from ._states import LocalTensor, group_numel, layer_numel, local_tensors, rank_bytes, total_numel
+from ._tensor_parallel import hf_embedding_gradient_bytes, hf_replicated_group_numel
 
 STATE_KEYS = (
     "tp", "pp", "dp", "ep", "etp", "zero", "precision", "optimizer", "framework", "sp", "stage_pos",
@@ -29,265 +53,181 @@ STATE_KEYS = (
 )  # fmt: skip
 
 
-def stage_flags(c: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(first, last) stage flags from stage_pos: 0 only stage, 1 first, 2 middle, 3 last."""
-    pos = c["stage_pos"]
-    return (pos <= 1), (pos == 0) | (pos == 3)
+@dataclass(frozen=True, slots=True)
+class RankLayout:
+    """The columns of one rank's layout (one value per key), and its tensor inventory: `full`
+    unsharded by data parallelism, `part` sharded over dp (ZeRO-3/FSDP)."""
+
+    prec: np.ndarray
+    opt: np.ndarray
+    fw: np.ndarray
+    zero: np.ndarray
+    tp: np.ndarray
+    dp: np.ndarray
+    sp: np.ndarray
+    offload: np.ndarray
+    lora_rank: np.ndarray
+    lora: np.ndarray
+    qlora: np.ndarray
+    first: np.ndarray
+    counts: dict[str, np.ndarray]
+    mixed: np.ndarray
+    fsdp2: np.ndarray
+    megatron: np.ndarray
+    full: list[LocalTensor]
+    part: list[LocalTensor]
 
 
-def block_counts(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Occurrences of each parameter group on this rank's pipeline stage.
-
-    Assumes: blocks split evenly over stages (ceil(L/pp) on each); an MoE model's leading dense
-    blocks sit on the first stage.
-    """
-    first, last = stage_flags(c)
-    layers = np.ceil(m.num_hidden_layers / c["pp"]).astype(np.float64)
-    mlp = np.where(first, np.minimum(m.num_dense_layers, layers), 0.0) if m.is_moe else layers
-    ones = np.ones_like(layers)
-    return {
-        "embed": np.where(first, ones, 0.0),
-        "layer": layers,
-        "mlp": mlp,
-        "moe": layers - mlp if m.is_moe else 0.0 * layers,
-        "final": np.where(last, ones, 0.0),
-        "head": np.where(last, ones, 0.0),
-    }
-
-
-def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Model states of one rank and the pieces the phase peaks need."""
-    prec = c["precision"].astype(np.int64)
-    opt = c["optimizer"].astype(np.int64)
+def rank_layout(m: ModelSpec, c: dict[str, np.ndarray]) -> RankLayout:
+    """The symbols of the rows `c` (per-key columns), bound once."""
     fw = c["framework"].astype(np.int64)
-    zero = c["zero"]
-    tp = c["tp"].astype(np.float64)
-    dp = c["dp"].astype(np.float64)
-    ep = c["ep"].astype(np.float64)
-    etp = c["etp"].astype(np.float64)
-    sp = c["sp"]
-    offload = c["offload"].astype(np.int64)
+    prec = c["precision"].astype(np.int64)
+    tp, dp = c["tp"].astype(np.float64), c["dp"].astype(np.float64)
+    ep, etp = c["ep"].astype(np.float64), c["etp"].astype(np.float64)
     lora_rank = c["lora_rank"].astype(np.float64)
     lora = lora_rank > 0
-    qlora = c["qlora"] & lora
-    first, _ = stage_flags(c)
     counts = block_counts(m, c)
-    mixed = st.IS_MIXED[prec]
-    fsdp2 = ((fw == HF) | (fw == TORCHTITAN)) & (zero == 3)
-
-    full = st.local_tensors(
-        m, tp=tp, ep=ep, etp=etp, counts=counts, shard=False, dp_shard=np.ones_like(dp)
-    )
-    part = st.local_tensors(m, tp=tp, ep=ep, etp=etp, counts=counts, shard=True, dp_shard=dp)
-
-    # FSDP2 mixed precision keeps fp32 sharded parameters (they are the master copy) and fp32
-    # reduced gradients; Megatron keeps an fp32 main-grad buffer.
-    param_e = np.where(mixed & fsdp2, 4.0, st.PARAM_BYTES[prec])
-    master_e = np.where(fsdp2, 0.0, st.MASTER_BYTES[prec])
-    grad_e = np.where(mixed & (fsdp2 | (fw == MEGATRON)), 4.0, st.GRAD_BYTES[prec])
-    state_e = st.STATE_BYTES[prec]
-
-    def summed(elem, sharded, *, where=None) -> np.ndarray:
-        whole = st.rounded_bytes(full, elem, where=where)
-        split = st.rounded_bytes(part, elem, where=where)
-        return np.where(sharded, split, whole)
-
-    # ---- LoRA / QLoRA: a frozen base, fp32 adapters on the targeted linear weights ----------
-    mask = c["lora_targets"]
-    adapter_numel = np.zeros_like(dp)
-    quantised = np.zeros_like(dp)  # NF4 bytes of the base linear weights (QLoRA)
-    quantised_numel = np.zeros_like(dp)
-    for t in full:
-        p = t.tensor
-        if len(p.shape) != 2 or p.group not in ("layer", "mlp", "moe"):
-            continue
-        d_out, d_in = p.shape
-        adapted = st.lora_adapted(p, mask)
-        adapter_numel = adapter_numel + np.where(adapted, lora_rank * (d_in + d_out), 0.0) * t.count
-        quantised = quantised + st.nf4_bytes(t.numel) * t.count
-        quantised_numel = quantised_numel + t.numel * t.count
-    # ZeRO-3/FSDP shard the NF4 base too (bitsandbytes >= 0.43 `bnb_4bit_quant_storage`, the
-    # "FSDP-QLoRA" recipe; older stacks kept it whole: xtuner #88).
-    quantised = np.where(zero >= 3, quantised / dp, quantised)
-    adapter_numel_local = np.where(zero >= 1, np.ceil(adapter_numel / dp), adapter_numel)
-
-    def is_base_linear(p) -> np.ndarray:
-        return np.asarray(len(p.shape) == 2 and p.group in ("layer", "mlp", "moe"))
-
-    base_bytes = summed(param_e, zero >= 3)
-    base_linear_16 = summed(param_e, zero >= 3, where=is_base_linear)
-    base_bytes = np.where(qlora, base_bytes - base_linear_16 + quantised, base_bytes)
-    parameters = np.where(lora, base_bytes + st.LORA_ADAPTER_BYTES * np.where(
-        zero >= 3, adapter_numel_local, adapter_numel), base_bytes)  # fmt: skip
-    trainable_local = np.where(lora, adapter_numel_local, st.total_numel(part))
-    trainable_full = np.where(lora, adapter_numel, st.total_numel(full))
-
-    master = np.where(lora, 0.0, summed(master_e, zero >= 1))
-    gradients = summed(grad_e, zero >= 2)
-    # HF tensor parallel (tp_plan): the embedding's gradient comes out full size on every rank.
-    emb_local = st.group_numel(full, "embed")
-    gradients = gradients + np.where(
-        (fw == HF) & (tp > 1) & (zero < 2) & first,
-        (m.num_parameters_in("embed") - emb_local) * grad_e,
-        0.0,
-    )
-    gradients = np.where(
-        lora,
-        st.LORA_ADAPTER_BYTES * np.where(zero >= 2, adapter_numel_local, adapter_numel),
-        gradients,
-    )
-
-    # A user optimizer (optimizer_custom; the code stays adamw): its own state count, element
-    # size (0: the dtype it steps, as the built-ins), 8-bit layout and step temporaries.
-    custom = c["optimizer_custom"]
-    custom_e = c["optimizer_state_bytes"]
-    state_e = np.where(custom & (custom_e > 0), custom_e, state_e)
-    num_states = np.where(custom, c["optimizer_num_states"], st.NUM_STATES[opt])
-    temp_states = np.where(custom, c["optimizer_temp_states"], st.STEP_TEMP_STATES[opt])
-    state_elem = np.where(lora & ~(custom & (custom_e > 0)), st.LORA_ADAPTER_BYTES, state_e)
-    state_numel = np.where(zero >= 1, trainable_local, trainable_full)
-    plain_states = np.where(lora, state_elem * state_numel, summed(state_e, zero >= 1))
-    optimizer_states = num_states * plain_states
-    eight_bit = sum(
-        (st.eight_bit_state_bytes(t.numel) * t.count for t in full),
-        np.zeros_like(dp),
-    )
-    eight_bit = np.where(zero >= 1, eight_bit / dp, eight_bit)
-    eight_bit = np.where(lora, 2.0 * st.EIGHT_BIT_STATE_BYTES * state_numel, eight_bit)
-    optimizer_states = np.where(opt == ADAMW_8BIT, eight_bit, optimizer_states)
-    # eight_bit holds two states; a user 8-bit optimizer scales it to its own count.
-    optimizer_states = np.where(
-        custom & c["optimizer_eight_bit"], eight_bit * num_states / 2.0, optimizer_states
-    )
-    optimizer_states = np.where(
-        opt == ADAFACTOR, st.adafactor_state_bytes(m, numel_local=state_numel), optimizer_states
-    )
-    num_tensors = sum((t.count for t in full), np.zeros_like(dp))
-    optimizer_states = optimizer_states + np.where(
-        opt == ADAMW_FUSED, st.FUSED_STEP_TENSOR_BYTES * num_tensors, 0.0
-    )
-    # foreach temporaries: one state-sized list per (device, dtype) group, groups in turn. HF TP
-    # without SP keeps the replicated norms as plain tensors: a separate, smaller group.
-    replicated = sum(
-        (t.numel * t.count for t in full if t.tensor.tp_split == "rep" and not t.tensor.expert),
-        np.zeros_like(dp),
-    )
-    group_numel = state_numel - np.where(
-        (fw == HF) & (tp > 1) & ~sp & (zero < 1) & ~lora, replicated, 0.0
-    )
-    step_temp = temp_states * state_elem * group_numel
-    max_tensor = np.max(np.stack([np.broadcast_to(t.numel, dp.shape) for t in full]), axis=0)
-    step_temp = np.where(opt == ADAFACTOR, 2.0 * 4.0 * max_tensor, step_temp)
-    # Mixed precision outside FSDP2/Megatron: the fp32 gradient partition the optimizer steps on
-    # (DeepSpeed BF16_Optimizer / ZeRO `single_partition_of_fp32_groups` grads).
-    step_temp = step_temp + np.where(
-        mixed & ~fsdp2 & (fw != MEGATRON) & ~lora, 4.0 * state_numel, 0.0
-    )
-
-    # ---- offload: optimizer (+ master) to the host; with params, the weights too -------------
-    off_opt = offload >= OFFLOAD_OPTIMIZER
-    off_params = offload == OFFLOAD_PARAMS
-    layer_numel = st.group_numel(full, "layer") + np.where(
-        counts["mlp"] > 0, st.group_numel(full, "mlp"), st.group_numel(full, "moe")
-    )
-    host_bytes = np.where(
-        off_opt,
-        optimizer_states + master + 4.0 * state_numel  # CPU Adam steps on fp32 grads
-        + OFFLOAD_PINNED_BUCKETS * 2.0 * np.minimum(layer_numel, float(m.hidden_size) ** 2 * 4),
-        0.0,
+    shards: dict[str, Any] = {"tp": tp, "ep": ep, "etp": etp, "counts": counts}
+    return RankLayout(
+        prec=prec, opt=c["optimizer"].astype(np.int64), fw=fw, zero=c["zero"], tp=tp, dp=dp,
+        sp=c["sp"], offload=c["offload"].astype(np.int64), lora_rank=lora_rank, lora=lora,
+        qlora=c["qlora"] & lora, first=stage_flags(c)[0], counts=counts, mixed=IS_MIXED[prec],
+        fsdp2=is_fsdp2(fw, c["zero"]), megatron=fw == MEGATRON,
+        full=local_tensors(m, **shards, shard=False, dp_shard=np.ones_like(dp)),
+        part=local_tensors(m, **shards, shard=True, dp_shard=dp),
     )  # fmt: skip
-    host_bytes = host_bytes + np.where(off_params, parameters + 4.0 * state_numel, 0.0)
-    optimizer_states = np.where(off_opt, 0.0, optimizer_states)
-    master = np.where(off_opt, 0.0, master)
-    step_temp = np.where(off_opt, 0.0, step_temp)
-    # ZeRO-Infinity / FSDP CPU offload: only the working set of weights is on the device.
-    param_working = 2.0 * 2.0 * layer_numel  # current + prefetched block, 16-bit
-    parameters = np.where(off_params, param_working, parameters)
-    gradients = np.where(off_params, np.minimum(gradients, 2.0 * param_working), gradients)
 
-    # ---- fp8 recipes: fp8 weight caches and delayed-scaling state --------------------------
-    fp8 = st.IS_FP8[prec]
-    linear_numel = sum(
-        (t.numel * t.count for t in full if len(t.tensor.shape) == 2
-         and t.tensor.group in ("layer", "mlp", "moe")),
-        np.zeros_like(dp),
-    )  # fmt: skip
-    num_linears = sum(
-        (t.count for t in full if len(t.tensor.shape) == 2
-         and t.tensor.group in ("layer", "mlp", "moe")),
-        np.zeros_like(dp),
-    )  # fmt: skip
-    # Under ZeRO-3/FSDP the fp8 casts happen per gathered block: two blocks' worth at a time.
-    cached_numel = np.where(
-        zero >= 3, linear_numel / np.maximum(counts["layer"], 1.0) * 2.0, linear_numel
+
+def _parameter_bytes(x: RankLayout, param_e: np.ndarray, adapters: Adapters) -> np.ndarray:
+    """Working weights (ZeRO-3/FSDP: the shard); LoRA: a frozen base (QLoRA: NF4 block
+    linears) and fp32 adapters."""
+    sharded = x.zero >= ZERO_PARAMETERS
+    base = rank_bytes(x.full, x.part, param_e, sharded)
+    base_linear = rank_bytes(
+        x.full, x.part, param_e, sharded, where=lambda p: np.asarray(p.is_block_linear)
     )
-    fp8_cache = np.where(
-        fp8,
-        st.FP8_WEIGHT_CACHE_BYTES * cached_numel + st.FP8_SCALING_BYTES_PER_LINEAR * num_linears,
-        0.0,
+    nf4 = nf4_base_bytes(x.full, dp=x.dp, sharded=sharded)
+    return lora_parameter_bytes(
+        base, base_linear, nf4, lora=x.lora, qlora=x.qlora, adapters=adapters.kept(sharded)
     )
 
-    # ---- pieces of the phase peaks -----------------------------------------------------------
-    sharded_grads = zero >= 2
+
+def _gradient_bytes(
+    m: ModelSpec, x: RankLayout, grad_e: np.ndarray, adapters: Adapters
+) -> np.ndarray:
+    """Gradients (ZeRO-2+: the shard), HF TP's full-size embedding gradient; LoRA: the
+    adapters' fp32 gradients only."""
+    sharded = x.zero >= ZERO_GRADIENTS
+    gradients = rank_bytes(x.full, x.part, grad_e, sharded) + hf_embedding_gradient_bytes(
+        m, x.full, fw=x.fw, tp=x.tp, grads_sharded=sharded, first=x.first, grad_e=grad_e
+    )
+    return np.where(x.lora, LORA_ADAPTER_BYTES * adapters.kept(sharded), gradients)
+
+
+def _optimizer_bytes(
+    m: ModelSpec, x: RankLayout, c: dict[str, np.ndarray], state_numel: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Optimizer states (ZeRO-1+: the shard) and the step's temporaries, for a built-in (the
+    registry, _optimizers.py) or a user optimizer (the `optimizer_*` columns)."""
+    sharded = x.zero >= ZERO_STATES
+    state_e, state_elem = state_element_bytes(
+        c, state_bytes=STATE_BYTES[x.prec], lora=x.lora, adapter_bytes=LORA_ADAPTER_BYTES
+    )
+    num_states, temp_states = state_counts(c, x.opt)
+    plain = np.where(x.lora, state_elem * state_numel, rank_bytes(x.full, x.part, state_e, sharded))
+    separate = hf_replicated_group_numel(
+        x.full, fw=x.fw, tp=x.tp, sp=x.sp, states_sharded=sharded, lora=x.lora, dp=x.dp
+    )
+    step_temp = step_temporary_bytes(
+        x.full, opt=x.opt, temp_states=temp_states, state_elem=state_elem,
+        group_numel=state_numel - separate, dp=x.dp,
+    ) + fp32_gradient_partition_bytes(
+        state_numel, mixed=x.mixed, fsdp2=x.fsdp2, megatron=x.megatron, lora=x.lora
+    )  # fmt: skip
+    optimizer_states = optimizer_state_bytes(
+        m, x.full, c=c, opt=x.opt, num_states=num_states, plain_states=plain,
+        state_numel=state_numel, sharded=sharded, dp=x.dp, lora=x.lora,
+    )  # fmt: skip
+    return {"optimizer_states": optimizer_states, "optimizer_step_temporaries": step_temp}
+
+
+def _end_of_backward_gradients(
+    m: ModelSpec, x: RankLayout, grad_e: np.ndarray, gradients: np.ndarray, fsdp_active
+) -> np.ndarray:
+    """Gradients alive at the end of backward: all but the embedding's, layer 0's attention and
+    one MLP matrix (and, under FSDP2, the root's and two layers' not yet reduce-scattered).
+    Source: the ground-truth traces (the end-of-backward peak is in layer 0's MLP backward,
+    see _rank_activations._backward_transients)."""
+    sharded = x.zero >= ZERO_GRADIENTS
+    full, part, counts = x.full, x.part, x.counts
 
     def grads_of(group: str) -> np.ndarray:
-        local = np.where(sharded_grads, st.group_numel(part, group), st.group_numel(full, group))
-        return np.where(lora, 0.0, local * grad_e)
+        local = np.where(sharded, group_numel(part, group), group_numel(full, group))
+        return np.where(x.lora, 0.0, local * grad_e)
 
-    grad_embed = grads_of("embed")
     grad_layer = grads_of("layer") + np.where(counts["mlp"] > 0, grads_of("mlp"), grads_of("moe"))
-    grad_final_head = grads_of("final") + grads_of("head")
     mlp_group_numel = np.where(
-        counts["mlp"] > 0, st.group_numel(full, "mlp"), st.group_numel(full, "moe")
+        counts["mlp"] > 0, group_numel(full, "mlp"), group_numel(full, "moe")
     )
     mlp_mats = 3.0 if m.gated_mlp else 2.0
     grad_mlp_done = np.where(
-        lora,
+        x.lora,
         0.0,
-        mlp_group_numel / np.where(sharded_grads, dp, 1.0) * grad_e * (mlp_mats - 1.0) / mlp_mats,
+        mlp_group_numel / np.where(sharded, x.dp, 1.0) * grad_e * (mlp_mats - 1.0) / mlp_mats,
     )
-    root_numel = (
-        st.group_numel(full, "embed") + st.group_numel(full, "final") + st.group_numel(full, "head")
+    grads_end = gradients - grads_of("embed") - grad_layer + grad_mlp_done
+    grad_final_head = grads_of("final") + grads_of("head")
+    return grads_end - np.where(fsdp_active, grad_layer + grad_final_head, 0.0)
+
+
+def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Model states of one rank and the pieces the phase peaks need.
+
+    Returns bytes per key: parameters, master_weights, gradients, optimizer_states,
+    optimizer_step_temporaries, host_bytes (what stays on the device and what offload moves),
+    fp8_weight_cache; persistent (states + framework buffers), fsdp_fwd (forward-peak buffers),
+    end_grads (gradients and buffers at the end of backward), optimizer_peak.
+    """
+    x = rank_layout(m, c)
+    param_e, master_e, grad_e = model_state_element_bytes(
+        x.prec, fsdp2=x.fsdp2, megatron=x.megatron
     )
-    fsdp_active = fsdp2 & (dp > 1)
-    # FSDP2: the root's unsharded 16-bit copy stays from forward to the end of backward
-    # (reshard_after_forward=False for the root); one layer's all-gather output in flight.
-    fsdp_fwd = np.where(fsdp_active, 2.0 * root_numel + 2.0 * layer_numel, 0.0)
-    # ... and at the end of backward: two layers unsharded (current + prefetch), the fp32
-    # reduce-scatter input of one layer, the root's 16-bit gradients before their reduce.
-    fsdp_bwd = np.where(
-        fsdp_active, 2.0 * root_numel * 2.0 + 2.0 * 2.0 * layer_numel + 4.0 * layer_numel, 0.0
+    states_sharded = x.zero >= ZERO_STATES
+    adapters = rank_adapters(
+        x.full, rank=x.lora_rank, mask=c["lora_targets"], dp=x.dp, sharded=states_sharded
     )
-    h2 = float(m.hidden_size) ** 2
-    ds_buffers = np.where(
-        (fw == DEEPSPEED) & (zero >= 1) & (dp > 1),
-        2.0 * DEEPSPEED_BUCKET_ELEMS_PER_H2 * h2 * 2.0
-        + np.where(zero >= 3, 0.9 * h2 * 2.0 + 2.0 * layer_numel, 0.0),
-        0.0,
+    trainable_local = np.where(x.lora, adapters.numel_shard, total_numel(x.part))
+    trainable_full = np.where(x.lora, adapters.numel, total_numel(x.full))
+    state_numel = np.where(states_sharded, trainable_local, trainable_full)
+    master = rank_bytes(x.full, x.part, master_e, states_sharded)
+    states = {
+        "parameters": _parameter_bytes(x, param_e, adapters),
+        "master_weights": np.where(x.lora, 0.0, master),
+        "gradients": _gradient_bytes(m, x, grad_e, adapters),
+        **_optimizer_bytes(m, x, c, state_numel),
+    }
+    layer = layer_numel(x.full, x.counts)
+    s = offloaded_states(
+        m, offload=x.offload, states=states, state_numel=state_numel, layer_numel=layer
     )
-    # QLoRA dequantises one linear weight at a time to 16-bit (forward and backward).
-    max_linear = np.max(
-        np.stack([np.broadcast_to(t.numel, dp.shape) for t in full
-                  if len(t.tensor.shape) == 2 and t.tensor.group in ("layer", "mlp")]
-                 or [np.zeros_like(dp)]),
-        axis=0,
+    fp8_cache = fp8_cache_bytes(
+        x.full, fp8=IS_FP8[x.prec], params_sharded=x.zero >= ZERO_PARAMETERS,
+        num_layers=x.counts["layer"], dp=x.dp,
     )  # fmt: skip
-    dequant = np.where(qlora, 2.0 * max_linear, 0.0)
-    # End of backward: all gradients but the embedding's, layer 0's attention and one MLP
-    # matrix (and, under FSDP2, the root's and two layers' not yet reduce-scattered).
-    grads_end = gradients - grad_embed - grad_layer + grad_mlp_done
-    grads_end = grads_end - np.where(fsdp_active, grad_layer + grad_final_head, 0.0)
-    states = parameters + master + optimizer_states
+    root_numel = sum(group_numel(x.full, group) for group in ("embed", "final", "head"))
+    fsdp_active = x.fsdp2 & (x.dp > 1)
+    fsdp_fwd, fsdp_bwd = fsdp2_buffer_bytes(
+        active=fsdp_active, root_numel=root_numel, layer_numel=layer
+    )
+    ds_buffers = deepspeed_buffer_bytes(m, fw=x.fw, zero=x.zero, dp=x.dp, layer_numel=layer)
+    dequant = qlora_dequant_bytes(x.full, qlora=x.qlora, dp=x.dp)
+    grads_end = _end_of_backward_gradients(m, x, grad_e, s["gradients"], fsdp_active)
+    held = s["parameters"] + s["master_weights"] + s["optimizer_states"]
     return {
-        "parameters": parameters,
-        "master_weights": master,
-        "gradients": gradients,
-        "optimizer_states": optimizer_states,
-        "optimizer_step_temporaries": step_temp,
-        "host_bytes": host_bytes,
-        "persistent": states + ds_buffers + fp8_cache,
+        **s,
+        "persistent": held + ds_buffers + fp8_cache,
         "fp8_weight_cache": fp8_cache,
         "fsdp_fwd": fsdp_fwd + dequant,
         "end_grads": grads_end + fsdp_bwd + dequant,
-        "optimizer_peak": states + gradients + step_temp + fp8_cache,
+        "optimizer_peak": held + s["gradients"] + s["optimizer_step_temporaries"] + fp8_cache,
     }

@@ -16,41 +16,38 @@ refits the fitted ones against published tables.
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ._estimate import layout_reason
-from ._flops import (
-    BLOCK_GROUPS,
-    lora_width,
-    matmul_parameters,
-    mlp_width,
-    model_flops_per_token,
+from ._codes import EAGER, FP32, MEGATRON, OFFLOAD_OPTIMIZER
+from ._collectives import group_bandwidth
+from ._context_parallel import cp_exposed_s
+from ._data_parallel import (
+    ZERO_STATES,
+    dp_exposed_s,
+    fsdp_exposed_s,
+    gradient_element_bytes,
+    is_fsdp2,
 )
+from ._estimate import batch_layout, layout_reason
+from ._expert_parallel import expert_exposed_s
+from ._flops import matmul_parameters, mlp_width, model_flops_per_token
 from ._grid import Grid
+from ._lora import lora_width, qlora_dequant_traffic_bytes_per_weight
 from ._model import ModelSpec
+from ._offload import offload_time_s
+from ._optimizers import optimizer_step_s
+from ._pipeline import bubble_fraction as bubble_fraction  # re-exported (engine/__init__.py)
+from ._pipeline import bubble_time_s, p2p_time_s
+from ._precision import COMPUTE_BYTES, IS_AMP, PARAM_BYTES, autocast_traffic_bytes_per_weight
+from ._recompute import recompute_flop_factors
+from ._tensor_parallel import tp_exposed_s
 from ._time_params import TimeParams
 
-FP32, BF16, FP16, AMP_BF16, AMP_FP16, MIXED_BF16, MIXED_FP16, FP8_MIXED = range(8)
-HF, MEGATRON, DEEPSPEED, TORCHTITAN = range(4)
-NONE, SELECTIVE, FULL = range(3)
-FLASH, EAGER = range(2)
-OFFLOAD_NONE, OFFLOAD_OPTIMIZER, OFFLOAD_PARAMS = range(3)
-AUTOCAST_BYTES_PER_WEIGHT = 6.0
-"""HBM bytes torch.autocast moves per fp32 GEMM weight per forward pass: read 4, write the 16-bit
-copy 2 (cached within the pass). Its backward writes the 16-bit weight gradient (2), reads it
-and writes the fp32 .grad (2 + 4): 8 more. Source: torch.autocast's cast policy (CUDA ops list)."""
-QLORA_DEQUANT_BYTES_PER_WEIGHT = 2.5
-"""HBM bytes to dequantize one NF4 weight before each use: read 0.5 (4 bits), write 2 (bf16).
-Source: bitsandbytes Linear4bit (dequantize_4bit, then a 16-bit matmul), forward and backward."""
-
-OPTIMIZER_STEP_BYTES_PER_PARAMETER = (28.0, 28.0, 16.0, 12.0, 20.0, 24.0, 20.0)
-"""HBM bytes the optimizer update moves per local parameter, in OPTIMIZERS order (adamw,
-adamw-fused, adamw-8bit, sgd, sgd-momentum, adafactor, lion): fp32 parameter read + write 8,
-gradient read 4, each fp32 state read + write 8 (8-bit AdamW: 2 per state; Adafactor: small
-factored statistics, two gradient-sized temporaries). Source: the tensors each torch.optim update
-reads and writes. Assumes: no savings from fused kernels, no 16-bit weight copy refresh."""
+NF4_BYTES = 0.5
+"""Bytes per element of an NF4 (4-bit) weight that ZeRO-3 gathers and offload streams."""
 
 TIME_COLUMNS = (
     "step_time_s",
@@ -72,76 +69,6 @@ def gemm_efficiency(work: np.ndarray, params: TimeParams) -> np.ndarray:
     """
     w = np.asarray(work, dtype=np.float64)
     return params.gemm_efficiency_max * w / (w + params.gemm_half_work)
-
-
-def modules_per_layer(m: ModelSpec) -> int:
-    """Parameter-holding modules in one block (a Linear or a norm, weight and bias together)."""
-    return len({p.name.rsplit(".", 1)[0] for p in m.param_tensors() if p.group in BLOCK_GROUPS})
-
-
-def ring_time_s(
-    num_bytes: np.ndarray,
-    group_size: np.ndarray,
-    bytes_per_s: np.ndarray,
-    *,
-    all_reduce: bool | np.ndarray,
-    params: TimeParams,
-    num_calls: float | np.ndarray = 1.0,
-) -> np.ndarray:
-    """Ring collectives moving `num_bytes` (full, unsharded size) over `group_size` ranks.
-
-    all-reduce 2(n-1)/n x bytes / bandwidth, all-gather or reduce-scatter (n-1)/n x bytes /
-    bandwidth, plus a step latency per ring step of each of `num_calls` calls; 0 for one rank.
-    Source: Patarasuk & Yuan 2009 (bandwidth-optimal ring all-reduce); nccl-tests
-    doc/PERFORMANCE.md (bus bandwidth).
-    """
-    n = np.asarray(group_size, dtype=np.float64)
-    passes = np.where(all_reduce, 2.0, 1.0)
-    bw = np.asarray(bytes_per_s, dtype=np.float64) * params.collective_bandwidth_efficiency
-    transfer = passes * (n - 1.0) / np.maximum(n, 1.0) * num_bytes / bw
-    latency = num_calls * passes * (n - 1.0) * params.ring_step_latency_s
-    return np.where(n > 1, transfer + latency, 0.0)
-
-
-def group_bandwidth(
-    group_size: np.ndarray,
-    stride: np.ndarray,
-    gpus_per_node: np.ndarray,
-    intra: np.ndarray,
-    inter: np.ndarray,
-) -> np.ndarray:
-    """Bus bandwidth per rank of a collective over `group_size` ranks spaced `stride` apart.
-
-    Within one node: the intra-node link. Across nodes: the group's k ranks on a node each drive
-    their own NIC (NCCL runs one ring per NIC), so node-to-node hops see k x the per-GPU network
-    share, capped by the intra-node link. Source: NCCL multi-rail rings; DGX A100/H100 reference
-    architecture (one compute HCA per GPU). Assumes: rail-optimized network, no SHARP, ranks
-    numbered tp fastest, then cp, dp, pp (Megatron-LM's order).
-    """
-    span = np.asarray(group_size) * np.asarray(stride)
-    k = np.clip(np.floor(np.asarray(gpus_per_node) / np.asarray(stride)), 1.0, group_size)
-    return np.where(span <= gpus_per_node, intra, np.minimum(intra, inter * k))
-
-
-def exposed_s(comm_s: np.ndarray, hideable_s: np.ndarray, params: TimeParams) -> np.ndarray:
-    """What overlap leaves of `comm_s` run behind `hideable_s` of compute: the excess, plus
-    `overlap_slowdown_fraction` of the hidden part. Source: TimeParams.overlap_slowdown_fraction.
-    """
-    hidden = np.minimum(comm_s, hideable_s)
-    return comm_s - hidden + params.overlap_slowdown_fraction * hidden
-
-
-def bubble_fraction(
-    pp: np.ndarray | int, num_microbatches: np.ndarray | int, virtual_stages: np.ndarray | int
-) -> np.ndarray:
-    """Share of the step the pipeline sits idle: (p-1) / (m v + p - 1).
-
-    Source: Narayanan et al. 2021 Sec. 2.2.1 (bubble / ideal time = (p-1)/m) and Sec. 2.2.2
-    (interleaving divides it by v). Assumes: 1F1B, equal stages.
-    """
-    p = np.asarray(pp, dtype=np.float64)
-    mv = np.asarray(num_microbatches, dtype=np.float64) * np.asarray(virtual_stages)
-    return (p - 1.0) / (mv + p - 1.0)
 
 
 def estimate_time(
@@ -186,7 +113,6 @@ def estimate_time(
     to the bit as in a whole-grid pass); a sweep's grid is mostly invalid layouts.
     """
     valid = (layout_reason(m, g) if reason is None else reason) == 0
-    num_rows = len(valid)
     gpu: dict[str, Any] = {
         "peak_flops": peak_flops,
         "fp32_peak_flops": fp32_peak_flops,
@@ -198,6 +124,20 @@ def estimate_time(
         "price_per_gpu_hour_usd": price_per_gpu_hour_usd,
         "tokens": tokens,
     }
+    return _on_valid_rows(m, g, valid, gpu, params=params, columns=columns)
+
+
+def _on_valid_rows(
+    m: ModelSpec,
+    g: Grid,
+    valid: np.ndarray,
+    gpu: dict[str, Any],
+    *,
+    params: TimeParams | None,
+    columns: Collection[str] | None,
+) -> dict[str, np.ndarray]:
+    """_time_columns of the `valid` rows (GPU values per row subset alike), NaN elsewhere."""
+    num_rows = len(valid)
     every = bool(valid.all())
     if every:
         out = _time_columns(m, g, params=params, **gpu)
@@ -221,6 +161,183 @@ def estimate_time(
     return full
 
 
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    """The symbols of one step, per row: s sequence, b micro-batch, t tp, p pp, c cp, v virtual
+    stages, n GPUs, d dp; dp and micro-batches per step exactly as estimate() derives them."""
+
+    s: np.ndarray
+    b: np.ndarray
+    t: np.ndarray
+    p: np.ndarray
+    c: np.ndarray
+    v: np.ndarray
+    n: np.ndarray
+    d: np.ndarray
+    ep: np.ndarray
+    num_micro: np.ndarray
+    prec: np.ndarray
+    fw: np.ndarray
+    zero: np.ndarray
+    offload: np.ndarray
+    eager: np.ndarray
+    sp: np.ndarray
+    lora: np.ndarray
+    qlora: np.ndarray
+    full: np.ndarray
+    """1.0 where the blocks' forward is recomputed (full recompute)."""
+    rc_attention: np.ndarray
+    """1.0 where the attention core is recomputed (full or selective)."""
+    act_bytes: np.ndarray
+    tokens_per_step: np.ndarray
+    tokens_per_micro: np.ndarray
+    """One GPU's tokens in one micro-batch."""
+    tokens_per_gpu: np.ndarray
+    """One tp x pp group's tokens per step."""
+
+
+def step_shape(g: Grid) -> StepShape:
+    """The symbols of the rows of `g`, bound once."""
+    s = g["seq_len"].astype(np.float64)
+    b = g["micro_batch_size"].astype(np.float64)
+    c = np.maximum(g["cp"], 1).astype(np.float64)
+    dp, gbs, num_micro = batch_layout(g)
+    d = dp.astype(np.float64)
+    prec = g["precision"].astype(int)
+    full, rc_attention = recompute_flop_factors(g["recompute"].astype(int))
+    lora = g["lora_rank"] > 0
+    tokens_per_step = gbs.astype(np.float64) * s
+    return StepShape(
+        s=s, b=b, t=np.maximum(g["tp"], 1).astype(np.float64),
+        p=np.maximum(g["pp"], 1).astype(np.float64), c=c,
+        v=np.maximum(g["virtual_stages"], 1).astype(np.float64),
+        n=g["num_gpus"].astype(np.float64), d=d, ep=g["ep"],
+        num_micro=num_micro,
+        prec=prec, fw=g["framework"].astype(int), zero=g["zero"], offload=g["offload"].astype(int),
+        eager=g["attention"].astype(int) == EAGER, sp=g["sequence_parallel"] & (g["tp"] > 1),
+        lora=lora, qlora=g["qlora"] & lora, full=full, rc_attention=rc_attention,
+        act_bytes=COMPUTE_BYTES[prec], tokens_per_step=tokens_per_step,
+        tokens_per_micro=b * s / c, tokens_per_gpu=tokens_per_step / (d * c),
+    )  # fmt: skip
+
+
+def _memory_bound_s(m: ModelSpec, x: StepShape, gemm_weights: float, hbm, pr: TimeParams):
+    """Memory-bound kernels of one step at HBM bandwidth: forward 1, backward 2, recomputed
+    forward 1; per micro-batch weight traffic (autocast's casts, QLoRA's dequantisation).
+
+    Under autocast the residual stream and norms stay fp32 (the embedding is fp32); the MLP's
+    activations are matmul outputs, in 16 bits. Source: TimeParams.pointwise_bytes_per_width,
+    eager_attention_bytes_per_score; autocast_traffic_bytes_per_weight,
+    qlora_dequant_traffic_bytes_per_weight.
+    """
+    L, h, a, s, t, p = m.num_hidden_layers, m.hidden_size, m.num_attention_heads, x.s, x.t, x.p
+    act_bytes, full, amp = x.act_bytes, x.full, IS_AMP[x.prec]
+    residual_bytes = np.where(amp, 4.0, act_bytes)
+    pointwise = pr.pointwise_bytes_per_width * (
+        residual_bytes / 2.0 * L * h / np.where(x.sp, t, 1.0) + act_bytes / 2.0 * mlp_width(m) / t
+    )  # fmt: skip
+    scores = np.where(x.eager, pr.eager_attention_bytes_per_score * L * a * s / t, 0.0)
+    token_bytes = pointwise * (3.0 + full) + act_bytes / 2.0 * scores * (3.0 + x.rc_attention)
+    casts = autocast_traffic_bytes_per_weight(amp, full=full, lora=x.lora)
+    dequant = qlora_dequant_traffic_bytes_per_weight(x.qlora, full=full)
+    weight_bytes = x.num_micro * gemm_weights * (casts + dequant) / (t * p)
+    return (x.tokens_per_gpu / p * token_bytes + weight_bytes) / hbm
+
+
+def _compute_s(m: ModelSpec, x: StepShape, g: Grid, *, peak, hbm, pr: TimeParams) -> dict[str, Any]:
+    """Compute time of one step (GEMMs, attention core, memory-bound kernels, the optimizer
+    update) and the FLOP and parameter counts the rest needs.
+
+    Linear: 2 fwd + 2 input-gradient + 2 weight-gradient FLOPs per weight per token, +2
+    recomputed (not the head); LoRA: frozen weights get no weight gradient, only the adapters
+    train, reduce and step. Attention core per token and layer: QK^T 2sq + AV 2sq forward, twice
+    that backward, the forward again when recomputed (full or selective).
+    Source: gemm_efficiency; TimeParams.flash_attention_efficiency, attention_flops_per_hbm_byte,
+    causal_attention_fraction (BERT: bidirectional).
+    """
+    L, h = m.num_hidden_layers, m.hidden_size
+    blocks, head = matmul_parameters(m)
+    adapters = g["lora_rank"] * lora_width(m, g["lora_targets"])
+    trainable = np.where(x.lora, adapters, float(m.num_parameters))
+    weight_grad = np.where(x.lora, 0.0, 2.0)
+    per_token = (blocks + head) * (4.0 + weight_grad) + 2.0 * x.full * blocks + 6.0 * adapters
+    linear_flops = x.tokens_per_gpu * per_token / (x.t * x.p)
+    qo = m.q_dim + m.o_dim
+    attention_flops = x.tokens_per_gpu * L * x.s * qo * (6.0 + 2.0 * x.rc_attention) / (x.t * x.p)
+    gemm_eff = gemm_efficiency(x.tokens_per_micro * h / x.t, pr)
+    causal = 1.0 if m.family == "bert" else pr.causal_attention_fraction
+    flash_s = (attention_flops * causal) * (
+        1.0 / (peak * pr.flash_attention_efficiency) + 1.0 / (hbm * pr.attention_flops_per_hbm_byte)
+    )  # fmt: skip
+    attention_s = np.where(x.eager, attention_flops / (peak * gemm_eff), flash_s)
+    gemm_s = linear_flops / (peak * gemm_eff)
+    memory_s = _memory_bound_s(m, x, blocks + head, hbm, pr)
+    shard = np.where(x.zero >= ZERO_STATES, x.d * x.c, 1.0)
+    step_params = trainable / (x.t * x.p * shard)  # parameters this GPU's optimizer updates
+    optimizer_s = optimizer_step_s(
+        g, g["optimizer"].astype(int), step_params=step_params, hbm=hbm,
+        offloaded=x.offload >= OFFLOAD_OPTIMIZER,
+    )  # fmt: skip
+    busy = gemm_s + attention_s + memory_s  # forward + backward, all micro-batches
+    return {
+        "gemm_s": gemm_s, "attention_s": attention_s, "memory_s": memory_s,
+        "optimizer_s": optimizer_s, "busy": busy, "fwd_share": 1.0 / (3.0 + x.full),
+        "linear_flops": linear_flops, "attention_flops": attention_flops, "blocks": blocks,
+        "head": head, "adapters": adapters, "trainable": trainable, "shard": shard,
+        "step_params": step_params,
+    }  # fmt: skip
+
+
+def _communication_s(
+    m: ModelSpec, x: StepShape, work: dict[str, Any], *, gpu: dict[str, Any], pr: TimeParams
+) -> dict[str, np.ndarray]:
+    """Exposed communication of one step, per parallelism, and the pipeline bubble.
+
+    DP runs over the dp x cp ranks holding the same weights (stride tp); gradients travel in
+    fp32 where the framework keeps them so (AMP, Megatron main grads, FSDP2 mixed precision).
+    Source: each technique's module (tp_exposed_s, cp_exposed_s, p2p_time_s, expert_exposed_s,
+    dp_exposed_s, fsdp_exposed_s, offload_time_s, bubble_time_s).
+    """
+    link = {k: np.asarray(gpu[k], dtype=np.float64) for k in ("gpn", "intra", "inter")}
+    each = {"tokens_per_micro": x.tokens_per_micro, "act_bytes": x.act_bytes, "t": x.t,
+            "p": x.p, "num_micro": x.num_micro, **link}  # fmt: skip
+    busy, num_micro = work["busy"], x.num_micro
+    out = {
+        "tp_exposed_s": tp_exposed_s(m, **each, full=x.full, params=pr),
+        "cp_exposed_s": cp_exposed_s(
+            m, **each, c=x.c, full=x.full, attention_s=work["attention_s"], params=pr
+        ),
+        "pp_p2p_s": p2p_time_s(m, **each, n=x.n, v=x.v),
+        "expert_s": expert_exposed_s(m, ep_column=x.ep, **each, c=x.c, full=x.full, params=pr),
+    }
+    pipelined = busy + out["tp_exposed_s"] + out["cp_exposed_s"] + out["pp_p2p_s"] + out["expert_s"]
+    out["bubble_time_s"] = bubble_time_s(pipelined, p=x.p, num_micro=num_micro, v=x.v)
+    dp_group = x.d * x.c
+    per_rank = {
+        "zero": x.zero, "local": m.num_parameters / (x.t * x.p),
+        "local_trainable": work["trainable"] / (x.t * x.p), "dp_group": dp_group,
+        "dp_bw": group_bandwidth(dp_group, x.t, link["gpn"], link["intra"], link["inter"]),
+        "grad_bytes": gradient_element_bytes(
+            x.prec, fsdp2=is_fsdp2(x.fw, x.zero), megatron=x.fw == MEGATRON
+        ),
+        "param_bytes": np.where(x.qlora, NF4_BYTES, PARAM_BYTES[x.prec]),
+    }  # fmt: skip
+    fwd_share, per_micro = work["fwd_share"], busy / num_micro
+    last_backward = busy / num_micro * (1.0 - fwd_share)
+    out["dp_exposed_s"] = dp_exposed_s(**per_rank, last_backward=last_backward, params=pr)
+    out["fsdp_exposed_s"] = fsdp_exposed_s(
+        m, **per_rank, fw=x.fw, t=x.t, p=x.p, **link, per_micro=per_micro, fwd_share=fwd_share,
+        num_micro=num_micro, params=pr,
+    )  # fmt: skip
+    out["offload_s"] = offload_time_s(
+        offload=x.offload, step_params=work["step_params"], grad_bytes=per_rank["grad_bytes"],
+        local=per_rank["local"], shard=work["shard"], param_bytes=per_rank["param_bytes"],
+        pcie_bytes_per_s=gpu["pcie_bytes_per_s"], per_micro=per_micro, fwd_share=fwd_share,
+        num_micro=num_micro, params=pr,
+    )  # fmt: skip
+    return out
+
+
 def _time_columns(
     m: ModelSpec,
     g: Grid,
@@ -238,210 +355,45 @@ def _time_columns(
 ) -> dict[str, np.ndarray]:
     """`estimate_time`'s columns for every row of `g`, valid or not (see estimate_time)."""
     pr = params or TimeParams()
-    num_rows = len(g["tp"])
-    # Symbols: s sequence, b micro-batch, t tp, p pp, c cp, v virtual stages, d dp, n GPUs.
-    s = g["seq_len"].astype(np.float64)
-    b = g["micro_batch_size"].astype(np.float64)
-    t = np.maximum(g["tp"], 1).astype(np.float64)
-    p = np.maximum(g["pp"], 1).astype(np.float64)
-    c = np.maximum(g["cp"], 1).astype(np.float64)
-    v = np.maximum(g["virtual_stages"], 1).astype(np.float64)
-    n = g["num_gpus"].astype(np.float64)
-    # dp and micro-batches per step exactly as estimate() derives them.
-    dp = np.maximum(g["num_gpus"] // np.maximum(g["tp"] * g["pp"] * g["cp"], 1), 1)
-    gbs = np.where(g["global_batch_size"] > 0, g["global_batch_size"], g["micro_batch_size"] * dp)
-    num_micro = np.maximum(gbs // np.maximum(g["micro_batch_size"] * dp, 1), 1).astype(float)
-    d = dp.astype(np.float64)
-    L, h, kv, a = m.num_hidden_layers, m.hidden_size, m.kv_dim, m.num_attention_heads
-    prec, fw, zero = g["precision"].astype(int), g["framework"].astype(int), g["zero"]
-    recompute = g["recompute"].astype(int)
-    eager = g["attention"].astype(int) == EAGER
-    sp = g["sequence_parallel"] & (g["tp"] > 1)
-    full = (recompute == FULL).astype(np.float64)
-    rc_attention = (recompute != NONE).astype(np.float64)  # selective recomputes the core
-
-    peak = np.where(prec == FP32, fp32_peak_flops, peak_flops).astype(np.float64)
+    x = step_shape(g)
+    peak = np.where(x.prec == FP32, fp32_peak_flops, peak_flops).astype(np.float64)
     hbm = np.asarray(hbm_bytes_per_s, dtype=np.float64) * pr.memory_bandwidth_efficiency
-    gpn = np.asarray(gpus_per_node, dtype=np.float64)
-    intra = np.asarray(intra_node_bytes_per_s, dtype=np.float64)
-    inter = np.asarray(inter_node_bytes_per_s, dtype=np.float64)
-    act_bytes = np.where(prec == FP32, 4.0, 2.0)
-
-    # ---- compute (one GPU, one step) --------------------------------------------------------
-    tokens_per_step = gbs.astype(np.float64) * s
-    tokens_per_micro = b * s / c  # one GPU's tokens in one micro-batch
-    tokens_per_gpu = tokens_per_step / (d * c)  # one tp x pp group's tokens per step
-    blocks, head = matmul_parameters(m)
-    # LoRA: frozen weights get no weight gradient; only the adapters train, reduce and step.
-    lora = g["lora_rank"] > 0
-    adapters = g["lora_rank"] * lora_width(m, g["lora_targets"])
-    trainable = np.where(lora, adapters, float(m.num_parameters))
-    weight_grad = np.where(lora, 0.0, 2.0)
-    # Linear: 2 fwd + 2 input-gradient + 2 weight-gradient FLOPs per weight per token, +2
-    # recomputed (not the head). Attention core per token and layer: QK^T 2sq + AV 2sq forward,
-    # twice that backward, the forward again when recomputed (full or selective).
-    per_token = (blocks + head) * (4.0 + weight_grad) + 2.0 * full * blocks + 6.0 * adapters
-    linear_flops = tokens_per_gpu * per_token / (t * p)
-    qo = m.q_dim + m.o_dim
-    attention_flops = tokens_per_gpu * L * s * qo * (6.0 + 2.0 * rc_attention) / (t * p)
-    gemm_eff = gemm_efficiency(tokens_per_micro * h / t, pr)
-    gemm_s = linear_flops / (peak * gemm_eff)
-    causal = 1.0 if m.family == "bert" else pr.causal_attention_fraction  # BERT: bidirectional
-    flash_s = (attention_flops * causal) * (
-        1.0 / (peak * pr.flash_attention_efficiency) + 1.0 / (hbm * pr.attention_flops_per_hbm_byte)
+    work = _compute_s(m, x, g, peak=peak, hbm=hbm, pr=pr)
+    links = {"gpn": gpus_per_node, "intra": intra_node_bytes_per_s,
+             "inter": inter_node_bytes_per_s, "pcie_bytes_per_s": pcie_bytes_per_s}  # fmt: skip
+    comm = _communication_s(m, x, work, gpu=links, pr=pr)
+    compute = work["busy"] + work["optimizer_s"]
+    communication = (
+        comm["tp_exposed_s"] + comm["cp_exposed_s"] + comm["pp_p2p_s"] + comm["expert_s"]
+        + comm["dp_exposed_s"] + comm["fsdp_exposed_s"]
     )  # fmt: skip
-    attention_s = np.where(eager, attention_flops / (peak * gemm_eff), flash_s)
-    # Memory-bound kernels: forward 1, backward 2, recomputed forward 1.
-    # Under autocast the residual stream and norms stay fp32 (the embedding is fp32); the MLP's
-    # activations are matmul outputs, in 16 bits.
-    amp = (prec == AMP_BF16) | (prec == AMP_FP16)
-    residual_bytes = np.where(amp, 4.0, act_bytes)
-    pointwise = pr.pointwise_bytes_per_width * (
-        residual_bytes / 2.0 * L * h / np.where(sp, t, 1.0) + act_bytes / 2.0 * mlp_width(m) / t
+    communication = communication + comm["offload_s"]
+    step = compute + communication + comm["bubble_time_s"]
+    n, price = x.n, np.asarray(price_per_gpu_hour_usd, dtype=np.float64)
+    tokens_per_second = x.tokens_per_step / step
+    blocks_head = work["blocks"] + work["head"]
+    model_flops = x.tokens_per_step * (
+        model_flops_per_token(m, x.s) - np.where(x.lora, 2.0 * blocks_head, 0.0)
+        + 6.0 * work["adapters"]
     )  # fmt: skip
-    scores = np.where(eager, pr.eager_attention_bytes_per_score * L * a * s / t, 0.0)
-    token_bytes = pointwise * (3.0 + full) + act_bytes / 2.0 * scores * (3.0 + rc_attention)
-    # Per micro-batch weight traffic: autocast casts every GEMM weight to 16 bits per forward and
-    # its 16-bit gradient back to fp32; QLoRA dequantizes NF4 weights before every use.
-    casts = np.where(amp, AUTOCAST_BYTES_PER_WEIGHT * (1.0 + full) + 8.0 * (lora == 0), 0.0)
-    qlora = g["qlora"] & lora
-    dequant = np.where(qlora, QLORA_DEQUANT_BYTES_PER_WEIGHT * (2.0 + full), 0.0)
-    weight_bytes = num_micro * (blocks + head) * (casts + dequant) / (t * p)
-    memory_s = (tokens_per_gpu / p * token_bytes + weight_bytes) / hbm
-    shard = np.where(zero >= 1, d * c, 1.0)
-    step_params = trainable / (t * p * shard)  # parameters this GPU's optimizer updates
-    offload = g["offload"].astype(int)
-    optimizer_bytes = np.where(
-        g["optimizer_custom"],
-        g["optimizer_step_bytes"],
-        np.asarray(OPTIMIZER_STEP_BYTES_PER_PARAMETER)[g["optimizer"].astype(int)],
-    )
-    optimizer_s = np.where(offload >= OFFLOAD_OPTIMIZER, 0.0, step_params * optimizer_bytes / hbm)
-    busy = gemm_s + attention_s + memory_s  # forward + backward, all micro-batches
-    fwd_share = 1.0 / (3.0 + full)
-
-    # ---- communication ----------------------------------------------------------------------
-    # TP: per layer and micro-batch 2 all-reduces forward, 2 backward, +2 recomputed, of b s h
-    # activations (SP: all-gather + reduce-scatter, the same bytes); across nodes the per-GPU
-    # network share. Source: Narayanan et al. 2021 Sec. 3.2; Korthikanti et al. 2022 Sec. 4.2.
-    tp_bw = np.where(t > gpn, inter, intra)
-    tp_one = ring_time_s(tokens_per_micro * h * act_bytes, t, tp_bw, all_reduce=True, params=pr)
-    tp_exposed = (4.0 + 2.0 * full) * L / p * num_micro * tp_one * (1.0 - pr.tp_overlap_fraction)
-    # CP: ring exchange of K and V chunks, forward (c-1) of them, backward K, V and their
-    # gradients, hidden behind the attention core. Source: Liu et al. 2023 (Ring Attention).
-    cp_bw = group_bandwidth(c, t, gpn, intra, inter) * pr.collective_bandwidth_efficiency
-    kv_chunk = tokens_per_micro * 2.0 * kv / t * act_bytes
-    cp_s = (c - 1.0) * kv_chunk * (3.0 + full) * L / p * num_micro / cp_bw
-    cp_exposed = exposed_s(cp_s, pr.cp_overlap_fraction * attention_s, pr)
-    # PP: one activation per micro-batch and virtual stage each way, split over the TP ranks
-    # (scatter/gather, Narayanan et al. 2021 Sec. 4.1).
-    pp_bw = np.where(n / p >= gpn, inter, intra)
-    p2p_s = np.where(p > 1, 2.0 * v * num_micro * tokens_per_micro * h * act_bytes / t / pp_bw, 0.0)
-    # EP: per MoE layer and micro-batch an all-to-all dispatch and combine forward, both again
-    # backward (+ recomputed), of the top-k token copies; exposed. The ep ranks are dp ranks.
-    # Source: Lepikhin et al. 2021 (GShard) Sec. 2.2; Megatron-Core MoE token dispatcher.
-    ep = np.maximum(g["ep"], 1).astype(np.float64)
-    ep_bw = np.where(ep * t * c > gpn, inter, intra) * pr.collective_bandwidth_efficiency
-    a2a_bytes = tokens_per_micro * m.num_experts_per_tok * h * act_bytes
-    a2a_one = (ep - 1.0) / ep * a2a_bytes / ep_bw + (ep - 1.0) * pr.ring_step_latency_s
-    moe_layers = m.num_moe_layers / p
-    expert_s = np.where(ep > 1, (4.0 + 2.0 * full) * moe_layers * num_micro * a2a_one, 0.0)
-    pipelined = busy + tp_exposed + cp_exposed + p2p_s + expert_s
-    bubble = pipelined * (p - 1.0) / (num_micro * v)
-
-    # DP over the dp x cp ranks holding the same weights (stride tp). Gradients travel in fp32
-    # where the framework keeps them so (AMP, Megatron main grads, FSDP2 mixed precision).
-    dp_group = d * c
-    dp_bw = group_bandwidth(dp_group, t, gpn, intra, inter)
-    mixed = (prec == MIXED_BF16) | (prec == MIXED_FP16) | (prec == FP8_MIXED)
-    wide = (prec == FP32) | (prec == AMP_BF16) | (prec == AMP_FP16)
-    fsdp2 = ((fw == HF) | (fw == TORCHTITAN)) & (zero == 3)
-    grad_bytes = np.where(wide | (mixed & ((fw == MEGATRON) | fsdp2)), 4.0, 2.0)
-    param_bytes = np.where(qlora, 0.5, np.where(wide, 4.0, 2.0))
-    local = m.num_parameters / (t * p)
-    local_trainable = trainable / (t * p)
-    reduce_s = ring_time_s(
-        local_trainable * grad_bytes, dp_group, dp_bw, all_reduce=zero == 0, params=pr
-    )  # fmt: skip
-    gather_s = ring_time_s(local * param_bytes, dp_group, dp_bw, all_reduce=False, params=pr)
-    last_backward = busy / num_micro * (1.0 - fwd_share)
-    dp_exposed = exposed_s(reduce_s, pr.dp_overlap_fraction * last_backward, pr) + np.where(
-        zero >= 1, gather_s, 0.0
-    )  # ZeRO-1/2 gather the updated weights after the step
-    # ZeRO-3 / FSDP: each micro-batch gathers the weights forward and again backward and
-    # reduce-scatters the gradients, prefetched behind compute; FSDP one collective per block,
-    # DeepSpeed one per module and, fitted to Narayanan et al. 2021 Table 2, at the per-GPU
-    # network share. Source: Rajbhandari et al. 2020 Sec. 7.2.2 (1.5x DDP's volume).
-    deepspeed = fw == DEEPSPEED
-    calls = L / p * np.where(deepspeed, float(modules_per_layer(m)), 1.0)
-    bw3 = np.where(deepspeed, np.where(dp_group * t > gpn, inter, intra), dp_bw)
-    gather3 = ring_time_s(local * param_bytes, dp_group, bw3, all_reduce=False, params=pr,
-                          num_calls=calls)  # fmt: skip
-    reduce3 = ring_time_s(local_trainable * grad_bytes, dp_group, bw3, all_reduce=False,
-                          params=pr, num_calls=calls)  # fmt: skip
-    per_micro = busy / num_micro
-    fsdp_fwd = exposed_s(gather3, pr.fsdp_overlap_fraction * fwd_share * per_micro, pr)
-    fsdp_bwd = exposed_s(
-        gather3 + reduce3, pr.fsdp_overlap_fraction * (1.0 - fwd_share) * per_micro, pr
-    )
-    dp_exposed = np.where(zero <= 2, dp_exposed, 0.0)
-    fsdp_exposed = np.where(zero == 3, (fsdp_fwd + fsdp_bwd) * num_micro, 0.0)
-
-    # Offload: the optimizer steps on the host (gradients down, 16-bit weights up over PCIe, a
-    # CPU update); with the parameters, every micro-batch also streams this GPU's weight shard
-    # up for the forward and again for the backward, prefetched like the FSDP gathers.
-    # Source: Ren et al. 2021 (ZeRO-Offload) Sec. 4; Rajbhandari et al. 2021 (ZeRO-Infinity).
-    pcie = np.asarray(pcie_bytes_per_s, dtype=np.float64) * pr.pcie_efficiency
-    host_step = (
-        step_params * (grad_bytes + 2.0) / pcie + step_params / pr.cpu_optimizer_params_per_s
-    )
-    stream = local / shard * param_bytes / pcie
-    streamed = exposed_s(stream, pr.fsdp_overlap_fraction * fwd_share * per_micro, pr) + exposed_s(
-        stream, pr.fsdp_overlap_fraction * (1.0 - fwd_share) * per_micro, pr
-    )  # fmt: skip
-    offload_s = np.where(offload >= OFFLOAD_OPTIMIZER, host_step, 0.0) + np.where(
-        offload == OFFLOAD_PARAMS, streamed * num_micro, 0.0
-    )  # fmt: skip
-    compute = busy + optimizer_s
-    communication = tp_exposed + cp_exposed + p2p_s + expert_s + dp_exposed + fsdp_exposed
-    communication = communication + offload_s
-    step = compute + communication + bubble
-
-    price = np.asarray(price_per_gpu_hour_usd, dtype=np.float64)
-    tokens_per_second = tokens_per_step / step
-    model_flops = tokens_per_step * (
-        model_flops_per_token(m, s) - np.where(lora, 2.0 * (blocks + head), 0.0) + 6.0 * adapters
-    )  # fmt: skip
-    hardware_flops = (linear_flops + attention_flops) * n
+    hardware_flops = (work["linear_flops"] + work["attention_flops"]) * n
     out = {
-        "step_time_s": step,
-        "compute_time_s": compute,
-        "communication_exposed_s": communication,
-        "bubble_time_s": bubble,
-        "tokens_per_second": tokens_per_second,
-        "tokens_per_second_per_gpu": tokens_per_second / n,
-        "mfu": model_flops / (step * n * peak),
+        "step_time_s": step, "compute_time_s": compute, "communication_exposed_s": communication,
+        "bubble_time_s": comm["bubble_time_s"], "tokens_per_second": tokens_per_second,
+        "tokens_per_second_per_gpu": tokens_per_second / n, "mfu": model_flops / (step * n * peak),
         "hfu": hardware_flops / (step * n * peak),
         "cost_per_million_tokens": n * price / 3600.0 / tokens_per_second * 1e6,
-        "gemm_time_s": gemm_s,
-        "attention_time_s": attention_s,
-        "memory_bound_time_s": memory_s,
-        "optimizer_time_s": optimizer_s,
-        "tp_exposed_s": tp_exposed,
-        "cp_exposed_s": cp_exposed,
-        "pp_p2p_s": p2p_s,
-        "dp_exposed_s": dp_exposed,
-        "fsdp_exposed_s": fsdp_exposed,
-        "offload_s": offload_s,
-        "expert_s": expert_s,
-        "model_flops_per_step": model_flops,
-        "hardware_flops_per_step": hardware_flops,
+        "gemm_time_s": work["gemm_s"], "attention_time_s": work["attention_s"],
+        "memory_bound_time_s": work["memory_s"], "optimizer_time_s": work["optimizer_s"],
+        **{k: comm[k] for k in ("tp_exposed_s", "cp_exposed_s", "pp_p2p_s", "dp_exposed_s",
+                                "fsdp_exposed_s", "offload_s", "expert_s")},
+        "model_flops_per_step": model_flops, "hardware_flops_per_step": hardware_flops,
         "achieved_flops_per_gpu": hardware_flops / (step * n),
-    }
+    }  # fmt: skip
     if tokens is not None:
         time_to_train = np.asarray(tokens, dtype=np.float64) / tokens_per_second
         out["time_to_train_s"] = time_to_train
         out["cost_to_train_usd"] = n * price * time_to_train / 3600.0
     return {
-        k: np.broadcast_to(np.asarray(x, dtype=np.float64), (num_rows,)) for k, x in out.items()
+        k: np.broadcast_to(np.asarray(v, dtype=np.float64), (len(g["tp"]),)) for k, v in out.items()
     }

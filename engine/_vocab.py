@@ -15,7 +15,8 @@ PRECISIONS = (
     "mixed-fp16",
     "fp8-mixed",
 )
-OPTIMIZERS = ("adamw", "adamw-fused", "adamw-8bit", "sgd", "sgd-momentum", "adafactor", "lion")
+from ._optimizers import OPTIMIZERS as OPTIMIZERS  # noqa: E402, I001 (the registry's names)
+
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "eager")
 FRAMEWORKS = ("hf", "megatron", "deepspeed", "torchtitan")

@@ -1,0 +1,43 @@
+"""Named codes of the categorical grid fields, derived from their vocabularies.
+
+A grid stores a categorical field as the index of its name in the vocabulary tuple
+(engine/_vocab.py, re-exported by engine/_grid.py). The engine compares codes only through
+these names, so a vocabulary and the formulas cannot drift apart. Per-precision and
+per-optimizer tables are derived by name too (engine/_precision.py, engine/_optimizers.py).
+"""
+
+from __future__ import annotations
+
+from ._vocab import ATTENTION, FRAMEWORKS, LOSSES, OFFLOADS, PRECISIONS, RECOMPUTE
+
+FP32 = PRECISIONS.index("fp32")
+BF16 = PRECISIONS.index("bf16")
+FP16 = PRECISIONS.index("fp16")
+AMP_BF16 = PRECISIONS.index("amp-bf16")
+AMP_FP16 = PRECISIONS.index("amp-fp16")
+MIXED_BF16 = PRECISIONS.index("mixed-bf16")
+MIXED_FP16 = PRECISIONS.index("mixed-fp16")
+FP8_MIXED = PRECISIONS.index("fp8-mixed")
+
+HF = FRAMEWORKS.index("hf")
+MEGATRON = FRAMEWORKS.index("megatron")
+DEEPSPEED = FRAMEWORKS.index("deepspeed")
+TORCHTITAN = FRAMEWORKS.index("torchtitan")
+
+RECOMPUTE_NONE = RECOMPUTE.index("none")
+RECOMPUTE_SELECTIVE = RECOMPUTE.index("selective")
+RECOMPUTE_FULL = RECOMPUTE.index("full")
+
+FLASH = ATTENTION.index("flash")
+EAGER = ATTENTION.index("eager")
+
+OFFLOAD_NONE = OFFLOADS.index("none")
+OFFLOAD_OPTIMIZER = OFFLOADS.index("optimizer")
+OFFLOAD_PARAMS = OFFLOADS.index("optimizer+params")
+"""Offload codes grow with what moves to the host: `offload >= OFFLOAD_OPTIMIZER` means the
+optimizer states (and master weights) are on the host, with or without the parameters."""
+
+LOSS_FULL = LOSSES.index("full")
+LOSS_CHUNKED = LOSSES.index("chunked")
+
+assert OFFLOAD_NONE < OFFLOAD_OPTIMIZER < OFFLOAD_PARAMS, "offload codes must grow"

@@ -1,0 +1,161 @@
+"""Data parallelism with sharding: ZeRO-1/2/3 (DeepSpeed), FSDP2 (HF accelerate, torchtitan);
+the element sizes the frameworks keep, their bucket and all-gather buffers, the gradient
+reduction and parameter gathers of the step time.
+
+Dim-0 sharding of each tensor is in engine/_states.py (`local_tensors`), which builds the
+rank's inventory with `zero3_shard_numel`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._codes import DEEPSPEED, HF, TORCHTITAN
+from ._collectives import exposed_s, ring_time_s
+from ._model import BLOCK_GROUPS, ModelSpec
+from ._precision import GRAD_BYTES, IS_MIXED, MASTER_BYTES, PARAM_BYTES
+from ._time_params import TimeParams
+
+ZERO_STATES, ZERO_GRADIENTS, ZERO_PARAMETERS = 1, 2, 3
+"""The ZeRO stage from which optimizer states, gradients and parameters are sharded over the
+data-parallel ranks. Source: Rajbhandari et al. 2020 (ZeRO), Sec. 5 (P_os, P_os+g, P_os+g+p)."""
+DEEPSPEED_BUCKET_ELEMS_PER_H2 = 1.0
+"""HF Trainer's DeepSpeed "auto" values: reduce_bucket_size = h*h, stage3_prefetch_bucket_size
+= 0.9*h*h. Source: transformers/integrations/deepspeed.py (trainer_config_finalize)."""
+DEEPSPEED_PREFETCH_ELEMS_PER_H2 = 0.9
+"""stage3_prefetch_bucket_size = 0.9*h*h (same source as DEEPSPEED_BUCKET_ELEMS_PER_H2)."""
+
+
+def zero3_shard_numel(numel, local_dim0, group_dp, shard) -> np.ndarray:
+    """A tensor's elements on one rank when `shard`: its local dim 0 split over `group_dp`
+    ranks, padded up (rows of numel / local_dim0 elements each).
+
+    Source: torch.distributed.fsdp.fully_shard (FSDP2: per-parameter dim-0 sharding, padded).
+    """
+    per_row = numel / local_dim0
+    return np.where(shard, np.ceil(local_dim0 / group_dp) * per_row, numel)
+
+
+def is_fsdp2(fw, zero) -> np.ndarray:
+    """Rows sharded by FSDP2 (HF accelerate, torchtitan) rather than DeepSpeed or Megatron."""
+    return ((fw == HF) | (fw == TORCHTITAN)) & (zero == ZERO_PARAMETERS)
+
+
+def gradient_element_bytes(prec, *, fsdp2, megatron) -> np.ndarray:
+    """Gradient bytes per element: the precision's, fp32 under mixed precision where FSDP2
+    (fp32 reduced gradients) or Megatron (an fp32 main-grad buffer) keeps them so.
+
+    Source: torch.distributed.fsdp.fully_shard MixedPrecisionPolicy (gradients land in the
+    fp32 sharded parameters' .grad); megatron/core/distributed/param_and_grad_buffer.py (fp32
+    `main_grad` buffers).
+    """
+    return np.where(IS_MIXED[prec] & (fsdp2 | megatron), 4.0, GRAD_BYTES[prec])
+
+
+def model_state_element_bytes(prec, *, fsdp2, megatron) -> tuple[np.ndarray, ...]:
+    """(parameter, master, gradient) bytes per element as the framework keeps them.
+
+    FSDP2 mixed precision keeps fp32 sharded parameters (they are the master copy) and fp32
+    reduced gradients; Megatron keeps an fp32 main-grad buffer.
+    Source: torch.distributed.fsdp.fully_shard MixedPrecisionPolicy (param_dtype casts the fp32
+    sharded parameter per all-gather); gradient_element_bytes.
+    """
+    mixed = IS_MIXED[prec]
+    param_e = np.where(mixed & fsdp2, 4.0, PARAM_BYTES[prec])
+    master_e = np.where(fsdp2, 0.0, MASTER_BYTES[prec])
+    return param_e, master_e, gradient_element_bytes(prec, fsdp2=fsdp2, megatron=megatron)
+
+
+def fp32_gradient_partition_bytes(state_numel, *, mixed, fsdp2, megatron, lora) -> np.ndarray:
+    """The fp32 gradient partition the optimizer steps on, outside FSDP2 and Megatron.
+
+    Source: DeepSpeed BF16_Optimizer / ZeRO `single_partition_of_fp32_groups` grads.
+    """
+    return np.where(mixed & ~fsdp2 & ~megatron & ~lora, 4.0 * state_numel, 0.0)
+
+
+def deepspeed_buffer_bytes(m: ModelSpec, *, fw, zero, dp, layer_numel) -> np.ndarray:
+    """DeepSpeed ZeRO's 16-bit bucket buffers: two reduce buckets; under ZeRO-3 also the
+    prefetch bucket and one gathered block.
+
+    Source: DEEPSPEED_BUCKET_ELEMS_PER_H2 (HF Trainer's "auto" bucket sizes).
+    """
+    h2 = float(m.hidden_size) ** 2
+    return np.where(
+        (fw == DEEPSPEED) & (zero >= ZERO_STATES) & (dp > 1),
+        2.0 * DEEPSPEED_BUCKET_ELEMS_PER_H2 * h2 * 2.0
+        + np.where(
+            zero >= ZERO_PARAMETERS,
+            DEEPSPEED_PREFETCH_ELEMS_PER_H2 * h2 * 2.0 + 2.0 * layer_numel,
+            0.0,
+        ),
+        0.0,
+    )
+
+
+def fsdp2_buffer_bytes(*, active, root_numel, layer_numel) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, end of backward) bytes of FSDP2's unsharded buffers.
+
+    Forward: the root's unsharded 16-bit copy stays from forward to the end of backward
+    (reshard_after_forward=False for the root); one layer's all-gather output in flight. End of
+    backward: two layers unsharded (current + prefetch), the fp32 reduce-scatter input of one
+    layer, the root's 16-bit gradients before their reduce.
+    Source: torch.distributed.fsdp.fully_shard (FSDP2: reshard_after_forward, prefetching of
+    the next block's all-gather).
+    """
+    fwd = np.where(active, 2.0 * root_numel + 2.0 * layer_numel, 0.0)
+    bwd = np.where(
+        active, 2.0 * root_numel * 2.0 + 2.0 * 2.0 * layer_numel + 4.0 * layer_numel, 0.0
+    )
+    return fwd, bwd
+
+
+def modules_per_layer(m: ModelSpec) -> int:
+    """Parameter-holding modules in one block (a Linear or a norm, weight and bias together)."""
+    return len({p.name.rsplit(".", 1)[0] for p in m.param_tensors() if p.group in BLOCK_GROUPS})
+
+
+def dp_exposed_s(
+    *, zero, local, local_trainable, grad_bytes, param_bytes, dp_group, dp_bw, last_backward,
+    params: TimeParams,
+) -> np.ndarray:  # fmt: skip
+    """Exposed time of DDP / ZeRO-1/2: the gradient all-reduce (reduce-scatter under ZeRO)
+    behind `dp_overlap_fraction` of the last micro-batch's backward, and ZeRO-1/2's all-gather
+    of the updated weights after the step; 0 under ZeRO-3 (see fsdp_exposed_s).
+
+    Source: Li et al. 2020 (PyTorch Distributed, VLDB) Sec. 3.2.3; ring_time_s.
+    """
+    reduce_s = ring_time_s(
+        local_trainable * grad_bytes, dp_group, dp_bw, all_reduce=zero < ZERO_STATES, params=params
+    )
+    gather_s = ring_time_s(local * param_bytes, dp_group, dp_bw, all_reduce=False, params=params)
+    exposed = exposed_s(reduce_s, params.dp_overlap_fraction * last_backward, params) + np.where(
+        zero >= ZERO_STATES, gather_s, 0.0
+    )
+    return np.where(zero < ZERO_PARAMETERS, exposed, 0.0)
+
+
+def fsdp_exposed_s(
+    m: ModelSpec, *, zero, fw, local, local_trainable, grad_bytes, param_bytes, dp_group, dp_bw,
+    t, p, gpn, intra, inter, per_micro, fwd_share, num_micro, params: TimeParams,
+) -> np.ndarray:  # fmt: skip
+    """Exposed time of ZeRO-3 / FSDP: each micro-batch gathers the weights forward and again
+    backward and reduce-scatters the gradients, prefetched behind compute.
+
+    FSDP one collective per block, DeepSpeed one per module and, fitted to Narayanan et al. 2021
+    Table 2, at the per-GPU network share. Source: Rajbhandari et al. 2020 Sec. 7.2.2 (1.5x
+    DDP's volume); TimeParams.fsdp_overlap_fraction.
+    """
+    deepspeed = fw == DEEPSPEED
+    calls = m.num_hidden_layers / p * np.where(deepspeed, float(modules_per_layer(m)), 1.0)
+    bw3 = np.where(deepspeed, np.where(dp_group * t > gpn, inter, intra), dp_bw)
+    gather3 = ring_time_s(local * param_bytes, dp_group, bw3, all_reduce=False, params=params,
+                          num_calls=calls)  # fmt: skip
+    reduce3 = ring_time_s(local_trainable * grad_bytes, dp_group, bw3, all_reduce=False,
+                          params=params, num_calls=calls)  # fmt: skip
+    hideable = params.fsdp_overlap_fraction * fwd_share * per_micro
+    fsdp_fwd = exposed_s(gather3, hideable, params)
+    fsdp_bwd = exposed_s(
+        gather3 + reduce3, params.fsdp_overlap_fraction * (1.0 - fwd_share) * per_micro, params
+    )
+    return np.where(zero == ZERO_PARAMETERS, (fsdp_fwd + fsdp_bwd) * num_micro, 0.0)

@@ -1,0 +1,243 @@
+"""LoRA and QLoRA: fp32 adapters on a frozen base, the NF4-quantised base of QLoRA.
+
+The adapter targets are a bitmask column of the grid (`lora_targets`, one bit per PEFT target
+name); `lora_rank` > 0 switches a row to LoRA, `qlora` quantises the base's block linears.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ._model import BLOCK_GROUPS, ModelSpec, ParamTensor
+from ._units import round_to_block
+
+if TYPE_CHECKING:
+    from ._states import LocalTensor
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""Adapter target names, one bit each in the grid's `lora_targets` column (PEFT module names;
+fused modules map to all the names they contain: Phi-3 qkv_proj, GPT-2 c_attn, ...)."""
+LORA_TARGET_ALIASES = {
+    "all-linear": LORA_TARGETS,
+    "c_attn": ("q_proj", "k_proj", "v_proj"),
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "c_proj": ("o_proj", "down_proj"),
+    "c_fc": ("up_proj",),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+    "query": ("q_proj",),
+    "key": ("k_proj",),
+    "value": ("v_proj",),
+    "dense": ("o_proj", "up_proj", "down_proj"),
+    "fc1": ("up_proj",),
+    "fc2": ("down_proj",),
+    "w1": ("gate_proj",),
+    "w3": ("up_proj",),
+    "w2": ("down_proj",),
+}
+LORA_ADAPTER_BYTES = 4.0
+"""PEFT keeps adapters in fp32 (LoraConfig autocast_adapter_dtype=True upcasts bf16/fp16
+adapters), so their gradients and optimizer states are fp32 too."""
+
+NF4_BLOCK = 64
+"""bitsandbytes 4-bit blocksize for QLoRA weights (Linear4bit, quant_type="nf4")."""
+NF4_NESTED_BLOCK = 256
+"""Double quantisation: an fp32 absmax per block of 256 absmax values (compress_statistics)."""
+NF4_STATE_BYTES_PER_TENSOR = 1024.0 + 512.0
+"""Per quantised tensor: the nested QuantState's 256-entry fp32 code and its offset scalar.
+Source: bitsandbytes/functional.py quantize_4bit(compress_statistics=True), QuantState."""
+DEQUANT_BYTES = 2.0
+"""QLoRA dequantises one linear weight at a time to 16 bits (forward and backward)."""
+QLORA_DEQUANT_BYTES_PER_WEIGHT = 2.5
+"""HBM bytes to dequantize one NF4 weight before each use: read 0.5 (4 bits), write 2 (bf16).
+Source: bitsandbytes Linear4bit (dequantize_4bit, then a 16-bit matmul), forward and backward."""
+
+
+def lora_mask(names: str) -> int:
+    """Bitmask over LORA_TARGETS for a comma-separated list of PEFT target names."""
+    mask = 0
+    for raw in names.split(","):
+        name = raw.strip()
+        if not name:
+            continue
+        expanded = LORA_TARGET_ALIASES.get(name, (name,) if name in LORA_TARGETS else None)
+        if expanded is None:
+            allowed = ", ".join((*LORA_TARGETS, *LORA_TARGET_ALIASES))
+            raise ValueError(f"lora_targets: unknown target '{name}'; allowed: {allowed}")
+        for target in expanded:
+            mask |= 1 << LORA_TARGETS.index(target)
+    return mask
+
+
+def target_bits(mask: np.ndarray) -> dict[str, np.ndarray]:
+    """Per target name, the rows whose `lora_targets` mask adapts it."""
+    return {name: (mask & (1 << i)) != 0 for i, name in enumerate(LORA_TARGETS)}
+
+
+def lora_adapted(p: ParamTensor, mask: np.ndarray) -> np.ndarray:
+    """Whether tensor `p` (a linear weight) gets an adapter under each row's target mask."""
+    bits = sum(1 << LORA_TARGETS.index(t) for t in p.lora_targets)
+    return (
+        (np.asarray(mask) & bits) != 0
+        if bits and len(p.shape) == 2
+        else np.zeros(np.shape(mask), dtype=bool)
+    )
+
+
+def lora_num_parameters(m: ModelSpec, rank: int, mask: int) -> int:
+    """Trainable adapter parameters of the whole model, as PEFT counts them (r (d_in + d_out)
+    per adapted linear weight)."""
+    total = 0
+    for p in m.param_tensors():
+        if p.is_block_linear and bool(lora_adapted(p, np.asarray(mask))):
+            d_out, d_in = p.shape
+            total += rank * (d_in + d_out) * m.group_count(p.group)
+    return total
+
+
+def lora_width(m: ModelSpec, targets: np.ndarray) -> np.ndarray:
+    """Sum of (d_in + d_out) over the adapted weight matrices of all blocks, per row's target
+    mask: x lora_rank it is the trainable adapter count (PEFT's r (d_in + d_out) per weight).
+    Source: lora_num_parameters, vectorized over the target masks."""
+    mask = np.asarray(targets)
+    width = np.zeros(mask.shape)
+    for p in m.param_tensors():
+        if p.group in BLOCK_GROUPS and len(p.shape) == 2:
+            d_out, d_in = p.shape
+            width += (d_in + d_out) * m.group_count(p.group) * lora_adapted(p, mask)
+    return width
+
+
+def nf4_bytes(numel: np.ndarray) -> np.ndarray:
+    """Bytes of one NF4-quantised weight with double quantisation (QLoRA).
+
+    Source: Dettmers et al. 2023 (QLoRA), Sec. 2 (NF4, block 64; double quantisation: 8-bit
+    absmax, fp32 second-level absmax per 256 blocks) and bitsandbytes Linear4bit storage:
+    packed uint8 weight (2 per byte), uint8 absmax, fp32 nested absmax, the nested code.
+    """
+    return (
+        round_to_block(numel / 2.0)
+        + round_to_block(numel / NF4_BLOCK)
+        + round_to_block(4.0 * numel / (NF4_BLOCK * NF4_NESTED_BLOCK))
+        + NF4_STATE_BYTES_PER_TENSOR
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Adapters:
+    """LoRA adapter elements of one rank's blocks: all of them, and a data-parallel shard."""
+
+    numel: np.ndarray
+    numel_shard: np.ndarray
+    """ceil(numel / dp): what ZeRO keeps of them on one rank."""
+
+    def kept(self, sharded: np.ndarray) -> np.ndarray:
+        """The elements one rank keeps: the shard where `sharded`, else all."""
+        return np.where(sharded, self.numel_shard, self.numel)
+
+
+def rank_adapters(
+    full: Sequence[LocalTensor], *, rank: np.ndarray, mask: np.ndarray, dp: np.ndarray, sharded
+) -> Adapters:
+    """The adapters on the rank's block linears (r (d_in + d_out) each, PEFT's count), and
+    their ZeRO-1+ shard where `sharded`.
+
+    Source: PEFT LoraLayer (lora_A [r, d_in], lora_B [d_out, r]).
+    Assumes: adapters are replicated under tensor parallelism (full d_in, d_out per rank).
+    """
+    numel = np.zeros_like(dp)
+    for t in full:
+        p = t.tensor
+        if not p.is_block_linear:
+            continue
+        d_out, d_in = p.shape
+        numel = numel + np.where(lora_adapted(p, mask), rank * (d_in + d_out), 0.0) * t.count
+    return Adapters(numel, np.where(sharded, np.ceil(numel / dp), numel))
+
+
+def nf4_base_bytes(full: Sequence[LocalTensor], *, dp: np.ndarray, sharded) -> np.ndarray:
+    """NF4 bytes of the rank's block linears (QLoRA), divided over dp where `sharded`.
+
+    Source: nf4_bytes. ZeRO-3/FSDP shard the NF4 base too (bitsandbytes >= 0.43
+    `bnb_4bit_quant_storage`, the "FSDP-QLoRA" recipe; older stacks kept it whole: xtuner #88).
+    """
+    quantised = np.zeros_like(dp)
+    for t in full:
+        if t.tensor.is_block_linear:
+            quantised = quantised + nf4_bytes(t.numel) * t.count
+    return np.where(sharded, quantised / dp, quantised)
+
+
+def lora_parameter_bytes(
+    base: np.ndarray, base_linear: np.ndarray, nf4: np.ndarray, *, lora, qlora, adapters
+) -> np.ndarray:
+    """Parameter bytes under LoRA: the frozen base (QLoRA: its block linears `base_linear`
+    replaced by their NF4 bytes `nf4`) plus the fp32 adapters `adapters` (elements)."""
+    base = np.where(qlora, base - base_linear + nf4, base)
+    return np.where(lora, base + LORA_ADAPTER_BYTES * adapters, base)
+
+
+def qlora_dequant_bytes(full: Sequence[LocalTensor], *, qlora, dp: np.ndarray) -> np.ndarray:
+    """The 16-bit copy of the largest dense linear weight QLoRA dequantises (a transient).
+
+    Source: bitsandbytes Linear4bit.forward (dequantize_4bit, then the 16-bit matmul; the same
+    in backward).
+    Assumes: MoE experts are not quantised this way (grouped experts are 3-D tensors).
+    """
+    max_linear = np.max(
+        np.stack([np.broadcast_to(t.numel, dp.shape) for t in full
+                  if len(t.tensor.shape) == 2 and t.tensor.group in ("layer", "mlp")]
+                 or [np.zeros_like(dp)]),
+        axis=0,
+    )  # fmt: skip
+    return np.where(qlora, DEQUANT_BYTES * max_linear, 0.0)
+
+
+def lora_activation_delta_bytes(
+    m: ModelSpec, *, T, e, amp, tp, rank, mask, adapted_bits
+) -> np.ndarray:
+    """Change of a block's saved bytes under LoRA (frozen base, fp32 adapters), per layer.
+
+    Source: PEFT LoraLayer.forward: `x = self._cast_input_dtype(x, lora_A.weight.dtype)` (an fp32
+    copy of each adapted linear's input for a 16-bit base; under autocast a bf16 copy), lora_A's
+    output [T, r] saved by lora_B; a frozen linear saves no input (autograd saves `self` of a
+    matmul only when the weight needs a gradient).
+    Assumes: lora_dropout 0 (Identity); adapters replicated under tensor parallelism; the
+    experts of an MoE block are not adapted.
+    `adapted_bits` maps "q_proj", ... to per-row booleans.
+    """
+    h = m.hidden_size
+    f_r = m.intermediate_size / tp if not m.is_moe else 0.0
+    cast = np.where(amp, 2.0, np.where(e < 4, 4.0, 0.0))  # bytes per element of the adapter input
+    one = np.ones_like(np.asarray(T, dtype=np.float64))
+    # What the frozen base no longer saves: the linear inputs of the two norms' consumers and
+    # the down projection's input.
+    removed = np.where(amp, (3.0 + 2.0) * 2.0 * T * h, 2.0 * e * T * h) + e * T * f_r
+    added = 0.0 * one
+    widths = {
+        "q_proj": h, "k_proj": h, "v_proj": h, "o_proj": m.o_dim / tp,
+        "gate_proj": h, "up_proj": h, "down_proj": f_r,
+    }  # fmt: skip
+    any_attn_in = 0.0 * one
+    any_mlp_in = 0.0 * one
+    for name, width in widths.items():
+        a = adapted_bits[name].astype(np.float64)
+        added = added + a * (cast * T * width + np.where(e < 4, 4.0, 4.0) * T * rank)
+        if name in ("q_proj", "k_proj", "v_proj"):
+            any_attn_in = np.maximum(any_attn_in, a)
+        if name in ("gate_proj", "up_proj"):
+            any_mlp_in = np.maximum(any_mlp_in, a)
+        if name == "down_proj":
+            added = added + np.where(cast == 0, a * e * T * f_r, 0.0)
+    # An fp32 base shares one input between the adapters of a norm's consumers.
+    added = added + np.where(cast == 0, (any_attn_in + any_mlp_in) * e * T * h, 0.0)
+    return added - removed
+
+
+def qlora_dequant_traffic_bytes_per_weight(qlora, *, full) -> np.ndarray:
+    """HBM bytes per NF4 weight and micro-batch: dequantised before the forward and backward
+    use (and the recomputed forward, `full`). Source: QLORA_DEQUANT_BYTES_PER_WEIGHT."""
+    return np.where(qlora, QLORA_DEQUANT_BYTES_PER_WEIGHT * (2.0 + full), 0.0)

@@ -1,0 +1,113 @@
+"""Tensor parallelism (and sequence parallelism): how weights, activations, the loss and the
+step time split over the `tp` ranks of a layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ._codes import HF, MEGATRON
+from ._collectives import ring_time_s
+from ._model import ModelSpec, ParamTensor
+from ._time_params import TimeParams
+
+if TYPE_CHECKING:
+    from ._states import LocalTensor
+
+TP_COLLECTIVES_PER_LAYER = 4.0
+"""Tensor-parallel all-reduces per layer and micro-batch: 2 forward, 2 backward (+2 when the
+forward is recomputed). Source: Narayanan et al. 2021 Sec. 3.2 (the f and g operators)."""
+
+
+def split_numel(shape: tuple[int, ...], split: str, tp) -> np.ndarray:
+    """Elements of one tensor on one tensor-parallel rank (dim padded up, as DTensor shards)."""
+    rest = 1
+    for d in shape[1:]:
+        rest *= d
+    if split in ("col", "vocab"):
+        return np.ceil(shape[0] / tp) * rest
+    if split == "row" and len(shape) == 2:
+        return shape[0] * np.ceil(shape[1] / tp)
+    return np.full(np.shape(tp), float(np.prod(shape)))
+
+
+def local_dim0(p: ParamTensor, tp) -> np.ndarray:
+    """A tensor's dim 0 on one tensor-parallel rank (what ZeRO-3/FSDP then shard)."""
+    dim0 = p.shape[0] if p.shape else 1
+    if p.tp_split in ("col", "vocab"):
+        return np.ceil(dim0 / tp)
+    return dim0 * np.ones_like(np.asarray(tp, dtype=np.float64))
+
+
+def sequence_parallel_divisor(sp, tp) -> np.ndarray:
+    """What divides the norms' and residuals' activations: tp with sequence parallelism, else 1.
+
+    Source: Korthikanti et al. 2022, Sec. 4.2.2 (sequence parallelism splits the LayerNorm and
+    dropout regions over the tensor-parallel ranks).
+    """
+    return np.where(sp, tp, 1.0)
+
+
+def loss_tp_divisor(fw, tp) -> np.ndarray:
+    """What divides the logits and loss tensors: tp under Megatron's vocab-parallel cross
+    entropy, else 1 (HF tp_plan and torchtitan without loss_parallel gather the logits).
+
+    Source: megatron/core/tensor_parallel/cross_entropy.py (vocab_parallel_cross_entropy).
+    """
+    return np.where(fw == MEGATRON, tp, 1.0)
+
+
+def hf_embedding_gradient_bytes(
+    m: ModelSpec, full: Sequence[LocalTensor], *, fw, tp, grads_sharded, first, grad_e
+) -> np.ndarray:
+    """Extra gradient bytes of HF tensor parallelism (tp_plan): the embedding's gradient comes
+    out full size on every rank of the first stage (unless ZeRO-2+ shards gradients).
+
+    Source: transformers tensor parallelism (tp_plan): the embedding's gradient comes out full
+    size on every rank.
+    """
+    emb_local = sum((t.numel for t in full if t.tensor.group == "embed"), np.zeros(1))
+    return np.where(
+        (fw == HF) & (tp > 1) & ~grads_sharded & first,
+        (m.num_parameters_in("embed") - emb_local) * grad_e,
+        0.0,
+    )
+
+
+def hf_replicated_group_numel(
+    full: Sequence[LocalTensor], *, fw, tp, sp, states_sharded, lora, dp: np.ndarray
+) -> np.ndarray:
+    """Elements of the replicated tensors (norms) that HF TP without SP keeps as plain tensors:
+    a separate, smaller (device, dtype) group of the foreach optimizer step.
+
+    Source: the foreach step runs one group of tensors at a time (torch/optim/optimizer.py
+    `_group_tensors_by_device_and_dtype`); HF TP without SP keeps the replicated norms as plain
+    tensors, apart from the sharded ones.
+    """
+    replicated = sum(
+        (t.numel * t.count for t in full if t.tensor.tp_split == "rep" and not t.tensor.expert),
+        np.zeros_like(dp),
+    )
+    return np.where((fw == HF) & (tp > 1) & ~sp & ~states_sharded & ~lora, replicated, 0.0)
+
+
+def tp_exposed_s(
+    m: ModelSpec, *, tokens_per_micro, act_bytes, t, p, num_micro, full, gpn, intra, inter,
+    params: TimeParams,
+) -> np.ndarray:  # fmt: skip
+    """Exposed time of the tensor-parallel collectives of one step.
+
+    Per layer and micro-batch 2 all-reduces forward, 2 backward, +2 recomputed, of b s h
+    activations (SP: all-gather + reduce-scatter, the same bytes); across nodes the per-GPU
+    network share. Source: Narayanan et al. 2021 Sec. 3.2; Korthikanti et al. 2022 Sec. 4.2.
+    Assumes: `tp_overlap_fraction` of it hidden (0 without async TP).
+    """
+    tp_bw = np.where(t > gpn, inter, intra)
+    tp_one = ring_time_s(
+        tokens_per_micro * m.hidden_size * act_bytes, t, tp_bw, all_reduce=True, params=params
+    )
+    calls = (TP_COLLECTIVES_PER_LAYER + 2.0 * full) * m.num_hidden_layers
+    return calls / p * num_micro * tp_one * (1.0 - params.tp_overlap_fraction)
