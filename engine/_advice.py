@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ._config import parallel_layout
 from ._data_parallel import ZERO_PARAMETERS, ZERO_STATES
 from ._estimate import PHASES, estimate, layout_reason
 from ._grid import PRECISIONS, RECOMPUTE, make_grid
@@ -59,11 +60,10 @@ class Neighbour:
 
 def _resolved_batch(config: Mapping[str, Any]) -> tuple[int, int, int]:
     """(dp, global batch, gradient accumulation steps) exactly as `estimate` derives them."""
-    par = max(int(config["tp"]) * int(config["pp"]) * int(config["cp"]), 1)
-    dp = max(int(config["num_gpus"]) // par, 1)
     mb = max(int(config["micro_batch_size"]), 1)
-    gbs = int(config["global_batch_size"]) or mb * dp
-    return dp, gbs, max(gbs // (mb * dp), 1)
+    layout = parallel_layout({**config, "micro_batch_size": mb})
+    dp, gbs = int(layout["dp"]), int(layout["global_batch_size"])
+    return dp, gbs, max(int(layout["grad_accum_steps"]), 1)
 
 
 def neighbours(

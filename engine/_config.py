@@ -188,15 +188,21 @@ def check_fields(fields: Mapping[str, Any], *, order: tuple[str, ...] | None = N
 
 
 def parallel_layout(c: Mapping[str, Any]) -> dict[str, Any]:
-    """dp and gradient accumulation of a configuration or of grid columns (vectorized).
+    """dp, the global batch and gradient accumulation of a configuration or of grid columns
+    (vectorized; the one derivation every module uses).
 
-    dp = num_gpus // (tp x pp x cp) (at least 1); grad_accum_steps = global_batch_size //
-    (micro_batch_size x dp), 1 when global_batch_size is 0 (no accumulation).
-    Source: Megatron-LM arguments.py (data_parallel_size, num_micro_batches).
+    dp = num_gpus // (tp x pp x cp), at least 1. global_batch_size 0 means micro_batch_size x dp
+    (no accumulation): then grad_accum_steps is 1; else global // (micro x dp), which is 0 where
+    the global batch is smaller than one step's micro-batches (layout_reason marks the row).
+    Source: Megatron-LM megatron/training/arguments.py (data_parallel_size, num_micro_batches).
     """
     par = np.maximum(np.asarray(c["tp"]) * np.asarray(c["pp"]) * np.asarray(c["cp"]), 1)
     dp = np.maximum(np.asarray(c["num_gpus"]) // par, 1)
-    gbs = np.asarray(c["global_batch_size"])
+    given = np.asarray(c["global_batch_size"])
     micro = np.asarray(c["micro_batch_size"])
-    accum = np.where(gbs > 0, gbs // np.maximum(micro * dp, 1), 1)
-    return {"dp": dp, "grad_accum_steps": accum}
+    per_step = micro * dp
+    return {
+        "dp": dp,
+        "global_batch_size": np.where(given > 0, given, per_step),
+        "grad_accum_steps": np.where(given > 0, given // np.maximum(per_step, 1), 1),
+    }

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._codes import LOSS_FULL, OFFLOAD_OPTIMIZER, OFFLOAD_PARAMS
+from ._config import parallel_layout
 from ._data_parallel import ZERO_PARAMETERS, ZERO_STATES
 from ._factorize import factorize
 from ._grid import ATTENTION, PRECISIONS, RECOMPUTE, Grid
@@ -294,7 +295,7 @@ def _block_reason(m: ModelSpec, g: Grid) -> np.ndarray:
     par = tp * pp * cp
     safe_par = np.maximum(par, 1)
     safe_tp = np.maximum(tp, 1)
-    dp = np.maximum(g["num_gpus"] // safe_par, 1)
+    dp = parallel_layout(g)["dp"]
     gbs = g["global_batch_size"]
     rules = [
         (g["micro_batch_size"] < 1) | (g["seq_len"] < 1) | (g["num_gpus"] < 1) | (tp < 1)
@@ -414,10 +415,9 @@ _EMPTY_DTYPES: dict[str, type] = {"peak_phase": np.int8, "fits": bool, "pp_stage
 def batch_layout(g: Grid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dp, global batch, micro-batches per step) of every row: dp = num_gpus / (tp pp cp);
     `global_batch_size` 0 means micro_batch_size x dp (no gradient accumulation)."""
-    dp = np.maximum(g["num_gpus"] // np.maximum(g["tp"] * g["pp"] * g["cp"], 1), 1)
-    gbs = np.where(g["global_batch_size"] > 0, g["global_batch_size"], g["micro_batch_size"] * dp)
-    num_micro = np.maximum(gbs // np.maximum(g["micro_batch_size"] * dp, 1), 1).astype(np.float64)
-    return dp, gbs, num_micro
+    layout = parallel_layout(g)
+    num_micro = np.maximum(layout["grad_accum_steps"], 1).astype(np.float64)
+    return layout["dp"], layout["global_batch_size"], num_micro
 
 
 def _outside_torch(ov: Overheads, *, dp, tp, pp, cp) -> tuple[np.ndarray, np.ndarray]:
