@@ -1,7 +1,7 @@
-"""trainmem: predict the per-GPU memory of a training job before it runs, and search a GPU fleet
-for the cheapest configuration that fits.
+"""trainmem: predict the per-GPU memory of a training job before it runs.
 
-The verbs of the command line, as functions (each returns what `trainmem VERB --json` prints):
+It also searches a GPU fleet for the cheapest configuration that fits. The verbs of the command
+line, as functions (each returns what `trainmem VERB --json` prints):
 
 >>> import trainmem
 >>> config = trainmem.TrainingConfig(num_gpus=8, zero=3, precision="mixed-bf16",
@@ -67,8 +67,10 @@ def fit(training: TrainingConfig | dict[str, Any] | None = None, /, **options: A
 
 
 def recommend(training: TrainingConfig | dict[str, Any] | None = None, /, **options: Any) -> dict:
-    """The best plan for a job on a fleet, its runners-up (same keys as `trainmem recommend
-    --format json`); render it with `trainmem.plan.render(report, "torchrun")`.
+    """The best plan for a job on a fleet, and its runners-up.
+
+    The same keys as `trainmem recommend --format json`; render it with
+    `trainmem.plan.render(report, "torchrun")`.
 
     >>> plan = recommend(model="gpt2", fleet="2xt4-16gb", seq_len=1024, global_batch_size=32,
     ...                  max_pp=1, max_cp=1, max_micro_batch_size=4)

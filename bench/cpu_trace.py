@@ -19,9 +19,16 @@ from trainmem.trace._core import trace_step
 def main() -> None:
     config, micro, seq, precision, recompute = sys.argv[1:6]
     got = trace_step(
-        json.loads(config), micro_batch_size=int(micro), seq_len=int(seq), precision=precision,
-        recompute=recompute, attention="flash", optimizer="adamw", device="cpu", fake=False,
-    )  # fmt: skip
+        json.loads(config),
+        micro_batch_size=int(micro),
+        seq_len=int(seq),
+        precision=precision,
+        recompute=recompute,
+        attention="flash",
+        optimizer="adamw",
+        device="cpu",
+        fake=False,
+    )
     print(
         json.dumps(
             {

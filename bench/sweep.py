@@ -52,16 +52,24 @@ def main() -> None:
     gpus = load_gpus()
     print(f"cores available: {len(os.sched_getaffinity(0))}; output {out}")
     for label, model, fleet, seq_len, gbs, options in CASES[:1] if args.quick else CASES:
-        space = make_space(load_model(model), parse_fleet(fleet, gpus), gpus, seq_len=seq_len,
-                           global_batch_size=gbs, **options)  # fmt: skip
+        space = make_space(
+            load_model(model),
+            parse_fleet(fleet, gpus),
+            gpus,
+            seq_len=seq_len,
+            global_batch_size=gbs,
+            **options,
+        )
         study = f"bench-{model}-{space.num_points}"
         shutil.rmtree(os.path.join(out, "points", f"study={study}"), ignore_errors=True)
         exact = run_exhaustive(space, out=out, study=study)
         best = exact.best[0]["cost_per_million_tokens"] if exact.best else float("nan")
         print(f"\n{label}: {space.num_points:,} points")
-        print(f"  exhaustive: {exact.elapsed_s:.2f} s, "
-              f"{space.num_points / exact.elapsed_s:,.0f} points/s (Parquet included), "
-              f"best ${best:.4f} per million tokens")  # fmt: skip
+        print(
+            f"  exhaustive: {exact.elapsed_s:.2f} s, "
+            f"{space.num_points / exact.elapsed_s:,.0f} points/s (Parquet included), "
+            f"best ${best:.4f} per million tokens"
+        )
         jobs = len(os.sched_getaffinity(0))
         if jobs > 1:
             shutil.rmtree(os.path.join(out, "points", f"study={study}-jobs"), ignore_errors=True)
@@ -72,8 +80,14 @@ def main() -> None:
             )
         for seed in (0, 1, 2):
             start = time.perf_counter()
-            found = run_optuna(space, out=out, study=f"{study}-optuna-{seed}",
-                               trials=OPTUNA_TRIALS, seed=seed, storage=":memory:")  # fmt: skip
+            found = run_optuna(
+                space,
+                out=out,
+                study=f"{study}-optuna-{seed}",
+                trials=OPTUNA_TRIALS,
+                seed=seed,
+                storage=":memory:",
+            )
             wall = time.perf_counter() - start
             cost = found.best[0]["cost_per_million_tokens"] if found.best else float("nan")
             print(

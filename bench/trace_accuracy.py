@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
-from pathlib import Path
 from typing import Any
 
+from tests._groundtruth import load_cases
 from trainmem.trace._core import trace_step
 
-GROUNDTRUTH_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "groundtruth"
 COLUMNS = (
     # (trace key, ground-truth key)
     ("parameters_bytes", "parameters"),
@@ -32,11 +30,12 @@ COLUMNS = (
 
 def traced_cases(filters: list[str], *, multi_gpu: bool) -> list[dict[str, Any]]:
     """Single-GPU cases, and with multi_gpu the FSDP2 ones (the layouts trace runs)."""
-    cases = [json.loads(p.read_text()) for p in sorted(GROUNDTRUTH_DIR.glob("*.json"))]
+    cases = load_cases()
     cases = [
-        c for c in cases
+        c
+        for c in cases
         if c["training"]["num_gpus"] == 1 or (multi_gpu and c["training"].get("zero") == 3)
-    ]  # fmt: skip
+    ]
     return [c for c in cases if not filters or any(f in c["id"] for f in filters)]
 
 
@@ -58,8 +57,14 @@ def trace_case(case: dict[str, Any], device: str) -> dict[str, Any]:
     if t["num_gpus"] > 1:
         from trainmem.trace._dist import trace_parallel
 
-        got = trace_parallel(case["model_config"], num_gpus=t["num_gpus"], zero=t["zero"], tp=1,
-                             sequence_parallel=False, **kwargs)  # fmt: skip
+        got = trace_parallel(
+            case["model_config"],
+            num_gpus=t["num_gpus"],
+            zero=t["zero"],
+            tp=1,
+            sequence_parallel=False,
+            **kwargs,
+        )
     else:
         got = trace_step(case["model_config"], **kwargs)
     row: dict[str, Any] = {"case": case["id"], "seconds": got["elapsed_s"], "exact": 0}
@@ -89,8 +94,9 @@ def main() -> None:
         exact, total = exact + row["exact"], total + len(names)
         if args.markdown:
             cells = " | ".join(f"{row[n]:+.2%}" for n in names)
-            print(f"| {row['case']} | {cells} | {row['exact']}/5 | {row['seconds']:.1f} |",
-                  flush=True)  # fmt: skip
+            print(
+                f"| {row['case']} | {cells} | {row['exact']}/5 | {row['seconds']:.1f} |", flush=True
+            )
         else:
             cells = "".join(f"{row[n]:>+13.2%}" for n in names)
             print(f"{row['case']:<46}{cells}{row['exact']:>4}/5{row['seconds']:>7.1f}", flush=True)

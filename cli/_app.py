@@ -106,9 +106,11 @@ def optimizers_cmd(
         return
     typer.echo(f"{'name':<14}{'states':>7}{'dtype':>12}{'temps':>6}  source")
     for r in rows:
-        dtype = "8-bit block" if r["eight_bit_blockwise"] else (
-            f"{r['state_bytes']:g} B" if r["state_bytes"] else "param dtype"
-        )  # fmt: skip
+        dtype = (
+            "8-bit block"
+            if r["eight_bit_blockwise"]
+            else (f"{r['state_bytes']:g} B" if r["state_bytes"] else "param dtype")
+        )
         typer.echo(
             f"{r['name']:<14}{r['num_states']:>7g}{dtype:>12}{r['step_temp_states']:>6g}  "
             f"{r['source']}"
@@ -251,4 +253,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> None:
+    """The `trainmem` console script: main() on sys.argv, its code as the exit status."""
     sys.exit(main())

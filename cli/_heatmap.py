@@ -16,23 +16,51 @@ from trainmem.sweep._heatmap import BOOL_AXES, CATEGORICAL, Plot, from_flags, fr
 from ._options import command
 
 HEATMAP_OPTIONS: tuple[Option, ...] = (
-    Option(name="model", type=str | None, default=None,
-           help="Preset name or HF config.json path; default llama-3.1-8b."),
-    Option(name="gpu", type=str | None, default=None,
-           help="GPU profile (`trainmem gpus`); default h100-sxm-80gb."),
-    Option(name="x", type=str, default="micro_batch_size", flag="--x",
-           help="Field on the x axis (listed above)."),
+    Option(
+        name="model",
+        type=str | None,
+        default=None,
+        help="Preset name or HF config.json path; default llama-3.1-8b.",
+    ),
+    Option(
+        name="gpu",
+        type=str | None,
+        default=None,
+        help="GPU profile (`trainmem gpus`); default h100-sxm-80gb.",
+    ),
+    Option(
+        name="x",
+        type=str,
+        default="micro_batch_size",
+        flag="--x",
+        help="Field on the x axis (listed above).",
+    ),
     Option(name="y", type=str, default="seq_len", flag="--y", help="Field on the y axis."),
-    Option(name="x_values", type=str | None, default=None,
-           help="Comma list of x values (default: a range per field)."),
+    Option(
+        name="x_values",
+        type=str | None,
+        default=None,
+        help="Comma list of x values (default: a range per field).",
+    ),
     Option(name="y_values", type=str | None, default=None, help="Comma list of y values."),
     Option(name="out", type=str, default="heatmap.png", help="Image file: .png or .svg."),
-    Option(name="points", type=str | None, default=None,
-           help="Draw stored points (a sweep's --out folder): best point per cell."),
-    Option(name="where", type=str | None, default=None,
-           help='With --points: SQL WHERE clause, e.g. "zero = 3".'),
-    *training_options(), HEADROOM, *USER_DIRS, AS_JSON,
-)  # fmt: skip
+    Option(
+        name="points",
+        type=str | None,
+        default=None,
+        help="Draw stored points (a sweep's --out folder): best point per cell.",
+    ),
+    Option(
+        name="where",
+        type=str | None,
+        default=None,
+        help='With --points: SQL WHERE clause, e.g. "zero = 3".',
+    ),
+    *training_options(),
+    HEADROOM,
+    *USER_DIRS,
+    AS_JSON,
+)
 
 
 @command(HEATMAP_OPTIONS)
@@ -65,20 +93,34 @@ def heatmap_cmd(
     the configuration flags are then ignored. PNG, or SVG by extension.
     """
     fmt = heatmap_format(out)
-    plot = Plot(x=x, y=y, x_text=x_values, y_text=y_values, out=out,
-                headroom=check_headroom(headroom), hardware_dir=hardware_dir)  # fmt: skip
+    plot = Plot(
+        x=x,
+        y=y,
+        x_text=x_values,
+        y_text=y_values,
+        out=out,
+        headroom=check_headroom(headroom),
+        hardware_dir=hardware_dir,
+    )
     if points is not None:
         if model is not None or gpu is not None:
-            raise ValueError("--model/--gpu: with --points they come from the points; "
-                             "select them with --where \"gpu = 'NAME'\"")  # fmt: skip
+            raise ValueError(
+                "--model/--gpu: with --points they come from the points; "
+                "select them with --where \"gpu = 'NAME'\""
+            )
         report = from_points(plot, points, where=where)
     else:
         if where is not None:
             raise ValueError("--where: applies to --points only")
         config: dict[str, Any] = grid_columns(training)
-        report = from_flags(plot, config, model=model or "llama-3.1-8b",
-                             gpu=gpu or "h100-sxm-80gb", models_dir=models_dir,
-                             optimizers_dir=optimizers_dir)  # fmt: skip
+        report = from_flags(
+            plot,
+            config,
+            model=model or "llama-3.1-8b",
+            gpu=gpu or "h100-sxm-80gb",
+            models_dir=models_dir,
+            optimizers_dir=optimizers_dir,
+        )
     report["format"] = fmt
     if as_json:
         typer.echo(json.dumps(report, indent=2))

@@ -43,16 +43,22 @@ def serve_cmd(
     if min(max_points, max_grid_rows, max_concurrent) < 1 or not timeout_s > 0:
         raise ValueError("max-points, max-grid-rows, max-concurrent and timeout-s must be > 0")
     limits = Limits(
-        max_points=max_points, max_grid_rows=max_grid_rows, timeout_s=timeout_s,
+        max_points=max_points,
+        max_grid_rows=max_grid_rows,
+        timeout_s=timeout_s,
         max_concurrent=max_concurrent,
-    )  # fmt: skip
+    )
     if host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: serving on {host}: reachable beyond this machine", file=sys.stderr)
     print(f"trainmem serve: http://{host}:{port} (OpenAPI at /openapi.json)", file=sys.stderr)
     serve(
-        host=host, port=port, hardware_dir=hardware_dir, models_dir=models_dir,
-        optimizers_dir=optimizers_dir, limits=limits,
-    )  # fmt: skip
+        host=host,
+        port=port,
+        hardware_dir=hardware_dir,
+        models_dir=models_dir,
+        optimizers_dir=optimizers_dir,
+        limits=limits,
+    )
 
 
 def register(app: typer.Typer) -> None:

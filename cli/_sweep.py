@@ -58,32 +58,83 @@ def fit_cmd(training: dict[str, Any], *, as_json: bool, **options: Any) -> None:
 
 # ---- sweep -------------------------------------------------------------------------------------
 
-SHOW = ("gpu", "num_gpus", "tp", "pp", "virtual_stages", "cp", "ep", "dp", "zero", "recompute",
-        "offload", "micro_batch_size", "grad_accum_steps")  # fmt: skip
+SHOW = (
+    "gpu",
+    "num_gpus",
+    "tp",
+    "pp",
+    "virtual_stages",
+    "cp",
+    "ep",
+    "dp",
+    "zero",
+    "recompute",
+    "offload",
+    "micro_batch_size",
+    "grad_accum_steps",
+)
 
 
 def _best_json(row: dict[str, Any]) -> dict[str, Any]:
-    return jsonable({
-        "configuration": {k: row[k] for k in SHOW},
-        "fits": row["fits"],
-        "cost_per_million_tokens": row["cost_per_million_tokens"],
-        "step_time_s": row["step_time_s"],
-        "tokens_per_second": row["tokens_per_second"],
-        "mfu": row["mfu"],
-        "peak_device_bytes": row["peak_device_bytes"],
-        "breakdown": {k: row[k] for k in ("parameters", "master_weights", "gradients",
-                                          "optimizer_states", "activations", "transient",
-                                          "framework_overhead", "fragmentation")},
-    })  # fmt: skip
+    return jsonable(
+        {
+            "configuration": {k: row[k] for k in SHOW},
+            "fits": row["fits"],
+            "cost_per_million_tokens": row["cost_per_million_tokens"],
+            "step_time_s": row["step_time_s"],
+            "tokens_per_second": row["tokens_per_second"],
+            "mfu": row["mfu"],
+            "peak_device_bytes": row["peak_device_bytes"],
+            "breakdown": {
+                k: row[k]
+                for k in (
+                    "parameters",
+                    "master_weights",
+                    "gradients",
+                    "optimizer_states",
+                    "activations",
+                    "transient",
+                    "framework_overhead",
+                    "fragmentation",
+                )
+            },
+        }
+    )
 
 
 def _top_table(result: SearchResult) -> str:
-    cols = ("gpu", "num_gpus", "tp", "pp", "virtual_stages", "cp", "ep", "zero", "recompute",
-            "offload", "micro_batch_size", "grad_accum_steps")  # fmt: skip
-    heads = ("gpu", "n", "tp", "pp", "v", "cp", "ep", "zero", "recompute", "offload", "mbs",
-             "accum")  # fmt: skip
-    lines = [" ".join(f"{h:>9}" if i else f"{h:<16}" for i, h in enumerate(heads))
-             + f"{'GiB':>8}{'step s':>9}{'$/Mtok':>9}"]  # fmt: skip
+    cols = (
+        "gpu",
+        "num_gpus",
+        "tp",
+        "pp",
+        "virtual_stages",
+        "cp",
+        "ep",
+        "zero",
+        "recompute",
+        "offload",
+        "micro_batch_size",
+        "grad_accum_steps",
+    )
+    heads = (
+        "gpu",
+        "n",
+        "tp",
+        "pp",
+        "v",
+        "cp",
+        "ep",
+        "zero",
+        "recompute",
+        "offload",
+        "mbs",
+        "accum",
+    )
+    lines = [
+        " ".join(f"{h:>9}" if i else f"{h:<16}" for i, h in enumerate(heads))
+        + f"{'GiB':>8}{'step s':>9}{'$/Mtok':>9}"
+    ]
     for row in result.top.iter_rows(named=True):
         cells = " ".join(f"{row[c]!s:>9}" if i else f"{row[c]!s:<16}" for i, c in enumerate(cols))
         lines.append(
@@ -120,12 +171,28 @@ def sweep_cmd(
 ) -> None:
     """Search a fleet for the cheapest (or fastest, or smallest) configuration that fits."""
     run = functools.partial(
-        run_sweep, training, model=model, fleet=fleet, method=method, trials=trials, seed=seed,
-        objective=objective, storage=storage, study_name=study_name, workers=workers, jobs=jobs,
-        out=out, max_micro_batch_size=max_micro_batch_size, max_pp=max_pp, max_cp=max_cp,
-        headroom=headroom, hardware_dir=hardware_dir, models_dir=models_dir,
-        optimizers_dir=optimizers_dir, profile_file=profile_file,
-    )  # fmt: skip
+        run_sweep,
+        training,
+        model=model,
+        fleet=fleet,
+        method=method,
+        trials=trials,
+        seed=seed,
+        objective=objective,
+        storage=storage,
+        study_name=study_name,
+        workers=workers,
+        jobs=jobs,
+        out=out,
+        max_micro_batch_size=max_micro_batch_size,
+        max_pp=max_pp,
+        max_cp=max_cp,
+        headroom=headroom,
+        hardware_dir=hardware_dir,
+        models_dir=models_dir,
+        optimizers_dir=optimizers_dir,
+        profile_file=profile_file,
+    )
     if as_json:
         done = run()
     else:
@@ -192,8 +259,9 @@ def points_cmd(
             raise ValueError(f"--columns: unknown column {unknown[0]!r}")
         frame = frame.select(wanted)
     elif not as_json:
-        frame = frame.select([*SHOW, "peak_device_bytes", "fits", "step_time_s",
-                              "cost_per_million_tokens"])  # fmt: skip
+        frame = frame.select(
+            [*SHOW, "peak_device_bytes", "fits", "step_time_s", "cost_per_million_tokens"]
+        )
     if as_json:
         typer.echo(json.dumps(jsonable(frame.to_dicts()), indent=2))
         return

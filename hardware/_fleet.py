@@ -152,8 +152,11 @@ def _parse_toml(path: Path, gpus: Mapping[str, GpuProfile]) -> Fleet:
     pools = table.get("pool")
     if not isinstance(pools, list) or not pools or not all(isinstance(p, dict) for p in pools):
         raise ValueError(f"{label}: expected one or more [[pool]] tables")
-    return Fleet(pools=tuple(_pool_from_table(t, gpus, f"{label}: pool {i + 1}")
-                             for i, t in enumerate(pools)))  # fmt: skip
+    return Fleet(
+        pools=tuple(
+            _pool_from_table(t, gpus, f"{label}: pool {i + 1}") for i, t in enumerate(pools)
+        )
+    )
 
 
 def _pool_from_table(t: dict[str, Any], gpus: Mapping[str, GpuProfile], where: str) -> Pool:

@@ -27,8 +27,13 @@ FORMAT_FRAMEWORKS: dict[str, tuple[str, ...]] = {
 """Frameworks each format launches: DeepSpeed configs DeepSpeed; accelerate's FSDP config is the
 `hf` framework (FSDP2 for ZeRO-3, README "Concepts"); torchrun and sbatch start Megatron-LM's
 pretrain_gpt.py or a Hugging Face Trainer script with `--deepspeed`."""
-DEFAULT_FRAMEWORK = {"json": "megatron", "deepspeed": "deepspeed", "torchrun": "megatron",
-                     "slurm": "megatron", "accelerate": "hf"}  # fmt: skip
+DEFAULT_FRAMEWORK = {
+    "json": "megatron",
+    "deepspeed": "deepspeed",
+    "torchrun": "megatron",
+    "slurm": "megatron",
+    "accelerate": "hf",
+}
 MASTER_PORT = 29500
 """torchrun's default rendezvous port (torch/distributed/run.py `--master-port`)."""
 CPUS_PER_GPU = 8
@@ -116,8 +121,13 @@ def deepspeed_config(plan: dict[str, Any]) -> dict[str, Any]:
         "fp16": {"enabled": precision == "mixed-fp16"},
     }
     if precision == "mixed-fp16":  # dynamic loss scaling, DeepSpeed's documented defaults
-        cfg["fp16"].update(loss_scale=0, initial_scale_power=16, loss_scale_window=1000,
-                           hysteresis=2, min_loss_scale=1)  # fmt: skip
+        cfg["fp16"].update(
+            loss_scale=0,
+            initial_scale_power=16,
+            loss_scale_window=1000,
+            hysteresis=2,
+            min_loss_scale=1,
+        )
     block = DEEPSPEED_OPTIMIZERS.get(plan["optimizer"])
     if block is None:
         cfg["zero_allow_untested_optimizer"] = True
@@ -164,26 +174,53 @@ def megatron_args(plan: dict[str, Any]) -> list[list[str]]:
     parallelism, batch, model shape, memory knobs, precision and optimizer."""
     m = plan["architecture"]
     layers, hidden, heads = m["num_hidden_layers"], m["hidden_size"], m["num_attention_heads"]
-    parallel = ["--tensor-model-parallel-size", plan["tp"], "--pipeline-model-parallel-size",
-                plan["pp"], "--context-parallel-size", plan["cp"]]  # fmt: skip
+    parallel = [
+        "--tensor-model-parallel-size",
+        plan["tp"],
+        "--pipeline-model-parallel-size",
+        plan["pp"],
+        "--context-parallel-size",
+        plan["cp"],
+    ]
     if plan["virtual_stages"] > 1:
-        parallel += ["--num-layers-per-virtual-pipeline-stage",
-                     layers // (plan["pp"] * plan["virtual_stages"])]  # fmt: skip
+        parallel += [
+            "--num-layers-per-virtual-pipeline-stage",
+            layers // (plan["pp"] * plan["virtual_stages"]),
+        ]
     if plan["ep"] > 1:
         parallel += ["--expert-model-parallel-size", plan["ep"]]
     if plan["tp"] > 1 and plan["sequence_parallel"]:
         parallel.append("--sequence-parallel")
-    batch = ["--micro-batch-size", plan["micro_batch_size"], "--global-batch-size",
-             plan["global_batch_size"], "--seq-length", plan["seq_len"]]  # fmt: skip
-    shape = ["--num-layers", layers, "--hidden-size", hidden, "--ffn-hidden-size",
-             m["intermediate_size"], "--num-attention-heads", heads]  # fmt: skip
+    batch = [
+        "--micro-batch-size",
+        plan["micro_batch_size"],
+        "--global-batch-size",
+        plan["global_batch_size"],
+        "--seq-length",
+        plan["seq_len"],
+    ]
+    shape = [
+        "--num-layers",
+        layers,
+        "--hidden-size",
+        hidden,
+        "--ffn-hidden-size",
+        m["intermediate_size"],
+        "--num-attention-heads",
+        heads,
+    ]
     if m["num_key_value_heads"] != heads:
         shape += ["--group-query-attention", "--num-query-groups", m["num_key_value_heads"]]
     if m["head_dim"] * heads != hidden:
         shape += ["--kv-channels", m["head_dim"]]
-    shape += ["--max-position-embeddings", max(plan["seq_len"], m["max_position_embeddings"]),
-              "--position-embedding-type", "rope" if m["rotary"] else "learned_absolute",
-              "--normalization", "RMSNorm" if m["norm"] == "rms" else "LayerNorm"]  # fmt: skip
+    shape += [
+        "--max-position-embeddings",
+        max(plan["seq_len"], m["max_position_embeddings"]),
+        "--position-embedding-type",
+        "rope" if m["rotary"] else "learned_absolute",
+        "--normalization",
+        "RMSNorm" if m["norm"] == "rms" else "LayerNorm",
+    ]
     if m["gated_mlp"]:
         shape.append("--swiglu")
     if not m["tie_word_embeddings"]:
@@ -195,24 +232,44 @@ def megatron_args(plan: dict[str, Any]) -> list[list[str]]:
     if m["dropout"] == 0:
         shape += ["--attention-dropout", 0, "--hidden-dropout", 0]
     if m["num_experts"]:
-        shape += ["--num-experts", m["num_experts"], "--moe-router-topk",
-                  m["num_experts_per_tok"], "--moe-ffn-hidden-size", m["moe_intermediate_size"],
-                  "--moe-grouped-gemm"]  # fmt: skip
+        shape += [
+            "--num-experts",
+            m["num_experts"],
+            "--moe-router-topk",
+            m["num_experts_per_tok"],
+            "--moe-ffn-hidden-size",
+            m["moe_intermediate_size"],
+            "--moe-grouped-gemm",
+        ]
         if m["shared_expert_intermediate_size"]:
             shape += ["--moe-shared-expert-intermediate-size", m["shared_expert_intermediate_size"]]
         if m["num_dense_layers"]:
             dense = m["num_dense_layers"]
             shape += ["--moe-layer-freq", f"([0]*{dense}+[1]*{layers - dense})"]
     if m["kv_lora_rank"]:
-        shape += ["--multi-latent-attention", "--kv-lora-rank", m["kv_lora_rank"], "--qk-head-dim",
-                  m["qk_nope_head_dim"], "--qk-pos-emb-head-dim", m["qk_rope_head_dim"],
-                  "--v-head-dim", m["v_head_dim"]]  # fmt: skip
+        shape += [
+            "--multi-latent-attention",
+            "--kv-lora-rank",
+            m["kv_lora_rank"],
+            "--qk-head-dim",
+            m["qk_nope_head_dim"],
+            "--qk-pos-emb-head-dim",
+            m["qk_rope_head_dim"],
+            "--v-head-dim",
+            m["v_head_dim"],
+        ]
         if m["q_lora_rank"]:
             shape += ["--q-lora-rank", m["q_lora_rank"]]
     memory: list[Any] = []
     if plan["recompute"] == "full":
-        memory += ["--recompute-granularity", "full", "--recompute-method", "uniform",
-                   "--recompute-num-layers", 1]  # fmt: skip
+        memory += [
+            "--recompute-granularity",
+            "full",
+            "--recompute-method",
+            "uniform",
+            "--recompute-num-layers",
+            1,
+        ]
     elif plan["recompute"] == "selective":
         memory += ["--recompute-granularity", "selective"]
     if plan["zero"] >= 1:
@@ -222,27 +279,32 @@ def megatron_args(plan: dict[str, Any]) -> list[list[str]]:
         memory += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy]
         memory += ["--no-gradient-accumulation-fusion", "--ckpt-format", "fsdp_dtensor"]
     if plan["offload"] == "optimizer":  # the hybrid device optimizer needs the precision-aware one
-        memory += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer",
-                   "--overlap-cpu-optimizer-d2h-h2d"]  # fmt: skip
-    numerics: list[Any] = {
-        "mixed-bf16": ["--bf16"],
-        "mixed-fp16": ["--fp16"],
-        "fp8-mixed": ["--bf16", "--fp8-format", "hybrid", "--fp8-amax-history-len", 1024,
-                      "--fp8-amax-compute-algo", "max"],
-        "fp32": [],
-    }[plan["precision"]]  # fmt: skip
+        memory += [
+            "--optimizer-cpu-offload",
+            "--use-precision-aware-optimizer",
+            "--overlap-cpu-optimizer-d2h-h2d",
+        ]
     optimizer = MEGATRON_OPTIMIZERS.get(plan["optimizer"])
     if optimizer is None:
         raise ValueError(
             f"optimizer: Megatron-LM's --optimizer takes adam or sgd (trainmem "
             f"{'|'.join(MEGATRON_OPTIMIZERS)}), not {plan['optimizer']}"
         )
-    numerics += [*optimizer, "--clip-grad", 1.0]
+    numerics = [*MEGATRON_PRECISIONS[plan["precision"]], *optimizer, "--clip-grad", 1.0]
     return [
         [str(a) for a in group] for group in (parallel, batch, shape, memory, numerics) if group
     ]
 
 
+MEGATRON_PRECISIONS: dict[str, list[Any]] = {
+    "mixed-bf16": ["--bf16"],
+    "mixed-fp16": ["--fp16"],
+    "fp8-mixed": ["--bf16", "--fp8-format", "hybrid", "--fp8-amax-history-len", 1024,
+                  "--fp8-amax-compute-algo", "max"],
+    "fp32": [],
+}  # fmt: skip
+"""Megatron-LM's precision arguments of each trainmem precision (Transformer Engine's hybrid FP8:
+E4M3 forward, E5M2 backward, max over a 1024-step amax history)."""
 MEGATRON_OPTIMIZERS: dict[str, list[Any]] = {
     "adamw": ["--optimizer", "adam"],  # Megatron's adam decouples weight decay (AdamW)
     "adamw-fused": ["--optimizer", "adam"],
@@ -254,8 +316,12 @@ MEGATRON_OPTIMIZERS: dict[str, list[Any]] = {
 def trainer_args(plan: dict[str, Any]) -> list[list[str]]:
     """Hugging Face Trainer arguments (transformers TrainingArguments) of a deepspeed plan; the
     DeepSpeed config (`--format deepspeed`) is read from DEEPSPEED_CONFIG_FILE."""
-    batch = ["--per_device_train_batch_size", plan["micro_batch_size"],
-             "--gradient_accumulation_steps", plan["grad_accum_steps"]]  # fmt: skip
+    batch = [
+        "--per_device_train_batch_size",
+        plan["micro_batch_size"],
+        "--gradient_accumulation_steps",
+        plan["grad_accum_steps"],
+    ]
     knobs = ["--deepspeed", DEEPSPEED_CONFIG_FILE]
     knobs += {"mixed-bf16": ["--bf16"], "mixed-fp16": ["--fp16"]}.get(plan["precision"], [])
     if plan["recompute"] == "full":
@@ -290,10 +356,14 @@ def _lines(head: str, groups: list[list[str]], tail: str, width: int = 96) -> st
 
 def _extra_comment(plan: dict[str, Any]) -> str:
     if plan["framework"] == "megatron":
-        return ("# $EXTRA_ARGS: data, tokenizer and schedule, e.g. --data-path ... "
-                "--tokenizer-type HuggingFaceTokenizer --tokenizer-model ... --lr ...")  # fmt: skip
-    return (f"# {DEEPSPEED_CONFIG_FILE}: the same recommend with --format deepspeed; "
-            "$EXTRA_ARGS: your script's model, data and --output_dir arguments")  # fmt: skip
+        return (
+            "# $EXTRA_ARGS: data, tokenizer and schedule, e.g. --data-path ... "
+            "--tokenizer-type HuggingFaceTokenizer --tokenizer-model ... --lr ..."
+        )
+    return (
+        f"# {DEEPSPEED_CONFIG_FILE}: the same recommend with --format deepspeed; "
+        "$EXTRA_ARGS: your script's model, data and --output_dir arguments"
+    )
 
 
 def torchrun_script(plan: dict[str, Any]) -> str:
@@ -301,14 +371,18 @@ def torchrun_script(plan: dict[str, Any]) -> str:
     script = plan["launch"]["script"] or default_script(plan)
     # The endpoint stays a shell expansion: MASTER_ADDR on multi-node jobs, else this host.
     job = shlex.quote(plan["launch"]["job_name"])
-    head = (f"torchrun --nnodes={plan['num_nodes']} --nproc-per-node={plan['gpus_per_node']} "
-            f"--rdzv-backend=c10d --rdzv-endpoint=${{MASTER_ADDR:-localhost}}:{MASTER_PORT} "
-            f"--rdzv-id={job} {shlex.quote(script)}")  # fmt: skip
+    head = (
+        f"torchrun --nnodes={plan['num_nodes']} --nproc-per-node={plan['gpus_per_node']} "
+        f"--rdzv-backend=c10d --rdzv-endpoint=${{MASTER_ADDR:-localhost}}:{MASTER_PORT} "
+        f"--rdzv-id={job} {shlex.quote(script)}"
+    )
     args = megatron_args(plan) if plan["framework"] == "megatron" else trainer_args(plan)
     comments = [f"# trainmem recommend: {_summary(plan)}", _extra_comment(plan)]
     if plan["num_nodes"] > 1:
-        comments.append(f"# run on each of the {plan['num_nodes']} nodes with MASTER_ADDR set to "
-                        "the first node's address")  # fmt: skip
+        comments.append(
+            f"# run on each of the {plan['num_nodes']} nodes with MASTER_ADDR set to "
+            "the first node's address"
+        )
     return "\n".join([*comments, _lines(head, args, "$EXTRA_ARGS")]) + "\n"
 
 
@@ -340,9 +414,11 @@ def slurm_script(plan: dict[str, Any]) -> str:
         "export MASTER_ADDR MASTER_PORT",
         'EXTRA_ARGS="${EXTRA_ARGS:-}"',
     ]
-    head = (f'srun torchrun --nnodes="$SLURM_NNODES" --nproc-per-node={per_node} '
-            '--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" '
-            f'--rdzv-id="$SLURM_JOB_ID" {shlex.quote(script)}')  # fmt: skip
+    head = (
+        f'srun torchrun --nnodes="$SLURM_NNODES" --nproc-per-node={per_node} '
+        '--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" '
+        f'--rdzv-id="$SLURM_JOB_ID" {shlex.quote(script)}'
+    )
     args = megatron_args(plan) if plan["framework"] == "megatron" else trainer_args(plan)
     return "\n".join([*header, _lines(head, args, "$EXTRA_ARGS")]) + "\n"
 
@@ -350,17 +426,29 @@ def slurm_script(plan: dict[str, Any]) -> str:
 # ---- accelerate --------------------------------------------------------------------------------
 
 WRAP_CLASSES = {
-    "llama": "LlamaDecoderLayer", "mistral": "MistralDecoderLayer",
-    "mixtral": "MixtralDecoderLayer", "qwen2": "Qwen2DecoderLayer",
-    "qwen2_moe": "Qwen2MoeDecoderLayer", "qwen3": "Qwen3DecoderLayer",
-    "qwen3_moe": "Qwen3MoeDecoderLayer", "gemma": "GemmaDecoderLayer",
-    "gemma2": "Gemma2DecoderLayer", "gemma3": "Gemma3DecoderLayer", "phi": "PhiDecoderLayer",
-    "phi3": "Phi3DecoderLayer", "gpt2": "GPT2Block", "bert": "BertLayer",
-    "deepseek_v2": "DeepseekV2DecoderLayer", "deepseek_v3": "DeepseekV3DecoderLayer",
-    "gpt_neox": "GPTNeoXLayer", "falcon": "FalconDecoderLayer", "opt": "OPTDecoderLayer",
-    "starcoder2": "Starcoder2DecoderLayer", "olmo": "OlmoDecoderLayer",
+    "llama": "LlamaDecoderLayer",
+    "mistral": "MistralDecoderLayer",
+    "mixtral": "MixtralDecoderLayer",
+    "qwen2": "Qwen2DecoderLayer",
+    "qwen2_moe": "Qwen2MoeDecoderLayer",
+    "qwen3": "Qwen3DecoderLayer",
+    "qwen3_moe": "Qwen3MoeDecoderLayer",
+    "gemma": "GemmaDecoderLayer",
+    "gemma2": "Gemma2DecoderLayer",
+    "gemma3": "Gemma3DecoderLayer",
+    "phi": "PhiDecoderLayer",
+    "phi3": "Phi3DecoderLayer",
+    "gpt2": "GPT2Block",
+    "bert": "BertLayer",
+    "deepseek_v2": "DeepseekV2DecoderLayer",
+    "deepseek_v3": "DeepseekV3DecoderLayer",
+    "gpt_neox": "GPTNeoXLayer",
+    "falcon": "FalconDecoderLayer",
+    "opt": "OPTDecoderLayer",
+    "starcoder2": "Starcoder2DecoderLayer",
+    "olmo": "OlmoDecoderLayer",
     "olmo2": "Olmo2DecoderLayer",
-}  # fmt: skip
+}
 """FSDP wrap unit by model_type: the block in the model's `_no_split_modules` (transformers
 models/<type>/modeling_<type>.py). Other types: accelerate falls back to `_no_split_modules`."""
 SHARDING = {3: "FULL_SHARD", 2: "SHARD_GRAD_OP", 0: "NO_SHARD"}
@@ -392,8 +480,12 @@ def accelerate_config(plan: dict[str, Any]) -> str:
     if wrap:
         fsdp["fsdp_transformer_layer_cls_to_wrap"] = wrap
     if version == 1:
-        fsdp.update(fsdp_backward_prefetch="BACKWARD_PRE", fsdp_forward_prefetch=False,
-                    fsdp_sync_module_states=True, fsdp_use_orig_params=True)  # fmt: skip
+        fsdp.update(
+            fsdp_backward_prefetch="BACKWARD_PRE",
+            fsdp_forward_prefetch=False,
+            fsdp_sync_module_states=True,
+            fsdp_use_orig_params=True,
+        )
     top: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "debug": False,
@@ -417,12 +509,17 @@ def accelerate_config(plan: dict[str, Any]) -> str:
         f"trainmem recommend: {_summary(plan)}",
         f"Trainer: --per_device_train_batch_size {m} --gradient_accumulation_steps {a} (global "
         f"batch {m * a * plan['dp']} = {m} x {a} x {plan['dp']} processes)"
-        + ("; checkpointing is fsdp_activation_checkpointing, so no --gradient_checkpointing"
-           if plan["recompute"] == "full" else ""),
-    ]  # fmt: skip
+        + (
+            "; checkpointing is fsdp_activation_checkpointing, so no --gradient_checkpointing"
+            if plan["recompute"] == "full"
+            else ""
+        ),
+    ]
     if plan["num_nodes"] > 1:
-        comments.append("each node: accelerate launch --config_file THIS --machine_rank RANK "
-                        "--main_process_ip FIRST_NODE script.py")  # fmt: skip
+        comments.append(
+            "each node: accelerate launch --config_file THIS --machine_rank RANK "
+            "--main_process_ip FIRST_NODE script.py"
+        )
     return "\n".join([*("# " + c for c in comments), *_yaml(dict(sorted(top.items())))]) + "\n"
 
 

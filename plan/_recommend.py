@@ -85,38 +85,98 @@ FRAMEWORK_PRECISIONS = {
 }
 """Precisions each framework runs (--bf16, bf16.enabled, FSDP MixedPrecision, ...)."""
 OBJECTIVE_WORDS = {"cost": "cheapest", "time": "fastest", "gpus": "fewest GPUs"}
-CONTRACT = ("gpu", "num_gpus", "num_nodes", "gpus_per_node", "tp", "pp", "dp", "cp", "ep", "zero",
-            "recompute", "micro_batch_size", "grad_accum_steps", "peak_device_bytes",
-            "headroom_bytes", "step_time_s", "cost_per_million_tokens")  # fmt: skip
+CONTRACT = (
+    "gpu",
+    "num_gpus",
+    "num_nodes",
+    "gpus_per_node",
+    "tp",
+    "pp",
+    "dp",
+    "cp",
+    "ep",
+    "zero",
+    "recompute",
+    "micro_batch_size",
+    "grad_accum_steps",
+    "peak_device_bytes",
+    "headroom_bytes",
+    "step_time_s",
+    "cost_per_million_tokens",
+)
 """The JSON keys outside tools rely on (a contract: extended, never renamed)."""
-MODEL_KEYS = ("name", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
-              "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
-              "max_position_embeddings", "tie_word_embeddings", "norm", "gated_mlp", "rotary",
-              "attention_bias", "mlp_bias", "dropout", "num_experts", "num_experts_per_tok",
-              "moe_intermediate_size", "shared_expert_intermediate_size", "num_dense_layers",
-              "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-              "v_head_dim")  # fmt: skip
+MODEL_KEYS = (
+    "name",
+    "model_type",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+    "norm",
+    "gated_mlp",
+    "rotary",
+    "attention_bias",
+    "mlp_bias",
+    "dropout",
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "num_dense_layers",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+)
 """The model's shape in the report (what the launch formats need)."""
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 RECOMMEND_OPTIONS: tuple[Option, ...] = (
-    MODEL, FLEET,
-    *training_options(defaults=SEARCH_DEFAULTS, exclude=("sequence_parallel",),
-                      optional=(*SWEEP_AXES, "framework")),
-    Option(name="fmt", type=str | None, default=None, flag="--format", http=False,
-           help="|".join(FORMATS) + " (default: a summary)."),
+    MODEL,
+    FLEET,
+    *training_options(
+        defaults=SEARCH_DEFAULTS,
+        exclude=("sequence_parallel",),
+        optional=(*SWEEP_AXES, "framework"),
+    ),
+    Option(
+        name="fmt",
+        type=str | None,
+        default=None,
+        flag="--format",
+        http=False,
+        help="|".join(FORMATS) + " (default: a summary).",
+    ),
     AS_JSON,
-    Option(name="num_alternatives", type=int, default=4, ge=0, le=64,
-           help="Runners-up (distinct layouts)."),
-    *SEARCH_OPTIONS, HEADROOM,
-    Option(name="script", type=str | None, default=None,
-           help="Training script of torchrun/slurm (pretrain_gpt.py, train.py)."),
-    Option(name="job_name", type=str, default="trainmem",
-           help="slurm --job-name, torchrun --rdzv-id."),
+    Option(
+        name="num_alternatives",
+        type=int,
+        default=4,
+        ge=0,
+        le=64,
+        help="Runners-up (distinct layouts).",
+    ),
+    *SEARCH_OPTIONS,
+    HEADROOM,
+    Option(
+        name="script",
+        type=str | None,
+        default=None,
+        help="Training script of torchrun/slurm (pretrain_gpt.py, train.py).",
+    ),
+    Option(
+        name="job_name", type=str, default="trainmem", help="slurm --job-name, torchrun --rdzv-id."
+    ),
     Option(name="time_limit", type=str, default="24:00:00", help="slurm --time."),
     *USER_DIRS,
-)  # fmt: skip
+)
 """`trainmem recommend`, `POST /v1/recommend`, `trainmem.recommend`. `framework` unset: the
 launch format's (megatron for json); a searched field given pins its axis."""
 
@@ -157,8 +217,15 @@ def recommend_report(
     space = job_space(**fields)
     spec, pools, framework = space.model, space.fleet, space.fixed["framework"]
     objectives = parse_objectives(objective)
-    result = run_exhaustive(space, out=None, study="recommend", objectives=objectives, top=None,
-                            distinct=LAYOUT, tie_break=TIE_BREAK)  # fmt: skip
+    result = run_exhaustive(
+        space,
+        out=None,
+        study="recommend",
+        objectives=objectives,
+        top=None,
+        distinct=LAYOUT,
+        tie_break=TIE_BREAK,
+    )
     rows = [r for r in result.top.to_dicts() if _whole_nodes(pools, r)]
     picked = _pick(rows, pools, num_alternatives)
     if not picked and result.extra["closest"] is not None:
@@ -179,13 +246,21 @@ def recommend_report(
         "launch": {"script": script, "job_name": job_name, "time_limit": time_limit},
     }
     for plan in plans:  # the space's fixed fields (a traced model may fix precision, attention)
-        plan.update(framework=framework, precision=space.fixed["precision"], optimizer=optimizer,
-                    attention=space.fixed.get("attention", DEFAULTS["attention"]))  # fmt: skip
-        plan["estimate_command"] = estimate_command(plan, model=model, headroom=headroom,
-                                                    hardware_dir=hardware_dir,
-                                                    models_dir=models_dir,
-                                                    optimizers_dir=optimizers_dir,
-                                                    extra=extra_fields(job))  # fmt: skip
+        plan.update(
+            framework=framework,
+            precision=space.fixed["precision"],
+            optimizer=optimizer,
+            attention=space.fixed.get("attention", DEFAULTS["attention"]),
+        )
+        plan["estimate_command"] = estimate_command(
+            plan,
+            model=model,
+            headroom=headroom,
+            hardware_dir=hardware_dir,
+            models_dir=models_dir,
+            optimizers_dir=optimizers_dir,
+            extra=extra_fields(job),
+        )
     best = plans[0] if plans else dict.fromkeys(CONTRACT)
     fits = bool(rows)
     if fits:
@@ -226,47 +301,70 @@ def job_space(**fields: Any) -> Space:
     choice("precision", f["precision"], PRECISIONS)
     choice(f"precision (framework {framework})", f["precision"], FRAMEWORK_PRECISIONS[framework])
     if len(parse_objectives(f["objective"])) != 1:
-        raise ValueError(f"objective: recommend takes one of cost, time, gpus, got "
-                         f"'{f['objective']}'")  # fmt: skip
+        raise ValueError(
+            f"objective: recommend takes one of cost, time, gpus, got '{f['objective']}'"
+        )
     check_headroom(f["headroom"])
     if f["num_alternatives"] < 0:
         raise ValueError(f"num-alternatives: must be >= 0, got {f['num_alternatives']}")
     if not _NAME_RE.match(f["job_name"]):
         raise ValueError(f"job-name: letters, digits, '.', '_' and '-' only, got '{f['job_name']}'")
     if not TIME_RE.match(f["time_limit"]):
-        raise ValueError(f"time-limit: sbatch --time format (e.g. 24:00:00, 2-00:00:00), "
-                         f"got '{f['time_limit']}'")  # fmt: skip
+        raise ValueError(
+            f"time-limit: sbatch --time format (e.g. 24:00:00, 2-00:00:00), got '{f['time_limit']}'"
+        )
     if f["script"] is not None and not f["script"].strip():
         raise ValueError("script: must not be empty")
     gpus = load_gpus(f["hardware_dir"])
     space = make_space(
-        load_model(f["model"], models_dir=f["models_dir"]), parse_fleet(f["fleet"], gpus), gpus,
-        seq_len=f["seq_len"], global_batch_size=f["global_batch_size"], precision=f["precision"],
-        optimizer=optimizer_columns(f["optimizer"], f["optimizers_dir"]), framework=framework,
-        max_micro_batch_size=f["max_micro_batch_size"], max_pp=f["max_pp"], max_cp=f["max_cp"],
-        headroom=f["headroom"], training=extra_fields(f), optimizer_name=f["optimizer"],
-    )  # fmt: skip
+        load_model(f["model"], models_dir=f["models_dir"]),
+        parse_fleet(f["fleet"], gpus),
+        gpus,
+        seq_len=f["seq_len"],
+        global_batch_size=f["global_batch_size"],
+        precision=f["precision"],
+        optimizer=optimizer_columns(f["optimizer"], f["optimizers_dir"]),
+        framework=framework,
+        max_micro_batch_size=f["max_micro_batch_size"],
+        max_pp=f["max_pp"],
+        max_cp=f["max_cp"],
+        headroom=f["headroom"],
+        training=extra_fields(f),
+        optimizer_name=f["optimizer"],
+    )
     # GPU counts a launcher can start: within one node, or whole nodes of some pool.
-    counts = tuple(c for c in space.axes["num_gpus"] if any(
-        c <= p.num_gpus and (c <= p.gpus_per_node or c % p.gpus_per_node == 0)
-        for p in space.fleet.pools))  # fmt: skip
+    counts = tuple(
+        c
+        for c in space.axes["num_gpus"]
+        if any(
+            c <= p.num_gpus and (c <= p.gpus_per_node or c % p.gpus_per_node == 0)
+            for p in space.fleet.pools
+        )
+    )
     if not counts:
-        raise ValueError(f"num_gpus: {space.axes['num_gpus'][0]} GPUs cannot be launched on "
-                         f"{f['fleet']} (within one node, or whole nodes of a pool)")  # fmt: skip
-    return launchable(dataclasses.replace(space, axes={**space.axes, "num_gpus": counts}),
-                      framework)  # fmt: skip
+        raise ValueError(
+            f"num_gpus: {space.axes['num_gpus'][0]} GPUs cannot be launched on "
+            f"{f['fleet']} (within one node, or whole nodes of a pool)"
+        )
+    return launchable(
+        dataclasses.replace(space, axes={**space.axes, "num_gpus": counts}), framework
+    )
 
 
 def launchable(space: Space, framework: str) -> Space:
     """`space` with each axis cut to the values `framework` can launch (LAUNCHABLE)."""
     keep = LAUNCHABLE[framework]
-    axes = {a: tuple(v for v in values if a not in keep or v in keep[a])
-            for a, values in space.axes.items()}  # fmt: skip
+    axes = {
+        a: tuple(v for v in values if a not in keep or v in keep[a])
+        for a, values in space.axes.items()
+    }
     for axis, values in axes.items():
         if not values and space.axes[axis]:  # a pinned value the framework cannot launch
             allowed = ", ".join(str(v) for v in keep[axis])
-            raise ValueError(f"{axis}: {space.axes[axis][0]} is not launchable with framework "
-                             f"{framework} (allowed: {allowed})")  # fmt: skip
+            raise ValueError(
+                f"{axis}: {space.axes[axis][0]} is not launchable with framework "
+                f"{framework} (allowed: {allowed})"
+            )
     return dataclasses.replace(space, axes=axes)
 
 
@@ -274,16 +372,22 @@ def _whole_nodes(pools: Fleet, row: dict[str, Any]) -> bool:
     """Whether the row's GPUs fill whole nodes (or fit in one) of some pool of its GPU: a
     launcher starts the same number of processes on every node."""
     n = row["num_gpus"]
-    return any(p.gpu == row["gpu"] and n <= p.num_gpus and (n <= p.gpus_per_node
-               or n % p.gpus_per_node == 0) for p in pools.pools)  # fmt: skip
+    return any(
+        p.gpu == row["gpu"]
+        and n <= p.num_gpus
+        and (n <= p.gpus_per_node or n % p.gpus_per_node == 0)
+        for p in pools.pools
+    )
 
 
 def _pick(
     rows: list[dict[str, Any]], pools: Fleet, num_alternatives: int
 ) -> list[tuple[dict[str, Any], str]]:
     """(row, note): the best, the runners-up, then the best of each GPU type not shown yet."""
-    picked = [(r, "best" if i == 0 else f"runner-up {i}")
-              for i, r in enumerate(rows[: 1 + num_alternatives])]  # fmt: skip
+    picked = [
+        (r, "best" if i == 0 else f"runner-up {i}")
+        for i, r in enumerate(rows[: 1 + num_alternatives])
+    ]
     shown = {r["gpu"] for r, _ in picked}
     for gpu in pools.gpu_names:
         first = next((r for r in rows if r["gpu"] == gpu), None)
@@ -297,13 +401,27 @@ def _evaluate(space: Space, picked: list[tuple[dict[str, Any], str]]) -> list[di
     """Each picked row evaluated again, in one call, on each pool of its GPU type that can hold
     it; the best of those (fitting, then lowest cost) is the plan."""
     pools = space.fleet.pools
-    cand = [(k, i) for k, (row, _) in enumerate(picked) for i, p in enumerate(pools)
-            if p.gpu == row["gpu"] and row["num_gpus"] <= p.num_gpus]  # fmt: skip
+    cand = [
+        (k, i)
+        for k, (row, _) in enumerate(picked)
+        for i, p in enumerate(pools)
+        if p.gpu == row["gpu"] and row["num_gpus"] <= p.num_gpus
+    ]
     if not cand:
         return []
     cols: dict[str, np.ndarray] = {"pool": np.array([i for _, i in cand], dtype=np.int64)}
-    for axis in ("num_gpus", "tp", "pp", "virtual_stages", "cp", "ep", "zero",
-                 "micro_batch_size", "recompute", "offload"):  # fmt: skip
+    for axis in (
+        "num_gpus",
+        "tp",
+        "pp",
+        "virtual_stages",
+        "cp",
+        "ep",
+        "zero",
+        "micro_batch_size",
+        "recompute",
+        "offload",
+    ):
         values = [picked[k][0][axis] for k, _ in cand]
         cols[axis] = np.array(values, dtype=object if axis in _NAMES else np.int64)
     res = evaluate_columns(space, cols)
@@ -341,8 +459,10 @@ def _plan(space: Space, res: dict[str, np.ndarray], j: int) -> dict[str, Any]:
     fits = bool(res["fits"][j])
     reason = str(reason_texts(res["reason"][j : j + 1])[0])
     if not reason and not fits:
-        reason = (f"does not fit: {peak / GIB:.2f} GiB per device, "
-                  f"{(peak + headroom_bytes) / GIB:.2f} GiB allowed")  # fmt: skip
+        reason = (
+            f"does not fit: {peak / GIB:.2f} GiB per device, "
+            f"{(peak + headroom_bytes) / GIB:.2f} GiB allowed"
+        )
     price = pool.price_per_gpu_hour(profile)
     return {
         "gpu": pool.gpu,
@@ -387,9 +507,24 @@ def estimate_command(
     """The `trainmem estimate` line of the plan's configuration (same engine row); `extra`:
     the job's other training fields (written where they differ from estimate's defaults)."""
     args = ["trainmem", "estimate", "--model", model, "--gpu", plan["gpu"]]
-    for key in ("num_gpus", "seq_len", "global_batch_size", "micro_batch_size", "tp", "pp",
-                "virtual_stages", "cp", "ep", "zero", "recompute", "offload", "precision",
-                "optimizer", "attention", "framework"):  # fmt: skip
+    for key in (
+        "num_gpus",
+        "seq_len",
+        "global_batch_size",
+        "micro_batch_size",
+        "tp",
+        "pp",
+        "virtual_stages",
+        "cp",
+        "ep",
+        "zero",
+        "recompute",
+        "offload",
+        "precision",
+        "optimizer",
+        "attention",
+        "framework",
+    ):
         args += ["--" + key.replace("_", "-"), str(plan[key])]
     if plan["sequence_parallel"]:
         args.append("--sequence-parallel")
@@ -399,8 +534,11 @@ def estimate_command(
         flag = KNOBS[key].flag or "--" + key.replace("_", "-")
         args += [flag] if isinstance(value, bool) else [flag, str(value)]
     args += ["--headroom", repr(float(headroom))]
-    for flag, value in (("--hardware-dir", hardware_dir), ("--models-dir", models_dir),
-                        ("--optimizers-dir", optimizers_dir)):  # fmt: skip
+    for flag, value in (
+        ("--hardware-dir", hardware_dir),
+        ("--models-dir", models_dir),
+        ("--optimizers-dir", optimizers_dir),
+    ):
         if value is not None:
             args += [flag, value]
     return shlex.join(args)
@@ -408,10 +546,38 @@ def estimate_command(
 
 # ---- human output ------------------------------------------------------------------------------
 
-ROW = ("gpu", "num_gpus", "num_nodes", "tp", "pp", "virtual_stages", "cp", "ep", "dp", "zero",
-       "recompute", "offload", "micro_batch_size", "grad_accum_steps")  # fmt: skip
-HEADS = ("gpu", "n", "nodes", "tp", "pp", "v", "cp", "ep", "dp", "zero", "recompute", "offload",
-         "mbs", "accum")  # fmt: skip
+ROW = (
+    "gpu",
+    "num_gpus",
+    "num_nodes",
+    "tp",
+    "pp",
+    "virtual_stages",
+    "cp",
+    "ep",
+    "dp",
+    "zero",
+    "recompute",
+    "offload",
+    "micro_batch_size",
+    "grad_accum_steps",
+)
+HEADS = (
+    "gpu",
+    "n",
+    "nodes",
+    "tp",
+    "pp",
+    "v",
+    "cp",
+    "ep",
+    "dp",
+    "zero",
+    "recompute",
+    "offload",
+    "mbs",
+    "accum",
+)
 
 
 def summary(report: dict[str, Any]) -> str:
@@ -457,13 +623,16 @@ def summary(report: dict[str, Any]) -> str:
 
 def _table(plans: list[dict[str, Any]]) -> str:
     width = [max(len(h), *(len(str(p[c])) for p in plans)) for h, c in zip(HEADS, ROW, strict=True)]
-    cells = [" ".join(f"{h:<{w}}" for h, w in zip(HEADS, width, strict=True))
-             + f"{'GiB':>8}{'step s':>9}{'$/Mtok':>9}  note"]  # fmt: skip
+    cells = [
+        " ".join(f"{h:<{w}}" for h, w in zip(HEADS, width, strict=True))
+        + f"{'GiB':>8}{'step s':>9}{'$/Mtok':>9}  note"
+    ]
     for p in plans:
         row = " ".join(f"{p[c]!s:<{w}}" for c, w in zip(ROW, width, strict=True))
         step, cost = p["step_time_s"] or math.nan, p["cost_per_million_tokens"] or math.nan
-        cells.append(f"{row}{p['peak_device_bytes'] / GIB:>8.2f}{step:>9.3g}{cost:>9.4g}  "
-                     f"{p['note']}")  # fmt: skip
+        cells.append(
+            f"{row}{p['peak_device_bytes'] / GIB:>8.2f}{step:>9.3g}{cost:>9.4g}  {p['note']}"
+        )
     return "\n".join("  " + c for c in cells)
 
 

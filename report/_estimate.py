@@ -76,10 +76,12 @@ def traced_choices(spec: ModelSpec, precision: str, recompute: str, attention: s
         return precision, recompute, attention
     return tuple(
         traced if given == DEFAULTS[key] else given
-        for key, given, traced in (("precision", precision, p.precision),
-                                   ("recompute", recompute, p.recompute),
-                                   ("attention", attention, p.attention))
-    )  # fmt: skip
+        for key, given, traced in (
+            ("precision", precision, p.precision),
+            ("recompute", recompute, p.recompute),
+            ("attention", attention, p.attention),
+        )
+    )
 
 
 def check_layout(spec: ModelSpec, grid: dict[str, np.ndarray]) -> None:
@@ -206,9 +208,7 @@ def estimate_report(
     time_params = TimeParams().with_overrides(
         key_numbers("--time-param", time_param or [], TimeParams.names())
     )
-    timing = estimate_time(
-        spec, grid, **time_inputs(profile), tokens=tokens, params=time_params
-    )  # fmt: skip
+    timing = estimate_time(spec, grid, **time_inputs(profile), tokens=tokens, params=time_params)
     report["time"] = time_report(timing, price_per_gpu_hour_usd=profile.price_per_hour_usd)
     report["pp_stage"] = int(out["pp_stage"][0])
     report.update(

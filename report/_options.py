@@ -78,6 +78,7 @@ def training_options(
 
 
 def option_defaults(options: Sequence[Option]) -> dict[str, Any]:
+    """Each option's default by name."""
     return {o.name: o.default for o in options}
 
 

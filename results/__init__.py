@@ -1,4 +1,4 @@
-"""trainmem.results: the evaluated-points table
+"""trainmem.results: the evaluated-points table.
 
 Schema, Parquet store and queries (the sweep issue). Imports engine only.
 """

@@ -36,9 +36,7 @@ def heatmap_format(path: str | os.PathLike[str]) -> str:
     suffix = Path(path).suffix.lower().lstrip(".")
     if suffix not in HEATMAP_FORMATS:
         allowed = ", ".join(f".{f}" for f in HEATMAP_FORMATS)
-        raise ValueError(
-            f"--out: unknown extension of {str(path)!r}; allowed: {allowed}"
-        )  # fmt: skip
+        raise ValueError(f"--out: unknown extension of {str(path)!r}; allowed: {allowed}")
     return suffix
 
 
@@ -177,8 +175,14 @@ def _draw(
 
     ax = fig.add_subplot()
     ax.set_facecolor("white")
-    image = ax.imshow(np.ma.masked_invalid(peak), cmap=cmap, norm=norm, origin="lower",
-                      aspect="auto", interpolation="nearest")  # fmt: skip
+    image = ax.imshow(
+        np.ma.masked_invalid(peak),
+        cmap=cmap,
+        norm=norm,
+        origin="lower",
+        aspect="auto",
+        interpolation="nearest",
+    )
     for i, j in zip(*np.nonzero(present & ~valid), strict=True):
         ax.add_patch(_invalid_patch(j, i))
     ax.set_xticks(range(nx), [_tick_text(v) for v in x_values])
@@ -196,8 +200,14 @@ def _draw(
 
     segments = boundary_segments(fits, valid)
     outline = [patheffects.withStroke(linewidth=6, foreground="white")]
-    line = LineCollection(segments, colors="black", linewidths=3.2, capstyle="projecting",
-                          path_effects=outline, zorder=4)  # fmt: skip
+    line = LineCollection(
+        segments,
+        colors="black",
+        linewidths=3.2,
+        capstyle="projecting",
+        path_effects=outline,
+        zorder=4,
+    )
     ax.add_collection(line)
     if max(nx, ny) <= MAX_ANNOTATED_CELLS:
         _annotate(ax, m, cmap=cmap, norm=norm, size=_font_size(nx, ny))
@@ -213,26 +223,41 @@ def _draw(
     lines = [textwrap.fill(line, 150) for line in subtitle.splitlines()]
     ax.set_title("\n".join(lines), fontsize=10.5, color="#333333")
     handles = [
-        Line2D(
-            [], [], color="black", linewidth=3, label=limit_label, path_effects=outline
-        ),  # fmt: skip
+        Line2D([], [], color="black", linewidth=3, label=limit_label, path_effects=outline),
         Patch(facecolor=cmap(0.35), label="fits"),
         Patch(facecolor=cmap(0.75), label="does not fit (\u2717)"),
     ]
     if (present & ~valid).any():
-        handles.append(Patch(facecolor="#d9d9d9", hatch="///", edgecolor="#8c8c8c",
-                             label="n/a: invalid layout"))  # fmt: skip
+        handles.append(
+            Patch(
+                facecolor="#d9d9d9", hatch="///", edgecolor="#8c8c8c", label="n/a: invalid layout"
+            )
+        )
     if (~present).any():
         handles.append(Patch(facecolor="white", edgecolor="#8c8c8c", label="-: no point"))
-    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=10,
-               frameon=False, handlelength=2.2)  # fmt: skip
+    fig.legend(
+        handles=handles,
+        loc="outside lower center",
+        ncol=len(handles),
+        fontsize=10,
+        frameon=False,
+        handlelength=2.2,
+    )
 
 
 def _invalid_patch(j: int, i: int) -> Any:
     from matplotlib.patches import Rectangle
 
-    return Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="#d9d9d9", hatch="///",
-                     edgecolor="#8c8c8c", linewidth=0, zorder=2)  # fmt: skip
+    return Rectangle(
+        (j - 0.5, i - 0.5),
+        1,
+        1,
+        facecolor="#d9d9d9",
+        hatch="///",
+        edgecolor="#8c8c8c",
+        linewidth=0,
+        zorder=2,
+    )
 
 
 def _font_size(nx: int, ny: int) -> float:
@@ -254,8 +279,17 @@ def _annotate(ax: Any, m: dict[str, np.ndarray], *, cmap: Any, norm: Any, size: 
                 colour = "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.55 else "black"
                 text = _gib_text(peak[i, j]) + ("" if fits[i, j] else " \u2717")
             weight = "bold" if present[i, j] and valid[i, j] and fits[i, j] else "normal"
-            ax.text(j, i, text, ha="center", va="center", fontsize=size, color=colour,
-                    fontweight=weight, zorder=3)  # fmt: skip
+            ax.text(
+                j,
+                i,
+                text,
+                ha="center",
+                va="center",
+                fontsize=size,
+                color=colour,
+                fontweight=weight,
+                zorder=3,
+            )
 
 
 def _save_atomic(fig: Any, path: Path, fmt: str, dpi: float) -> None:
@@ -329,10 +363,17 @@ def write_heatmap(
     fig = Figure(figsize=(size_px[0] / dpi, size_px[1] / dpi), dpi=dpi, layout="constrained")
     FigureCanvasAgg(fig)
     _draw(
-        fig, matrices, x_values=xs, y_values=ys, x_label=x_label or x, y_label=y_label or y,
-        limit_gib=limit_gib, limit_label=limit_label or f"fit limit {limit_gib:.2f} GiB",
-        title=title, subtitle=subtitle,
-    )  # fmt: skip
+        fig,
+        matrices,
+        x_values=xs,
+        y_values=ys,
+        x_label=x_label or x,
+        y_label=y_label or y,
+        limit_gib=limit_gib,
+        limit_label=limit_label or f"fit limit {limit_gib:.2f} GiB",
+        title=title,
+        subtitle=subtitle,
+    )
     target = Path(path)
     _save_atomic(fig, target, fmt, dpi)
     return target

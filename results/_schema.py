@@ -14,8 +14,11 @@ SCHEMA_VERSION = 2
 """2: every training field of the configuration is a column (1: the searched ones only)."""
 
 _POLARS_TYPES: dict[type, type[pl.DataType]] = {
-    int: pl.Int64, float: pl.Float64, bool: pl.Boolean, str: pl.String,
-}  # fmt: skip
+    int: pl.Int64,
+    float: pl.Float64,
+    bool: pl.Boolean,
+    str: pl.String,
+}
 
 CONFIG_COLUMNS: dict[str, type[pl.DataType] | pl.DataType] = {
     "gpu": pl.String,

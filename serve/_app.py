@@ -338,7 +338,9 @@ def serve(
             "serve: needs fastapi and uvicorn; install them with: pip install 'trainmem[serve]'"
         ) from None
     app = create_app(
-        hardware_dir=hardware_dir, models_dir=models_dir, optimizers_dir=optimizers_dir,
+        hardware_dir=hardware_dir,
+        models_dir=models_dir,
+        optimizers_dir=optimizers_dir,
         limits=limits,
-    )  # fmt: skip
+    )
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -52,8 +52,11 @@ __all__ = [
 
 
 class _CallableSweep(_types.ModuleType):
-    """`trainmem.sweep` is this package and, called, the sweep verb: `trainmem.sweep(...)` runs
-    `run_sweep(...)` (a package attribute of `trainmem` cannot be both otherwise)."""
+    """`trainmem.sweep` is this package and, called, the sweep verb.
+
+    `trainmem.sweep(...)` runs `run_sweep(...)` (a package attribute of `trainmem` cannot be both
+    otherwise).
+    """
 
     def __call__(self, *args: Any, **kwargs: Any) -> SweepRun:
         return run_sweep(*args, **kwargs)

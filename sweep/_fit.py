@@ -47,17 +47,40 @@ from trainmem.report import (
 )
 
 MINIMIZE_OPTIONS = (
-    Option(name="minimize", type=str, default="micro-batch-size", choices=MINIMIZE,
-           help="micro-batch-size: the largest that fits; num-gpus: the fewest GPUs."),
-    Option(name="max_micro_batch_size", type=int, default=1024, ge=1, le=1 << 16,
-           help="Largest micro-batch tried."),
-    Option(name="max_num_gpus", type=int, default=16384, ge=1, le=1 << 20,
-           help="Most GPUs tried (num-gpus)."),
-)  # fmt: skip
+    Option(
+        name="minimize",
+        type=str,
+        default="micro-batch-size",
+        choices=MINIMIZE,
+        help="micro-batch-size: the largest that fits; num-gpus: the fewest GPUs.",
+    ),
+    Option(
+        name="max_micro_batch_size",
+        type=int,
+        default=1024,
+        ge=1,
+        le=1 << 16,
+        help="Largest micro-batch tried.",
+    ),
+    Option(
+        name="max_num_gpus",
+        type=int,
+        default=16384,
+        ge=1,
+        le=1 << 20,
+        help="Most GPUs tried (num-gpus).",
+    ),
+)
 FIT_OPTIONS: tuple[Option, ...] = (
-    MODEL, GPU, *training_options(), HEADROOM, *USER_DIRS, *MINIMIZE_OPTIONS, PROFILE_FILE,
+    MODEL,
+    GPU,
+    *training_options(),
+    HEADROOM,
+    *USER_DIRS,
+    *MINIMIZE_OPTIONS,
+    PROFILE_FILE,
     AS_JSON,
-)  # fmt: skip
+)
 """`trainmem fit`, `POST /v1/fit`, `trainmem.fit`."""
 
 
@@ -115,8 +138,13 @@ def fit_report(
         valid = np.flatnonzero(out["reason"] == 0)
         row = int(valid[np.argmax(out["headroom_bytes"][valid])]) if len(valid) else 0
     chosen = {**config, key: int(candidates[row])}
-    report = row_report(spec, {k: np.asarray(v)[row : row + 1] for k, v in out.items()},
-                        gpu=profile, config=chosen, headroom=headroom)  # fmt: skip
+    report = row_report(
+        spec,
+        {k: np.asarray(v)[row : row + 1] for k, v in out.items()},
+        gpu=profile,
+        config=chosen,
+        headroom=headroom,
+    )
     one = make_grid(chosen)
     timing = estimate_time(spec, one, **time_inputs(profile))
     report["time"] = time_report(timing, price_per_gpu_hour_usd=profile.price_per_hour_usd)
@@ -132,10 +160,16 @@ def fit_report(
         # Nothing fits: the same advice `estimate` gives, from the closest candidate.
         result.update(
             advice_report(
-                spec, {**DEFAULTS, **chosen}, profile=profile,
+                spec,
+                {**DEFAULTS, **chosen},
+                profile=profile,
                 out={k: np.asarray(v)[row : row + 1] for k, v in out.items()},
-                headroom=headroom, overheads=ov, overhead_overrides={},
-                time_params=TimeParams(), hardware_dir=hardware_dir, optimizer_name=optimizer,
+                headroom=headroom,
+                overheads=ov,
+                overhead_overrides={},
+                time_params=TimeParams(),
+                hardware_dir=hardware_dir,
+                optimizer_name=optimizer,
             )
-        )  # fmt: skip
+        )
     return jsonable(result)

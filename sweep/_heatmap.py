@@ -77,9 +77,23 @@ FLAG_AXES = tuple(
     k for k in AXIS_LABELS if k not in ("dp", "grad_accum_steps", "global_batch_size")
 )
 """Axes from flags: grid fields of make_grid."""
-POINT_AXES = ("micro_batch_size", "seq_len", "num_gpus", "tp", "pp", "cp", "ep", "virtual_stages",
-              "zero", "recompute", "offload", "precision", "dp", "grad_accum_steps",
-              "global_batch_size")  # fmt: skip
+POINT_AXES = (
+    "micro_batch_size",
+    "seq_len",
+    "num_gpus",
+    "tp",
+    "pp",
+    "cp",
+    "ep",
+    "virtual_stages",
+    "zero",
+    "recompute",
+    "offload",
+    "precision",
+    "dp",
+    "grad_accum_steps",
+    "global_batch_size",
+)
 """Axes from stored points: configuration columns of the points table."""
 MAX_AXIS_VALUES = 64
 
@@ -165,20 +179,24 @@ def heatmap_cells(
     ys = [v for v in y_values for _ in x_values]
     grid = make_grid({**config, x: xs, y: ys})
     overheads = Overheads(cublas_workspace_bytes=cublas_workspace_bytes_for(profile.arch))
-    out = estimate(spec, grid, usable_bytes=profile.usable_bytes, headroom=headroom,
-                   overheads=overheads)  # fmt: skip
+    out = estimate(
+        spec, grid, usable_bytes=profile.usable_bytes, headroom=headroom, overheads=overheads
+    )
     valid = out["reason"] == 0
     peak = np.asarray(out["peak_device_bytes"], dtype=np.float64)
-    return pl.DataFrame({
-        x: xs,
-        y: ys,
-        "peak_device_bytes": np.where(valid, np.round(peak), np.nan),
-        "peak_gib": np.where(valid, peak / GIB, np.nan),
-        "fits": np.asarray(out["fits"], dtype=bool),
-        "valid": valid,
-        "reason": [reason_text(int(r)) for r in out["reason"]],
-        "headroom_bytes": np.where(valid, np.round(out["headroom_bytes"]), np.nan),
-    }, strict=False)  # fmt: skip
+    return pl.DataFrame(
+        {
+            x: xs,
+            y: ys,
+            "peak_device_bytes": np.where(valid, np.round(peak), np.nan),
+            "peak_gib": np.where(valid, peak / GIB, np.nan),
+            "fits": np.asarray(out["fits"], dtype=bool),
+            "valid": valid,
+            "reason": [reason_text(int(r)) for r in out["reason"]],
+            "headroom_bytes": np.where(valid, np.round(out["headroom_bytes"]), np.nan),
+        },
+        strict=False,
+    )
 
 
 def best_point_cells(points: pl.DataFrame, *, x: str, y: str, limit_bytes: float) -> pl.DataFrame:
@@ -189,8 +207,7 @@ def best_point_cells(points: pl.DataFrame, *, x: str, y: str, limit_bytes: float
     ranked = points.with_columns(
         valid.alias("valid"),
         (valid & (pl.col("peak_device_bytes") <= limit_bytes)).alias("fits"),
-    ).sort(["fits", "valid", "peak_device_bytes"], descending=[True, True, False],
-           nulls_last=True)  # fmt: skip
+    ).sort(["fits", "valid", "peak_device_bytes"], descending=[True, True, False], nulls_last=True)
     best = ranked.group_by([x, y], maintain_order=True).agg(
         pl.all().first(), pl.len().alias("num_points")
     )
@@ -291,19 +308,47 @@ class Plot:
         """Where fitting ends: usable memory x (1 - headroom)."""
         return profile.usable_bytes * (1 - self.headroom)
 
-    def draw(self, cells: pl.DataFrame, xs: list[Any], ys: list[Any], *, profile: GpuProfile,
-             title: str, subtitle: str) -> None:  # fmt: skip
+    def draw(
+        self,
+        cells: pl.DataFrame,
+        xs: list[Any],
+        ys: list[Any],
+        *,
+        profile: GpuProfile,
+        title: str,
+        subtitle: str,
+    ) -> None:
         """Write the image (trainmem.results.write_heatmap) with the axis labels and limit."""
         limit_gib = self.limit_bytes(profile) / GIB
-        label = (f"fit boundary: {limit_gib:.2f} GiB = {profile.usable_bytes / GIB:.2f} GiB "
-                 f"usable x (1 - {self.headroom:.0%} headroom)")  # fmt: skip
-        write_heatmap(cells, self.out, x=self.x, y=self.y, x_values=xs, y_values=ys,
-                      x_label=AXIS_LABELS[self.x], y_label=AXIS_LABELS[self.y],
-                      limit_gib=limit_gib, limit_label=label, title=title,
-                      subtitle=subtitle)  # fmt: skip
+        label = (
+            f"fit boundary: {limit_gib:.2f} GiB = {profile.usable_bytes / GIB:.2f} GiB "
+            f"usable x (1 - {self.headroom:.0%} headroom)"
+        )
+        write_heatmap(
+            cells,
+            self.out,
+            x=self.x,
+            y=self.y,
+            x_values=xs,
+            y_values=ys,
+            x_label=AXIS_LABELS[self.x],
+            y_label=AXIS_LABELS[self.y],
+            limit_gib=limit_gib,
+            limit_label=label,
+            title=title,
+            subtitle=subtitle,
+        )
 
-    def report(self, cells: pl.DataFrame, xs: list[Any], ys: list[Any], *, model: str,
-               profile: GpuProfile, config: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    def report(
+        self,
+        cells: pl.DataFrame,
+        xs: list[Any],
+        ys: list[Any],
+        *,
+        model: str,
+        profile: GpuProfile,
+        config: dict[str, Any],
+    ) -> dict[str, Any]:
         """The --json object: the file, the GPU limit, the axes and every cell."""
         return {
             "out": self.out,
@@ -312,7 +357,7 @@ class Plot:
                 "name": profile.name,
                 "memory_bytes": profile.memory_bytes,
                 "usable_bytes": profile.usable_bytes,
-            },  # fmt: skip
+            },
             "headroom": self.headroom,
             "limit_bytes": round(self.limit_bytes(profile)),
             "x": self.x,
@@ -337,22 +382,41 @@ def from_flags(
     """Validate, evaluate the grid in one engine call, draw; returns the JSON report."""
     x, y = plot.x, plot.y
     check_axes(x, y, FLAG_AXES)
-    for name, allowed in (("precision", PRECISIONS), ("recompute", RECOMPUTE),
-                          ("attention", ATTENTION), ("framework", FRAMEWORKS),
-                          ("offload", OFFLOADS), ("loss", LOSSES)):  # fmt: skip
+    for name, allowed in (
+        ("precision", PRECISIONS),
+        ("recompute", RECOMPUTE),
+        ("attention", ATTENTION),
+        ("framework", FRAMEWORKS),
+        ("offload", OFFLOADS),
+        ("loss", LOSSES),
+    ):
         choice(name, config[name], allowed)
-    optimizer_fields = {} if "optimizer" in (x, y) else optimizer_columns(
-        config["optimizer"], optimizers_dir
-    )  # fmt: skip
+    optimizer_fields = (
+        {} if "optimizer" in (x, y) else optimizer_columns(config["optimizer"], optimizers_dir)
+    )
     xs = parse_values("--x-values", x, plot.x_text) if plot.x_text else default_values(x, config)
     ys = parse_values("--y-values", y, plot.y_text) if plot.y_text else default_values(y, config)
     spec = load_model(model, models_dir=models_dir)
     profile = get_gpu(gpu, plot.hardware_dir)
-    cells = heatmap_cells(spec, profile, {**config, **optimizer_fields}, x=x, x_values=xs, y=y,
-                          y_values=ys, headroom=plot.headroom)  # fmt: skip
+    cells = heatmap_cells(
+        spec,
+        profile,
+        {**config, **optimizer_fields},
+        x=x,
+        x_values=xs,
+        y=y,
+        y_values=ys,
+        headroom=plot.headroom,
+    )
     on = f"{config['num_gpus']} x {profile.name}" if "num_gpus" not in (x, y) else profile.name
-    plot.draw(cells, xs, ys, profile=profile, title=f"Peak memory per GPU: {spec.name} on {on}",
-              subtitle=_settings(config, (x, y)))  # fmt: skip
+    plot.draw(
+        cells,
+        xs,
+        ys,
+        profile=profile,
+        title=f"Peak memory per GPU: {spec.name} on {on}",
+        subtitle=_settings(config, (x, y)),
+    )
     fixed = {k: v for k, v in config.items() if k not in (x, y)}
     return plot.report(cells, xs, ys, model=spec.name, profile=profile, config=fixed)
 
@@ -385,7 +449,7 @@ def from_points(plot: Plot, path: str, *, where: str | None) -> dict[str, Any]:
     on = f"{num_gpus[0]} x {profile.name}" if len(num_gpus) == 1 else profile.name
     model = str(frame["model"][0])
     title = f"Peak memory per GPU: {model} on {on} ({frame.height:,} stored points)"
-    plot.draw(cells, xs, ys, profile=profile, title=title,
-              subtitle=_points_settings(frame, (x, y)))  # fmt: skip
-    return plot.report(cells, xs, ys, model=model, profile=profile,
-                       config={"points": path, "where": where})  # fmt: skip
+    plot.draw(cells, xs, ys, profile=profile, title=title, subtitle=_points_settings(frame, (x, y)))
+    return plot.report(
+        cells, xs, ys, model=model, profile=profile, config={"points": path, "where": where}
+    )

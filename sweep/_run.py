@@ -40,24 +40,36 @@ from ._search import Progress, SearchResult, parse_objectives, run_exhaustive, r
 from ._space import Space, make_space
 
 SWEEP_OPTIONS: tuple[Option, ...] = (
-    MODEL, FLEET,
-    *training_options(defaults=SEARCH_DEFAULTS, exclude=("sequence_parallel",),
-                      optional=SWEEP_AXES),
+    MODEL,
+    FLEET,
+    *training_options(
+        defaults=SEARCH_DEFAULTS, exclude=("sequence_parallel",), optional=SWEEP_AXES
+    ),
     Option(name="method", type=str, default="exhaustive", help="exhaustive|optuna"),
     Option(name="trials", type=int, default=200, help="Optuna: the study's total trials."),
     Option(name="seed", type=int, default=0, help="Optuna sampler seed."),
-    Option(name="objective", type=str, default="cost",
-           help="cost|time|gpus; two comma-separated: the Pareto front."),
-    Option(name="storage", type=str | None, default=None,
-           help="Optuna RDB URL (default: sqlite file in --out)."),
-    Option(name="study_name", type=str | None, default=None,
-           help="Study name (default: derived)."),
+    Option(
+        name="objective",
+        type=str,
+        default="cost",
+        help="cost|time|gpus; two comma-separated: the Pareto front.",
+    ),
+    Option(
+        name="storage",
+        type=str | None,
+        default=None,
+        help="Optuna RDB URL (default: sqlite file in --out).",
+    ),
+    Option(name="study_name", type=str | None, default=None, help="Study name (default: derived)."),
     Option(name="workers", type=int, default=1, help="Optuna: local worker processes."),
     Option(name="jobs", type=int, default=1, help="Exhaustive: local processes over the chunks."),
-    Option(name="out", type=str, default="out",
-           help="Output folder (Parquet points, Optuna db)."),
-    *SEARCH_OPTIONS[1:], HEADROOM, *USER_DIRS, PROFILE_FILE, AS_JSON,
-)  # fmt: skip
+    Option(name="out", type=str, default="out", help="Output folder (Parquet points, Optuna db)."),
+    *SEARCH_OPTIONS[1:],
+    HEADROOM,
+    *USER_DIRS,
+    PROFILE_FILE,
+    AS_JSON,
+)
 """`trainmem sweep`: the search defaults (SEARCH_DEFAULTS); a searched field given pins its
 axis, any other training field given is fixed for every point."""
 
@@ -128,17 +140,35 @@ def run_sweep(
             f"got --precision {precision}"
         )
     space = make_space(
-        spec, parse_fleet(fleet, gpus), gpus,
-        seq_len=seq_len, global_batch_size=global_batch_size, precision=precision,
-        optimizer=optimizer_fields, framework=framework, max_micro_batch_size=max_micro_batch_size,
-        max_pp=max_pp, max_cp=max_cp, headroom=headroom, training=extra_fields(training),
+        spec,
+        parse_fleet(fleet, gpus),
+        gpus,
+        seq_len=seq_len,
+        global_batch_size=global_batch_size,
+        precision=precision,
+        optimizer=optimizer_fields,
+        framework=framework,
+        max_micro_batch_size=max_micro_batch_size,
+        max_pp=max_pp,
+        max_cp=max_cp,
+        headroom=headroom,
+        training=extra_fields(training),
         optimizer_name=optimizer,
-    )  # fmt: skip
+    )
     study = study_name or _default_study(spec.name, fleet, seq_len, global_batch_size, method)
     result = _search(
-        space, method=method, out=out, study=study, objectives=objectives, trials=trials,
-        seed=seed, storage=storage, workers=workers, jobs=jobs, progress=progress,
-    )  # fmt: skip
+        space,
+        method=method,
+        out=out,
+        study=study,
+        objectives=objectives,
+        trials=trials,
+        seed=seed,
+        storage=storage,
+        workers=workers,
+        jobs=jobs,
+        progress=progress,
+    )
     return SweepRun(result=result, space=space, study=study, objectives=objectives)
 
 
@@ -146,7 +176,7 @@ def _search(
     space: Space,
     *,
     method: str,
-    out: str,
+    out: str | None,
     study: str,
     objectives: tuple[str, ...],
     trials: int,
@@ -161,9 +191,21 @@ def _search(
     if method == "exhaustive":
         if storage or workers != 1:
             raise ValueError("--storage and --workers apply to --method optuna")
-        return run_exhaustive(space, out=out, study=study, objectives=objectives, jobs=jobs,
-                              progress=progress)  # fmt: skip
+        return run_exhaustive(
+            space, out=out, study=study, objectives=objectives, jobs=jobs, progress=progress
+        )
     if jobs != 1:
         raise ValueError("--jobs applies to --method exhaustive (optuna: --workers)")
-    return run_optuna(space, out=out, study=study, trials=trials, objectives=objectives,
-                      seed=seed, storage=storage, workers=workers, progress=progress)  # fmt: skip
+    if out is None:  # its workers share the points through the study's folder
+        raise ValueError("out: --method optuna stores its points under a folder; got None")
+    return run_optuna(
+        space,
+        out=out,
+        study=study,
+        trials=trials,
+        objectives=objectives,
+        seed=seed,
+        storage=storage,
+        workers=workers,
+        progress=progress,
+    )

@@ -54,6 +54,8 @@ class SearchResult:
 
 
 def parse_objectives(text: str) -> tuple[str, ...]:
+    """Objective names from comma-separated text (several: a Pareto front); ValueError naming
+    the first unknown one."""
     names = tuple(t.strip() for t in text.split(",") if t.strip())
     bad = [n for n in names if n not in OBJECTIVES]
     if not names or bad:
@@ -116,14 +118,15 @@ def space_fingerprint(space: Space, *, chunk_size: int) -> str:
     desc = {
         "model": space.model.name,
         "num_parameters": space.model.num_parameters,
-        "pools": [(p.gpu, p.num_nodes, p.gpus_per_node, p.price_per_hour_usd)
-                  for p in space.fleet.pools],
+        "pools": [
+            (p.gpu, p.num_nodes, p.gpus_per_node, p.price_per_hour_usd) for p in space.fleet.pools
+        ],
         "axes": {k: list(v) for k, v in space.axes.items()},
         "fixed": space.fixed,
         "headroom": space.headroom,
         "chunk_size": chunk_size,
         "schema_version": SCHEMA_VERSION,
-    }  # fmt: skip
+    }
     return hashlib.sha256(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
@@ -161,11 +164,19 @@ def run_exhaustive(
     total = space.num_points
     fp = space_fingerprint(space, chunk_size=chunk_size)
     folder = None if out is None else study_dir(out, study)
-    chunks = [(f"x{fp}-{c:06d}", lo, min(lo + chunk_size, total))
-              for c, lo in enumerate(range(0, total, chunk_size))]  # fmt: skip
+    chunks = [
+        (f"x{fp}-{c:06d}", lo, min(lo + chunk_size, total))
+        for c, lo in enumerate(range(0, total, chunk_size))
+    ]
     keys = [*_sort_keys(objectives), *[k for k in tie_break if k not in _sort_keys(objectives)]]
-    args: dict[str, Any] = {"out": out, "study": study, "objectives": tuple(objectives),
-                            "keys": keys, "top": top, "distinct": tuple(distinct)}  # fmt: skip
+    args: dict[str, Any] = {
+        "out": out,
+        "study": study,
+        "objectives": tuple(objectives),
+        "keys": keys,
+        "top": top,
+        "distinct": tuple(distinct),
+    }
     keep: list[pl.DataFrame] = []
     near: list[pl.DataFrame] = []
     skipped = 0
@@ -180,8 +191,10 @@ def run_exhaustive(
                 for part, lo, hi in chunks
             )
         else:
-            results = (_exhaustive_chunk(space, part=part, lo=lo, hi=hi, writer=writer, **args)
-                       for part, lo, hi in chunks)  # fmt: skip
+            results = (
+                _exhaustive_chunk(space, part=part, lo=lo, hi=hi, writer=writer, **args)
+                for part, lo, hi in chunks
+            )
         pending: tuple[int, Future[Any] | None] | None = None
         for (_, _, hi), (best_rows, closest, was_skipped, written) in zip(
             chunks, results, strict=True
@@ -204,9 +217,11 @@ def run_exhaustive(
         num_points=total,
         parquet="" if folder is None else str(folder),
         elapsed_s=time.perf_counter() - start,
-        extra={"chunks_skipped": skipped,
-               "closest": nearest.to_dicts()[0] if nearest is not None and len(nearest) else None},
-    )  # fmt: skip
+        extra={
+            "chunks_skipped": skipped,
+            "closest": nearest.to_dicts()[0] if nearest is not None and len(nearest) else None,
+        },
+    )
 
 
 def _reported(
@@ -261,8 +276,7 @@ def _exhaustive_chunk(
     if skipped:
         frame = pl.read_parquet(study_dir(out, study) / f"part-{part}.parquet")
     else:
-        frame = _frame(space, space.evaluate(range(lo, hi), columns=POINT_COLUMNS),
-                       study=study)  # fmt: skip
+        frame = _frame(space, space.evaluate(range(lo, hi), columns=POINT_COLUMNS), study=study)
         if out is not None and writer is not None:
             written = writer.submit(write_points, frame, out, study=study, part=part)
         elif out is not None:
@@ -392,8 +406,10 @@ def optuna_worker(
     results (each layout's best fitting point) with the `fits` constraint.
     """
     st = _open_study(storage, study, objectives, seed)
-    inner = {a: np.asarray(v, dtype=object if a in _NAMES else np.int64)
-             for a, v in _inner_product(space).items()}  # fmt: skip
+    inner = {
+        a: np.asarray(v, dtype=object if a in _NAMES else np.int64)
+        for a, v in _inner_product(space).items()
+    }
     k = len(next(iter(inner.values())))
     written = 0
     while True:
@@ -406,13 +422,20 @@ def optuna_worker(
         batch = [st.ask() for _ in range(min(batch_size, remaining))]
         b = len(batch)
         outer = {a: _suggest(space, a, batch) for a in AXES if a not in INNER_AXES}
-        cols = {**{a: np.repeat(v, k) for a, v in outer.items()},
-                **{a: np.tile(v, b) for a, v in inner.items()}}  # fmt: skip
+        cols = {
+            **{a: np.repeat(v, k) for a, v in outer.items()},
+            **{a: np.tile(v, b) for a, v in inner.items()},
+        }
         res = evaluate_columns(space, cols, columns=POINT_COLUMNS)
         numbers = np.array([t.number for t in batch], dtype=np.int64)
         frame = _frame(space, res, study=study, trial=np.repeat(numbers, k))
-        write_points(frame, out, study=study, part=f"t{numbers.min():08d}-{numbers.max():08d}",
-                     trial=f"{numbers.min()}-{numbers.max()}")  # fmt: skip
+        write_points(
+            frame,
+            out,
+            study=study,
+            part=f"t{numbers.min():08d}-{numbers.max():08d}",
+            trial=f"{numbers.min()}-{numbers.max()}",
+        )
         written += b * k
         # Per trial: its best fitting inner point (by the first objective, then cost); within
         # one layout num_gpus is fixed, so cost and time rank the inner points alike.
@@ -440,8 +463,10 @@ the best fitting point over these memory knobs."""
 
 def _inner_product(space: Space) -> dict[str, np.ndarray]:
     grids = np.meshgrid(*[np.arange(len(space.axes[a])) for a in INNER_AXES], indexing="ij")
-    return {a: np.asarray(space.axes[a], dtype=object)[g.ravel()]
-            for a, g in zip(INNER_AXES, grids, strict=True)}  # fmt: skip
+    return {
+        a: np.asarray(space.axes[a], dtype=object)[g.ravel()]
+        for a, g in zip(INNER_AXES, grids, strict=True)
+    }
 
 
 def _argbest(res: dict[str, np.ndarray], keys: list[str], fits: np.ndarray) -> np.ndarray:
@@ -480,8 +505,14 @@ def run_optuna(
     start = time.perf_counter()
     out = str(out)
     url = storage or default_storage(out)
-    kwargs: dict[str, Any] = {"out": out, "study": study, "storage": url, "trials": trials,
-              "objectives": tuple(objectives), "batch_size": batch_size}  # fmt: skip
+    kwargs: dict[str, Any] = {
+        "out": out,
+        "study": study,
+        "storage": url,
+        "trials": trials,
+        "objectives": tuple(objectives),
+        "batch_size": batch_size,
+    }
     _open_study(url, study, objectives, seed)  # create it once, before the workers race
     if workers == 1:
         optuna_worker(space, seed=seed, progress=progress, **kwargs)
@@ -496,9 +527,11 @@ def run_optuna(
     folder = study_dir(out, study)
     points = pl.scan_parquet(sorted(folder.glob("part-t*.parquet")))
     fitting = points.filter(pl.col("fits")).collect()
-    top = fitting.sort(_sort_keys(objectives)).unique(
-        subset=list(AXES[1:]) + ["gpu"], keep="first", maintain_order=True
-    ).head(TOP)  # fmt: skip
+    top = (
+        fitting.sort(_sort_keys(objectives))
+        .unique(subset=list(AXES[1:]) + ["gpu"], keep="first", maintain_order=True)
+        .head(TOP)
+    )
     best = _pareto(fitting, objectives) if len(fitting) else fitting
     num_points = points.select(pl.len()).collect().item()
     return SearchResult(

@@ -113,8 +113,10 @@ class Space:
         """
         if isinstance(flat, range) and flat.step == 1:
             strides = np.cumprod((1, *self.shape[:0:-1]))[::-1]
-            return {a: _range_column(_axis_array(a, self.axes[a]), int(st), flat.start, flat.stop)
-                    for a, st in zip(AXES, strides, strict=True)}  # fmt: skip
+            return {
+                a: _range_column(_axis_array(a, self.axes[a]), int(st), flat.start, flat.stop)
+                for a, st in zip(AXES, strides, strict=True)
+            }
         idx = np.unravel_index(np.asarray(flat, dtype=np.int64), self.shape)
         return {a: _axis_array(a, self.axes[a])[i] for a, i in zip(AXES, idx, strict=True)}
 
@@ -251,7 +253,7 @@ def evaluate_columns(
         "fits": out["fits"] & valid,
         "reason": reason,
         **timing,  # NaN where the point is invalid
-    }  # fmt: skip
+    }
 
 
 def make_space(
@@ -336,8 +338,15 @@ def make_space(
     labels.update({k: v for k, v in (training or {}).items() if k not in axes})
     labels["optimizer"] = optimizer_name or (optimizer if isinstance(optimizer, str) else "custom")
     labels = {k: v for k, v in labels.items() if k not in axes}
-    return Space(model=model, fleet=fleet, gpus=gpus, axes=axes, fixed=fixed, headroom=headroom,
-                 labels=labels)  # fmt: skip
+    return Space(
+        model=model,
+        fleet=fleet,
+        gpus=gpus,
+        axes=axes,
+        fixed=fixed,
+        headroom=headroom,
+        labels=labels,
+    )
 
 
 def reason_texts(codes: np.ndarray) -> np.ndarray:

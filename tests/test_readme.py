@@ -233,7 +233,7 @@ def test_docs_command_writes_only_where_allowed(command: Command) -> None:
 
 
 def test_readme_accuracy_table_is_generated() -> None:
-    from bench.accuracy import BEGIN, END, markdown
+    from tests.accuracy_table import BEGIN, END, markdown
 
     table = PARSED["README.md"].text.split(BEGIN)[1].split(END)[0].strip()
     assert table == markdown().strip(), "run: python -m bench.accuracy --update-readme"

@@ -64,9 +64,12 @@ def _positive_float(variable: str, default: float | None) -> float | None:
 
 
 def run_in_child(
-    function: str, kwargs: dict[str, Any], *, timeout_s: float | None = None,
+    function: str,
+    kwargs: dict[str, Any],
+    *,
+    timeout_s: float | None = None,
     command: list[str] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """function(**kwargs) in a fresh Python process; ValueErrors come back as ValueErrors.
 
     timeout_s defaults to $TRAINMEM_TRACE_TIMEOUT or 30 minutes; `command` replaces the child's
@@ -77,9 +80,13 @@ def run_in_child(
         timeout_s = _positive_float(TIMEOUT_VARIABLE, DEFAULT_TIMEOUT_S)
     proc = subprocess.Popen(
         command or [sys.executable, "-m", "trainmem.trace._child"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, CHILD_MARKER: "1"}, start_new_session=True,
-    )  # fmt: skip
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, CHILD_MARKER: "1"},
+        start_new_session=True,
+    )
     try:
         stdout, stderr = proc.communicate(
             json.dumps({"function": function, "kwargs": kwargs}), timeout=timeout_s

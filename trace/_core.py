@@ -106,8 +106,11 @@ def step_contexts(*, device: str, fake: bool, sdpa_kernel: str) -> tuple[str, li
     if device == "cuda" and fake:
         reason = fake_cuda_unavailable_reason()
         if not reason:
-            return "cuda", [fake_cuda_device(), gpu_attention_kernels(sdpa_kernel),
-                            FakeTensorMode()], note  # fmt: skip
+            return (
+                "cuda",
+                [fake_cuda_device(), gpu_attention_kernels(sdpa_kernel), FakeTensorMode()],
+                note,
+            )
         device, note = "cpu", CPU_FALLBACK_NOTE.format(reason=reason)
     if device == "cuda":  # real tensors on a real GPU: the real kernel chooser
         if not torch.cuda.is_available():
@@ -138,9 +141,14 @@ def unpacked_batches() -> Iterator[None]:
 
 
 def hf_job(
-    config: dict[str, Any], *, micro_batch_size: int, seq_len: int, precision: str,
-    attention: str, device_type: str,
-) -> Callable[[], Any]:  # fmt: skip
+    config: dict[str, Any],
+    *,
+    micro_batch_size: int,
+    seq_len: int,
+    precision: str,
+    attention: str,
+    device_type: str,
+) -> Callable[[], Any]:
     """A builder of the Hugging Face causal-LM step (model from config, no weights, no hub)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -214,9 +222,15 @@ def trace_step(
     import_torch()
     check_flags(precision=precision, recompute=recompute, optimizer=optimizer, device=device)
     if device == "cuda" and fake and on_phase_end is None:
-        flags = {"micro_batch_size": micro_batch_size, "seq_len": seq_len, "precision": precision,
-                 "recompute": recompute, "attention": attention, "optimizer": optimizer,
-                 "sdpa_kernel": sdpa_kernel}  # fmt: skip
+        flags = {
+            "micro_batch_size": micro_batch_size,
+            "seq_len": seq_len,
+            "precision": precision,
+            "recompute": recompute,
+            "attention": attention,
+            "optimizer": optimizer,
+            "sdpa_kernel": sdpa_kernel,
+        }
         done = in_child_if_needed("trace_step", {"config": config, **flags})
         if done is not None:
             return done
@@ -224,14 +238,23 @@ def trace_step(
 
     device_type, contexts, note = step_contexts(device=device, fake=fake, sdpa_kernel=sdpa_kernel)
     build = hf_job(
-        config, micro_batch_size=micro_batch_size, seq_len=seq_len, precision=precision,
-        attention=attention, device_type=device_type,
-    )  # fmt: skip
+        config,
+        micro_batch_size=micro_batch_size,
+        seq_len=seq_len,
+        precision=precision,
+        attention=attention,
+        device_type=device_type,
+    )
     out = run_step(
-        build, precision=precision, recompute=recompute, optimizer=optimizer,
-        device_type=device_type, contexts=[*contexts, unpacked_batches()],
-        on_phase_end=on_phase_end, full_warm_up=not fake,
-    )  # fmt: skip
+        build,
+        precision=precision,
+        recompute=recompute,
+        optimizer=optimizer,
+        device_type=device_type,
+        contexts=[*contexts, unpacked_batches()],
+        on_phase_end=on_phase_end,
+        full_warm_up=not fake,
+    )
     out.update(
         device=f"{device_type} (fake)" if fake else device_type,
         note=note,

@@ -84,12 +84,16 @@ class _Stream:
 
 _DEFAULT_STREAM = _Stream()
 FAKE_CUDA_HANDLE = types.SimpleNamespace(
-    current_device=lambda: 0, set_device=lambda device: None, device_count=lambda: 8,
-    is_available=lambda: True, synchronize=lambda *args: None,
-    Stream=_Stream, Event=lambda *args, **kwargs: _Event(),
+    current_device=lambda: 0,
+    set_device=lambda device: None,
+    device_count=lambda: 8,
+    is_available=lambda: True,
+    synchronize=lambda *args: None,
+    Stream=_Stream,
+    Event=lambda *args, **kwargs: _Event(),
     current_stream=lambda *args, **kwargs: _DEFAULT_STREAM,
     stream=lambda stream: contextlib.nullcontext(),
-)  # fmt: skip
+)
 """What FSDP2 asks of torch.cuda (its `device_handle`), on the fake device."""
 
 
@@ -130,9 +134,15 @@ def fake_process_group(world_size: int) -> Iterator[None]:
 
 
 def fsdp_job(
-    config: dict[str, Any], *, num_gpus: int, micro_batch_size: int, seq_len: int,
-    precision: str, recompute: str, attention: str,
-) -> Callable[[], Any]:  # fmt: skip
+    config: dict[str, Any],
+    *,
+    num_gpus: int,
+    micro_batch_size: int,
+    seq_len: int,
+    precision: str,
+    recompute: str,
+    attention: str,
+) -> Callable[[], Any]:
     """A builder of the FSDP2 step (see the module docstring)."""
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -143,10 +153,13 @@ def fsdp_job(
     from ._step import StepJob, find_blocks
 
     plain = hf_job(
-        config, micro_batch_size=micro_batch_size, seq_len=seq_len,
-        precision="bf16" if precision == "bf16" else "fp32", attention=attention,
+        config,
+        micro_batch_size=micro_batch_size,
+        seq_len=seq_len,
+        precision="bf16" if precision == "bf16" else "fp32",
+        attention=attention,
         device_type="cuda",
-    )  # fmt: skip
+    )
 
     def build() -> Any:
         job = plain()
@@ -157,22 +170,39 @@ def fsdp_job(
             mesh = init_device_mesh("cuda", (num_gpus,))
         policy = (
             MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            if precision == "mixed-bf16" else MixedPrecisionPolicy()
-        )  # fmt: skip
+            if precision == "mixed-bf16"
+            else MixedPrecisionPolicy()
+        )
         for block in find_blocks(model)[1]:
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
-        return StepJob(model=model, batch=job.batch, loss=job.loss,
-                       enable_recompute=lambda m: None, full_warm_up=True)  # fmt: skip
+        return StepJob(
+            model=model,
+            batch=job.batch,
+            loss=job.loss,
+            enable_recompute=lambda m: None,
+            full_warm_up=True,
+        )
 
     return build
 
 
 def trace_parallel(
-    config: dict[str, Any], *, num_gpus: int, zero: int, tp: int, sequence_parallel: bool,
-    micro_batch_size: int, seq_len: int, precision: str, recompute: str, optimizer: str,
-    attention: str, sdpa_kernel: str = "flash", device: str = "cuda",
-) -> dict[str, Any]:  # fmt: skip
+    config: dict[str, Any],
+    *,
+    num_gpus: int,
+    zero: int,
+    tp: int,
+    sequence_parallel: bool,
+    micro_batch_size: int,
+    seq_len: int,
+    precision: str,
+    recompute: str,
+    optimizer: str,
+    attention: str,
+    sdpa_kernel: str = "flash",
+    device: str = "cuda",
+) -> dict[str, Any]:
     """One rank's measured step of an FSDP2 job (keys as trace_step's; bytes per rank).
 
     parameters_bytes are the rank's fp32 shards (the master weights under mixed-bf16),
@@ -182,8 +212,9 @@ def trace_parallel(
     from ._core import import_torch, in_child_if_needed, step_contexts, unpacked_batches
 
     import_torch()
-    check_parallel(num_gpus=num_gpus, zero=zero, tp=tp, sequence_parallel=sequence_parallel,
-                   module=None)  # fmt: skip
+    check_parallel(
+        num_gpus=num_gpus, zero=zero, tp=tp, sequence_parallel=sequence_parallel, module=None
+    )
     if precision not in FSDP_PRECISIONS:
         raise ValueError(
             f"precision: the FSDP2 trace supports {', '.join(FSDP_PRECISIONS)}; got '{precision}'"
@@ -192,10 +223,19 @@ def trace_parallel(
         raise ValueError(f"recompute: trace supports none, full; got '{recompute}'")
     if device != "cuda":
         raise ValueError("device: the multi-GPU trace runs on the fake cuda device")
-    flags = {"num_gpus": num_gpus, "zero": zero, "tp": tp, "sequence_parallel": sequence_parallel,
-             "micro_batch_size": micro_batch_size, "seq_len": seq_len, "precision": precision,
-             "recompute": recompute, "optimizer": optimizer, "attention": attention,
-             "sdpa_kernel": sdpa_kernel}  # fmt: skip
+    flags = {
+        "num_gpus": num_gpus,
+        "zero": zero,
+        "tp": tp,
+        "sequence_parallel": sequence_parallel,
+        "micro_batch_size": micro_batch_size,
+        "seq_len": seq_len,
+        "precision": precision,
+        "recompute": recompute,
+        "optimizer": optimizer,
+        "attention": attention,
+        "sdpa_kernel": sdpa_kernel,
+    }
     done = in_child_if_needed("trace_parallel", {"config": config, **flags})
     if done is not None:
         return done
@@ -205,15 +245,34 @@ def trace_parallel(
     if device_type != "cuda":
         raise ValueError(f"num-gpus: the multi-GPU trace needs the fake cuda device ({note})")
     build = fsdp_job(
-        config, num_gpus=num_gpus, micro_batch_size=micro_batch_size, seq_len=seq_len,
-        precision=precision, recompute=recompute, attention=attention,
-    )  # fmt: skip
+        config,
+        num_gpus=num_gpus,
+        micro_batch_size=micro_batch_size,
+        seq_len=seq_len,
+        precision=precision,
+        recompute=recompute,
+        attention=attention,
+    )
     out = run_step(
-        build, precision=precision, recompute="none", optimizer=optimizer,
+        build,
+        precision=precision,
+        recompute="none",
+        optimizer=optimizer,
         device_type="cuda",
-        contexts=[fake_process_group(num_gpus), fake_fsdp_device_handle(), *contexts,
-                  unpacked_batches()],
-    )  # fmt: skip
-    out.update(device="cuda (fake)", note=note, seq_len=seq_len, micro_batch_size=micro_batch_size,
-               num_gpus=num_gpus, zero=zero, rank=0)  # fmt: skip
+        contexts=[
+            fake_process_group(num_gpus),
+            fake_fsdp_device_handle(),
+            *contexts,
+            unpacked_batches(),
+        ],
+    )
+    out.update(
+        device="cuda (fake)",
+        note=note,
+        seq_len=seq_len,
+        micro_batch_size=micro_batch_size,
+        num_gpus=num_gpus,
+        zero=zero,
+        rank=0,
+    )
     return out

@@ -189,9 +189,12 @@ def _library() -> tuple[Any, str]:
         if not source.exists() or source.read_text() != CPP_SOURCE:
             source.write_text(CPP_SOURCE)
         path = cpp_extension.load(
-            name=name, sources=[str(source)], build_directory=str(build_dir),
-            is_python_module=False, verbose=False,
-        )  # fmt: skip
+            name=name,
+            sources=[str(source)],
+            build_directory=str(build_dir),
+            is_python_module=False,
+            verbose=False,
+        )
         lib = ctypes.CDLL(str(path))
     except Exception as exc:  # no compiler, no ninja, a read-only cache, ...
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

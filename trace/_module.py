@@ -119,8 +119,9 @@ def _call(model: Any, batch: Any) -> Any:
     return model(batch)
 
 
-def module_job(factory: Callable[..., Any], *, seq_len: int, micro_batch_size: int,
-               precision: str) -> Callable[[], Any]:  # fmt: skip
+def module_job(
+    factory: Callable[..., Any], *, seq_len: int, micro_batch_size: int, precision: str
+) -> Callable[[], Any]:
     """A builder of the step for `factory` (see the module docstring)."""
     import torch
     from torch.utils._pytree import tree_map
@@ -144,10 +145,13 @@ def module_job(factory: Callable[..., Any], *, seq_len: int, micro_batch_size: i
             raise ValueError("module: the factory's third item must be a loss_fn(output, batch)")
         if precision == "bf16":
             batch = tree_map(
-                lambda t: t.to(torch.bfloat16)
-                if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
+                lambda t: (
+                    t.to(torch.bfloat16)
+                    if isinstance(t, torch.Tensor) and t.is_floating_point()
+                    else t
+                ),
                 batch,
-            )  # fmt: skip
+            )
 
         def loss(m: Any, b: Any) -> Any:
             output = _call(m, b)
@@ -190,27 +194,44 @@ def trace_module(
     check_flags(precision=precision, recompute=recompute, optimizer=optimizer, device=device)
     factory = load_factory(target)
     if device == "cuda" and fake and on_phase_end is None:
-        flags = {"seq_len": seq_len, "micro_batch_size": micro_batch_size,
-                 "precision": precision, "recompute": recompute, "optimizer": optimizer,
-                 "sdpa_kernel": sdpa_kernel}  # fmt: skip
+        flags = {
+            "seq_len": seq_len,
+            "micro_batch_size": micro_batch_size,
+            "precision": precision,
+            "recompute": recompute,
+            "optimizer": optimizer,
+            "sdpa_kernel": sdpa_kernel,
+        }
         done = in_child_if_needed("trace_module", {"target": target, **flags})
         if done is not None:
             return done
     from ._step import run_step
 
     device_type, contexts, note = step_contexts(device=device, fake=fake, sdpa_kernel=sdpa_kernel)
-    build = module_job(factory, seq_len=seq_len, micro_batch_size=micro_batch_size,
-                       precision=precision)  # fmt: skip
+    build = module_job(
+        factory, seq_len=seq_len, micro_batch_size=micro_batch_size, precision=precision
+    )
     try:
-        out = run_step(build, precision=precision, recompute=recompute, optimizer=optimizer,
-                       device_type=device_type, contexts=[*contexts, unpacked_batches()],
-                       on_phase_end=on_phase_end, full_warm_up=not fake)  # fmt: skip
+        out = run_step(
+            build,
+            precision=precision,
+            recompute=recompute,
+            optimizer=optimizer,
+            device_type=device_type,
+            contexts=[*contexts, unpacked_batches()],
+            on_phase_end=on_phase_end,
+            full_warm_up=not fake,
+        )
     except ValueError:
         raise
     except Exception as exc:  # the user's module failed: say where, in one line
         raise ValueError(
             f"module: the traced step of '{target}' failed: {_one_line(exc)}"
         ) from None
-    out.update(device=f"{device_type} (fake)" if fake else device_type, note=note, seq_len=seq_len,
-               micro_batch_size=micro_batch_size)  # fmt: skip
+    out.update(
+        device=f"{device_type} (fake)" if fake else device_type,
+        note=note,
+        seq_len=seq_len,
+        micro_batch_size=micro_batch_size,
+    )
     return out

@@ -75,12 +75,28 @@ def _contract(measured: dict[str, Any]) -> dict[str, Any]:
 
 
 def trace_report(
-    *, model: str, module: str | None, seq_len: int, micro_batch_size: int, precision: str,
-    optimizer: str, recompute: str, attention: str, sdpa_kernel: str, device: str,
-    num_gpus: int, zero: int, gpu: str, tp: int = 1, sequence_parallel: bool = False,
-    save_profile: str | None, profile_seq_lens: str | None, profile_name: str | None,
-    real_gpu: bool, estimate_defaults: dict[str, Any],
-) -> dict[str, Any]:  # fmt: skip
+    *,
+    model: str,
+    module: str | None,
+    seq_len: int,
+    micro_batch_size: int,
+    precision: str,
+    optimizer: str,
+    recompute: str,
+    attention: str,
+    sdpa_kernel: str,
+    device: str,
+    num_gpus: int,
+    zero: int,
+    gpu: str,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    save_profile: str | None,
+    profile_seq_lens: str | None,
+    profile_name: str | None,
+    real_gpu: bool,
+    estimate_defaults: dict[str, Any],
+) -> dict[str, Any]:
     """Trace the step (and optionally a second length, a real GPU) and compare with the
     estimate."""
     from trainmem.report import estimate_report
@@ -100,8 +116,12 @@ def trace_report(
     choice("device", device, DEVICES)
     if seq_len < 1 or micro_batch_size < 1:
         raise ValueError("seq-len and micro-batch-size: must be >= 1")
-    parallel: dict[str, Any] = {"num_gpus": num_gpus, "zero": zero, "tp": tp,
-                                "sequence_parallel": sequence_parallel}  # fmt: skip
+    parallel: dict[str, Any] = {
+        "num_gpus": num_gpus,
+        "zero": zero,
+        "tp": tp,
+        "sequence_parallel": sequence_parallel,
+    }
     if num_gpus > 1 or zero or tp > 1:
         from ._dist import check_parallel
 
@@ -114,8 +134,12 @@ def trace_report(
 
     def run(length: int, real_hook: Any = None) -> dict[str, Any]:
         """The step at `length` tokens: on the fake device, or (real_hook) on the real GPU."""
-        flags: dict[str, Any] = {**common, "micro_batch_size": micro_batch_size,
-                                 "seq_len": length, "sdpa_kernel": sdpa_kernel}  # fmt: skip
+        flags: dict[str, Any] = {
+            **common,
+            "micro_batch_size": micro_batch_size,
+            "seq_len": length,
+            "sdpa_kernel": sdpa_kernel,
+        }
         if real_hook is None:
             flags["device"] = device
         else:
@@ -135,10 +159,17 @@ def trace_report(
 
     def estimate_for(profile_file: str | None) -> dict[str, Any]:
         fields = {
-            **estimate_defaults, **parallel, "gpu": gpu, "seq_len": seq_len,
-            "micro_batch_size": micro_batch_size, "precision": precision, "optimizer": optimizer,
-            "recompute": recompute, "attention": attention, "framework": "hf",
-        }  # fmt: skip
+            **estimate_defaults,
+            **parallel,
+            "gpu": gpu,
+            "seq_len": seq_len,
+            "micro_batch_size": micro_batch_size,
+            "precision": precision,
+            "optimizer": optimizer,
+            "recompute": recompute,
+            "attention": attention,
+            "framework": "hf",
+        }
         if profile_file:
             fields.update(profile_file=profile_file, model=estimate_defaults["model"])
         else:
@@ -171,12 +202,21 @@ def trace_report(
             default_name = model
         name = profile_name or default_name
         profile = profile_from_traces(
-            traces[lens[0]], traces[lens[1]], name=name,
-            command=_command(model=model, module=module, micro_batch_size=micro_batch_size,
-                             profile_seq_lens=f"{lens[0]},{lens[1]}", sdpa_kernel=sdpa_kernel,
-                             device=device, **common, attention=attention),
+            traces[lens[0]],
+            traces[lens[1]],
+            name=name,
+            command=_command(
+                model=model,
+                module=module,
+                micro_batch_size=micro_batch_size,
+                profile_seq_lens=f"{lens[0]},{lens[1]}",
+                sdpa_kernel=sdpa_kernel,
+                device=device,
+                **common,
+                attention=attention,
+            ),
             valid_for={"precision": precision, "recompute": recompute, "attention": attention},
-        )  # fmt: skip
+        )
         Path(save_profile).write_text(json.dumps(profile, indent=2) + "\n")
         profile_path = save_profile
         profile_info = {"path": save_profile, **profile}
@@ -196,7 +236,7 @@ def trace_report(
             "attention": attention,
             "sdpa_kernel": sdpa_kernel,
             **parallel,
-        },  # fmt: skip
+        },
         "device": measured.get("device"),
         "note": measured.get("note", ""),
         "measured": measured,

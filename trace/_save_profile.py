@@ -45,9 +45,13 @@ def _derive_input(trace: dict[str, Any]) -> dict[str, Any]:
 
 
 def profile_from_traces(
-    trace_a: dict[str, Any], trace_b: dict[str, Any], *, name: str, command: str,
+    trace_a: dict[str, Any],
+    trace_b: dict[str, Any],
+    *,
+    name: str,
+    command: str,
     valid_for: dict[str, str],
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """The profile JSON (engine/_profile.py format) from two traces of different lengths."""
     import torch
 
@@ -59,11 +63,16 @@ def profile_from_traces(
             "a profile is per layer"
         )
     profile = derive_profile(
-        _derive_input(trace_a), _derive_input(trace_b), name=name,
-        source={"command": command, "torch": torch.__version__,
-                "created": datetime.date.today().isoformat()},
+        _derive_input(trace_a),
+        _derive_input(trace_b),
+        name=name,
+        source={
+            "command": command,
+            "torch": torch.__version__,
+            "created": datetime.date.today().isoformat(),
+        },
         valid_for=valid_for,
-    )  # fmt: skip
+    )
     if trace_a.get("hidden_size"):
         profile["hidden_size"] = int(trace_a["hidden_size"])
     validate_profile(profile)

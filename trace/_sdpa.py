@@ -96,8 +96,16 @@ def gpu_sdpa(kernel: str):  # type: ignore[no-untyped-def]
 
     aten = torch.ops.aten
 
-    def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,  # type: ignore[no-untyped-def]
-             enable_gqa=False):  # fmt: skip
+    def sdpa(
+        q,
+        k,
+        v,
+        attn_mask=None,
+        dropout_p=0.0,
+        is_causal=False,
+        scale=None,  # type: ignore[no-untyped-def]
+        enable_gqa=False,
+    ):
         mask = _float_mask(attn_mask, q.dtype)
         backend = _backend(q, k, v, mask, kernel)
         needs_lse = q.requires_grad or k.requires_grad or v.requires_grad

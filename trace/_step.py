@@ -135,7 +135,7 @@ class Tracker(TorchDispatchMode):
         self.current_bytes += cell[0]
         weakref.finalize(storage, self._forget, cell)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if DTensor is not None and any(t is DTensor for t in types):
             return NotImplemented  # let DTensor run its local ops, which come back here
         if func is torch.ops._c10d_functional.wait_tensor.default and self.fake_mode_on_entry:
@@ -327,17 +327,30 @@ def run_step(
         step()
         states = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
         out = _report(
-            tracker, marks, params=params, trainable=trainable, blocks=blocks,
-            block_path=block_path, states=states, started=started,
-        )  # fmt: skip
+            tracker,
+            marks,
+            params=params,
+            trainable=trainable,
+            blocks=blocks,
+            block_path=block_path,
+            states=states,
+            started=started,
+        )
         out["hidden_size"] = widths[0] if widths else 0
         return out
 
 
 def _report(
-    tracker: Tracker, marks: dict[str, Any], *, params: list[Any], trainable: list[Any],
-    blocks: list[Any], block_path: str, states: list[Any], started: float,
-) -> dict[str, Any]:  # fmt: skip
+    tracker: Tracker,
+    marks: dict[str, Any],
+    *,
+    params: list[Any],
+    trainable: list[Any],
+    blocks: list[Any],
+    block_path: str,
+    states: list[Any],
+    started: float,
+) -> dict[str, Any]:
     """The measurement as a JSON-able dict."""
     made = marks["made_in_forward"]
     num_layers = len(blocks)
@@ -351,8 +364,9 @@ def _report(
     # (FSDP2's all-gathered parameters the root keeps) are not activations.
     activations = sum(made.values())
     regrown = marks["end_of_forward_bytes"] - marks["start_bytes"] - activations
-    phases = {k: v for k, v in tracker.peaks.items() if k in ("forward", "backward",
-                                                              "optimizer_step")}  # fmt: skip
+    phases = {
+        k: v for k, v in tracker.peaks.items() if k in ("forward", "backward", "optimizer_step")
+    }
     fb_phase = max(("forward", "backward"), key=lambda k: phases.get(k, 0))
     num_per_layer = sum(p.numel() for p in blocks[0].parameters()) if blocks else 0
     num_total = sum(p.numel() for p in params)
@@ -374,7 +388,7 @@ def _report(
         "transient_phase": fb_phase,
         "gradients_at_peak_bytes": marks["gradients_at_peak_bytes"]
         if fb_phase == "backward"
-        else 0,  # fmt: skip
+        else 0,
         "num_layers": num_layers,
         "layer_path": block_path,
         "layer_class": type(blocks[0]).__name__ if blocks else "",

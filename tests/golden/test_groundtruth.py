@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import functools
 import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from bench._groundtruth import case_grid
+from tests._groundtruth import GROUNDTRUTH_DIR, case_grid
 from trainmem.engine import estimate, make_grid, model_from_hf_config, reason_text
 
-GROUNDTRUTH_DIR = Path(__file__).parents[1] / "data" / "groundtruth"
 CASE_PATHS = sorted(GROUNDTRUTH_DIR.glob("*.json"))
 
 ACCEPTANCE_RTOL = 0.02

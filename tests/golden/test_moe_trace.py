@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench._groundtruth import estimate_traced_case
+from tests._groundtruth import estimate_traced_case
 
 DATA = json.loads(
     (Path(__file__).resolve().parent.parent / "data" / "moe_cpu_trace.json").read_text()

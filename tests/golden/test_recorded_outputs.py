@@ -44,8 +44,16 @@ TMP = "{TMP}"
 """In a recorded argv: the case's temporary folder (absolute paths of written files)."""
 TMP_TEXT = "<TMP>"
 ENV_DROP_PREFIXES = ("TRAINMEM_",)
-ENV_DROP = ("FORCE_COLOR", "NO_COLOR", "CLICOLOR", "CLICOLOR_FORCE", "TTY_COMPATIBLE",
-            "TTY_INTERACTIVE", "JUPYTER_COLUMNS", "JUPYTER_LINES")  # fmt: skip
+ENV_DROP = (
+    "FORCE_COLOR",
+    "NO_COLOR",
+    "CLICOLOR",
+    "CLICOLOR_FORCE",
+    "TTY_COMPATIBLE",
+    "TTY_INTERACTIVE",
+    "JUPYTER_COLUMNS",
+    "JUPYTER_LINES",
+)
 ENV_SET = {"COLUMNS": "80", "LINES": "25"}
 """The environment of every case: no user folders (TRAINMEM_*), no forced colours, a fixed
 terminal size (rich and typer read them)."""
@@ -154,8 +162,13 @@ def points_digest(tmp: Path) -> dict[str, Any] | None:
     frames, metadata = [], []
     for f in files:
         meta = pl.read_parquet_metadata(f)
-        metadata.append({k: v for k, v in sorted(meta.items())
-                         if k.startswith("trainmem_") and k not in VARYING_METADATA})  # fmt: skip
+        metadata.append(
+            {
+                k: v
+                for k, v in sorted(meta.items())
+                if k.startswith("trainmem_") and k not in VARYING_METADATA
+            }
+        )
         frames.append(pl.read_parquet(f))
     frame = pl.concat(frames, how="vertical")
     frame = frame.sort(frame.columns, nulls_last=True, maintain_order=True)
@@ -213,8 +226,16 @@ CASES = [case for kind in KINDS for case in RECORDED[kind]["cases"]]
 
 
 def _diff(name: str, want: str, got: str) -> str:
-    lines = list(difflib.unified_diff(want.splitlines(), got.splitlines(), f"recorded {name}",
-                                      f"current {name}", lineterm="", n=2))  # fmt: skip
+    lines = list(
+        difflib.unified_diff(
+            want.splitlines(),
+            got.splitlines(),
+            f"recorded {name}",
+            f"current {name}",
+            lineterm="",
+            n=2,
+        )
+    )
     more = len(lines) - MAX_DIFF_LINES
     return "\n".join(lines[:MAX_DIFF_LINES] + ([f"... {more} more diff lines"] if more > 0 else []))
 
@@ -233,8 +254,9 @@ def _compare(step: Mapping[str, Any], got: Mapping[str, Any]) -> list[str]:
             problems.append(f"{stream} differs:\n{_diff(stream, step[stream], got[stream])}")
         else:
             head = got[stream][:2000]
-            problems.append(f"{stream} differs (sha256; not stored). Current {stream} begins:\n"
-                            f"{head}")  # fmt: skip
+            problems.append(
+                f"{stream} differs (sha256; not stored). Current {stream} begins:\n{head}"
+            )
     return problems
 
 

@@ -28,7 +28,7 @@ import itertools
 import numpy as np
 import pytest
 
-from bench.calibrate_time import BEGIN, END, README, Row, load_rows, markdown, predict
+from tests.step_time_table import BEGIN, END, README, Row, load_rows, markdown, predict
 from trainmem.engine import estimate_time, make_grid, model_from_hf_config, time_inputs
 from trainmem.hardware import get_gpu
 
@@ -127,12 +127,26 @@ def test_narayanan_eq4_training_time_estimate() -> None:
     Our time_to_train_s at a step time that yields 140 TFLOP/s per GPU agrees (Eq. 4 drops the
     s/6h and V/16lh terms: within 5%)."""
     m = model_from_hf_config(
-        {"model_type": "gpt2", "n_embd": 12288, "n_layer": 96, "n_head": 96,
-         "vocab_size": 51200, "n_positions": 2048},
+        {
+            "model_type": "gpt2",
+            "n_embd": 12288,
+            "n_layer": 96,
+            "n_head": 96,
+            "vocab_size": 51200,
+            "n_positions": 2048,
+        },
         name="gpt3-175b",
-    )  # fmt: skip
-    g = make_grid(num_gpus=1024, tp=8, pp=16, global_batch_size=1536, seq_len=2048,
-                  precision="mixed-fp16", recompute="full", framework="megatron")  # fmt: skip
+    )
+    g = make_grid(
+        num_gpus=1024,
+        tp=8,
+        pp=16,
+        global_batch_size=1536,
+        seq_len=2048,
+        precision="mixed-fp16",
+        recompute="full",
+        framework="megatron",
+    )
     out = estimate_time(m, g, **time_inputs(get_gpu("a100-sxm-80gb")), tokens=300e9)
     scale = float(out["achieved_flops_per_gpu"][0]) / 140e12  # rescale our speed to theirs
     days = float(out["time_to_train_s"][0]) * scale / 86400

@@ -58,8 +58,9 @@ def test_user_model_preset_is_used_by_estimate(
     expected = model_from_hf_config(
         json.loads((models_dir / "my-llama-8l.json").read_text()), name="my-llama-8l"
     ).num_parameters
-    out = _run(["estimate", "--models-dir", str(models_dir), "--model", "my-llama-8l", "--json"],
-               capsys)  # fmt: skip
+    out = _run(
+        ["estimate", "--models-dir", str(models_dir), "--model", "my-llama-8l", "--json"], capsys
+    )
     assert isinstance(out, dict)
     assert out["model"] == "my-llama-8l" and out["num_parameters"] == expected
     full = load_model("llama-3-8b").num_parameters
@@ -99,8 +100,18 @@ def test_user_optimizer_equal_to_adamw_gives_adamw_figures(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "my-adamw.toml").write_text(ADAMW_CLONE)
-    job = ["estimate", "--model", "llama-3.2-1b", "--num-gpus", "8", "--zero", "1",
-           "--precision", "mixed-bf16", "--json"]  # fmt: skip
+    job = [
+        "estimate",
+        "--model",
+        "llama-3.2-1b",
+        "--num-gpus",
+        "8",
+        "--zero",
+        "1",
+        "--precision",
+        "mixed-bf16",
+        "--json",
+    ]
     base = _run([*job, "--optimizer", "adamw"], capsys)
     user = _run([*job, "--optimizers-dir", str(tmp_path), "--optimizer", "my-adamw"], capsys)
     assert isinstance(base, dict) and isinstance(user, dict)

@@ -9,6 +9,7 @@
     report   -> engine, hardware (one configuration's answer)
     results  -> engine, hardware (points table, store, plots)
     engine, hardware: nothing of ours but their own modules (relative imports)
+    bench    -> tests (ground truth, generated tables), any package; tests never import bench
 
 Checked statically (every import statement, also inside functions, and literal names passed to
 importlib.import_module / __import__) and at run time (what importing a package loads).
@@ -150,6 +151,17 @@ def test_no_package_imports_bench_or_tests() -> None:
         for path in _sources(package)
         for level, module in _imports(path)
         if level == 0 and module.split(".")[0] in ("bench", "tests")
+    ]
+    assert not offenders
+
+
+def test_tests_never_import_bench() -> None:
+    """bench/ may use tests/ (ground truth, generated tables), never the reverse: no cycle."""
+    offenders = [
+        f"{path.relative_to(ROOT)}: {module}"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        for level, module in _imports(path)
+        if level == 0 and module.split(".")[0] == "bench"
     ]
     assert not offenders
 

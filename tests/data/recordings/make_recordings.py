@@ -47,28 +47,102 @@ TMP_ARG = "{TMP}"
 # ---- the vocabularies the cases draw from (the reference checkout's, written out) ---------------
 
 PRESETS = (
-    "bert-base-uncased", "bert-large-uncased", "deepseek-v2-lite", "deepseek-v3", "gemma-2b",
-    "gemma-7b", "gpt2", "gpt2-large", "gpt2-medium", "gpt2-xl", "gpt3-175b", "llama-2-13b",
-    "llama-2-70b", "llama-2-7b", "llama-3-70b", "llama-3-8b", "llama-3.1-405b", "llama-3.1-70b",
-    "llama-3.1-8b", "llama-3.2-1b", "llama-3.2-3b", "mistral-7b", "mixtral-8x22b",
-    "mixtral-8x7b", "phi-3-mini", "qwen1.5-moe-a2.7b", "qwen2-1.5b", "qwen2-72b", "qwen2-7b",
-    "qwen2.5-0.5b", "qwen2.5-14b", "qwen2.5-32b", "qwen2.5-72b", "qwen2.5-7b", "qwen3-30b-a3b",
+    "bert-base-uncased",
+    "bert-large-uncased",
+    "deepseek-v2-lite",
+    "deepseek-v3",
+    "gemma-2b",
+    "gemma-7b",
+    "gpt2",
+    "gpt2-large",
+    "gpt2-medium",
+    "gpt2-xl",
+    "gpt3-175b",
+    "llama-2-13b",
+    "llama-2-70b",
+    "llama-2-7b",
+    "llama-3-70b",
+    "llama-3-8b",
+    "llama-3.1-405b",
+    "llama-3.1-70b",
+    "llama-3.1-8b",
+    "llama-3.2-1b",
+    "llama-3.2-3b",
+    "mistral-7b",
+    "mixtral-8x22b",
+    "mixtral-8x7b",
+    "phi-3-mini",
+    "qwen1.5-moe-a2.7b",
+    "qwen2-1.5b",
+    "qwen2-72b",
+    "qwen2-7b",
+    "qwen2.5-0.5b",
+    "qwen2.5-14b",
+    "qwen2.5-32b",
+    "qwen2.5-72b",
+    "qwen2.5-7b",
+    "qwen3-30b-a3b",
     "tinyllama-1.1b",
-)  # fmt: skip
-MOE = ("mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "deepseek-v2-lite", "deepseek-v3",
-       "qwen1.5-moe-a2.7b")  # fmt: skip
-FAVOURITES = ("bert-base-uncased", "gpt2", "llama-3.1-8b", "phi-3-mini", "mistral-7b",
-              "llama-3.2-1b", "qwen2.5-7b", "llama-3.1-70b")  # fmt: skip
-SMALL = ("gpt2", "bert-base-uncased", "llama-3.2-1b", "qwen2.5-0.5b", "tinyllama-1.1b",
-         "qwen2-1.5b", "gemma-2b", "phi-3-mini")  # fmt: skip
+)
+MOE = (
+    "mixtral-8x7b",
+    "mixtral-8x22b",
+    "qwen3-30b-a3b",
+    "deepseek-v2-lite",
+    "deepseek-v3",
+    "qwen1.5-moe-a2.7b",
+)
+FAVOURITES = (
+    "bert-base-uncased",
+    "gpt2",
+    "llama-3.1-8b",
+    "phi-3-mini",
+    "mistral-7b",
+    "llama-3.2-1b",
+    "qwen2.5-7b",
+    "llama-3.1-70b",
+)
+SMALL = (
+    "gpt2",
+    "bert-base-uncased",
+    "llama-3.2-1b",
+    "qwen2.5-0.5b",
+    "tinyllama-1.1b",
+    "qwen2-1.5b",
+    "gemma-2b",
+    "phi-3-mini",
+)
 GPUS = (
-    "a100-pcie-80gb", "a100-sxm-40gb", "a100-sxm-80gb", "a10g-24gb", "b200-180gb",
-    "h100-pcie-80gb", "h100-sxm-80gb", "h200-sxm-141gb", "l4-24gb", "l40s-48gb", "mi300x-192gb",
-    "mi325x-256gb", "rtx-3090-24gb", "rtx-4090-24gb", "rtx-5090-32gb", "rtx-a6000-48gb",
-    "t4-16gb", "v100-sxm2-16gb", "v100-sxm2-32gb",
-)  # fmt: skip
-PRECISIONS = ("fp32", "bf16", "fp16", "amp-bf16", "amp-fp16", "mixed-bf16", "mixed-fp16",
-              "fp8-mixed")  # fmt: skip
+    "a100-pcie-80gb",
+    "a100-sxm-40gb",
+    "a100-sxm-80gb",
+    "a10g-24gb",
+    "b200-180gb",
+    "h100-pcie-80gb",
+    "h100-sxm-80gb",
+    "h200-sxm-141gb",
+    "l4-24gb",
+    "l40s-48gb",
+    "mi300x-192gb",
+    "mi325x-256gb",
+    "rtx-3090-24gb",
+    "rtx-4090-24gb",
+    "rtx-5090-32gb",
+    "rtx-a6000-48gb",
+    "t4-16gb",
+    "v100-sxm2-16gb",
+    "v100-sxm2-32gb",
+)
+PRECISIONS = (
+    "fp32",
+    "bf16",
+    "fp16",
+    "amp-bf16",
+    "amp-fp16",
+    "mixed-bf16",
+    "mixed-fp16",
+    "fp8-mixed",
+)
 OPTIMIZERS = ("adamw", "adamw-fused", "adamw-8bit", "sgd", "sgd-momentum", "adafactor", "lion")
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "eager")
@@ -100,8 +174,14 @@ TIME_PARAMS = {
     "cpu_optimizer_params_per_s": ("5e8", "4e9"),
     "cp_overlap_fraction": ("0", "1"),
 }
-LORA_TARGETS = ("all-linear", "q_proj,v_proj", "q_proj,k_proj,v_proj,o_proj",
-                "gate_proj,up_proj,down_proj", "c_attn", "query,value")  # fmt: skip
+LORA_TARGETS = (
+    "all-linear",
+    "q_proj,v_proj",
+    "q_proj,k_proj,v_proj,o_proj",
+    "gate_proj,up_proj,down_proj",
+    "c_attn",
+    "query,value",
+)
 
 
 # ---- importing the reference checkout -----------------------------------------------------------
@@ -120,9 +200,12 @@ def use_source(source: Path, shim: Path) -> None:
                 (link / item.name).symlink_to(item)
             continue
         link.symlink_to((source / folder).resolve(), target_is_directory=True)
-    sys.meta_path[:] = [f for f in sys.meta_path
-                        if "editable" not in getattr(f, "__module__", "").lower()
-                        and "editable" not in getattr(f, "__name__", "").lower()]  # fmt: skip
+    sys.meta_path[:] = [
+        f
+        for f in sys.meta_path
+        if "editable" not in getattr(f, "__module__", "").lower()
+        and "editable" not in getattr(f, "__name__", "").lower()
+    ]
     for name in [m for m in sys.modules if m == "trainmem" or m.startswith("trainmem.")]:
         del sys.modules[name]
     sys.path.insert(0, str(shim))
@@ -204,8 +287,9 @@ def estimate_flags(rng: random.Random, *, full: bool = True, bad: float = 1.0) -
         if full and _pick(rng, 0.3):
             g.append(["--etp", "3" if err(0.1) else str(rng.choice((1, 2, 4)))])
         if full and _pick(rng, 0.35):
-            g.append(["--capacity-factor", "-1" if err(0.1) else rng.choice(("0", "1.0", "1.25",
-                                                                              "2"))])  # fmt: skip
+            g.append(
+                ["--capacity-factor", "-1" if err(0.1) else rng.choice(("0", "1.0", "1.25", "2"))]
+            )
     if _pick(rng, 0.5):
         seq = rng.choice((128, 512, 1024, 2048, 4096, 8192, 16384, 32768, 131072, 1000))
         g.append(["--seq-len", rng.choice(("0", "-8", "2k")) if err(0.03) else str(seq)])
@@ -215,9 +299,14 @@ def estimate_flags(rng: random.Random, *, full: bool = True, bad: float = 1.0) -
     if _pick(rng, 0.25):
         gbs = rng.choice((0, 7)) if err(0.2) else mbs * max(dp, 1) * rng.choice((1, 2, 4, 8))
         g.append(["--global-batch-size", str(gbs)])
-    for flag, vocab, p in (("--precision", PRECISIONS, 0.6), ("--optimizer", OPTIMIZERS, 0.4),
-                           ("--recompute", RECOMPUTE, 0.5), ("--attention", ATTENTION, 0.25),
-                           ("--framework", FRAMEWORKS, 0.4), ("--loss", LOSSES, 0.3)):  # fmt: skip
+    for flag, vocab, p in (
+        ("--precision", PRECISIONS, 0.6),
+        ("--optimizer", OPTIMIZERS, 0.4),
+        ("--recompute", RECOMPUTE, 0.5),
+        ("--attention", ATTENTION, 0.25),
+        ("--framework", FRAMEWORKS, 0.4),
+        ("--loss", LOSSES, 0.3),
+    ):
         if _pick(rng, p):
             g.append([flag, "bogus" if err(0.02) else rng.choice(vocab)])
     zero = 4 if err(0.02) else rng.choice((0, 1, 2, 3))
@@ -348,8 +437,18 @@ RECOMMEND = [
     ["--format", "slurm"],
     ["--format", "accelerate"],
     ["--format", "torchrun", "--framework", "deepspeed", "--script", "train.py"],
-    ["--format", "slurm", "--framework", "megatron", "--job-name", "rec-7", "--time-limit",
-     "2-00:00:00", "--script", "pretrain_gpt.py"],
+    [
+        "--format",
+        "slurm",
+        "--framework",
+        "megatron",
+        "--job-name",
+        "rec-7",
+        "--time-limit",
+        "2-00:00:00",
+        "--script",
+        "pretrain_gpt.py",
+    ],
     ["--format", "slurm", "--framework", "deepspeed", "--objective", "time"],
     ["--format", "accelerate", "--framework", "hf", "--objective", "gpus"],
     ["--format", "deepspeed", "--framework", "deepspeed", "--num-alternatives", "0"],
@@ -370,35 +469,160 @@ def recommend_cases(rng: random.Random) -> list[dict[str, Any]]:
     cases = []
     for i, extra in enumerate(RECOMMEND):
         model = rng.choice(SMALL + ("llama-3.1-8b", "mixtral-8x7b"))
-        fleet = rng.choice(("8xh100-sxm-80gb", "4xa100-sxm-80gb", "8xa100-sxm-40gb,4xh100-sxm-80gb",
-                            "16xl40s-48gb", "2xrtx-4090-24gb"))  # fmt: skip
+        fleet = rng.choice(
+            (
+                "8xh100-sxm-80gb",
+                "4xa100-sxm-80gb",
+                "8xa100-sxm-40gb,4xh100-sxm-80gb",
+                "16xl40s-48gb",
+                "2xrtx-4090-24gb",
+            )
+        )
         if i == len(RECOMMEND) - 1:
             model, fleet = "llama-3.1-405b", "2xrtx-4090-24gb"
-        argv = ["recommend", "--model", model, "--fleet", fleet,
-                "--seq-len", str(rng.choice((1024, 2048, 4096))),
-                "--global-batch-size", str(rng.choice((32, 64, 256))),
-                "--max-pp", str(rng.choice((1, 2, 4))), "--max-cp", str(rng.choice((1, 2))),
-                "--max-micro-batch-size", str(rng.choice((2, 4, 8))), *extra]  # fmt: skip
+        argv = [
+            "recommend",
+            "--model",
+            model,
+            "--fleet",
+            fleet,
+            "--seq-len",
+            str(rng.choice((1024, 2048, 4096))),
+            "--global-batch-size",
+            str(rng.choice((32, 64, 256))),
+            "--max-pp",
+            str(rng.choice((1, 2, 4))),
+            "--max-cp",
+            str(rng.choice((1, 2))),
+            "--max-micro-batch-size",
+            str(rng.choice((2, 4, 8))),
+            *extra,
+        ]
         cases.append({"id": f"recommend-{i:02d}", "argv": argv})
     return cases
 
 
 HEATMAPS = [
-    (["--x", "micro_batch_size", "--y", "seq_len", "--x-values", "1,2,4,8", "--y-values",
-      "1024,2048,4096"], "{TMP}/hm.png"),
-    (["--model", "mixtral-8x7b", "--gpu", "h200-sxm-141gb", "--num-gpus", "8", "--ep", "8",
-      "--x", "zero", "--y", "recompute", "--precision", "mixed-bf16"], "{TMP}/hm.svg"),
+    (
+        [
+            "--x",
+            "micro_batch_size",
+            "--y",
+            "seq_len",
+            "--x-values",
+            "1,2,4,8",
+            "--y-values",
+            "1024,2048,4096",
+        ],
+        "{TMP}/hm.png",
+    ),
+    (
+        [
+            "--model",
+            "mixtral-8x7b",
+            "--gpu",
+            "h200-sxm-141gb",
+            "--num-gpus",
+            "8",
+            "--ep",
+            "8",
+            "--x",
+            "zero",
+            "--y",
+            "recompute",
+            "--precision",
+            "mixed-bf16",
+        ],
+        "{TMP}/hm.svg",
+    ),
     (["--model", "gpt2", "--gpu", "t4-16gb", "--x", "optimizer", "--y", "precision"], "hm.svg"),
-    (["--model", "llama-3.1-70b", "--num-gpus", "64", "--x", "tp", "--y", "pp", "--x-values",
-      "1,2,4,8", "--y-values", "1,2,4,8", "--zero", "1"], "{TMP}/out/tp-pp.svg"),
-    (["--model", "llama-3.2-1b", "--gpu", "rtx-4090-24gb", "--x", "lora_rank", "--y", "qlora",
-      "--x-values", "0,8,64", "--precision", "bf16"], "{TMP}/lora.svg"),
-    (["--model", "phi-3-mini", "--x", "attention", "--y", "seq_len", "--y-values",
-      "2048,8192,32768", "--recompute", "full"], "{TMP}/attn.svg"),
-    (["--model", "qwen3-30b-a3b", "--num-gpus", "16", "--x", "num_gpus", "--y", "offload",
-      "--x-values", "8,16,32", "--zero", "3", "--precision", "mixed-bf16"], "{TMP}/n.svg"),
-    (["--x", "cp", "--y", "sequence_parallel", "--x-values", "1,2,4", "--num-gpus", "8",
-      "--tp", "2", "--headroom", "0.2"], "{TMP}/cp.svg"),
+    (
+        [
+            "--model",
+            "llama-3.1-70b",
+            "--num-gpus",
+            "64",
+            "--x",
+            "tp",
+            "--y",
+            "pp",
+            "--x-values",
+            "1,2,4,8",
+            "--y-values",
+            "1,2,4,8",
+            "--zero",
+            "1",
+        ],
+        "{TMP}/out/tp-pp.svg",
+    ),
+    (
+        [
+            "--model",
+            "llama-3.2-1b",
+            "--gpu",
+            "rtx-4090-24gb",
+            "--x",
+            "lora_rank",
+            "--y",
+            "qlora",
+            "--x-values",
+            "0,8,64",
+            "--precision",
+            "bf16",
+        ],
+        "{TMP}/lora.svg",
+    ),
+    (
+        [
+            "--model",
+            "phi-3-mini",
+            "--x",
+            "attention",
+            "--y",
+            "seq_len",
+            "--y-values",
+            "2048,8192,32768",
+            "--recompute",
+            "full",
+        ],
+        "{TMP}/attn.svg",
+    ),
+    (
+        [
+            "--model",
+            "qwen3-30b-a3b",
+            "--num-gpus",
+            "16",
+            "--x",
+            "num_gpus",
+            "--y",
+            "offload",
+            "--x-values",
+            "8,16,32",
+            "--zero",
+            "3",
+            "--precision",
+            "mixed-bf16",
+        ],
+        "{TMP}/n.svg",
+    ),
+    (
+        [
+            "--x",
+            "cp",
+            "--y",
+            "sequence_parallel",
+            "--x-values",
+            "1,2,4",
+            "--num-gpus",
+            "8",
+            "--tp",
+            "2",
+            "--headroom",
+            "0.2",
+        ],
+        "{TMP}/cp.svg",
+    ),
     (["--x", "loss", "--y", "activation_offload", "--micro-batch-size", "4"], "{TMP}/loss.svg"),
     (["--x", "bogus_axis", "--y", "seq_len"], "{TMP}/bad.svg"),  # unknown axis: error
     (["--x", "micro_batch_size", "--y", "seq_len"], "{TMP}/bad.jpg"),  # bad format: error
@@ -407,31 +631,133 @@ HEATMAPS = [
 
 
 def heatmap_cases() -> list[dict[str, Any]]:
-    return [{"id": f"heatmap-{i:02d}", "argv": ["heatmap", *flags, "--out", out, "--json"]}
-            for i, (flags, out) in enumerate(HEATMAPS)]  # fmt: skip
+    return [
+        {"id": f"heatmap-{i:02d}", "argv": ["heatmap", *flags, "--out", out, "--json"]}
+        for i, (flags, out) in enumerate(HEATMAPS)
+    ]
 
 
 SWEEPS = [
-    (["--model", "llama-3.2-1b", "--fleet", "8xa100-sxm-80gb", "--global-batch-size", "64"],
-     "{TMP}/sw", []),
-    (["--model", "gpt2", "--fleet", "4xrtx-4090-24gb", "--seq-len", "1024",
-      "--global-batch-size", "32", "--objective", "time"], "sw", []),
-    (["--model", "mixtral-8x7b", "--fleet", "8xh100-sxm-80gb", "--global-batch-size", "32",
-      "--seq-len", "2048"], "{TMP}/moe", []),
-    (["--model", "llama-3.1-8b", "--fleet", "8xh100-sxm-80gb,8xa100-sxm-80gb",
-      "--global-batch-size", "64", "--objective", "cost,time"], "{TMP}/pareto", []),
-    (["--model", "qwen2.5-7b", "--fleet", "16xl40s-48gb", "--global-batch-size", "128",
-      "--objective", "gpus", "--framework", "deepspeed", "--optimizer", "adamw-8bit"],
-     "{TMP}/ds", []),
-    (["--model", "llama-3.1-70b", "--fleet", "2xrtx-4090-24gb", "--global-batch-size", "16"],
-     "{TMP}/none", []),  # nothing fits: "closest"
-    (["--model", "phi-3-mini", "--fleet", "8xh200-sxm-141gb", "--seq-len", "8192",
-      "--global-batch-size", "64", "--precision", "bf16", "--headroom", "0.2",
-      "--objective", "time,gpus"], "{TMP}/phi", []),
-    (["--model", "llama-3.2-3b", "--fleet", "8xh100-sxm-80gb", "--global-batch-size", "64",
-      "--study-name", "named-study"], "{TMP}/named", ["rerun"]),
-    (["--model", "deepseek-v2-lite", "--fleet", "8xb200-180gb", "--global-batch-size", "64",
-      "--framework", "torchtitan"], "{TMP}/ds2", []),
+    (
+        ["--model", "llama-3.2-1b", "--fleet", "8xa100-sxm-80gb", "--global-batch-size", "64"],
+        "{TMP}/sw",
+        [],
+    ),
+    (
+        [
+            "--model",
+            "gpt2",
+            "--fleet",
+            "4xrtx-4090-24gb",
+            "--seq-len",
+            "1024",
+            "--global-batch-size",
+            "32",
+            "--objective",
+            "time",
+        ],
+        "sw",
+        [],
+    ),
+    (
+        [
+            "--model",
+            "mixtral-8x7b",
+            "--fleet",
+            "8xh100-sxm-80gb",
+            "--global-batch-size",
+            "32",
+            "--seq-len",
+            "2048",
+        ],
+        "{TMP}/moe",
+        [],
+    ),
+    (
+        [
+            "--model",
+            "llama-3.1-8b",
+            "--fleet",
+            "8xh100-sxm-80gb,8xa100-sxm-80gb",
+            "--global-batch-size",
+            "64",
+            "--objective",
+            "cost,time",
+        ],
+        "{TMP}/pareto",
+        [],
+    ),
+    (
+        [
+            "--model",
+            "qwen2.5-7b",
+            "--fleet",
+            "16xl40s-48gb",
+            "--global-batch-size",
+            "128",
+            "--objective",
+            "gpus",
+            "--framework",
+            "deepspeed",
+            "--optimizer",
+            "adamw-8bit",
+        ],
+        "{TMP}/ds",
+        [],
+    ),
+    (
+        ["--model", "llama-3.1-70b", "--fleet", "2xrtx-4090-24gb", "--global-batch-size", "16"],
+        "{TMP}/none",
+        [],
+    ),  # nothing fits: "closest"
+    (
+        [
+            "--model",
+            "phi-3-mini",
+            "--fleet",
+            "8xh200-sxm-141gb",
+            "--seq-len",
+            "8192",
+            "--global-batch-size",
+            "64",
+            "--precision",
+            "bf16",
+            "--headroom",
+            "0.2",
+            "--objective",
+            "time,gpus",
+        ],
+        "{TMP}/phi",
+        [],
+    ),
+    (
+        [
+            "--model",
+            "llama-3.2-3b",
+            "--fleet",
+            "8xh100-sxm-80gb",
+            "--global-batch-size",
+            "64",
+            "--study-name",
+            "named-study",
+        ],
+        "{TMP}/named",
+        ["rerun"],
+    ),
+    (
+        [
+            "--model",
+            "deepseek-v2-lite",
+            "--fleet",
+            "8xb200-180gb",
+            "--global-batch-size",
+            "64",
+            "--framework",
+            "torchtitan",
+        ],
+        "{TMP}/ds2",
+        [],
+    ),
     (["--model", "gpt2", "--fleet", "8xh100-sxm-80gb", "--method", "grid"], "{TMP}/bad", []),
     (["--model", "gpt2", "--fleet", "8xh100-sxm-80gb", "--objective", "speed"], "{TMP}/bad", []),
 ]
@@ -440,20 +766,45 @@ SWEEPS = [
 def sweep_cases() -> list[dict[str, Any]]:
     cases = []
     for i, (flags, out, extra) in enumerate(SWEEPS):
-        sweep = ["sweep", *flags, "--max-pp", "2", "--max-cp", "2", "--max-micro-batch-size", "4",
-                 "--out", out, "--json"]  # fmt: skip
+        sweep = [
+            "sweep",
+            *flags,
+            "--max-pp",
+            "2",
+            "--max-cp",
+            "2",
+            "--max-micro-batch-size",
+            "4",
+            "--out",
+            out,
+            "--json",
+        ]
         steps = [sweep]
         if "rerun" in extra:
             steps.append(sweep)  # every chunk already on disk: chunks_skipped
-        steps.append(["points", out, "--where", "fits", "--sort", "peak_device_bytes", "--head",
-                      "3", "--json"])  # fmt: skip
+        steps.append(
+            [
+                "points",
+                out,
+                "--where",
+                "fits",
+                "--sort",
+                "peak_device_bytes",
+                "--head",
+                "3",
+                "--json",
+            ]
+        )
         cases.append({"id": f"sweep-{i:02d}", "steps": steps, "points": True})
     return cases
 
 
 def list_cases() -> list[dict[str, Any]]:
-    return [{"id": f"list-{cmd}{'-json' if j else ''}", "argv": [cmd, *(["--json"] if j else [])]}
-            for cmd in ("models", "gpus", "optimizers") for j in (True, False)]  # fmt: skip
+    return [
+        {"id": f"list-{cmd}{'-json' if j else ''}", "argv": [cmd, *(["--json"] if j else [])]}
+        for cmd in ("models", "gpus", "optimizers")
+        for j in (True, False)
+    ]
 
 
 INPUT_FLAGS = ("--model", "--profile", "--optimizers-dir", "--models-dir", "--hardware-dir")
@@ -473,11 +824,15 @@ def readme_case(source: Path) -> dict[str, Any]:
     steps, inputs = [], {}
     for command in commands:
         argv = shlex.split(command)[1:]
-        argv = [TMP_ARG + a[len("/tmp"):] if a.startswith("/tmp/") else a for a in argv]
+        argv = [TMP_ARG + a[len("/tmp") :] if a.startswith("/tmp/") else a for a in argv]
         for flag, value in zip(argv, argv[1:], strict=False):
             if flag in INPUT_FLAGS and not os.path.isabs(value):
-                tracked = subprocess.run(["git", "-C", str(source), "ls-files", "--", value],
-                                         capture_output=True, text=True, check=True).stdout
+                tracked = subprocess.run(
+                    ["git", "-C", str(source), "ls-files", "--", value],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
                 for rel in tracked.split():
                     inputs[rel] = (source / rel).read_text(encoding="utf-8")
         steps.append({"command": command, "argv": argv})
@@ -487,8 +842,10 @@ def readme_case(source: Path) -> dict[str, Any]:
 # ---- recording ----------------------------------------------------------------------------------
 
 FULL_TEXT = {
-    "estimate": lambda cid, n: (cid.startswith("estimate-json") and n % 17 == 0)
-    or (cid.startswith("estimate-text") and n % 50 == 0),
+    "estimate": lambda cid, n: (
+        (cid.startswith("estimate-json") and n % 17 == 0)
+        or (cid.startswith("estimate-text") and n % 50 == 0)
+    ),
     "fit": lambda cid, n: n % 5 == 0,
 }
 """Which cases keep their full stdout (id, number): a few of the big kinds, all of the rest."""
@@ -512,11 +869,15 @@ def record(shared: Any, main: Any, case: dict[str, Any], work: Path) -> dict[str
                     extra = {k: v for k, v in step.items() if k != "argv"}
                     step = step["argv"]
                 got = shared.run_step(main, step, tmp, capture.readouterr)
-                entry: dict[str, Any] = {**extra, "argv": step, "exit_code": got["exit_code"],
-                                         "exception": got["exception"],
-                                         "warnings": got["warnings"],
-                                         "stdout_sha256": shared.sha256(got["stdout"]),
-                                         "stderr_sha256": shared.sha256(got["stderr"])}  # fmt: skip
+                entry: dict[str, Any] = {
+                    **extra,
+                    "argv": step,
+                    "exit_code": got["exit_code"],
+                    "exception": got["exception"],
+                    "warnings": got["warnings"],
+                    "stdout_sha256": shared.sha256(got["stdout"]),
+                    "stderr_sha256": shared.sha256(got["stderr"]),
+                }
                 if keep:
                     entry["stdout"] = got["stdout"]
                 if len(got["stderr"]) <= 4000:
@@ -535,22 +896,28 @@ def record(shared: Any, main: Any, case: dict[str, Any], work: Path) -> dict[str
 
 def source_info(source: Path) -> dict[str, Any]:
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(source), *args], capture_output=True, text=True,
-                              check=True).stdout.strip()  # fmt: skip
+        return subprocess.run(
+            ["git", "-C", str(source), *args], capture_output=True, text=True, check=True
+        ).stdout.strip()
 
     return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--source", required=True, type=Path,
-                        help="pristine checkout whose behaviour is recorded")  # fmt: skip
+    parser.add_argument(
+        "--source", required=True, type=Path, help="pristine checkout whose behaviour is recorded"
+    )
     parser.add_argument("--out", type=Path, default=HERE, help="folder of the KIND.json files")
-    parser.add_argument("--allow-dirty", action="store_true",
-                        help="record even if --source has uncommitted changes")  # fmt: skip
-    parser.add_argument("--refresh", default="",
-                        help="KIND[,KIND]: re-record these kinds' existing cases (same argv) "
-                             "after a deliberate, reviewed output change")  # fmt: skip
+    parser.add_argument(
+        "--allow-dirty", action="store_true", help="record even if --source has uncommitted changes"
+    )
+    parser.add_argument(
+        "--refresh",
+        default="",
+        help="KIND[,KIND]: re-record these kinds' existing cases (same argv) "
+        "after a deliberate, reviewed output change",
+    )
     args = parser.parse_args(argv)
     source = args.source.resolve()
     info = source_info(source)
@@ -576,12 +943,16 @@ def main(argv: list[str] | None = None) -> int:
             for kind in refresh:
                 old = json.loads((args.out / f"{kind}.json").read_text(encoding="utf-8"))
                 kinds[kind] = [
-                    {"id": c["id"], "steps": [{k: s[k] for k in ("command", "argv") if k in s}
-                                              for s in c["steps"]],
-                     **({"points": True} if "points" in c else {}),
-                     **({"inputs": c["inputs"]} if "inputs" in c else {})}
+                    {
+                        "id": c["id"],
+                        "steps": [
+                            {k: s[k] for k in ("command", "argv") if k in s} for s in c["steps"]
+                        ],
+                        **({"points": True} if "points" in c else {}),
+                        **({"inputs": c["inputs"]} if "inputs" in c else {}),
+                    }
                     for c in old["cases"]
-                ]  # fmt: skip
+                ]
             info = {**info, "refreshed": refresh}
         else:
             kinds = {}
@@ -607,8 +978,10 @@ def main(argv: list[str] | None = None) -> int:
             for c in recorded:
                 for s in c["steps"]:
                     codes[s["exit_code"]] = codes.get(s["exit_code"], 0) + 1
-            print(f"{kind}: {len(recorded)} cases, exit codes {codes}, "
-                  f"{len(text.encode()):,} bytes", file=sys.__stderr__)  # fmt: skip
+            print(
+                f"{kind}: {len(recorded)} cases, exit codes {codes}, {len(text.encode()):,} bytes",
+                file=sys.__stderr__,
+            )
     finally:
         os.chdir(cwd)
         shutil.rmtree(work, ignore_errors=True)

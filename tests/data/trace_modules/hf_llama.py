@@ -7,9 +7,14 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 CONFIG = {
-    "model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
-}  # fmt: skip
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 688,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 1000,
+}
 
 
 def factory(seq_len: int = 128, micro_batch_size: int = 2):

@@ -10,10 +10,23 @@ import pytest
 from trainmem.cli import main
 
 NOT_FITTING = [
-    "estimate", "--model", "llama-3-8b", "--gpu", "h100-sxm-80gb", "--seq-len", "8192",
-    "--micro-batch-size", "4", "--recompute", "none", "--precision", "amp-bf16",
-    "--optimizer", "adamw", "--json",
-]  # fmt: skip
+    "estimate",
+    "--model",
+    "llama-3-8b",
+    "--gpu",
+    "h100-sxm-80gb",
+    "--seq-len",
+    "8192",
+    "--micro-batch-size",
+    "4",
+    "--recompute",
+    "none",
+    "--precision",
+    "amp-bf16",
+    "--optimizer",
+    "adamw",
+    "--json",
+]
 """Llama-3-8B, seq 8192, micro-batch 4, no checkpointing, 1 x H100 SXM 80GB (issue 8)."""
 
 BOOL_FLAGS = ("sequence_parallel", "qlora", "activation_offload")
@@ -92,8 +105,16 @@ def test_single_changes_agree_with_estimate(
     report: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
     singles = [a for a in report["advice"] if "+" not in a["knob"]]
-    assert {a["knob"] for a in singles} >= {"recompute", "micro_batch_size", "offload", "loss",
-                                            "optimizer", "lora", "qlora", "gpu"}  # fmt: skip
+    assert {a["knob"] for a in singles} >= {
+        "recompute",
+        "micro_batch_size",
+        "offload",
+        "loss",
+        "optimizer",
+        "lora",
+        "qlora",
+        "gpu",
+    }
     for a in singles:
         again = _run(_argv(NOT_FITTING, a["changes"], a["gpu"]), capsys)
         assert again["peak_device_bytes"] == a["peak_device_bytes"], a["change"]

@@ -14,8 +14,21 @@ def _json(capsys, argv: list[str]) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-SWEEP = ["sweep", "--model", "llama-3.2-1b", "--fleet", "8xa100-sxm-40gb", "--seq-len", "2048",
-         "--global-batch-size", "32", "--max-pp", "4", "--max-cp", "1"]  # fmt: skip
+SWEEP = [
+    "sweep",
+    "--model",
+    "llama-3.2-1b",
+    "--fleet",
+    "8xa100-sxm-40gb",
+    "--seq-len",
+    "2048",
+    "--global-batch-size",
+    "32",
+    "--max-pp",
+    "4",
+    "--max-cp",
+    "1",
+]
 
 
 def test_sweep_json_and_points(capsys, tmp_path) -> None:
@@ -23,12 +36,38 @@ def test_sweep_json_and_points(capsys, tmp_path) -> None:
     assert {"study", "method", "best", "num_points", "parquet", "elapsed_s"} <= set(out)
     best = out["best"]
     assert best["fits"] is True
-    assert {"configuration", "cost_per_million_tokens", "step_time_s", "peak_device_bytes",
-            "breakdown"} <= set(best)  # fmt: skip
-    assert {"gpu", "num_gpus", "tp", "pp", "dp", "zero", "recompute", "micro_batch_size",
-            "grad_accum_steps"} <= set(best["configuration"])  # fmt: skip
-    rows = _json(capsys, ["points", str(tmp_path), "--where", "fits", "--sort",
-                          "cost_per_million_tokens", "--head", "3", "--json"])  # fmt: skip
+    assert {
+        "configuration",
+        "cost_per_million_tokens",
+        "step_time_s",
+        "peak_device_bytes",
+        "breakdown",
+    } <= set(best)
+    assert {
+        "gpu",
+        "num_gpus",
+        "tp",
+        "pp",
+        "dp",
+        "zero",
+        "recompute",
+        "micro_batch_size",
+        "grad_accum_steps",
+    } <= set(best["configuration"])
+    rows = _json(
+        capsys,
+        [
+            "points",
+            str(tmp_path),
+            "--where",
+            "fits",
+            "--sort",
+            "cost_per_million_tokens",
+            "--head",
+            "3",
+            "--json",
+        ],
+    )
     assert len(rows) == 3
     assert rows[0]["cost_per_million_tokens"] == pytest.approx(best["cost_per_million_tokens"])
     # human output: a top-10 table
@@ -38,11 +77,11 @@ def test_sweep_json_and_points(capsys, tmp_path) -> None:
 
 
 def test_sweep_optuna_and_pareto_json(capsys, tmp_path) -> None:
-    out = _json(capsys, [*SWEEP, "--method", "optuna", "--trials", "12", "--out", str(tmp_path),
-                         "--json"])  # fmt: skip
+    out = _json(
+        capsys, [*SWEEP, "--method", "optuna", "--trials", "12", "--out", str(tmp_path), "--json"]
+    )
     assert out["complete_trials"] == 12 and out["storage"].startswith("sqlite:///")
-    pareto = _json(capsys, [*SWEEP, "--objective", "cost,time", "--out", str(tmp_path),
-                            "--json"])  # fmt: skip
+    pareto = _json(capsys, [*SWEEP, "--objective", "cost,time", "--out", str(tmp_path), "--json"])
     assert pareto["best"] is None and len(pareto["pareto"]) >= 1
 
 
@@ -52,12 +91,34 @@ def test_fit_json(capsys) -> None:
     est = out["estimate"]
     assert est["config"]["micro_batch_size"] == out["max_micro_batch_size"]
     assert est["fits"] is True
-    bigger = _json(capsys, ["estimate", "--model", "llama-3.2-1b", "--seq-len", "4096",
-                            "--micro-batch-size", str(out["max_micro_batch_size"] + 1),
-                            "--json"])  # fmt: skip
+    bigger = _json(
+        capsys,
+        [
+            "estimate",
+            "--model",
+            "llama-3.2-1b",
+            "--seq-len",
+            "4096",
+            "--micro-batch-size",
+            str(out["max_micro_batch_size"] + 1),
+            "--json",
+        ],
+    )
     assert bigger["fits"] is False
-    argv = ["fit", "--model", "llama-3.1-8b", "--zero", "3", "--recompute", "full",
-            "--precision", "mixed-bf16", "--minimize", "num-gpus", "--json"]  # fmt: skip
+    argv = [
+        "fit",
+        "--model",
+        "llama-3.1-8b",
+        "--zero",
+        "3",
+        "--recompute",
+        "full",
+        "--precision",
+        "mixed-bf16",
+        "--minimize",
+        "num-gpus",
+        "--json",
+    ]
     few = _json(capsys, argv)
     assert few["min_num_gpus"] > 1 and few["estimate"]["fits"] is True
     n = few["min_num_gpus"] - 1

@@ -36,10 +36,22 @@ from trainmem.sweep._space import make_space
 
 ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT / "tests" / "data"
-JOB = {"model": "llama-3.1-8b", "fleet": "8xh100-sxm-80gb", "seq_len": 4096,
-       "global_batch_size": 256}  # fmt: skip
-ARGV = ["--model", "llama-3.1-8b", "--fleet", "8xh100-sxm-80gb", "--seq-len", "4096",
-        "--global-batch-size", "256"]  # fmt: skip
+JOB = {
+    "model": "llama-3.1-8b",
+    "fleet": "8xh100-sxm-80gb",
+    "seq_len": 4096,
+    "global_batch_size": 256,
+}
+ARGV = [
+    "--model",
+    "llama-3.1-8b",
+    "--fleet",
+    "8xh100-sxm-80gb",
+    "--seq-len",
+    "4096",
+    "--global-batch-size",
+    "256",
+]
 
 
 def _data(name: str) -> dict[str, Any]:
@@ -63,8 +75,13 @@ def fsdp() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def two_gpu_types() -> dict[str, Any]:
-    return recommend_report(model="llama-3.2-1b", fleet="16xh100-sxm-80gb,8xa100-sxm-80gb",
-                            seq_len=2048, global_batch_size=64, num_alternatives=2)  # fmt: skip
+    return recommend_report(
+        model="llama-3.2-1b",
+        fleet="16xh100-sxm-80gb,8xa100-sxm-80gb",
+        seq_len=2048,
+        global_batch_size=64,
+        num_alternatives=2,
+    )
 
 
 def _plans(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -77,9 +94,19 @@ def _plans(report: dict[str, Any]) -> list[dict[str, Any]]:
 def test_contract_keys_and_arithmetic(megatron, deepspeed, fsdp, two_gpu_types) -> None:
     for report in (megatron, deepspeed, fsdp, two_gpu_types):
         assert report["fits"] is True and report["reason"] == ""
-        keys = set(report) - {"alternatives", "model", "num_parameters", "architecture", "fleet",
-                              "objective", "headroom", "launch", "num_points",
-                              "num_fitting_layouts", "units"}  # fmt: skip
+        keys = set(report) - {
+            "alternatives",
+            "model",
+            "num_parameters",
+            "architecture",
+            "fleet",
+            "objective",
+            "headroom",
+            "launch",
+            "num_points",
+            "num_fitting_layouts",
+            "units",
+        }
         for plan in _plans(report):
             assert set(CONTRACT) <= set(plan)
             assert keys <= set(plan), keys - set(plan)
@@ -104,11 +131,33 @@ def _estimate(capsys, argv: list[str]) -> dict[str, Any]:
 
 def _independent_argv(plan: dict[str, Any], report: dict[str, Any]) -> list[str]:
     """The estimate flags of a plan, built here from its keys (not from estimate_command)."""
-    argv = ["estimate", "--model", report["model"], "--gpu", plan["gpu"], "--json",
-            "--headroom", str(report["headroom"])]  # fmt: skip
-    for key in ("num_gpus", "seq_len", "global_batch_size", "micro_batch_size", "tp", "pp",
-                "virtual_stages", "cp", "ep", "zero", "recompute", "offload", "precision",
-                "optimizer", "framework"):  # fmt: skip
+    argv = [
+        "estimate",
+        "--model",
+        report["model"],
+        "--gpu",
+        plan["gpu"],
+        "--json",
+        "--headroom",
+        str(report["headroom"]),
+    ]
+    for key in (
+        "num_gpus",
+        "seq_len",
+        "global_batch_size",
+        "micro_batch_size",
+        "tp",
+        "pp",
+        "virtual_stages",
+        "cp",
+        "ep",
+        "zero",
+        "recompute",
+        "offload",
+        "precision",
+        "optimizer",
+        "framework",
+    ):
         argv += ["--" + key.replace("_", "-"), str(plan[key])]
     return argv + (["--sequence-parallel"] if plan["sequence_parallel"] else [])
 
@@ -148,8 +197,14 @@ def test_each_gpu_type_of_the_fleet_appears(two_gpu_types) -> None:
 def test_plan_is_the_sweeps_optimum(megatron) -> None:
     """Built on the sweep: the plan is run_exhaustive's optimum over the launchable space."""
     gpus = load_gpus()
-    space = make_space(load_model("llama-3.1-8b"), parse_fleet("8xh100-sxm-80gb", gpus), gpus,
-                       seq_len=4096, global_batch_size=256, framework="megatron")  # fmt: skip
+    space = make_space(
+        load_model("llama-3.1-8b"),
+        parse_fleet("8xh100-sxm-80gb", gpus),
+        gpus,
+        seq_len=4096,
+        global_batch_size=256,
+        framework="megatron",
+    )
     best = run_exhaustive(launchable(space, "megatron"), out=None, study="x").best[0]
     assert best["cost_per_million_tokens"] == pytest.approx(megatron["cost_per_million_tokens"])
 
@@ -172,8 +227,15 @@ def test_frameworks_search_only_what_they_launch(deepspeed, fsdp) -> None:
 
 def test_run_exhaustive_in_memory_equals_written(tmp_path) -> None:
     gpus = load_gpus()
-    space = make_space(load_model("llama-3.2-1b"), parse_fleet("8xa100-sxm-40gb", gpus), gpus,
-                       seq_len=2048, global_batch_size=32, max_pp=2, max_cp=1)  # fmt: skip
+    space = make_space(
+        load_model("llama-3.2-1b"),
+        parse_fleet("8xa100-sxm-40gb", gpus),
+        gpus,
+        seq_len=2048,
+        global_batch_size=32,
+        max_pp=2,
+        max_cp=1,
+    )
     kwargs = {"study": "m", "top": None, "distinct": LAYOUT, "chunk_size": 5000}
     memory = run_exhaustive(space, out=None, **kwargs)
     disk = run_exhaustive(space, out=tmp_path, **kwargs)
@@ -184,15 +246,21 @@ def test_run_exhaustive_in_memory_equals_written(tmp_path) -> None:
 
 
 def test_nothing_fits_reports_the_closest(capsys) -> None:
-    job = {"model": "llama-3.1-70b", "fleet": "8xl4-24gb", "seq_len": 4096,
-           "global_batch_size": 64}  # fmt: skip
+    job = {"model": "llama-3.1-70b", "fleet": "8xl4-24gb", "seq_len": 4096, "global_batch_size": 64}
     report = recommend_report(**job)
     assert report["fits"] is False and report["reason"].startswith("nothing fits on 8xl4-24gb")
     assert report["alternatives"] == [] and report["num_fitting_layouts"] == 0
     assert report["gpu"] == "l4-24gb" and report["headroom_bytes"] < 0
     assert set(CONTRACT) <= set(report)
-    argv = ["recommend", "--model", "llama-3.1-70b", "--fleet", "8xl4-24gb", "--global-batch-size",
-            "64"]  # fmt: skip
+    argv = [
+        "recommend",
+        "--model",
+        "llama-3.1-70b",
+        "--fleet",
+        "8xl4-24gb",
+        "--global-batch-size",
+        "64",
+    ]
     assert main([*argv, "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["fits"] is False
     assert main([*argv, "--format", "torchrun"]) == 1
@@ -252,10 +320,17 @@ def test_user_model_gpu_and_optimizer_reach_the_estimate_command(capsys, tmp_pat
     (models / "my-model.json").write_text(json.dumps({**config, "num_hidden_layers": 8}))
     toml = (ROOT / "hardware" / "gpus" / "h100-sxm-80gb.toml").read_text()
     (gpus / "my-gpu.toml").write_text(toml.replace('name = "h100-sxm-80gb"', 'name = "my-gpu"'))
-    report = recommend_report(model="my-model", fleet="8xmy-gpu", seq_len=2048,
-                              global_batch_size=32, optimizer="adam-mini", framework="deepspeed",
-                              models_dir=str(models), hardware_dir=str(gpus),
-                              optimizers_dir=str(DATA / "examples" / "optimizers"))  # fmt: skip
+    report = recommend_report(
+        model="my-model",
+        fleet="8xmy-gpu",
+        seq_len=2048,
+        global_batch_size=32,
+        optimizer="adam-mini",
+        framework="deepspeed",
+        models_dir=str(models),
+        hardware_dir=str(gpus),
+        optimizers_dir=str(DATA / "examples" / "optimizers"),
+    )
     assert report["fits"] and report["gpu"] == "my-gpu" and report["model"] == "my-model"
     for plan in _plans(report):
         est = _estimate(capsys, shlex.split(plan["estimate_command"])[1:] + ["--json"])
@@ -284,14 +359,32 @@ def _variants(report: dict[str, Any]) -> list[dict[str, Any]]:
     of the report, so the variants need no search)."""
     return [
         report,
-        {**report, "zero": 3, "offload": "optimizer+params", "recompute": "full",
-         "precision": "mixed-fp16"},
-        {**report, "zero": 1, "offload": "optimizer", "optimizer": "sgd-momentum",
-         "precision": "fp32"},
+        {
+            **report,
+            "zero": 3,
+            "offload": "optimizer+params",
+            "recompute": "full",
+            "precision": "mixed-fp16",
+        },
+        {
+            **report,
+            "zero": 1,
+            "offload": "optimizer",
+            "optimizer": "sgd-momentum",
+            "precision": "fp32",
+        },
         {**report, "zero": 0, "optimizer": "adamw-8bit"},
-        {**report, "zero": 3, "optimizer": "lion", "num_nodes": 2, "gpus_per_node": 8,
-         "num_gpus": 16, "dp": 16, "grad_accum_steps": 16},
-    ]  # fmt: skip
+        {
+            **report,
+            "zero": 3,
+            "optimizer": "lion",
+            "num_nodes": 2,
+            "gpus_per_node": 8,
+            "num_gpus": 16,
+            "dp": 16,
+            "grad_accum_steps": 16,
+        },
+    ]
 
 
 def _check_keys(cfg: dict[str, Any], path: str = "") -> None:
@@ -353,8 +446,14 @@ def test_deepspeed_config_loads_in_deepspeed(deepspeed, monkeypatch) -> None:
 TORCHRUN = set(_data("torchrun_flags.json")["flags"])
 MEGATRON = _data("megatron_args.json")
 SBATCH = set(_data("sbatch_options.json")["options"])
-TRAINER_ARGS = {"--per_device_train_batch_size", "--gradient_accumulation_steps", "--deepspeed",
-                "--bf16", "--fp16", "--gradient_checkpointing"}  # fmt: skip
+TRAINER_ARGS = {
+    "--per_device_train_batch_size",
+    "--gradient_accumulation_steps",
+    "--deepspeed",
+    "--bf16",
+    "--fp16",
+    "--gradient_checkpointing",
+}
 """The Hugging Face Trainer flags a deepspeed launch line uses (transformers/training_args.py
 TrainingArguments fields; checked against the installed class when importable)."""
 
@@ -395,11 +494,14 @@ def _check_script_args(args: list[str], plan: dict[str, Any]) -> None:
         assert set(opts) <= set(MEGATRON["flags"]), set(opts) - set(MEGATRON["flags"])
         for flag, choices in MEGATRON["choices"].items():
             assert flag not in opts or opts[flag] in choices, flag
-        for flag, key in (("--tensor-model-parallel-size", "tp"),
-                          ("--pipeline-model-parallel-size", "pp"),
-                          ("--context-parallel-size", "cp"), ("--micro-batch-size",
-                          "micro_batch_size"), ("--global-batch-size", "global_batch_size"),
-                          ("--seq-length", "seq_len")):  # fmt: skip
+        for flag, key in (
+            ("--tensor-model-parallel-size", "tp"),
+            ("--pipeline-model-parallel-size", "pp"),
+            ("--context-parallel-size", "cp"),
+            ("--micro-batch-size", "micro_batch_size"),
+            ("--global-batch-size", "global_batch_size"),
+            ("--seq-length", "seq_len"),
+        ):
             assert opts[flag] == str(plan[key]), flag
         assert ("--use-distributed-optimizer" in opts) == (plan["zero"] >= 1)
         assert ("--recompute-granularity" in opts) == (plan["recompute"] != "none")
@@ -420,12 +522,22 @@ def _launch_variants(megatron, deepspeed) -> list[dict[str, Any]]:
     return [
         megatron,
         *_alternatives(megatron),
-        {**megatron, **multi, "tp": 4, "pp": 4, "virtual_stages": 2, "dp": 2, "zero": 3,
-         "recompute": "full", "offload": "optimizer", "precision": "fp8-mixed"},
+        {
+            **megatron,
+            **multi,
+            "tp": 4,
+            "pp": 4,
+            "virtual_stages": 2,
+            "dp": 2,
+            "zero": 3,
+            "recompute": "full",
+            "offload": "optimizer",
+            "precision": "fp8-mixed",
+        },
         {**megatron, "zero": 0, "optimizer": "sgd", "precision": "mixed-fp16"},
         deepspeed,
         {**deepspeed, **multi, "dp": 32, "grad_accum_steps": 8, "recompute": "full"},
-    ]  # fmt: skip
+    ]
 
 
 def test_torchrun_line_is_valid(megatron, deepspeed) -> None:
@@ -445,8 +557,9 @@ def test_torchrun_line_parses_with_torch(megatron, deepspeed) -> None:
         args = run.get_args_parser().parse_args(_command(render(plan, "torchrun"), "torchrun")[1:])
         assert args.nnodes == str(plan["num_nodes"])
         assert int(args.nproc_per_node) == plan["gpus_per_node"]
-        assert args.training_script == ("pretrain_gpt.py" if plan["framework"] == "megatron"
-                                        else "train.py")  # fmt: skip
+        assert args.training_script == (
+            "pretrain_gpt.py" if plan["framework"] == "megatron" else "train.py"
+        )
         assert args.training_script_args[-1] == "$EXTRA_ARGS"
 
 
@@ -496,9 +609,17 @@ def _fsdp_variants(fsdp: dict[str, Any]) -> list[dict[str, Any]]:
         *_alternatives(fsdp),
         {**fsdp, "zero": 3, "offload": "optimizer+params", "recompute": "full"},
         {**fsdp, "zero": 0, "precision": "mixed-fp16"},
-        {**fsdp, "zero": 3, "num_nodes": 2, "gpus_per_node": 8, "num_gpus": 16, "dp": 16,
-         "grad_accum_steps": 16, "precision": "fp32"},
-    ]  # fmt: skip
+        {
+            **fsdp,
+            "zero": 3,
+            "num_nodes": 2,
+            "gpus_per_node": 8,
+            "num_gpus": 16,
+            "dp": 16,
+            "grad_accum_steps": 16,
+            "precision": "fp32",
+        },
+    ]
 
 
 def test_accelerate_config_is_valid(fsdp) -> None:
@@ -518,8 +639,10 @@ def test_accelerate_config_is_valid(fsdp) -> None:
         assert cfg["distributed_type"] == "FSDP" and cfg["machine_rank"] == 0
         assert cfg["num_processes"] == plan["num_gpus"]
         assert cfg["num_machines"] == plan["num_nodes"]
-        assert cfg["mixed_precision"] == {"mixed-bf16": "bf16", "mixed-fp16": "fp16",
-                                          "fp32": "no"}[plan["precision"]]  # fmt: skip
+        assert (
+            cfg["mixed_precision"]
+            == {"mixed-bf16": "bf16", "mixed-fp16": "fp16", "fp32": "no"}[plan["precision"]]
+        )
         sharding = {3: "FULL_SHARD", 2: "SHARD_GRAD_OP", 0: "NO_SHARD"}[plan["zero"]]
         assert fsdp_cfg["fsdp_sharding_strategy"] == sharding
         assert fsdp_cfg["fsdp_offload_params"] == (plan["offload"] == "optimizer+params")
@@ -575,8 +698,13 @@ def test_accelerate_config_runs_accelerate_launch(fsdp, tmp_path, monkeypatch) -
 
 def test_space_restriction_keeps_the_sweep_space(megatron) -> None:
     gpus = load_gpus()
-    space = make_space(load_model("llama-3.1-8b"), parse_fleet("8xh100-sxm-80gb", gpus), gpus,
-                       seq_len=4096, global_batch_size=256)  # fmt: skip
+    space = make_space(
+        load_model("llama-3.1-8b"),
+        parse_fleet("8xh100-sxm-80gb", gpus),
+        gpus,
+        seq_len=4096,
+        global_batch_size=256,
+    )
     for framework, keep in LAUNCHABLE.items():
         cut = launchable(space, framework)
         for axis, values in cut.axes.items():

@@ -74,15 +74,17 @@ def test_schema_snapshot() -> None:
 
 
 def _frame(n: int = 5) -> pl.DataFrame:
-    return points_frame({
-        "gpu": np.array(["h100-sxm-80gb"] * n, dtype=object),
-        "num_gpus": np.arange(1, n + 1),
-        "micro_batch_size": np.ones(n, dtype=np.int64),
-        "fits": np.arange(n) % 2 == 0,
-        "cost_per_million_tokens": np.linspace(1.0, 0.2, n),
-        "reason": np.array([""] * n, dtype=object),
-        "study": np.array(["s"] * n, dtype=object),
-    })  # fmt: skip
+    return points_frame(
+        {
+            "gpu": np.array(["h100-sxm-80gb"] * n, dtype=object),
+            "num_gpus": np.arange(1, n + 1),
+            "micro_batch_size": np.ones(n, dtype=np.int64),
+            "fits": np.arange(n) % 2 == 0,
+            "cost_per_million_tokens": np.linspace(1.0, 0.2, n),
+            "reason": np.array([""] * n, dtype=object),
+            "study": np.array(["s"] * n, dtype=object),
+        }
+    )
 
 
 def test_write_is_atomic_with_provenance(tmp_path) -> None:

@@ -100,23 +100,44 @@ def test_openapi_names_every_endpoint(http: httpx.Client) -> None:
 
 
 def test_estimate_equals_the_cli(http: httpx.Client, capsys: pytest.CaptureFixture[str]) -> None:
-    fields = {"model": "llama-3.1-8b", "num_gpus": 8, "zero": 3, "micro_batch_size": 2,
-              "seq_len": 4096, "recompute": "full"}  # fmt: skip
+    fields = {
+        "model": "llama-3.1-8b",
+        "num_gpus": 8,
+        "zero": 3,
+        "micro_batch_size": 2,
+        "seq_len": 4096,
+        "recompute": "full",
+    }
     got = http.post("/v1/estimate", json=fields)
     assert got.status_code == 200
     want = _cli_json(
-        ["estimate", "--model", "llama-3.1-8b", "--num-gpus", "8", "--zero", "3",
-         "--micro-batch-size", "2", "--seq-len", "4096", "--recompute", "full", "--json"],
+        [
+            "estimate",
+            "--model",
+            "llama-3.1-8b",
+            "--num-gpus",
+            "8",
+            "--zero",
+            "3",
+            "--micro-batch-size",
+            "2",
+            "--seq-len",
+            "4096",
+            "--recompute",
+            "full",
+            "--json",
+        ],
         capsys,
-    )  # fmt: skip
+    )
     assert got.json() == want
 
 
 def test_fit_equals_the_cli(http: httpx.Client, capsys: pytest.CaptureFixture[str]) -> None:
     got = http.post("/v1/fit", json={"num_gpus": 8, "zero": 3, "seq_len": 2048})
     assert got.status_code == 200
-    want = _cli_json(["fit", "--num-gpus", "8", "--zero", "3", "--seq-len", "2048", "--json"],
-                     capsys)  # fmt: skip
+    want = _cli_json(
+        ["fit", "--num-gpus", "8", "--zero", "3", "--seq-len", "2048", "--json"], capsys
+    )
     assert got.json() == want
     assert got.json()["max_micro_batch_size"] >= 1
 
@@ -209,8 +230,12 @@ def test_fuzz_no_server_error(server: _Server) -> None:
 
     schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert {op.label for op in operations} >= {"POST /v1/estimate", "POST /v1/fit",
-                                                "POST /v1/recommend", "GET /healthz"}  # fmt: skip
+    assert {op.label for op in operations} >= {
+        "POST /v1/estimate",
+        "POST /v1/fit",
+        "POST /v1/recommend",
+        "GET /healthz",
+    }
     # Schema-valid requests and deliberately invalid ones (wrong types, out of range, missing).
     modes = (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE)
     for operation, mode in itertools.product(operations, modes):
@@ -218,8 +243,11 @@ def test_fuzz_no_server_error(server: _Server) -> None:
             continue  # nothing to get wrong: the GET endpoints take no input
 
         @given(case=operation.as_strategy(mode))
-        @settings(max_examples=15, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))  # fmt: skip
+        @settings(
+            # each example is an HTTP round trip: half the profile's count (ci 15, deep 500)
+            max_examples=max(1, settings.default.max_examples // 2),
+            suppress_health_check=list(HealthCheck),
+        )
         def no_server_error(case) -> None:  # type: ignore[no-untyped-def]
             case.call_and_validate(base_url=server.url, checks=[not_a_server_error])
 
@@ -227,15 +255,30 @@ def test_fuzz_no_server_error(server: _Server) -> None:
 
 
 def test_recommend_equals_the_cli(http: httpx.Client, capsys: pytest.CaptureFixture[str]) -> None:
-    fields = {"model": "llama-3.1-8b", "fleet": "8xh100-sxm-80gb", "seq_len": 4096,
-              "global_batch_size": 256}  # fmt: skip
+    fields = {
+        "model": "llama-3.1-8b",
+        "fleet": "8xh100-sxm-80gb",
+        "seq_len": 4096,
+        "global_batch_size": 256,
+    }
     got = http.post("/v1/recommend", json=fields)
     assert got.status_code == 200
     want = _cli_json(
-        ["recommend", "--model", "llama-3.1-8b", "--fleet", "8xh100-sxm-80gb", "--seq-len",
-         "4096", "--global-batch-size", "256", "--format", "json"],
+        [
+            "recommend",
+            "--model",
+            "llama-3.1-8b",
+            "--fleet",
+            "8xh100-sxm-80gb",
+            "--seq-len",
+            "4096",
+            "--global-batch-size",
+            "256",
+            "--format",
+            "json",
+        ],
         capsys,
-    )  # fmt: skip
+    )
     assert got.json() == want
     plan = got.json()
     assert plan["micro_batch_size"] * plan["grad_accum_steps"] * plan["dp"] == 256
@@ -250,8 +293,22 @@ def test_recommend_renders_the_launch_format(
     config = json.loads(got.json()["launch"])
     # The format chose the framework (deepspeed), as `trainmem recommend --format deepspeed`.
     capsys.readouterr()
-    assert main(["recommend", "--fleet", "8xh100-sxm-80gb", "--seq-len", "4096",
-                 "--global-batch-size", "256", "--format", "deepspeed"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "recommend",
+                "--fleet",
+                "8xh100-sxm-80gb",
+                "--seq-len",
+                "4096",
+                "--global-batch-size",
+                "256",
+                "--format",
+                "deepspeed",
+            ]
+        )
+        == 0
+    )
     assert config == json.loads(capsys.readouterr().out)
     assert config["train_batch_size"] == 256
     bad = http.post("/v1/recommend", params={"format": "helm"}, json=fields)

@@ -21,8 +21,21 @@ def _json(args: list[str], capsys: pytest.CaptureFixture[str]) -> dict:
 
 
 def test_fit_gives_advice_when_nothing_fits(capsys: pytest.CaptureFixture[str]) -> None:
-    out = _json(["fit", "--model", "llama-3-8b", "--gpu", "h100-sxm-80gb", "--seq-len", "8192",
-                 "--precision", "amp-bf16", "--json"], capsys)  # fmt: skip
+    out = _json(
+        [
+            "fit",
+            "--model",
+            "llama-3-8b",
+            "--gpu",
+            "h100-sxm-80gb",
+            "--seq-len",
+            "8192",
+            "--precision",
+            "amp-bf16",
+            "--json",
+        ],
+        capsys,
+    )
     assert out["fits"] is False and out["max_micro_batch_size"] is None
     assert any(entry["fits"] for entry in out["advice"])
     assert out["top_consumers"]
@@ -30,8 +43,14 @@ def test_fit_gives_advice_when_nothing_fits(capsys: pytest.CaptureFixture[str]) 
 
 def test_fit_and_sweep_use_a_user_optimizer(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
     base = ["--model", "llama-3.2-1b", "--optimizer", "adamw"]
-    user = ["--model", "llama-3.2-1b", "--optimizers-dir", str(OPTIMIZERS),
-            "--optimizer", "adam-mini"]  # fmt: skip
+    user = [
+        "--model",
+        "llama-3.2-1b",
+        "--optimizers-dir",
+        str(OPTIMIZERS),
+        "--optimizer",
+        "adam-mini",
+    ]
     adamw = _json(["fit", *base, "--json"], capsys)["estimate"]["bytes"]["optimizer_states"]
     mini = _json(["fit", *user, "--json"], capsys)["estimate"]["bytes"]["optimizer_states"]
     assert mini < adamw
@@ -47,7 +66,18 @@ def test_sweep_and_fit_use_a_user_model_preset(capsys, tmp_path) -> None:
     (models / "my-model.json").write_text(json.dumps(config))
     fit = _json(["fit", "--model", "my-model", "--models-dir", str(models), "--json"], capsys)
     assert fit["estimate"]["model"] == "my-model"
-    swept = _json(["sweep", "--model", "my-model", "--models-dir", str(models), "--json",
-                   "--out", str(tmp_path / "out")], capsys)  # fmt: skip
+    swept = _json(
+        [
+            "sweep",
+            "--model",
+            "my-model",
+            "--models-dir",
+            str(models),
+            "--json",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capsys,
+    )
     assert swept["num_points"] > 0
     shutil.rmtree(models)

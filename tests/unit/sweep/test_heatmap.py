@@ -33,8 +33,17 @@ def _png_size(path: Path) -> tuple[int, int]:
 def grid(tmp_path_factory) -> tuple[dict, Path]:
     """micro-batch 1, 4, 16 x seq 1024, 4096 of Llama-3.1-8B on 8 x H100, ZeRO-3, as JSON."""
     out = tmp_path_factory.mktemp("heatmap") / "h.png"
-    argv = ["heatmap", *JOB, "--x-values", "1,4,16", "--y-values", "1024,4096", "--out",
-            str(out), "--json"]  # fmt: skip
+    argv = [
+        "heatmap",
+        *JOB,
+        "--x-values",
+        "1,4,16",
+        "--y-values",
+        "1024,4096",
+        "--out",
+        str(out),
+        "--json",
+    ]
     import contextlib
     import io
 
@@ -48,8 +57,9 @@ def grid(tmp_path_factory) -> tuple[dict, Path]:
 def test_cell_equals_single_row_estimate(grid, capsys, mbs: int, seq: int) -> None:
     report, _ = grid
     cell = next(c for c in report["cells"] if (c["micro_batch_size"], c["seq_len"]) == (mbs, seq))
-    one = _json(capsys, ["estimate", *JOB, "--micro-batch-size", str(mbs), "--seq-len", str(seq),
-                         "--json"])  # fmt: skip
+    one = _json(
+        capsys, ["estimate", *JOB, "--micro-batch-size", str(mbs), "--seq-len", str(seq), "--json"]
+    )
     assert cell["peak_device_bytes"] == one["peak_device_bytes"]
     assert cell["fits"] is one["fits"]
     assert cell["headroom_bytes"] == pytest.approx(one["headroom_bytes"], abs=1)
@@ -72,9 +82,27 @@ def test_fits_is_the_gpu_limit_and_the_file_is_a_large_png(grid) -> None:
 
 
 def test_invalid_layouts_are_cells_with_a_reason(capsys, tmp_path) -> None:
-    report = _json(capsys, ["heatmap", "--model", "llama-3.1-8b", "--num-gpus", "8", "--x", "tp",
-                            "--x-values", "1,3,8", "--y", "zero", "--y-values", "0,3",
-                            "--out", str(tmp_path / "t.svg"), "--json"])  # fmt: skip
+    report = _json(
+        capsys,
+        [
+            "heatmap",
+            "--model",
+            "llama-3.1-8b",
+            "--num-gpus",
+            "8",
+            "--x",
+            "tp",
+            "--x-values",
+            "1,3,8",
+            "--y",
+            "zero",
+            "--y-values",
+            "0,3",
+            "--out",
+            str(tmp_path / "t.svg"),
+            "--json",
+        ],
+    )
     by_tp = {(c["tp"], c["zero"]): c for c in report["cells"]}
     bad = by_tp[(3, 0)]
     assert bad["valid"] is False and bad["fits"] is False and bad["peak_device_bytes"] is None
@@ -93,22 +121,55 @@ def test_default_ranges() -> None:
 
 
 def test_points_best_per_cell(capsys, tmp_path) -> None:
-    sweep = ["sweep", "--model", "llama-3.2-1b", "--fleet", "8xa100-sxm-40gb", "--seq-len",
-             "2048", "--global-batch-size", "32", "--max-pp", "2", "--max-cp", "1",
-             "--max-micro-batch-size", "16", "--out", str(tmp_path / "sw"), "--json"]  # fmt: skip
+    sweep = [
+        "sweep",
+        "--model",
+        "llama-3.2-1b",
+        "--fleet",
+        "8xa100-sxm-40gb",
+        "--seq-len",
+        "2048",
+        "--global-batch-size",
+        "32",
+        "--max-pp",
+        "2",
+        "--max-cp",
+        "1",
+        "--max-micro-batch-size",
+        "16",
+        "--out",
+        str(tmp_path / "sw"),
+        "--json",
+    ]
     _json(capsys, sweep)
     out = tmp_path / "p.png"
-    report = _json(capsys, ["heatmap", "--points", str(tmp_path / "sw"), "--where", "zero = 0",
-                            "--x", "micro_batch_size", "--y", "num_gpus", "--out", str(out),
-                            "--json"])  # fmt: skip
+    report = _json(
+        capsys,
+        [
+            "heatmap",
+            "--points",
+            str(tmp_path / "sw"),
+            "--where",
+            "zero = 0",
+            "--x",
+            "micro_batch_size",
+            "--y",
+            "num_gpus",
+            "--out",
+            str(out),
+            "--json",
+        ],
+    )
     assert report["gpu"]["name"] == "a100-sxm-40gb" and report["model"] == "llama-3.2-1b"
     limit = report["limit_bytes"]
     points = pl.read_parquet(tmp_path / "sw" / "points", glob=True).filter(pl.col("zero") == 0)
     assert report["x_values"] == sorted(points["micro_batch_size"].unique().to_list())
     for cell in report["cells"]:
-        here = points.filter((pl.col("micro_batch_size") == cell["micro_batch_size"])
-                             & (pl.col("num_gpus") == cell["num_gpus"])
-                             & (pl.col("reason") == ""))  # fmt: skip
+        here = points.filter(
+            (pl.col("micro_batch_size") == cell["micro_batch_size"])
+            & (pl.col("num_gpus") == cell["num_gpus"])
+            & (pl.col("reason") == "")
+        )
         fitting = here.filter(pl.col("peak_device_bytes") <= limit)
         pick = fitting if fitting.height else here
         assert cell["peak_device_bytes"] == pick["peak_device_bytes"].min()
@@ -117,8 +178,20 @@ def test_points_best_per_cell(capsys, tmp_path) -> None:
     assert any(c["fits"] for c in report["cells"]) and not all(c["fits"] for c in report["cells"])
     assert _png_size(out) == (1200, 760)
     # several GPUs need --where; a filter that keeps nothing is an error too
-    assert main(["heatmap", "--points", str(tmp_path / "sw"), "--where", "zero = 9",
-                 "--out", str(tmp_path / "q.png")]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "heatmap",
+                "--points",
+                str(tmp_path / "sw"),
+                "--where",
+                "zero = 9",
+                "--out",
+                str(tmp_path / "q.png"),
+            ]
+        )
+        == 2
+    )
     assert "no points" in capsys.readouterr().err and not (tmp_path / "q.png").exists()
 
 
@@ -138,9 +211,11 @@ def test_points_best_per_cell(capsys, tmp_path) -> None:
 )
 def test_bad_input_one_line_exit_2_nothing_written(capsys, tmp_path, argv, message) -> None:
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
-    out = [] if any(a.startswith(str(tmp_path) + "/h.") for a in argv) else [
-        "--out", str(tmp_path / "h.png")
-    ]  # fmt: skip
+    out = (
+        []
+        if any(a.startswith(str(tmp_path) + "/h.") for a in argv)
+        else ["--out", str(tmp_path / "h.png")]
+    )
     assert main(["heatmap", *argv, *out]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and message in err

@@ -47,8 +47,13 @@ def small_space(*, tiny: bool = False):
         "micro_batch_size": (1, 4, 16),
     }
     if tiny:
-        axes.update(num_gpus=(2, 8), tp=(1, 4), zero=(0, 3), recompute=("none", "full"),
-                    micro_batch_size=(1, 8))  # fmt: skip
+        axes.update(
+            num_gpus=(2, 8),
+            tp=(1, 4),
+            zero=(0, 3),
+            recompute=("none", "full"),
+            micro_batch_size=(1, 8),
+        )
     return dataclasses.replace(space, axes=axes)
 
 
@@ -127,17 +132,29 @@ layouts) the seed-2 study first tells the exhaustive optimum at trial 59. (Seeds
 
 
 def test_optuna_reaches_the_optimum_with_a_seed(tmp_path) -> None:
-    space = make_space(load_model("llama-3.2-1b"), parse_fleet("8xa100-sxm-40gb,2xl4-24gb", GPUS),
-                       GPUS, seq_len=4096, global_batch_size=64)  # fmt: skip
+    space = make_space(
+        load_model("llama-3.2-1b"),
+        parse_fleet("8xa100-sxm-40gb,2xl4-24gb", GPUS),
+        GPUS,
+        seq_len=4096,
+        global_batch_size=64,
+    )
     exact = run_exhaustive(space, out=tmp_path, study="e").best[0]
-    found = run_optuna(space, out=tmp_path, study="o", trials=OPTUNA_TRIALS, seed=OPTUNA_SEED,
-                       storage=":memory:")  # fmt: skip
+    found = run_optuna(
+        space, out=tmp_path, study="o", trials=OPTUNA_TRIALS, seed=OPTUNA_SEED, storage=":memory:"
+    )
     assert found.best[0]["cost_per_million_tokens"] == pytest.approx(
         exact["cost_per_million_tokens"], rel=1e-12
     )
     assert found.num_points < space.num_points / 10
-    again = run_optuna(space, out=tmp_path / "b", study="o2", trials=OPTUNA_TRIALS,
-                       seed=OPTUNA_SEED, storage=":memory:")  # fmt: skip
+    again = run_optuna(
+        space,
+        out=tmp_path / "b",
+        study="o2",
+        trials=OPTUNA_TRIALS,
+        seed=OPTUNA_SEED,
+        storage=":memory:",
+    )
 
     def strip(rows):
         return [{k: v for k, v in r.items() if k != "study"} for r in rows]
@@ -228,14 +245,24 @@ def test_parts_written_in_the_background_equal_parts_written_in_line(space, tmp_
 
     result = run_exhaustive(space, out=background, study="w", chunk_size=300, progress=progress)
     num_chunks = -(-space.num_points // 300)
-    assert [done for done, _ in on_disk] == [min(300 * k, space.num_points)
-                                             for k in range(1, num_chunks + 1)]  # fmt: skip
+    assert [done for done, _ in on_disk] == [
+        min(300 * k, space.num_points) for k in range(1, num_chunks + 1)
+    ]
     assert all(parts >= k for k, (_, parts) in enumerate(on_disk, start=1))
     fp = space_fingerprint(space, chunk_size=300)
     for c, lo in enumerate(range(0, space.num_points, 300)):
-        _exhaustive_chunk(space, out=in_line, study="w", part=f"x{fp}-{c:06d}", lo=lo,
-                          hi=min(lo + 300, space.num_points), objectives=("cost",),
-                          keys=["cost_per_million_tokens"], top=1, distinct=())  # fmt: skip
+        _exhaustive_chunk(
+            space,
+            out=in_line,
+            study="w",
+            part=f"x{fp}-{c:06d}",
+            lo=lo,
+            hi=min(lo + 300, space.num_points),
+            objectives=("cost",),
+            keys=["cost_per_million_tokens"],
+            top=1,
+            distinct=(),
+        )
     names = sorted(p.name for p in folder.iterdir())
     assert names == sorted(p.name for p in (in_line / "points" / "study=w").iterdir())
     assert len(names) == num_chunks and result.extra["chunks_skipped"] == 0
@@ -258,8 +285,13 @@ def test_a_failed_background_write_is_raised(space, tmp_path, monkeypatch) -> No
 
     monkeypatch.setattr(_search, "write_points", failing)
     with pytest.raises(OSError, match="No space left"):
-        run_exhaustive(space, out=tmp_path, study="f", chunk_size=300,
-                       progress=lambda done, total: reported.append(done))  # fmt: skip
+        run_exhaustive(
+            space,
+            out=tmp_path,
+            study="f",
+            chunk_size=300,
+            progress=lambda done, total: reported.append(done),
+        )
     assert reported == [300]  # the first chunk only: the second's part never reached the disk
     parts = sorted(p.name for p in (tmp_path / "points" / "study=f").glob("part-*.parquet"))
     assert calls[1] not in str(parts) and calls[0] in str(parts)  # parts are whole or absent

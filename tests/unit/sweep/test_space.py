@@ -45,8 +45,9 @@ def test_invalid_points_stay_with_a_reason() -> None:
     assert np.any(res["reason"] == TP_CROSSES_NODE)
     assert np.any(res["reason"] == EXCEEDS_POOL)
     assert np.any(res["reason"] == VIRTUAL_WITHOUT_PP)
-    assert np.any(res["reason"] == REASONS.index("global_batch_size must be divisible by "
-                                                 "micro_batch_size*dp"))  # fmt: skip
+    assert np.any(
+        res["reason"] == REASONS.index("global_batch_size must be divisible by micro_batch_size*dp")
+    )
     assert not np.any(res["fits"] & (res["reason"] != 0))
     valid = res["reason"] == 0
     assert np.all(np.isfinite(res["cost_per_million_tokens"][valid]))

@@ -18,8 +18,15 @@ POSTGRES_ENV = "TRAINMEM_TEST_POSTGRES_URL"
 
 
 def _space():
-    return make_space(load_model("llama-3.2-1b"), parse_fleet("8xa100-sxm-40gb", GPUS), GPUS,
-                      seq_len=2048, global_batch_size=32, max_pp=4, max_cp=1)  # fmt: skip
+    return make_space(
+        load_model("llama-3.2-1b"),
+        parse_fleet("8xa100-sxm-40gb", GPUS),
+        GPUS,
+        seq_len=2048,
+        global_batch_size=32,
+        max_pp=4,
+        max_cp=1,
+    )
 
 
 def _check(result, out, study: str, trials: int) -> None:
@@ -32,8 +39,9 @@ def _check(result, out, study: str, trials: int) -> None:
 
 
 def test_two_worker_processes_share_one_sqlite_study(tmp_path) -> None:
-    result = run_optuna(_space(), out=tmp_path, study="w", trials=8, seed=0, workers=2,
-                        batch_size=2)  # fmt: skip
+    result = run_optuna(
+        _space(), out=tmp_path, study="w", trials=8, seed=0, workers=2, batch_size=2
+    )
     _check(result, tmp_path, "w", 8)
 
 
@@ -43,8 +51,9 @@ def test_postgresql_storage(tmp_path) -> None:
         pytest.skip(f"{POSTGRES_ENV} is not set: no PostgreSQL server (.ci/run starts one)")
     pytest.importorskip("psycopg", reason="psycopg (the test extra) is not installed")
     study = f"pg-{uuid.uuid4().hex[:8]}"
-    first = run_optuna(_space(), out=tmp_path, study=study, trials=4, seed=0, storage=url,
-                       workers=2, batch_size=2)  # fmt: skip
+    first = run_optuna(
+        _space(), out=tmp_path, study=study, trials=4, seed=0, storage=url, workers=2, batch_size=2
+    )
     _check(first, tmp_path, study, 4)
     # A second "machine" (another output folder) continues the same study to its total.
     other = tmp_path / "machine2"

@@ -39,8 +39,7 @@ def test_a_hanging_child_is_killed_with_its_process_group_at_the_timeout(tmp_pat
     )
     start = time.monotonic()
     with pytest.raises(ValueError, match=r"ran past 1 s and was stopped") as info:
-        _child.run_in_child("trace_step", {}, timeout_s=1.0,
-                            command=[sys.executable, "-c", script])  # fmt: skip
+        _child.run_in_child("trace_step", {}, timeout_s=1.0, command=[sys.executable, "-c", script])
     assert time.monotonic() - start < 30
     assert "\n" not in str(info.value) and "TRAINMEM_TRACE_TIMEOUT" in str(info.value)
     grandchild = int(pid_file.read_text())
@@ -79,8 +78,15 @@ def test_the_child_entry_runs_only_as_a_child() -> None:
     import subprocess
 
     env = {k: v for k, v in os.environ.items() if k != _child.CHILD_MARKER}
-    proc = subprocess.run([sys.executable, "-m", "trainmem.trace._child"], input="{}", env=env,
-                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainmem.trace._child"],
+        input="{}",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert "runs only as a trace child" in json.loads(proc.stdout.strip().splitlines()[-1])["error"]
 
 
@@ -89,11 +95,22 @@ needs_torch = pytest.mark.skipif(
     reason="trainmem[trace] not installed: pip install 'trainmem[trace]'",
 )
 TINY_LLAMA = {
-    "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
-    "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 128,
-}  # fmt: skip
-FLAGS = {"micro_batch_size": 1, "seq_len": 16, "precision": "bf16", "recompute": "none",
-         "attention": "flash", "optimizer": "adamw"}  # fmt: skip
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "vocab_size": 128,
+}
+FLAGS = {
+    "micro_batch_size": 1,
+    "seq_len": 16,
+    "precision": "bf16",
+    "recompute": "none",
+    "attention": "flash",
+    "optimizer": "adamw",
+}
 
 
 @needs_torch
@@ -135,20 +152,26 @@ def test_a_real_child_whose_autograd_started_first_fails_fast_without_a_grandchi
 
     if fake_cuda_unavailable_reason():
         pytest.skip(f"no fake CUDA device here: {fake_cuda_unavailable_reason()}")
-    script = "\n".join([
-        "import subprocess, torch",
-        "x = torch.ones(2, requires_grad=True); (x * 2).sum().backward()",
-        "plain = subprocess.Popen",
-        "def popen(args, **kwargs):",  # the extension's build may run ninja; no trace child
-        "    assert 'trainmem.trace._child' not in str(args), 'the child started a child'",
-        "    return plain(args, **kwargs)",
-        "subprocess.Popen = popen",
-        "from trainmem.trace._child import main; main()",
-    ])  # fmt: skip
+    script = "\n".join(
+        [
+            "import subprocess, torch",
+            "x = torch.ones(2, requires_grad=True); (x * 2).sum().backward()",
+            "plain = subprocess.Popen",
+            "def popen(args, **kwargs):",  # the extension's build may run ninja; no trace child
+            "    assert 'trainmem.trace._child' not in str(args), 'the child started a child'",
+            "    return plain(args, **kwargs)",
+            "subprocess.Popen = popen",
+            "from trainmem.trace._child import main; main()",
+        ]
+    )
     start = time.monotonic()
     with pytest.raises(ValueError, match="cannot run backward even in a fresh process") as info:
-        _child.run_in_child("trace_step", {"config": TINY_LLAMA, **FLAGS}, timeout_s=120,
-                            command=[sys.executable, "-c", script])  # fmt: skip
+        _child.run_in_child(
+            "trace_step",
+            {"config": TINY_LLAMA, **FLAGS},
+            timeout_s=120,
+            command=[sys.executable, "-c", script],
+        )
     assert time.monotonic() - start < 120
     message = str(info.value)
     assert "\n" not in message and "torch 2." in message and "INTERNAL ASSERT" in message
@@ -177,8 +200,14 @@ def test_a_process_whose_autograd_started_first_traces_in_one_child(tmp_path) ->
         "sys.exit(code)"
     )
     env = {k: v for k, v in os.environ.items() if k != _child.CHILD_MARKER}
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                          text=True, timeout=300, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["measured"]["device"] == "cuda (fake)"
     assert proc.stderr.strip().splitlines()[-1] == "children 1"

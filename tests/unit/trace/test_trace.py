@@ -33,9 +33,14 @@ CASES = [
 ]
 NEEDS_FAKE_CUDA = {"gpt2_amp_sdpa"}
 TINY_LLAMA = {
-    "model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
-}  # fmt: skip
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 688,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 1000,
+}
 VISION = str(DATA / "trace_modules" / "custom_vision.py")
 
 
@@ -94,9 +99,22 @@ def test_trace_one_rank_of_fsdp2_reproduces_the_ground_truth(capsys, tmp_path) -
     t = case["training"]
     config = tmp_path / "config.json"
     config.write_text(json.dumps(case["model_config"]))
-    argv = ["trace", "--model", str(config), "--num-gpus", str(t["num_gpus"]), "--zero", "3",
-            "--seq-len", str(t["seq_len"]), "--micro-batch-size", str(t["micro_batch_size"]),
-            "--precision", t["precision"], "--json"]  # fmt: skip
+    argv = [
+        "trace",
+        "--model",
+        str(config),
+        "--num-gpus",
+        str(t["num_gpus"]),
+        "--zero",
+        "3",
+        "--seq-len",
+        str(t["seq_len"]),
+        "--micro-batch-size",
+        str(t["micro_batch_size"]),
+        "--precision",
+        t["precision"],
+        "--json",
+    ]
     assert main(argv) == 0, capsys.readouterr().err
     report = json.loads(capsys.readouterr().out)
     got, want = report["measured"], case["bytes"]
@@ -116,8 +134,15 @@ def test_trace_without_the_fake_cuda_device_falls_back_to_the_cpu(monkeypatch) -
     from trainmem.trace import _fake_cuda
 
     monkeypatch.setattr(_fake_cuda, "_library", lambda: (None, "no C++ compiler (test)"))
-    got = trace_step(TINY_LLAMA, micro_batch_size=2, seq_len=64, precision="bf16",
-                     recompute="none", attention="flash", optimizer="adamw")  # fmt: skip
+    got = trace_step(
+        TINY_LLAMA,
+        micro_batch_size=2,
+        seq_len=64,
+        precision="bf16",
+        recompute="none",
+        attention="flash",
+        optimizer="adamw",
+    )
     assert got["device"] == "cpu (fake)"
     assert "no C++ compiler (test)" in got["note"]
     assert got["activations_bytes"] > 0
@@ -126,8 +151,14 @@ def test_trace_without_the_fake_cuda_device_falls_back_to_the_cpu(monkeypatch) -
 def test_trace_module_by_file_path_splits_activations_by_block() -> None:
     from trainmem.trace._module import trace_module
 
-    got = trace_module(f"{VISION}:factory", seq_len=64, micro_batch_size=2, precision="bf16",
-                       recompute="none", optimizer="adamw")  # fmt: skip
+    got = trace_module(
+        f"{VISION}:factory",
+        seq_len=64,
+        micro_batch_size=2,
+        precision="bf16",
+        recompute="none",
+        optimizer="adamw",
+    )
     assert (got["num_layers"], got["layer_class"]) == (3, "Block")
     assert (
         got["num_parameters"] == 3 * got["parameters_per_layer"] + got["parameters_outside_layers"]
@@ -138,16 +169,27 @@ def test_trace_module_by_file_path_splits_activations_by_block() -> None:
     layers = sum(got["activations_by_layer_bytes"])
     assert layers + got["activations_outside_layers_bytes"] == got["activations_bytes"]
     # checkpointing the blocks keeps one input per block
-    ckpt = trace_module(f"{VISION}:factory", seq_len=64, micro_batch_size=2, precision="bf16",
-                        recompute="full", optimizer="adamw")  # fmt: skip
+    ckpt = trace_module(
+        f"{VISION}:factory",
+        seq_len=64,
+        micro_batch_size=2,
+        precision="bf16",
+        recompute="full",
+        optimizer="adamw",
+    )
     assert ckpt["activations_per_layer_bytes"] < got["activations_per_layer_bytes"] / 5
 
 
 def test_trace_module_of_a_hf_model_equals_trace_model() -> None:
     from trainmem.trace._module import trace_module
 
-    flags = {"seq_len": 128, "micro_batch_size": 2, "precision": "amp-bf16",
-             "recompute": "none", "optimizer": "adamw"}  # fmt: skip
+    flags = {
+        "seq_len": 128,
+        "micro_batch_size": 2,
+        "precision": "amp-bf16",
+        "recompute": "none",
+        "optimizer": "adamw",
+    }
     by_module = trace_module(str(DATA / "trace_modules" / "hf_llama.py:factory"), **flags)
     by_model = trace_step(TINY_LLAMA, attention="flash", **flags)
     for key in ("parameters_bytes", "activations_bytes", "peak_allocated_bytes", "phases"):
@@ -168,16 +210,28 @@ def test_trace_module_bad_targets_are_one_line_errors(target: str, message: str)
     from trainmem.trace._module import trace_module
 
     with pytest.raises(ValueError, match=message.replace("(", r"\(")) as info:
-        trace_module(target, seq_len=8, micro_batch_size=1, precision="bf16", recompute="none",
-                     optimizer="adamw")  # fmt: skip
+        trace_module(
+            target,
+            seq_len=8,
+            micro_batch_size=1,
+            precision="bf16",
+            recompute="none",
+            optimizer="adamw",
+        )
     assert "\n" not in str(info.value)
 
 
 def test_trace_module_tensor_output_is_reduced_by_its_mean() -> None:
     from trainmem.trace._module import trace_module
 
-    got = trace_module(f"{VISION}:tensor_factory", seq_len=8, micro_batch_size=2,
-                       precision="bf16", recompute="none", optimizer="sgd")  # fmt: skip
+    got = trace_module(
+        f"{VISION}:tensor_factory",
+        seq_len=8,
+        micro_batch_size=2,
+        precision="bf16",
+        recompute="none",
+        optimizer="sgd",
+    )
     assert got["activations_bytes"] > 0 and got["optimizer_states_bytes"] == 0
 
 
@@ -185,8 +239,20 @@ def test_save_profile_predicts_a_third_length(capsys, tmp_path) -> None:
     from trainmem.engine import load_profile
 
     path = tmp_path / "vit.json"
-    argv = ["trace", "--module", f"{VISION}:factory", "--seq-len", "64", "--micro-batch-size",
-            "2", "--precision", "bf16", "--save-profile", str(path), "--json"]  # fmt: skip
+    argv = [
+        "trace",
+        "--module",
+        f"{VISION}:factory",
+        "--seq-len",
+        "64",
+        "--micro-batch-size",
+        "2",
+        "--precision",
+        "bf16",
+        "--save-profile",
+        str(path),
+        "--json",
+    ]
     assert main(argv) == 0, capsys.readouterr().err
     report = json.loads(capsys.readouterr().out)
     profile = json.loads(path.read_text())
@@ -198,27 +264,65 @@ def test_save_profile_predicts_a_third_length(capsys, tmp_path) -> None:
     # the estimate from the profile reproduces the traced lengths
     assert report["relative_error"]["activations_bytes"] == pytest.approx(0.0, abs=0.01)
     # ... and predicts another one
-    assert main(["estimate", "--profile", str(path), "--seq-len", "256", "--micro-batch-size",
-                 "2", "--json"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "estimate",
+                "--profile",
+                str(path),
+                "--seq-len",
+                "256",
+                "--micro-batch-size",
+                "2",
+                "--json",
+            ]
+        )
+        == 0
+    )
     predicted = json.loads(capsys.readouterr().out)["bytes"]["activations"]
     from trainmem.trace._module import trace_module
 
-    traced = trace_module(f"{VISION}:factory", seq_len=256, micro_batch_size=2,
-                          precision="bf16", recompute="none", optimizer="adamw")  # fmt: skip
+    traced = trace_module(
+        f"{VISION}:factory",
+        seq_len=256,
+        micro_batch_size=2,
+        precision="bf16",
+        recompute="none",
+        optimizer="adamw",
+    )
     assert predicted == pytest.approx(traced["activations_bytes"], rel=0.01)
 
 
 def test_trace_cli_json_carries_the_estimate_keys(capsys, tmp_path) -> None:
     config = tmp_path / "config.json"
     config.write_text(json.dumps(TINY_LLAMA))
-    argv = ["trace", "--model", str(config), "--seq-len", "128", "--micro-batch-size", "2",
-            "--json"]  # fmt: skip
+    argv = [
+        "trace",
+        "--model",
+        str(config),
+        "--seq-len",
+        "128",
+        "--micro-batch-size",
+        "2",
+        "--json",
+    ]
     assert main(argv) == 0, capsys.readouterr().err
     report = json.loads(capsys.readouterr().out)
-    assert {"model", "num_parameters", "config", "bytes", "peak_allocated_bytes", "phases",
-            "details", "measured", "estimate", "relative_error"} <= set(report)  # fmt: skip
-    assert {"parameters", "gradients", "optimizer_states", "activations",
-            "transient"} <= set(report["bytes"])  # fmt: skip
+    assert {
+        "model",
+        "num_parameters",
+        "config",
+        "bytes",
+        "peak_allocated_bytes",
+        "phases",
+        "details",
+        "measured",
+        "estimate",
+        "relative_error",
+    } <= set(report)
+    assert {"parameters", "gradients", "optimizer_states", "activations", "transient"} <= set(
+        report["bytes"]
+    )
     assert report["relative_error"]["parameters_bytes"] == 0.0
     assert main(["trace", "--model", str(config), "--seq-len", "128"]) == 0
     assert "traced on" in capsys.readouterr().out
@@ -250,9 +354,17 @@ def test_real_gpu_plumbing_reads_the_allocator_after_each_phase() -> None:
     from trainmem.trace._gpu import differences
 
     calls: list[str] = []
-    trace_step(TINY_LLAMA, micro_batch_size=1, seq_len=32, precision="bf16", recompute="none",
-               attention="flash", optimizer="adamw", device="cpu",
-               on_phase_end=calls.append)  # fmt: skip
+    trace_step(
+        TINY_LLAMA,
+        micro_batch_size=1,
+        seq_len=32,
+        precision="bf16",
+        recompute="none",
+        attention="flash",
+        optimizer="adamw",
+        device="cpu",
+        on_phase_end=calls.append,
+    )
     assert calls == ["warm-up", "forward", "backward", "optimizer_step"]
     real = {"peak_allocated_bytes": 100, "peak_reserved_bytes": 200, "peak_device_bytes": 400}
     est = {"peak_allocated_bytes": 110, "peak_reserved_bytes": 180, "peak_device_bytes": 400}
@@ -295,29 +407,67 @@ def test_sdpa_on_the_fake_device_saves_what_the_gpu_kernel_saves(kernel, node, l
 # A small Mixtral (the routed experts run transformers' grouped_mm path, which asks the device's
 # compute capability first) and a small DeepSeek-V2 (MLA, shared experts, a dense first layer).
 TINY_MOE = {
-    "mixtral": {"model_type": "mixtral", "hidden_size": 256, "intermediate_size": 512,
-                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                "num_local_experts": 4, "num_experts_per_tok": 2, "vocab_size": 1024,
-                "max_position_embeddings": 1024, "tie_word_embeddings": False,
-                "hidden_act": "silu", "rms_norm_eps": 1e-5},
-    "deepseek_v2": {"model_type": "deepseek_v2", "hidden_size": 256, "intermediate_size": 512,
-                    "moe_intermediate_size": 128, "num_hidden_layers": 2,
-                    "num_attention_heads": 4, "num_key_value_heads": 4, "n_routed_experts": 4,
-                    "n_shared_experts": 1, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
-                    "kv_lora_rank": 64, "q_lora_rank": None, "qk_nope_head_dim": 32,
-                    "qk_rope_head_dim": 16, "v_head_dim": 32, "vocab_size": 1024,
-                    "max_position_embeddings": 1024, "tie_word_embeddings": False,
-                    "hidden_act": "silu", "rms_norm_eps": 1e-6, "topk_method": "greedy",
-                    "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0},
-}  # fmt: skip
+    "mixtral": {
+        "model_type": "mixtral",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "vocab_size": 1024,
+        "max_position_embeddings": 1024,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-5,
+    },
+    "deepseek_v2": {
+        "model_type": "deepseek_v2",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "moe_intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "n_routed_experts": 4,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "first_k_dense_replace": 1,
+        "kv_lora_rank": 64,
+        "q_lora_rank": None,
+        "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 16,
+        "v_head_dim": 32,
+        "vocab_size": 1024,
+        "max_position_embeddings": 1024,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "topk_method": "greedy",
+        "n_group": 1,
+        "topk_group": 1,
+        "routed_scaling_factor": 1.0,
+    },
+}
 
 
 @pytest.mark.parametrize("family", sorted(TINY_MOE))
 def test_trace_of_moe_models_matches_the_formulas(family: str, capsys, tmp_path) -> None:
     config = tmp_path / "config.json"
     config.write_text(json.dumps(TINY_MOE[family]))
-    argv = ["trace", "--model", str(config), "--seq-len", "256", "--micro-batch-size", "2",
-            "--precision", "bf16", "--json"]  # fmt: skip
+    argv = [
+        "trace",
+        "--model",
+        str(config),
+        "--seq-len",
+        "256",
+        "--micro-batch-size",
+        "2",
+        "--precision",
+        "bf16",
+        "--json",
+    ]
     assert main(argv) == 0, capsys.readouterr().err
     errors = json.loads(capsys.readouterr().out)["relative_error"]
     for key in ("parameters_bytes", "gradients_bytes", "optimizer_states_bytes"):

@@ -1,4 +1,7 @@
-"""Ground-truth cases (tests/data/groundtruth) expressed as estimator grids."""
+"""Ground-truth cases (tests/data/groundtruth) expressed as estimator grids.
+
+Shared by the golden tests and the bench scripts (bench/ imports tests/, never the reverse).
+"""
 
 from __future__ import annotations
 
@@ -10,10 +13,13 @@ import numpy as np
 
 from trainmem.engine import estimate, load_model, make_grid, model_from_hf_config
 
-GROUNDTRUTH_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "groundtruth"
+GROUNDTRUTH_DIR = Path(__file__).resolve().parent / "data" / "groundtruth"
+TRACED_FLAGS = ("micro_batch_size", "seq_len", "precision", "recompute", "optimizer", "attention")
+"""The `training` keys of a recorded trace case that are estimate flags."""
 
 
 def load_cases() -> list[dict[str, Any]]:
+    """Every ground-truth case, in file-name order."""
     return [json.loads(p.read_text()) for p in sorted(GROUNDTRUTH_DIR.glob("*.json"))]
 
 
@@ -42,6 +48,7 @@ def case_grid(case: dict[str, Any]) -> dict[str, Any]:
 
 
 def estimate_case(case: dict[str, Any]) -> dict[str, float]:
+    """The estimate of one case (its `pp_rank` stage when it traces a non-worst stage)."""
     model = model_from_hf_config(case["model_config"], name=case["id"])
     stage = case["training"].get("pp_rank")  # a per-stage view of a non-worst rank
     out = estimate(model, make_grid(case_grid(case)), pp_stage=stage)
@@ -56,9 +63,5 @@ def estimate_traced_case(case: dict[str, Any]) -> dict[str, float]:
         model = load_model(case["model"])
     else:
         model = model_from_hf_config(case["model_config"], name=case["name"])
-    grid = make_grid(
-        **{k: t[k] for k in ("micro_batch_size", "seq_len", "precision", "recompute",
-                             "optimizer", "attention")}
-    )  # fmt: skip
-    out = estimate(model, grid)
+    out = estimate(model, make_grid(**{k: t[k] for k in TRACED_FLAGS}))
     return {k: float(np.asarray(v)[0]) for k, v in out.items() if k not in ("reason", "peak_phase")}
