@@ -88,7 +88,7 @@ def load_model(name: str, *, models_dir: str | None = None) -> ModelSpec:
     >>> load_model("llama-3.1-8b").num_parameters
     8030261248
     """
-    from trainmem.engine import load_model as _load
+    from trainmem.catalog import load_model as _load
 
     return _load(name, models_dir=models_dir)
 

@@ -17,7 +17,7 @@ import json
 import time
 from pathlib import Path
 
-PRESETS = Path(__file__).resolve().parent.parent / "engine" / "presets"
+PRESETS = Path(__file__).resolve().parent.parent / "catalog" / "presets"
 CASES = [
     # model, precision, recompute, micro-batch, sequence
     ("llama-3.2-1b", "bf16", "none", 4, 2048),
@@ -79,7 +79,8 @@ def measure_case(model_name: str, precision: str, recompute: str, mbs: int, seq:
 
 
 def compare(path: Path, gpu: str) -> None:
-    from trainmem.engine import estimate_time, load_model, make_grid, time_inputs
+    from trainmem.catalog import load_model
+    from trainmem.engine import estimate_time, make_grid, time_inputs
     from trainmem.hardware import get_gpu
 
     inputs = time_inputs(get_gpu(gpu))

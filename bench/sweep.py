@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import time
 
-from trainmem.engine import load_model
+from trainmem.catalog import load_model
 from trainmem.hardware import load_gpus, parse_fleet
 from trainmem.sweep._search import run_exhaustive, run_optuna
 from trainmem.sweep._space import make_space

@@ -12,15 +12,8 @@ import time
 
 import numpy as np
 
-from trainmem.engine import (
-    ATTENTION,
-    OPTIMIZERS,
-    PRECISIONS,
-    RECOMPUTE,
-    estimate,
-    load_model,
-    make_grid,
-)
+from trainmem.catalog import load_model
+from trainmem.engine import ATTENTION, OPTIMIZERS, PRECISIONS, RECOMPUTE, estimate, make_grid
 
 
 def random_grid(num_rows: int, seed: int = 0) -> dict[str, np.ndarray]:

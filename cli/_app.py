@@ -12,12 +12,8 @@ from typing import Annotated, Any
 
 import typer
 
-from trainmem.engine import (
-    ATTENTION,
-    load_model,
-    load_optimizers,
-    model_presets,
-)
+from trainmem.catalog import load_model, load_optimizers, model_presets
+from trainmem.engine import ATTENTION
 from trainmem.hardware import GIB, load_gpus
 from trainmem.report import ESTIMATE_OPTIONS, command_fields, estimate_report, human_table
 

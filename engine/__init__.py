@@ -7,7 +7,6 @@ shipped presets.
 from ._activation_profile import (
     ActivationProfile,
     derive_profile,
-    load_profile,
     profile_model,
     validate_profile,
 )
@@ -51,15 +50,16 @@ from ._grid import (
     make_grid,
 )
 from ._model import ModelSpec, model_from_hf_config
-from ._optimizers import OptimizerSpec, load_optimizers, optimizer_columns
+from ._optimizers import OptimizerSpec, builtin_optimizers, spec_columns
 from ._overhead import Overheads, cublas_workspace_bytes_for
-from ._presets import load_model, model_config_dict, model_presets, preset_names
 from ._states import LORA_TARGETS, lora_mask, lora_num_parameters
 from ._time import TIME_COLUMNS, bubble_fraction, estimate_time
 from ._time_params import TimeParams, time_inputs
 from ._units import GIB
 
 __all__ = [
+    "builtin_optimizers",
+    "spec_columns",
     "DEFAULTS_BY_FIELD",
     "FIELD_NAMES",
     "FIELDS",
@@ -103,19 +103,12 @@ __all__ = [
     "estimate",
     "estimate_time",
     "layout_reason",
-    "load_model",
-    "model_config_dict",
-    "load_optimizers",
-    "load_profile",
     "lora_mask",
     "lora_num_parameters",
     "make_grid",
     "model_from_hf_config",
-    "model_presets",
     "neighbours",
-    "optimizer_columns",
     "model_flops_per_token",
-    "preset_names",
     "profile_model",
     "reason_text",
     "time_inputs",

@@ -39,9 +39,7 @@ optimizers, pipeline splits of the layers) come from the parameter counts, as fo
 from __future__ import annotations
 
 import datetime
-import json
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -464,19 +462,3 @@ def profile_model(data: dict[str, Any], *, where: str = "") -> ModelSpec:
         fused_gate_up=False,
         profile=profile,
     )
-
-
-def load_profile(path: str | os.PathLike[str]) -> ModelSpec:
-    """Read a profile file (see the module docstring) into a ModelSpec the engine estimates with.
-
-    Bad files raise one ValueError naming the file and the field.
-    """
-    where = f" {os.fspath(path)}"
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except OSError as exc:
-        raise ValueError(f"profile{where}: cannot read: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"profile{where}: not JSON: {exc.msg} (line {exc.lineno})") from None
-    return profile_model(data, where=where)

@@ -13,11 +13,9 @@ counts, dtype and step temporaries to the file's values (see `state_counts`).
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
-from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,9 +27,9 @@ if TYPE_CHECKING:
     from ._states import LocalTensor
 
 if sys.version_info >= (3, 11):
-    import tomllib
+    pass
 else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
+    pass
 
 ENV_VAR = "TRAINMEM_OPTIMIZERS_DIR"
 """Environment variable naming a folder of user ``<name>.toml`` optimizer files."""
@@ -320,80 +318,11 @@ def builtin_optimizers() -> dict[str, OptimizerSpec]:
     return dict(BUILTIN_OPTIMIZERS)
 
 
-_BUILTIN_ONLY = frozenset({"device_step_scalars", "factored_second_moment"})
-_KEYS = frozenset(f.name for f in fields(OptimizerSpec)) - {"path"} - _BUILTIN_ONLY
-_REQUIRED = _KEYS - {"sources", "description"}
-
-
-def _user_dir(optimizers_dir: str | os.PathLike[str] | None) -> Path | None:
-    chosen = optimizers_dir if optimizers_dir is not None else os.environ.get(ENV_VAR) or None
-    if chosen is None:
-        return None
-    folder = Path(chosen)
-    if not folder.is_dir():
-        raise ValueError(f"optimizers dir {str(folder)!r} is not a directory")
-    return folder
-
-
-def load_optimizers(
-    optimizers_dir: str | os.PathLike[str] | None = None,
-) -> dict[str, OptimizerSpec]:
-    """Every optimizer by name: the built-ins, then each ``*.toml`` of the user folder.
-
-    Raises ValueError naming the file for unreadable TOML, missing or unknown keys, a ``name``
-    that differs from the file stem or that is a built-in's, or values that break a rule.
-    """
-    found = builtin_optimizers()
-    folder = _user_dir(optimizers_dir)
-    if folder is not None:
-        for file in sorted(folder.glob("*.toml")):
-            spec = read_optimizer_file(os.fspath(file))
-            found[spec.name] = spec
-    return found
-
-
-def read_optimizer_file(path: str) -> OptimizerSpec:
-    """One user optimizer file, validated."""
-    file = Path(path)
-    label = file.name
-    try:
-        table = tomllib.loads(file.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as error:
-        raise ValueError(f"{label}: invalid TOML: {error}") from None
-    problems = []
-    missing = sorted(_REQUIRED - table.keys())
-    unknown = sorted(table.keys() - _KEYS)
-    if missing:
-        problems.append(f"missing keys: {', '.join(missing)}")
-    if unknown:
-        problems.append(f"unknown keys: {', '.join(unknown)}")
-    stem = label.removesuffix(".toml")
-    if "name" in table and table["name"] != stem:
-        problems.append(f"name {table['name']!r} must equal the file stem {stem!r}")
-    if problems:
-        raise ValueError(f"{label}: {'; '.join(problems)}")
-    values: dict[str, Any] = dict(table)
-    for key in ("num_states", "state_bytes", "step_temp_states", "step_bytes_per_parameter"):
-        if isinstance(values[key], int) and not isinstance(values[key], bool):
-            values[key] = float(values[key])
-    values["sources"] = tuple(values.get("sources", ()))
-    values.setdefault("description", "")
-    try:
-        return OptimizerSpec(**values, path=path)
-    except ValueError as error:
-        raise ValueError(f"{label}: {error}") from None
-
-
-def optimizer_columns(
-    name: str, optimizers_dir: str | os.PathLike[str] | None = None
-) -> dict[str, Any]:
-    """The grid fields that select optimizer `name` (a built-in or a user file's name)."""
-    if name in OPTIMIZERS:
-        return {"optimizer": name}
-    found = load_optimizers(optimizers_dir)
-    if name not in found:
-        raise ValueError(f"optimizer: unknown value '{name}'; allowed: {', '.join(found)}")
-    spec = found[name]
+def spec_columns(spec: OptimizerSpec) -> dict[str, Any]:
+    """The grid fields that select optimizer `spec`: a built-in by name, a user optimizer by
+    its numbers (the `optimizer_*` columns, on an adamw row)."""
+    if spec.name in OPTIMIZERS and spec.path == BUILTIN:
+        return {"optimizer": spec.name}
     return {
         "optimizer": "adamw",
         "optimizer_custom": True,

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from trainmem.catalog import load_model, optimizer_columns
 from trainmem.engine import (
     COMPONENTS,
     DEFAULTS,
@@ -31,8 +32,6 @@ from trainmem.engine import (
     PRECISIONS,
     SWEEP_AXES,
     TrainingConfig,
-    load_model,
-    optimizer_columns,
 )
 from trainmem.hardware import GIB, Fleet, load_gpus, parse_fleet
 from trainmem.report import (

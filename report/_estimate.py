@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from trainmem.catalog import load_model, load_profile, optimizer_columns
 from trainmem.engine import (
     DEFAULTS,
     DEFAULTS_BY_FIELD,
@@ -30,10 +31,7 @@ from trainmem.engine import (
     estimate,
     estimate_time,
     layout_reason,
-    load_model,
-    load_profile,
     make_grid,
-    optimizer_columns,
     reason_text,
     time_inputs,
 )

@@ -33,11 +33,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from trainmem.engine import (
-    OPTIMIZERS,
-    load_optimizers,
-    model_presets,
-)
+from trainmem.catalog import load_optimizers, model_presets
+from trainmem.engine import OPTIMIZERS
 from trainmem.hardware import load_gpus
 from trainmem.report import (
     ESTIMATE_OPTIONS,

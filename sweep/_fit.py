@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from trainmem.catalog import optimizer_columns
 from trainmem.engine import (
     DEFAULTS,
     Overheads,
@@ -19,7 +20,6 @@ from trainmem.engine import (
     estimate,
     estimate_time,
     make_grid,
-    optimizer_columns,
     reason_text,
     time_inputs,
 )

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from trainmem.catalog import load_model, optimizer_columns
 from trainmem.engine import (
     ATTENTION,
     FRAMEWORKS,
@@ -28,9 +29,7 @@ from trainmem.engine import (
     Overheads,
     cublas_workspace_bytes_for,
     estimate,
-    load_model,
     make_grid,
-    optimizer_columns,
     parallel_layout,
     reason_text,
 )

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from trainmem.catalog import optimizer_columns
 from trainmem.engine import (
     DEFAULTS_BY_FIELD,
     FIELD_NAMES,
@@ -18,7 +19,6 @@ from trainmem.engine import (
     PRECISIONS,
     SWEEP_AXES,
     TrainingConfig,
-    optimizer_columns,
 )
 from trainmem.hardware import load_gpus, parse_fleet
 from trainmem.report import (

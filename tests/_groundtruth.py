@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from trainmem.engine import estimate, load_model, make_grid, model_from_hf_config
+from trainmem.catalog import load_model
+from trainmem.engine import estimate, make_grid, model_from_hf_config
 
 GROUNDTRUTH_DIR = Path(__file__).resolve().parent / "data" / "groundtruth"
 TRACED_FLAGS = ("micro_batch_size", "seq_len", "precision", "recompute", "optimizer", "attention")

@@ -15,14 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from trainmem.engine import (
-    TimeParams,
-    estimate_time,
-    load_model,
-    make_grid,
-    model_from_hf_config,
-    time_inputs,
-)
+from trainmem.catalog import load_model
+from trainmem.engine import TimeParams, estimate_time, make_grid, model_from_hf_config, time_inputs
 from trainmem.hardware import get_gpu
 
 ROOT = Path(__file__).resolve().parent.parent

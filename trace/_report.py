@@ -15,7 +15,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from trainmem.engine import ATTENTION, model_config_dict
+from trainmem.catalog import model_config_dict
+from trainmem.engine import ATTENTION
 from trainmem.hardware import GIB
 from trainmem.report import choice
 

@@ -1,6 +1,6 @@
 """Regenerate tests/data/param_counts.json from the built-in presets.
 
-For every engine/presets/<name>.json this builds the model with Hugging Face
+For every catalog/presets/<name>.json this builds the model with Hugging Face
 transformers on PyTorch's meta device (no weights are allocated, so even the
 405B preset costs no memory) and records exactly what PyTorch reports:
 
@@ -51,7 +51,7 @@ from transformers import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-PRESETS = ROOT / "engine" / "presets"
+PRESETS = ROOT / "catalog" / "presets"
 OUT = Path(__file__).resolve().parent / "param_counts.json"
 
 # Published totals that the presets must reproduce exactly.

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from trainmem.catalog import load_model
 from trainmem.cli import main
-from trainmem.engine import load_model
 
 GB = 10**9
 """The issue's unit: 10**9 bytes (the CLI's human table uses GiB = 2**30)."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from trainmem.engine import load_model, preset_names
+from trainmem.catalog import load_model, preset_names
 
 PARAM_COUNTS = json.loads((Path(__file__).parents[1] / "data" / "param_counts.json").read_text())
 

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
+from trainmem.catalog import load_model, load_optimizers, model_presets, read_optimizer_file
 from trainmem.cli import main
-from trainmem.engine import load_model, load_optimizers, model_from_hf_config, model_presets
-from trainmem.engine._optimizers import read_optimizer_file
+from trainmem.engine import model_from_hf_config
 from trainmem.hardware._loader import _read_file
 
 ROOT = Path(__file__).resolve().parents[2]
-PRESETS = sorted((ROOT / "engine" / "presets").glob("*.json"))
+PRESETS = sorted((ROOT / "catalog" / "presets").glob("*.json"))
 GPUS = sorted((ROOT / "hardware" / "gpus").glob("*.toml"))
 EXAMPLE_OPTIMIZERS = sorted((ROOT / "tests" / "data" / "examples" / "optimizers").glob("*.toml"))
 
@@ -46,7 +46,7 @@ def test_shipped_data_exists() -> None:
 
 @pytest.fixture()
 def models_dir(tmp_path: Path) -> Path:
-    config = json.loads((ROOT / "engine" / "presets" / "llama-3-8b.json").read_text())
+    config = json.loads((ROOT / "catalog" / "presets" / "llama-3-8b.json").read_text())
     config["num_hidden_layers"] = 8
     (tmp_path / "my-llama-8l.json").write_text(json.dumps(config))
     return tmp_path

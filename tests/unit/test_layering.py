@@ -8,6 +8,7 @@
     sweep    -> report, results, engine, hardware (space, searches, fit)
     report   -> engine, hardware (one configuration's answer)
     results  -> engine, hardware (points table, store, plots)
+    catalog  -> engine (model presets, config.json, user optimizers, profiles: files -> specs)
     engine, hardware: nothing of ours but their own modules (relative imports)
     bench    -> tests (ground truth, generated tables), any package; tests never import bench
 
@@ -27,6 +28,7 @@ import pytest
 ROOT = Path(__file__).parents[2]
 FOLDERS = {
     "api": "trainmem",
+    "catalog": "trainmem.catalog",
     "cli": "trainmem.cli",
     "engine": "trainmem.engine",
     "hardware": "trainmem.hardware",
@@ -47,14 +49,25 @@ LEAVES = ("engine", "hardware")
 MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "engine": (),
     "hardware": (),
+    "catalog": ("engine",),
     "results": ("engine", "hardware"),
-    "report": ("engine", "hardware"),
-    "sweep": ("report", "results", "engine", "hardware"),
-    "trace": ("report", "engine", "hardware"),
-    "plan": ("sweep", "report", "results", "engine", "hardware"),
-    "api": ("plan", "sweep", "trace", "report", "results", "engine", "hardware"),
-    "serve": ("plan", "sweep", "report", "results", "engine", "hardware"),
-    "cli": ("serve", "plan", "sweep", "trace", "report", "results", "engine", "hardware"),
+    "report": ("catalog", "engine", "hardware"),
+    "sweep": ("report", "results", "catalog", "engine", "hardware"),
+    "trace": ("report", "catalog", "engine", "hardware"),
+    "plan": ("sweep", "report", "results", "catalog", "engine", "hardware"),
+    "api": ("plan", "sweep", "trace", "report", "results", "catalog", "engine", "hardware"),
+    "serve": ("plan", "sweep", "report", "results", "catalog", "engine", "hardware"),
+    "cli": (
+        "serve",
+        "plan",
+        "sweep",
+        "trace",
+        "report",
+        "results",
+        "catalog",
+        "engine",
+        "hardware",
+    ),
 }
 """Which of our packages each may import (the arrows of the picture above)."""
 
@@ -183,3 +196,28 @@ def test_importing_a_package_loads_only_what_the_layering_allows(
     loaded = {_package_of(m) for m in result.stdout.split()}
     allowed = {_package_of(package)} | {_package_of(m) for m in may_load} | {"api"}
     assert loaded <= allowed, loaded - allowed
+
+
+def import_picture() -> str:
+    """The allowed imports as a mermaid graph, each arrow implied by others left out."""
+
+    def reach(package: str) -> set[str]:
+        out: set[str] = set()
+        for dep in MAY_IMPORT[package]:
+            out |= {dep} | reach(dep)
+        return out
+
+    lines = ["```mermaid", "graph TD"]
+    for package in PACKAGES:
+        deps = MAY_IMPORT[package]
+        implied = set().union(*(reach(d) for d in deps)) if deps else set()
+        lines += [f"  {package} --> {dep}" for dep in deps if dep not in implied]
+    return "\n".join([*lines, "```"])
+
+
+def test_the_docs_picture_of_imports_is_the_allowed_graph() -> None:
+    """docs/contributing.md shows the arrows this test enforces (generated, not drawn)."""
+    text = (ROOT / "docs" / "contributing.md").read_text()
+    begin, end = "<!-- imports:begin -->", "<!-- imports:end -->"
+    shown = text.split(begin)[1].split(end)[0].strip()
+    assert shown == import_picture(), f"put this between the markers:\n{import_picture()}"

@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trainmem.engine import DEFAULTS, estimate, load_model, make_grid
+from trainmem.catalog import load_model
+from trainmem.engine import DEFAULTS, estimate, make_grid
 from trainmem.engine._advice import GpuChoice, advise, neighbours
 
 GPU = GpuChoice(name="small", usable_bytes=80 * 2**30, cublas_workspace_bytes=64 * 2**20)

@@ -19,15 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trainmem.engine import (
-    COMPONENTS,
-    REASONS,
-    ModelSpec,
-    estimate,
-    load_model,
-    make_grid,
-    preset_names,
-)
+from trainmem.catalog import load_model, preset_names
+from trainmem.engine import COMPONENTS, REASONS, ModelSpec, estimate, make_grid
 
 MOE_PRESETS = (
     "mixtral-8x7b",

@@ -124,7 +124,9 @@ def make_cases(seed: int = SEED) -> list[tuple[str, dict[str, np.ndarray], dict[
 
 
 def load(engine: ModuleType, name: str) -> Any:
-    return engine.load_profile(PROFILE) if name == "profile" else engine.load_model(name)
+    from trainmem.catalog import load_model, load_profile  # files -> specs live outside engine
+
+    return load_profile(PROFILE) if name == "profile" else load_model(name)
 
 
 def evaluate(

@@ -16,6 +16,7 @@ import numpy as np
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from trainmem.catalog import load_model, preset_names
 from trainmem.engine import (
     ATTENTION,
     BLOCK_ROWS,
@@ -29,9 +30,7 @@ from trainmem.engine import (
     estimate,
     estimate_time,
     layout_reason,
-    load_model,
     make_grid,
-    preset_names,
     reason_text,
 )
 

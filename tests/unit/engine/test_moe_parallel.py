@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainmem.engine import estimate, load_model, make_grid
+from trainmem.catalog import load_model
+from trainmem.engine import estimate, make_grid
 from trainmem.engine._activations import hf_moe_bytes
 
 

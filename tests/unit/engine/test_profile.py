@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from trainmem.catalog import load_model, load_profile
 from trainmem.engine import (
     COMPONENTS,
     PROFILE_MISMATCH,
@@ -21,8 +22,6 @@ from trainmem.engine import (
     derive_profile,
     estimate,
     estimate_time,
-    load_model,
-    load_profile,
     make_grid,
     model_flops_per_token,
     profile_model,

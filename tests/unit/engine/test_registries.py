@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from trainmem.engine import OPTIMIZERS, PRECISIONS, _codes, _optimizers, _precision, load_optimizers
+from trainmem.catalog import load_optimizers
+from trainmem.engine import OPTIMIZERS, PRECISIONS, _codes, _optimizers, _precision
 from trainmem.engine._grid import CATEGORICAL
 
 ENGINE = Path(_codes.__file__).parent

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from trainmem.catalog import load_model, preset_names
 from trainmem.engine import (
     ATTENTION,
     FRAMEWORKS,
@@ -19,10 +20,8 @@ from trainmem.engine import (
     TimeParams,
     bubble_fraction,
     estimate_time,
-    load_model,
     make_grid,
     model_flops_per_token,
-    preset_names,
     time_inputs,
 )
 from trainmem.hardware import get_gpu

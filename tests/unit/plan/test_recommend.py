@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from trainmem.catalog import load_model, model_config_dict
 from trainmem.cli import main
 from trainmem.cli._recommend import recommend_cmd
-from trainmem.engine import load_model, model_config_dict
 from trainmem.hardware import load_gpus, parse_fleet
 from trainmem.plan import RECOMMEND_OPTIONS, REPORT_FIELDS
 from trainmem.plan._launch import deepspeed_config, render

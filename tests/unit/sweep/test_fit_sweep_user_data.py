@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from trainmem.catalog import model_config_dict
 from trainmem.cli import main
-from trainmem.engine import model_config_dict
 
 ROOT = Path(__file__).resolve().parents[3]
 OPTIMIZERS = ROOT / "tests" / "data" / "examples" / "optimizers"

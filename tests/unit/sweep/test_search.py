@@ -10,12 +10,12 @@ import numpy as np
 import polars as pl
 import pytest
 
+from trainmem.catalog import load_model
 from trainmem.engine import (
     Overheads,
     cublas_workspace_bytes_for,
     estimate,
     estimate_time,
-    load_model,
     make_grid,
     time_inputs,
 )

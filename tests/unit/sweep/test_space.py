@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainmem.engine import REASONS, load_model
+from trainmem.catalog import load_model
+from trainmem.engine import REASONS
 from trainmem.hardware import load_gpus, parse_fleet
 from trainmem.sweep._space import (
     EXCEEDS_POOL,

@@ -8,7 +8,7 @@ import uuid
 import polars as pl
 import pytest
 
-from trainmem.engine import load_model
+from trainmem.catalog import load_model
 from trainmem.hardware import load_gpus, parse_fleet
 from trainmem.sweep._search import run_optuna
 from trainmem.sweep._space import make_space

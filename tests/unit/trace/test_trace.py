@@ -236,7 +236,7 @@ def test_trace_module_tensor_output_is_reduced_by_its_mean() -> None:
 
 
 def test_save_profile_predicts_a_third_length(capsys, tmp_path) -> None:
-    from trainmem.engine import load_profile
+    from trainmem.catalog import load_profile
 
     path = tmp_path / "vit.json"
     argv = [

@@ -1,4 +1,4 @@
-"""Model presets (config.json-style files shipped in engine/presets/, and a user folder on top)
+"""Model presets (config.json-style files shipped in catalog/presets/, and a user folder on top)
 and the model resolver."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ._model import ModelSpec, model_from_hf_config
+from trainmem.engine import ModelSpec, model_from_hf_config
 
 PRESET_DIR = Path(__file__).parent / "presets"
 ENV_VAR = "TRAINMEM_MODELS_DIR"
