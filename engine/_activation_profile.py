@@ -51,6 +51,8 @@ FORMAT = "trainmem-profile"
 VERSION = 1
 RECOMPUTE_TRACED = ("none", "full")
 PHASES_TRACED = ("forward", "backward", "backward_end")
+VALID_FOR = {"precision": PRECISIONS, "recompute": RECOMPUTE_TRACED, "attention": ATTENTION}
+"""The allowed values of each `valid_for` field of a profile."""
 PARAMETERS_PER_LAYER_PER_H2 = 12.0
 """A standard transformer block holds 12 h^2 parameters (attention 4 h^2, MLP 8 h^2): the width
 taken for a profile without `hidden_size`. Source: Narayanan et al. 2021 Sec. 5.1 (P = 12 l h^2)."""
@@ -129,8 +131,11 @@ def _fit(seq_lens: tuple[int, int], micro: tuple[int, int], values: tuple[float,
     if c >= 0.0 and a >= 0.0:
         return {"per_token": a, "per_token_sq": c, "constant": 0.0}
     if c >= 0.0:  # a < 0: convex data through the origin, keep the quadratic part only
-        return {"per_token": 0.0, "per_token_sq": max(y1 / (b1 * s1**2), y2 / (b2 * s2**2)),
-                "constant": 0.0}  # fmt: skip
+        return {
+            "per_token": 0.0,
+            "per_token_sq": max(y1 / (b1 * s1**2), y2 / (b2 * s2**2)),
+            "constant": 0.0,
+        }
     # c < 0: rounding (tiny) or a size-independent part; clamp c to 0 and fit a constant.
     rate = max(y1 / t1, y2 / t2)
     if t1 == t2:
@@ -259,8 +264,14 @@ def _paired_traces(
     if trace_a["seq_len"] > trace_b["seq_len"]:
         trace_a, trace_b = trace_b, trace_a
     trace_a, trace_b = dict(trace_a), dict(trace_b)  # the backward_end case rewrites copies
-    for key in ("num_layers", "layer_class", "parameters_per_layer", "parameters_outside_layers",
-                "trainable_parameters", "micro_batch_size"):  # fmt: skip
+    for key in (
+        "num_layers",
+        "layer_class",
+        "parameters_per_layer",
+        "parameters_outside_layers",
+        "trainable_parameters",
+        "micro_batch_size",
+    ):
         if trace_a[key] != trace_b[key]:
             raise ValueError(
                 f"{key}: the two traces differ ({trace_a[key]!r} vs {trace_b[key]!r}); trace "
@@ -298,8 +309,11 @@ def _exclude_gradients(trace_a: dict[str, Any], trace_b: dict[str, Any]) -> None
     the gradients alive at it: rewrite each trace's transient_bytes so (in place)."""
     num_layers = int(trace_a["num_layers"])
     for which, trace in (("a", trace_a), ("b", trace_b)):
-        grads = _trace_number(trace, "gradients_at_peak_bytes", which) if (
-            "gradients_at_peak_bytes" in trace) else 0.0  # fmt: skip
+        grads = (
+            _trace_number(trace, "gradients_at_peak_bytes", which)
+            if "gradients_at_peak_bytes" in trace
+            else 0.0
+        )
         acts = num_layers * _trace_number(trace, "activations_per_layer_bytes", which)
         acts += _trace_number(trace, "activations_outside_layers_bytes", which)
         acts += _optional(trace, "activations_autocast_weight_copies_bytes", which)
@@ -380,8 +394,7 @@ def validate_profile(data: Any, *, where: str = "") -> ActivationProfile:
     _check_source(_need(data, "source", dict, where), f"{where}: source")
     valid = _need(data, "valid_for", dict, where)
     inner = f"{where}: valid_for"
-    for key, allowed in (("precision", PRECISIONS), ("recompute", RECOMPUTE_TRACED),
-                         ("attention", ATTENTION)):  # fmt: skip
+    for key, allowed in VALID_FOR.items():
         if _need(valid, key, str, inner) not in allowed:
             choices = ", ".join(allowed)
             raise ValueError(

@@ -101,8 +101,9 @@ def _layout_changes(c: dict[str, Any]) -> list[_Change]:
     out: list[_Change] = []
     for value in RECOMPUTE:
         if value != c["recompute"]:
-            out.append(("recompute", f"recompute {c['recompute']} -> {value}",
-                        {"recompute": value}))  # fmt: skip
+            out.append(
+                ("recompute", f"recompute {c['recompute']} -> {value}", {"recompute": value})
+            )
     dp, gbs, accum = _resolved_batch(c)
     if dp > 1:
         for stage in range(ZERO_PARAMETERS + 1):
@@ -114,8 +115,13 @@ def _layout_changes(c: dict[str, Any]) -> list[_Change]:
             words = (
                 f"micro-batch {mb} -> {mb // div}, gradient accumulation {accum} -> {accum * div}"
             )
-            out.append(("micro_batch_size", words,
-                        {"micro_batch_size": mb // div, "global_batch_size": gbs}))  # fmt: skip
+            out.append(
+                (
+                    "micro_batch_size",
+                    words,
+                    {"micro_batch_size": mb // div, "global_batch_size": gbs},
+                )
+            )
     for knob in ("tp", "pp", "cp"):
         old = int(c[knob])
         if dp % 2 == 0:
@@ -145,23 +151,28 @@ def _memory_changes(c: dict[str, Any], *, optimizer_name: str | None) -> list[_C
     if c["optimizer"] != "adamw-8bit" or custom:
         name = optimizer_name or c["optimizer"]
         reset: dict[str, Any] = {"optimizer_custom": False} if custom else {}
-        out.append(("optimizer", f"optimizer {name} -> adamw-8bit",
-                    {"optimizer": "adamw-8bit", **reset}))  # fmt: skip
+        out.append(
+            ("optimizer", f"optimizer {name} -> adamw-8bit", {"optimizer": "adamw-8bit", **reset})
+        )
     rank = int(c["lora_rank"])
     if rank <= 0:
         words = f"full fine-tuning -> LoRA rank {LORA_ADVICE_RANK}, all-linear (adapters only)"
         out.append(("lora", words, {"lora_rank": LORA_ADVICE_RANK, "lora_targets": "all-linear"}))
     if not c["qlora"]:
         new_rank = rank if rank > 0 else LORA_ADVICE_RANK
-        words = "LoRA -> QLoRA (NF4 base)" if rank > 0 else (
-            f"full fine-tuning -> QLoRA rank {new_rank}, all-linear (NF4 base, adapters only)"
-        )  # fmt: skip
+        words = (
+            "LoRA -> QLoRA (NF4 base)"
+            if rank > 0
+            else f"full fine-tuning -> QLoRA rank {new_rank}, all-linear (NF4 base, adapters only)"
+        )
         targets = c["lora_targets"] if rank > 0 else "all-linear"
-        out.append(("qlora", words,
-                    {"lora_rank": new_rank, "lora_targets": targets, "qlora": True}))  # fmt: skip
+        out.append(
+            ("qlora", words, {"lora_rank": new_rank, "lora_targets": targets, "qlora": True})
+        )
     if not c["activation_offload"]:
-        out.append(("activation_offload", "activation offload off -> on",
-                    {"activation_offload": True}))  # fmt: skip
+        out.append(
+            ("activation_offload", "activation offload off -> on", {"activation_offload": True})
+        )
     return out
 
 
@@ -351,9 +362,11 @@ def top_consumers(
     prec = PRECISIONS.index(str(config["precision"]))
     lora = int(config["lora_rank"]) > 0
     items: list[tuple[str, float]] = []
-    weights = "NF4 base weights, 16-bit rest" if config["qlora"] else (
-        f"{_dtype(PARAM_BYTES[prec])} working weights"
-    )  # fmt: skip
+    weights = (
+        "NF4 base weights, 16-bit rest"
+        if config["qlora"]
+        else f"{_dtype(PARAM_BYTES[prec])} working weights"
+    )
     items.append((f"parameters ({weights}, {m.num_parameters / 1e9:.2f}B)", at("parameters")))
     items.append(("fp32 master weights", at("master_weights")))
     items.append(("gradients" + (" of the LoRA adapters" if lora else ""), at("gradients")))
@@ -405,14 +418,18 @@ def _transient_items(
         loss_grads = LOSS_GRADIENT_TENSORS * 4.0 * tokens * m.vocab_size / tp_div
         named = min(loss_grads, transient)
         items.append(
-            (f"the fp32 loss gradients over a {m.vocab_size:,}-token vocabulary "
-             f"(two [{int(tokens):,}, {m.vocab_size:,}] tensors at the start of backward)", named)
-        )  # fmt: skip
+            (
+                f"the fp32 loss gradients over a {m.vocab_size:,}-token vocabulary "
+                f"(two [{int(tokens):,}, {m.vocab_size:,}] tensors at the start of backward)",
+                named,
+            )
+        )
     elif phase == "optimizer_step":
         named = min(at("optimizer_step_temporaries"), transient)
         items.append((f"optimizer-step temporaries ({config['optimizer']})", named))
-    items.append((f"other transient buffers at the {phase.replace('_', ' ')} peak",
-                  transient - named))  # fmt: skip
+    items.append(
+        (f"other transient buffers at the {phase.replace('_', ' ')} peak", transient - named)
+    )
     return items
 
 

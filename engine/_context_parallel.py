@@ -31,9 +31,21 @@ def ring_buffer_bytes(m: ModelSpec, *, T, e, tp, cp) -> tuple[np.ndarray, np.nda
 
 
 def cp_exposed_s(
-    m: ModelSpec, *, tokens_per_micro, act_bytes, t, c, p, num_micro, full, attention_s, gpn,
-    intra, inter, params: TimeParams,
-) -> np.ndarray:  # fmt: skip
+    m: ModelSpec,
+    *,
+    tokens_per_micro,
+    act_bytes,
+    t,
+    c,
+    p,
+    num_micro,
+    full,
+    attention_s,
+    gpn,
+    intra,
+    inter,
+    params: TimeParams,
+) -> np.ndarray:
     """Exposed time of the ring exchange of K and V chunks of one step.
 
     Forward (c-1) chunks, backward K, V and their gradients, per layer and micro-batch, hidden

@@ -116,9 +116,17 @@ def modules_per_layer(m: ModelSpec) -> int:
 
 
 def dp_exposed_s(
-    *, zero, local, local_trainable, grad_bytes, param_bytes, dp_group, dp_bw, last_backward,
+    *,
+    zero,
+    local,
+    local_trainable,
+    grad_bytes,
+    param_bytes,
+    dp_group,
+    dp_bw,
+    last_backward,
     params: TimeParams,
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """Exposed time of DDP / ZeRO-1/2: the gradient all-reduce (reduce-scatter under ZeRO)
     behind `dp_overlap_fraction` of the last micro-batch's backward, and ZeRO-1/2's all-gather
     of the updated weights after the step; 0 under ZeRO-3 (see fsdp_exposed_s).
@@ -136,9 +144,26 @@ def dp_exposed_s(
 
 
 def fsdp_exposed_s(
-    m: ModelSpec, *, zero, fw, local, local_trainable, grad_bytes, param_bytes, dp_group, dp_bw,
-    t, p, gpn, intra, inter, per_micro, fwd_share, num_micro, params: TimeParams,
-) -> np.ndarray:  # fmt: skip
+    m: ModelSpec,
+    *,
+    zero,
+    fw,
+    local,
+    local_trainable,
+    grad_bytes,
+    param_bytes,
+    dp_group,
+    dp_bw,
+    t,
+    p,
+    gpn,
+    intra,
+    inter,
+    per_micro,
+    fwd_share,
+    num_micro,
+    params: TimeParams,
+) -> np.ndarray:
     """Exposed time of ZeRO-3 / FSDP: each micro-batch gathers the weights forward and again
     backward and reduce-scatters the gradients, prefetched behind compute.
 
@@ -149,10 +174,17 @@ def fsdp_exposed_s(
     deepspeed = fw == DEEPSPEED
     calls = m.num_hidden_layers / p * np.where(deepspeed, float(modules_per_layer(m)), 1.0)
     bw3 = np.where(deepspeed, np.where(dp_group * t > gpn, inter, intra), dp_bw)
-    gather3 = ring_time_s(local * param_bytes, dp_group, bw3, all_reduce=False, params=params,
-                          num_calls=calls)  # fmt: skip
-    reduce3 = ring_time_s(local_trainable * grad_bytes, dp_group, bw3, all_reduce=False,
-                          params=params, num_calls=calls)  # fmt: skip
+    gather3 = ring_time_s(
+        local * param_bytes, dp_group, bw3, all_reduce=False, params=params, num_calls=calls
+    )
+    reduce3 = ring_time_s(
+        local_trainable * grad_bytes,
+        dp_group,
+        bw3,
+        all_reduce=False,
+        params=params,
+        num_calls=calls,
+    )
     hideable = params.fsdp_overlap_fraction * fwd_share * per_micro
     fsdp_fwd = exposed_s(gather3, hideable, params)
     fsdp_bwd = exposed_s(

@@ -96,11 +96,30 @@ _STAGE_OUT = {  # estimate() column -> _assemble column, where they differ
     "gradients": "grads_at_peak",
     "activations": "acts_at_peak",
 }
-_S_TERMS = ("gradients", "persistent", "fsdp_fwd", "end_grads", "optimizer_peak", "states",
-            "parameters", "master_weights", "optimizer_states")  # fmt: skip
-_A_TERMS = ("stage_act", "recompute_excess", "activations_autocast_weight_copies",
-            "pipe_per_micro", "pipe_fixed", "fwd_max", "bwd_start_extra", "bwd_end_extra",
-            "embed_extra", "recompute_extra", "small")  # fmt: skip
+_S_TERMS = (
+    "gradients",
+    "persistent",
+    "fsdp_fwd",
+    "end_grads",
+    "optimizer_peak",
+    "states",
+    "parameters",
+    "master_weights",
+    "optimizer_states",
+)
+_A_TERMS = (
+    "stage_act",
+    "recompute_excess",
+    "activations_autocast_weight_copies",
+    "pipe_per_micro",
+    "pipe_fixed",
+    "fwd_max",
+    "bwd_start_extra",
+    "bwd_end_extra",
+    "embed_extra",
+    "recompute_extra",
+    "small",
+)
 _OPTIONAL_TERMS = {  # output column -> (state terms, activation terms) it needs besides
     "optimizer_step_temporaries": (("optimizer_step_temporaries",), ()),
     "activations_per_layer": ((), ("activations_per_layer",)),
@@ -268,8 +287,13 @@ def _assemble(
     out.update({k: x for k, x in optional.items() if k in want})
     if "host_bytes" in want:
         out["host_bytes"] = T["host_bytes"] + peaks["in_flight"] * T["activations_offloaded"]
-    out.update({k: T[k] for k in (*_OPTIONAL_TERMS, "activations_autocast_weight_copies")
-                if k in want and k != "host_bytes"})  # fmt: skip
+    out.update(
+        {
+            k: T[k]
+            for k in (*_OPTIONAL_TERMS, "activations_autocast_weight_copies")
+            if k in want and k != "host_bytes"
+        }
+    )
     out.update({k: T[k] for k in ("parameters", "master_weights", "optimizer_states")})
     return out
 
@@ -298,8 +322,13 @@ def _block_reason(m: ModelSpec, g: Grid) -> np.ndarray:
     dp = parallel_layout(g)["dp"]
     gbs = g["global_batch_size"]
     rules = [
-        (g["micro_batch_size"] < 1) | (g["seq_len"] < 1) | (g["num_gpus"] < 1) | (tp < 1)
-        | (pp < 1) | (cp < 1) | (g["virtual_stages"] < 1),
+        (g["micro_batch_size"] < 1)
+        | (g["seq_len"] < 1)
+        | (g["num_gpus"] < 1)
+        | (tp < 1)
+        | (pp < 1)
+        | (cp < 1)
+        | (g["virtual_stages"] < 1),
         (g["zero"] < 0) | (g["zero"] > ZERO_PARAMETERS),
         g["num_gpus"] % safe_par != 0,
         m.num_attention_heads % safe_tp != 0,
@@ -311,14 +340,16 @@ def _block_reason(m: ModelSpec, g: Grid) -> np.ndarray:
         | ((g["ep"] > 1) & (not m.is_moe or m.num_experts % np.maximum(g["ep"], 1) != 0))
         | ((dp * cp) % np.maximum(g["ep"], 1) != 0)
         | (g["etp"] < 1)
-        | ((g["etp"] > 1)
-           & (not m.is_moe or m.moe_intermediate_size % np.maximum(g["etp"], 1) != 0))
+        | (
+            (g["etp"] > 1)
+            & (not m.is_moe or m.moe_intermediate_size % np.maximum(g["etp"], 1) != 0)
+        )
         | ((dp * cp * tp) % np.maximum(g["ep"] * g["etp"], 1) != 0)
         | (g["capacity_factor_pct"] < 0),
         ((g["offload"] >= OFFLOAD_OPTIMIZER) & (g["zero"] < ZERO_STATES))
         | ((g["offload"] == OFFLOAD_PARAMS) & (g["zero"] < ZERO_PARAMETERS)),
         g["qlora"] & (g["lora_rank"] < 1),
-    ]  # fmt: skip
+    ]
     reason = np.zeros(len(tp), dtype=np.int8)
     for code in range(len(rules), 0, -1):  # the first broken rule wins
         np.putmask(reason, np.broadcast_to(rules[code - 1], reason.shape), code)
@@ -336,9 +367,14 @@ def profile_mismatch(m: ModelSpec, g: Grid) -> np.ndarray:
         (g["precision"] != PRECISIONS.index(p.precision))
         | (g["recompute"] != RECOMPUTE.index(p.recompute))
         | (g["attention"] != ATTENTION.index(p.attention))
-        | (g["tp"] != 1) | (g["cp"] != 1) | (g["ep"] != 1) | (g["etp"] != 1)
-        | (g["lora_rank"] != 0) | g["qlora"] | (g["loss"] != LOSS_FULL)
-    )  # fmt: skip
+        | (g["tp"] != 1)
+        | (g["cp"] != 1)
+        | (g["ep"] != 1)
+        | (g["etp"] != 1)
+        | (g["lora_rank"] != 0)
+        | g["qlora"]
+        | (g["loss"] != LOSS_FULL)
+    )
 
 
 def reason_text(code: int) -> str:
@@ -392,12 +428,12 @@ def estimate(
         kw = {"pp": pp[rows], "v": g["virtual_stages"][rows], "num_micro": num_micro[rows]}
         worst, stage = _worst_rank(keys, terms, [x[rows] for x in stages], rows, kw, want)
         block = _device_columns(worst, ov, outside_torch=outside_torch[rows])
-        block.update({
-            "framework_overhead": framework_overhead[rows],
-            "pp_stage": stage,
-            "fits": (block["peak_device_bytes"] <= limit[rows]) & (reason[rows] == 0),
-            "headroom_bytes": limit[rows] - block["peak_device_bytes"],
-        })  # fmt: skip
+        block.update(
+            framework_overhead=framework_overhead[rows],
+            pp_stage=stage,
+            fits=(block["peak_device_bytes"] <= limit[rows]) & (reason[rows] == 0),
+            headroom_bytes=limit[rows] - block["peak_device_bytes"],
+        )
         for k in want & block.keys():
             if k not in out:
                 out[k] = np.empty(n, dtype=block[k].dtype)
@@ -492,8 +528,7 @@ def _worst_rank(
     needs_stage = "pp_stage" in want
     multi = kw["pp"] > 1
     if multi.all():
-        last = _assemble(_block_terms(variants[1], terms, bs, ba), stage=stages[1], want=want,
-                         **kw)  # fmt: skip
+        last = _assemble(_block_terms(variants[1], terms, bs, ba), stage=stages[1], want=want, **kw)
         pick = last["peak_allocated_bytes"] > worst["peak_allocated_bytes"]
         worst = {k: np.where(pick, last[k], x) for k, x in worst.items()}
         if needs_stage:
@@ -501,8 +536,7 @@ def _worst_rank(
     elif multi.any():  # the pipelined rows only
         sub = np.flatnonzero(multi)
         T = _block_terms(variants[1], terms, bs[sub], ba[sub])
-        last = _assemble(T, stage=stages[1][sub], want=want,
-                         **{k: x[sub] for k, x in kw.items()})  # fmt: skip
+        last = _assemble(T, stage=stages[1][sub], want=want, **{k: x[sub] for k, x in kw.items()})
         pick = last["peak_allocated_bytes"] > worst["peak_allocated_bytes"][sub]
         for k, x in worst.items():  # fresh arrays of this block: updated in place
             x[sub[pick]] = last[k][pick]
@@ -520,9 +554,12 @@ def _device_columns(
     context, NCCL) bytes. Source: Overheads."""
     peak_allocated = worst["peak_allocated_bytes"]
     non_persistent = (
-        peak_allocated - worst["parameters"] - worst["master_weights"]
-        - worst["optimizer_states"] - worst["grads_at_peak"]
-    )  # fmt: skip
+        peak_allocated
+        - worst["parameters"]
+        - worst["master_weights"]
+        - worst["optimizer_states"]
+        - worst["grads_at_peak"]
+    )
     fragmentation = ov.fragmentation_fraction * np.maximum(non_persistent, 0.0)
     peak_reserved = peak_allocated + ov.cublas_workspace_bytes + fragmentation
     return {

@@ -51,9 +51,21 @@ def all_to_all_buffer_bytes(m: ModelSpec, *, rows, e, ep, num_moe) -> np.ndarray
 
 
 def expert_exposed_s(
-    m: ModelSpec, *, ep_column, tokens_per_micro, act_bytes, t, c, p, num_micro, full, gpn,
-    intra, inter, params: TimeParams,
-) -> np.ndarray:  # fmt: skip
+    m: ModelSpec,
+    *,
+    ep_column,
+    tokens_per_micro,
+    act_bytes,
+    t,
+    c,
+    p,
+    num_micro,
+    full,
+    gpn,
+    intra,
+    inter,
+    params: TimeParams,
+) -> np.ndarray:
     """Time of the expert all-to-alls of one step, all exposed.
 
     Per MoE layer and micro-batch an all-to-all dispatch and combine forward, both again

@@ -188,11 +188,16 @@ def qlora_dequant_bytes(full: Sequence[LocalTensor], *, qlora, dp: np.ndarray) -
     Assumes: MoE experts are not quantised this way (grouped experts are 3-D tensors).
     """
     max_linear = np.max(
-        np.stack([np.broadcast_to(t.numel, dp.shape) for t in full
-                  if len(t.tensor.shape) == 2 and t.tensor.group in ("layer", "mlp")]
-                 or [np.zeros_like(dp)]),
+        np.stack(
+            [
+                np.broadcast_to(t.numel, dp.shape)
+                for t in full
+                if len(t.tensor.shape) == 2 and t.tensor.group in ("layer", "mlp")
+            ]
+            or [np.zeros_like(dp)]
+        ),
         axis=0,
-    )  # fmt: skip
+    )
     return np.where(qlora, DEQUANT_BYTES * max_linear, 0.0)
 
 
@@ -218,9 +223,14 @@ def lora_activation_delta_bytes(
     removed = np.where(amp, (3.0 + 2.0) * 2.0 * T * h, 2.0 * e * T * h) + e * T * f_r
     added = 0.0 * one
     widths = {
-        "q_proj": h, "k_proj": h, "v_proj": h, "o_proj": m.o_dim / tp,
-        "gate_proj": h, "up_proj": h, "down_proj": f_r,
-    }  # fmt: skip
+        "q_proj": h,
+        "k_proj": h,
+        "v_proj": h,
+        "o_proj": m.o_dim / tp,
+        "gate_proj": h,
+        "up_proj": h,
+        "down_proj": f_r,
+    }
     any_attn_in = 0.0 * one
     any_mlp_in = 0.0 * one
     for name, width in widths.items():

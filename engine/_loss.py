@@ -59,9 +59,20 @@ def outside_layers_bytes(
 
 
 def loss_forward_extra_bytes(
-    m: ModelSpec, *, T, e, r, amp, pp, last, chunked, loss_tp_div, logits_held, chunk_transient,
+    m: ModelSpec,
+    *,
+    T,
+    e,
+    r,
+    amp,
+    pp,
+    last,
+    chunked,
+    loss_tp_div,
+    logits_held,
+    chunk_transient,
     zero_col,
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """Transient bytes at the forward peak, at the loss (the last stage's only).
 
     Full loss: logits, their fp32 copy, the head input (hf_loss_forward_extra_bytes); chunked:

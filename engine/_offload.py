@@ -45,10 +45,12 @@ def offloaded_states(
     bucket_numel = np.minimum(layer_numel, float(m.hidden_size) ** 2 * OFFLOAD_BUCKET_ELEMS_PER_H2)
     host_bytes = np.where(
         off_opt,
-        optimizer_states + master + 4.0 * state_numel  # CPU Adam steps on fp32 grads
+        optimizer_states
+        + master
+        + 4.0 * state_numel  # CPU Adam steps on fp32 grads
         + OFFLOAD_PINNED_BUCKETS * 2.0 * bucket_numel,
         0.0,
-    )  # fmt: skip
+    )
     host_bytes = host_bytes + np.where(off_params, parameters + 4.0 * state_numel, 0.0)
     param_working = OFFLOAD_RESIDENT_BLOCKS * 2.0 * layer_numel
     return {
@@ -75,9 +77,19 @@ def offloaded_activation_bytes(per_layer, *, num_layers, enabled) -> np.ndarray:
 
 
 def offload_time_s(
-    *, offload, step_params, grad_bytes, local, shard, param_bytes, pcie_bytes_per_s, per_micro,
-    fwd_share, num_micro, params: TimeParams,
-) -> np.ndarray:  # fmt: skip
+    *,
+    offload,
+    step_params,
+    grad_bytes,
+    local,
+    shard,
+    param_bytes,
+    pcie_bytes_per_s,
+    per_micro,
+    fwd_share,
+    num_micro,
+    params: TimeParams,
+) -> np.ndarray:
     """PCIe traffic and the host's optimizer update of one step.
 
     The optimizer steps on the host (gradients down, 16-bit weights up over PCIe, a CPU update);

@@ -101,10 +101,15 @@ def autocast_weight_copy_bytes(
 
     copies_layers = np.where(
         amp,
-        AUTOCAST_COPY_BYTES * (linear_numel("layer") * num_layers + linear_numel("mlp") * num_mlp
-                               + linear_numel("moe") * num_moe) / tp,
+        AUTOCAST_COPY_BYTES
+        * (
+            linear_numel("layer") * num_layers
+            + linear_numel("mlp") * num_mlp
+            + linear_numel("moe") * num_moe
+        )
+        / tp,
         0.0,
-    )  # fmt: skip
+    )
     copies_head = np.where(amp & last, AUTOCAST_COPY_BYTES * m.vocab_size * m.hidden_size / tp, 0.0)
     return np.where(full_recompute, copies_head, copies_layers + copies_head), copies_layers
 

@@ -48,11 +48,25 @@ FORWARD_WORKING_FREED_TF = 2.0
 block's activations less two [T, f] tensors; pp rank 0, 1F1B, 4 in flight; CPU MoE traces)."""
 
 ACT_KEYS = (
-    "micro_batch_size", "seq_len", "cp", "tp", "pp", "ep", "etp", "capacity_factor_pct",
-    "sp", "precision", "attention",
-    "recompute", "framework", "stage_pos", "lora_rank", "lora_targets", "loss",
+    "micro_batch_size",
+    "seq_len",
+    "cp",
+    "tp",
+    "pp",
+    "ep",
+    "etp",
+    "capacity_factor_pct",
+    "sp",
+    "precision",
+    "attention",
+    "recompute",
+    "framework",
+    "stage_pos",
+    "lora_rank",
+    "lora_targets",
+    "loss",
     "activation_offload",
-)  # fmt: skip
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,16 +117,35 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
     first, last = stage_flags(c)
     rank = c["lora_rank"].astype(np.float64)
     return MicroBatch(
-        T=T, s=s, b=b, cp=cp, tp=tp, pp=c["pp"].astype(np.float64),
-        ep=c["ep"].astype(np.float64), etp=c["etp"].astype(np.float64), sp=sp,
-        sp_div=sequence_parallel_divisor(sp, tp), prec=prec, e=COMPUTE_BYTES[prec],
-        r=RESIDUAL_BYTES[prec], amp=IS_AMP[prec], eager=c["attention"] == EAGER, fw=fw,
-        rc=c["recompute"].astype(np.int64), first=first, last=last, counts=block_counts(m, c),
-        loss_tp_div=loss_tp_divisor(fw, tp), rank=rank, lora=rank > 0,
-        bits=target_bits(c["lora_targets"]), chunked=c["loss"] == LOSS_CHUNKED,
+        T=T,
+        s=s,
+        b=b,
+        cp=cp,
+        tp=tp,
+        pp=c["pp"].astype(np.float64),
+        ep=c["ep"].astype(np.float64),
+        etp=c["etp"].astype(np.float64),
+        sp=sp,
+        sp_div=sequence_parallel_divisor(sp, tp),
+        prec=prec,
+        e=COMPUTE_BYTES[prec],
+        r=RESIDUAL_BYTES[prec],
+        amp=IS_AMP[prec],
+        eager=c["attention"] == EAGER,
+        fw=fw,
+        rc=c["recompute"].astype(np.int64),
+        first=first,
+        last=last,
+        counts=block_counts(m, c),
+        loss_tp_div=loss_tp_divisor(fw, tp),
+        rank=rank,
+        lora=rank > 0,
+        bits=target_bits(c["lora_targets"]),
+        chunked=c["loss"] == LOSS_CHUNKED,
         capacity=c["capacity_factor_pct"].astype(np.float64) / 100.0,
-        activation_offload=c["activation_offload"], zero_col=np.zeros_like(T),
-    )  # fmt: skip
+        activation_offload=c["activation_offload"],
+        zero_col=np.zeros_like(T),
+    )
 
 
 def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool):
@@ -157,9 +190,12 @@ def _layers(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
     layer_full = np.where(num_mlp > 0, dense_block, moe_block)
     layer_ckpt = act.hf_checkpointed_layer_bytes(m, T=x.T, r=x.r, tp=x.tp, sp=x.sp)
     stage_hf = saved_blocks_bytes(
-        x.rc, blocks=num_mlp * dense_block + num_moe * moe_block, core=core,
-        checkpointed=layer_ckpt, num_layers=num_layers,
-    )  # fmt: skip
+        x.rc,
+        blocks=num_mlp * dense_block + num_moe * moe_block,
+        core=core,
+        checkpointed=layer_ckpt,
+        num_layers=num_layers,
+    )
     megatron = x.fw == MEGATRON
     shape = {"s": x.s / x.cp, "b": x.b, "tp": x.tp, "sp": x.sp}
     layer_mg = act.megatron_layer_bytes(m, **shape, recompute_code=x.rc)
@@ -188,9 +224,19 @@ def _outside(m: ModelSpec, x: MicroBatch, layers: dict[str, np.ndarray]) -> dict
     T, s, e, r, pp, full = x.T, x.s, x.e, x.r, x.pp, x.rc == RECOMPUTE_FULL
     rope = 2.0 * s * (m.qk_rope_head_dim if m.is_mla else m.head_dim) * r if m.rotary else 0.0
     outside_all, chunk_transient = outside_layers_bytes(
-        m, T=T, s=s, e=e, r=r, amp=x.amp, tp=x.tp, sp=x.sp, loss_tp_div=x.loss_tp_div,
-        chunked=x.chunked, param_e=PARAM_BYTES[x.prec], head_trainable=~x.lora,
-    )  # fmt: skip
+        m,
+        T=T,
+        s=s,
+        e=e,
+        r=r,
+        amp=x.amp,
+        tp=x.tp,
+        sp=x.sp,
+        loss_tp_div=x.loss_tp_div,
+        chunked=x.chunked,
+        param_e=PARAM_BYTES[x.prec],
+        head_trainable=~x.lora,
+    )
     logits_held = held_logits_bytes(
         m, T=T, e=e, pp=pp, chunked=x.chunked, loss_tp_div=x.loss_tp_div
     )
@@ -245,6 +291,50 @@ def _backward_transients(
     }
 
 
+def _copies_and_loss(
+    m: ModelSpec, x: MicroBatch, out: dict[str, np.ndarray], *, full: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Autocast's weight copies (all, and those in the layers), the loss's forward extra and its
+    gradients, for the rows of `x` (`out`: _outside's terms)."""
+    T, e, pp, last, counts = x.T, x.e, x.pp, x.last, x.counts
+    copies, copies_layers = autocast_weight_copy_bytes(
+        m,
+        amp=x.amp,
+        last=last,
+        tp=x.tp,
+        num_layers=counts["layer"],
+        num_mlp=counts["mlp"],
+        num_moe=counts["moe"],
+        full_recompute=full,
+    )
+    loss_extra = loss_forward_extra_bytes(
+        m,
+        T=T,
+        e=e,
+        r=x.r,
+        amp=x.amp,
+        pp=pp,
+        last=last,
+        chunked=x.chunked,
+        loss_tp_div=x.loss_tp_div,
+        logits_held=out["logits_held"],
+        chunk_transient=out["chunk_transient"],
+        zero_col=x.zero_col,
+    )
+    loss_grads = loss_gradient_bytes(
+        m,
+        T=T,
+        e=e,
+        pp=pp,
+        last=last,
+        chunked=x.chunked,
+        loss_tp_div=x.loss_tp_div,
+        sp_div=x.sp_div,
+        zero_col=x.zero_col,
+    )
+    return copies, copies_layers, loss_extra, loss_grads
+
+
 def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Activation bytes of one micro-batch on one stage, and the loss/backward transients."""
     if m.profile is not None:
@@ -254,19 +344,7 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
     layers = _layers(m, x)
     out = _outside(m, x, layers)
     full, multi = x.rc == RECOMPUTE_FULL, pp > 1
-    copies, copies_layers = autocast_weight_copy_bytes(
-        m, amp=x.amp, last=last, tp=x.tp, num_layers=counts["layer"], num_mlp=counts["mlp"],
-        num_moe=counts["moe"], full_recompute=full,
-    )  # fmt: skip
-    loss_extra = loss_forward_extra_bytes(
-        m, T=T, e=e, r=x.r, amp=x.amp, pp=pp, last=last, chunked=x.chunked,
-        loss_tp_div=x.loss_tp_div, logits_held=out["logits_held"],
-        chunk_transient=out["chunk_transient"], zero_col=x.zero_col,
-    )  # fmt: skip
-    loss_grads = loss_gradient_bytes(
-        m, T=T, e=e, pp=pp, last=last, chunked=x.chunked, loss_tp_div=x.loss_tp_div,
-        sp_div=x.sp_div, zero_col=x.zero_col,
-    )  # fmt: skip
+    copies, copies_layers, loss_extra, loss_grads = _copies_and_loss(m, x, out, full=full)
     routed = routed_rows(m, T=T, capacity=x.capacity)
     a2a = all_to_all_buffer_bytes(m, rows=routed, e=e, ep=x.ep, num_moe=counts["moe"])
     cp_fwd, cp_bwd = ring_buffer_bytes(m, T=T, e=e, tp=x.tp, cp=x.cp)
@@ -286,21 +364,33 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
         "activations_offloaded": out["offloaded"],
         "stage_act": stage_act,
         "small": small,
-        "fwd_extra": small + copies + loss_extra + amp_ckpt_copies + a2a + cp_fwd
+        "fwd_extra": small
+        + copies
+        + loss_extra
+        + amp_ckpt_copies
+        + a2a
+        + cp_fwd
         + np.where(multi & ~last, bwd["fwd_working"], 0.0),
         # Inside a checkpointed block's forward (single stage): no loss tensors yet.
         "fwd_block_extra": np.where(
-            full & ~multi, small + copies + amp_ckpt_copies + a2a + cp_fwd + bwd["fwd_working"],
+            full & ~multi,
+            small + copies + amp_ckpt_copies + a2a + cp_fwd + bwd["fwd_working"],
             -np.inf,
         ),
         "bwd_start_extra": small + loss_grads + a2a + cp_bwd,
         "bwd_end_extra": small + bwd["act_end"] + bwd["temp_end"] - stage_act,
         "embed_extra": small + np.where(x.first, T * m.hidden_size * x.r, 0.0),
         "recompute_excess": recompute_excess_bytes(
-            x.rc, multi=multi, last=last, layer_recomputed=layers["layer_recomputed"],
-            core=layers["core"], outside=out["outside"], rope=out["rope"], zero_col=x.zero_col,
+            x.rc,
+            multi=multi,
+            last=last,
+            layer_recomputed=layers["layer_recomputed"],
+            core=layers["core"],
+            outside=out["outside"],
+            rope=out["rope"],
+            zero_col=x.zero_col,
         ),
         "recompute_extra": np.where(full & multi, small + bwd["temp_recompute"], -np.inf),
         "pipe_per_micro": per_micro + inputs_per_extra_micro,
         "pipe_fixed": fixed - inputs_per_extra_micro,
-    }  # fmt: skip
+    }

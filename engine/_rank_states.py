@@ -47,10 +47,27 @@ from ._states import LocalTensor, group_numel, layer_numel, local_tensors, rank_
 from ._tensor_parallel import hf_embedding_gradient_bytes, hf_replicated_group_numel
 
 STATE_KEYS = (
-    "tp", "pp", "dp", "ep", "etp", "zero", "precision", "optimizer", "framework", "sp", "stage_pos",
-    "offload", "lora_rank", "lora_targets", "qlora", "optimizer_custom", "optimizer_num_states",
-    "optimizer_state_bytes", "optimizer_temp_states", "optimizer_eight_bit",
-)  # fmt: skip
+    "tp",
+    "pp",
+    "dp",
+    "ep",
+    "etp",
+    "zero",
+    "precision",
+    "optimizer",
+    "framework",
+    "sp",
+    "stage_pos",
+    "offload",
+    "lora_rank",
+    "lora_targets",
+    "qlora",
+    "optimizer_custom",
+    "optimizer_num_states",
+    "optimizer_state_bytes",
+    "optimizer_temp_states",
+    "optimizer_eight_bit",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,13 +106,25 @@ def rank_layout(m: ModelSpec, c: dict[str, np.ndarray]) -> RankLayout:
     counts = block_counts(m, c)
     shards: dict[str, Any] = {"tp": tp, "ep": ep, "etp": etp, "counts": counts}
     return RankLayout(
-        prec=prec, opt=c["optimizer"].astype(np.int64), fw=fw, zero=c["zero"], tp=tp, dp=dp,
-        sp=c["sp"], offload=c["offload"].astype(np.int64), lora_rank=lora_rank, lora=lora,
-        qlora=c["qlora"] & lora, first=stage_flags(c)[0], counts=counts, mixed=IS_MIXED[prec],
-        fsdp2=is_fsdp2(fw, c["zero"]), megatron=fw == MEGATRON,
+        prec=prec,
+        opt=c["optimizer"].astype(np.int64),
+        fw=fw,
+        zero=c["zero"],
+        tp=tp,
+        dp=dp,
+        sp=c["sp"],
+        offload=c["offload"].astype(np.int64),
+        lora_rank=lora_rank,
+        lora=lora,
+        qlora=c["qlora"] & lora,
+        first=stage_flags(c)[0],
+        counts=counts,
+        mixed=IS_MIXED[prec],
+        fsdp2=is_fsdp2(fw, c["zero"]),
+        megatron=fw == MEGATRON,
         full=local_tensors(m, **shards, shard=False, dp_shard=np.ones_like(dp)),
         part=local_tensors(m, **shards, shard=True, dp_shard=dp),
-    )  # fmt: skip
+    )
 
 
 def _parameter_bytes(x: RankLayout, param_e: np.ndarray, adapters: Adapters) -> np.ndarray:
@@ -139,15 +168,27 @@ def _optimizer_bytes(
         x.full, fw=x.fw, tp=x.tp, sp=x.sp, states_sharded=sharded, lora=x.lora, dp=x.dp
     )
     step_temp = step_temporary_bytes(
-        x.full, opt=x.opt, temp_states=temp_states, state_elem=state_elem,
-        group_numel=state_numel - separate, dp=x.dp,
+        x.full,
+        opt=x.opt,
+        temp_states=temp_states,
+        state_elem=state_elem,
+        group_numel=state_numel - separate,
+        dp=x.dp,
     ) + fp32_gradient_partition_bytes(
         state_numel, mixed=x.mixed, fsdp2=x.fsdp2, megatron=x.megatron, lora=x.lora
-    )  # fmt: skip
+    )
     optimizer_states = optimizer_state_bytes(
-        m, x.full, c=c, opt=x.opt, num_states=num_states, plain_states=plain,
-        state_numel=state_numel, sharded=sharded, dp=x.dp, lora=x.lora,
-    )  # fmt: skip
+        m,
+        x.full,
+        c=c,
+        opt=x.opt,
+        num_states=num_states,
+        plain_states=plain,
+        state_numel=state_numel,
+        sharded=sharded,
+        dp=x.dp,
+        lora=x.lora,
+    )
     return {"optimizer_states": optimizer_states, "optimizer_step_temporaries": step_temp}
 
 
@@ -211,9 +252,12 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
         m, offload=x.offload, states=states, state_numel=state_numel, layer_numel=layer
     )
     fp8_cache = fp8_cache_bytes(
-        x.full, fp8=IS_FP8[x.prec], params_sharded=x.zero >= ZERO_PARAMETERS,
-        num_layers=x.counts["layer"], dp=x.dp,
-    )  # fmt: skip
+        x.full,
+        fp8=IS_FP8[x.prec],
+        params_sharded=x.zero >= ZERO_PARAMETERS,
+        num_layers=x.counts["layer"],
+        dp=x.dp,
+    )
     root_numel = sum(group_numel(x.full, group) for group in ("embed", "final", "head"))
     fsdp_active = x.fsdp2 & (x.dp > 1)
     fsdp_fwd, fsdp_bwd = fsdp2_buffer_bytes(

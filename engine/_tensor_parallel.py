@@ -95,9 +95,19 @@ def hf_replicated_group_numel(
 
 
 def tp_exposed_s(
-    m: ModelSpec, *, tokens_per_micro, act_bytes, t, p, num_micro, full, gpn, intra, inter,
+    m: ModelSpec,
+    *,
+    tokens_per_micro,
+    act_bytes,
+    t,
+    p,
+    num_micro,
+    full,
+    gpn,
+    intra,
+    inter,
     params: TimeParams,
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """Exposed time of the tensor-parallel collectives of one step.
 
     Per layer and micro-batch 2 all-reduces forward, 2 backward, +2 recomputed, of b s h

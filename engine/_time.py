@@ -60,6 +60,16 @@ TIME_COLUMNS = (
 )
 """The headline outputs of `estimate_time` (with `tokens` also time_to_train_s and
 cost_to_train_usd)."""
+EXPOSED_COLUMNS = (
+    "tp_exposed_s",
+    "cp_exposed_s",
+    "pp_p2p_s",
+    "dp_exposed_s",
+    "fsdp_exposed_s",
+    "offload_s",
+    "expert_s",
+)
+"""The exposed communication of each parallelism, `estimate_time` columns in this order."""
 
 
 def gemm_efficiency(work: np.ndarray, params: TimeParams) -> np.ndarray:
@@ -208,17 +218,31 @@ def step_shape(g: Grid) -> StepShape:
     lora = g["lora_rank"] > 0
     tokens_per_step = gbs.astype(np.float64) * s
     return StepShape(
-        s=s, b=b, t=np.maximum(g["tp"], 1).astype(np.float64),
-        p=np.maximum(g["pp"], 1).astype(np.float64), c=c,
+        s=s,
+        b=b,
+        t=np.maximum(g["tp"], 1).astype(np.float64),
+        p=np.maximum(g["pp"], 1).astype(np.float64),
+        c=c,
         v=np.maximum(g["virtual_stages"], 1).astype(np.float64),
-        n=g["num_gpus"].astype(np.float64), d=d, ep=g["ep"],
+        n=g["num_gpus"].astype(np.float64),
+        d=d,
+        ep=g["ep"],
         num_micro=num_micro,
-        prec=prec, fw=g["framework"].astype(int), zero=g["zero"], offload=g["offload"].astype(int),
-        eager=g["attention"].astype(int) == EAGER, sp=g["sequence_parallel"] & (g["tp"] > 1),
-        lora=lora, qlora=g["qlora"] & lora, full=full, rc_attention=rc_attention,
-        act_bytes=COMPUTE_BYTES[prec], tokens_per_step=tokens_per_step,
-        tokens_per_micro=b * s / c, tokens_per_gpu=tokens_per_step / (d * c),
-    )  # fmt: skip
+        prec=prec,
+        fw=g["framework"].astype(int),
+        zero=g["zero"],
+        offload=g["offload"].astype(int),
+        eager=g["attention"].astype(int) == EAGER,
+        sp=g["sequence_parallel"] & (g["tp"] > 1),
+        lora=lora,
+        qlora=g["qlora"] & lora,
+        full=full,
+        rc_attention=rc_attention,
+        act_bytes=COMPUTE_BYTES[prec],
+        tokens_per_step=tokens_per_step,
+        tokens_per_micro=b * s / c,
+        tokens_per_gpu=tokens_per_step / (d * c),
+    )
 
 
 def _memory_bound_s(m: ModelSpec, x: StepShape, gemm_weights: float, hbm, pr: TimeParams):
@@ -235,7 +259,7 @@ def _memory_bound_s(m: ModelSpec, x: StepShape, gemm_weights: float, hbm, pr: Ti
     residual_bytes = np.where(amp, 4.0, act_bytes)
     pointwise = pr.pointwise_bytes_per_width * (
         residual_bytes / 2.0 * L * h / np.where(x.sp, t, 1.0) + act_bytes / 2.0 * mlp_width(m) / t
-    )  # fmt: skip
+    )
     scores = np.where(x.eager, pr.eager_attention_bytes_per_score * L * a * s / t, 0.0)
     token_bytes = pointwise * (3.0 + full) + act_bytes / 2.0 * scores * (3.0 + x.rc_attention)
     casts = autocast_traffic_bytes_per_weight(amp, full=full, lora=x.lora)
@@ -268,24 +292,36 @@ def _compute_s(m: ModelSpec, x: StepShape, g: Grid, *, peak, hbm, pr: TimeParams
     causal = 1.0 if m.family == "bert" else pr.causal_attention_fraction
     flash_s = (attention_flops * causal) * (
         1.0 / (peak * pr.flash_attention_efficiency) + 1.0 / (hbm * pr.attention_flops_per_hbm_byte)
-    )  # fmt: skip
+    )
     attention_s = np.where(x.eager, attention_flops / (peak * gemm_eff), flash_s)
     gemm_s = linear_flops / (peak * gemm_eff)
     memory_s = _memory_bound_s(m, x, blocks + head, hbm, pr)
     shard = np.where(x.zero >= ZERO_STATES, x.d * x.c, 1.0)
     step_params = trainable / (x.t * x.p * shard)  # parameters this GPU's optimizer updates
     optimizer_s = optimizer_step_s(
-        g, g["optimizer"].astype(int), step_params=step_params, hbm=hbm,
+        g,
+        g["optimizer"].astype(int),
+        step_params=step_params,
+        hbm=hbm,
         offloaded=x.offload >= OFFLOAD_OPTIMIZER,
-    )  # fmt: skip
+    )
     busy = gemm_s + attention_s + memory_s  # forward + backward, all micro-batches
     return {
-        "gemm_s": gemm_s, "attention_s": attention_s, "memory_s": memory_s,
-        "optimizer_s": optimizer_s, "busy": busy, "fwd_share": 1.0 / (3.0 + x.full),
-        "linear_flops": linear_flops, "attention_flops": attention_flops, "blocks": blocks,
-        "head": head, "adapters": adapters, "trainable": trainable, "shard": shard,
+        "gemm_s": gemm_s,
+        "attention_s": attention_s,
+        "memory_s": memory_s,
+        "optimizer_s": optimizer_s,
+        "busy": busy,
+        "fwd_share": 1.0 / (3.0 + x.full),
+        "linear_flops": linear_flops,
+        "attention_flops": attention_flops,
+        "blocks": blocks,
+        "head": head,
+        "adapters": adapters,
+        "trainable": trainable,
+        "shard": shard,
         "step_params": step_params,
-    }  # fmt: skip
+    }
 
 
 def _communication_s(
@@ -293,14 +329,18 @@ def _communication_s(
 ) -> dict[str, np.ndarray]:
     """Exposed communication of one step, per parallelism, and the pipeline bubble.
 
-    DP runs over the dp x cp ranks holding the same weights (stride tp); gradients travel in
-    fp32 where the framework keeps them so (AMP, Megatron main grads, FSDP2 mixed precision).
     Source: each technique's module (tp_exposed_s, cp_exposed_s, p2p_time_s, expert_exposed_s,
-    dp_exposed_s, fsdp_exposed_s, offload_time_s, bubble_time_s).
+    bubble_time_s); _state_traffic_s (DP, FSDP, offload).
     """
     link = {k: np.asarray(gpu[k], dtype=np.float64) for k in ("gpn", "intra", "inter")}
-    each = {"tokens_per_micro": x.tokens_per_micro, "act_bytes": x.act_bytes, "t": x.t,
-            "p": x.p, "num_micro": x.num_micro, **link}  # fmt: skip
+    each = {
+        "tokens_per_micro": x.tokens_per_micro,
+        "act_bytes": x.act_bytes,
+        "t": x.t,
+        "p": x.p,
+        "num_micro": x.num_micro,
+        **link,
+    }
     busy, num_micro = work["busy"], x.num_micro
     out = {
         "tp_exposed_s": tp_exposed_s(m, **each, full=x.full, params=pr),
@@ -312,29 +352,69 @@ def _communication_s(
     }
     pipelined = busy + out["tp_exposed_s"] + out["cp_exposed_s"] + out["pp_p2p_s"] + out["expert_s"]
     out["bubble_time_s"] = bubble_time_s(pipelined, p=x.p, num_micro=num_micro, v=x.v)
+    out.update(
+        _state_traffic_s(m, x, work, link=link, pcie_bytes_per_s=gpu["pcie_bytes_per_s"], pr=pr)
+    )
+    return out
+
+
+def _state_traffic_s(
+    m: ModelSpec,
+    x: StepShape,
+    work: dict[str, Any],
+    *,
+    link: dict[str, np.ndarray],
+    pcie_bytes_per_s: float | np.ndarray,
+    pr: TimeParams,
+) -> dict[str, np.ndarray]:
+    """Exposed weight and gradient traffic of one step: DP / ZeRO-1/2, ZeRO-3 / FSDP, offload.
+
+    DP runs over the dp x cp ranks holding the same weights (stride tp); gradients travel in
+    fp32 where the framework keeps them so (AMP, Megatron main grads, FSDP2 mixed precision).
+    Source: dp_exposed_s, fsdp_exposed_s, offload_time_s.
+    """
+    busy, num_micro = work["busy"], x.num_micro
+    out: dict[str, np.ndarray] = {}
     dp_group = x.d * x.c
     per_rank = {
-        "zero": x.zero, "local": m.num_parameters / (x.t * x.p),
-        "local_trainable": work["trainable"] / (x.t * x.p), "dp_group": dp_group,
+        "zero": x.zero,
+        "local": m.num_parameters / (x.t * x.p),
+        "local_trainable": work["trainable"] / (x.t * x.p),
+        "dp_group": dp_group,
         "dp_bw": group_bandwidth(dp_group, x.t, link["gpn"], link["intra"], link["inter"]),
         "grad_bytes": gradient_element_bytes(
             x.prec, fsdp2=is_fsdp2(x.fw, x.zero), megatron=x.fw == MEGATRON
         ),
         "param_bytes": np.where(x.qlora, NF4_BYTES, PARAM_BYTES[x.prec]),
-    }  # fmt: skip
+    }
     fwd_share, per_micro = work["fwd_share"], busy / num_micro
     last_backward = busy / num_micro * (1.0 - fwd_share)
     out["dp_exposed_s"] = dp_exposed_s(**per_rank, last_backward=last_backward, params=pr)
     out["fsdp_exposed_s"] = fsdp_exposed_s(
-        m, **per_rank, fw=x.fw, t=x.t, p=x.p, **link, per_micro=per_micro, fwd_share=fwd_share,
-        num_micro=num_micro, params=pr,
-    )  # fmt: skip
+        m,
+        **per_rank,
+        fw=x.fw,
+        t=x.t,
+        p=x.p,
+        **link,
+        per_micro=per_micro,
+        fwd_share=fwd_share,
+        num_micro=num_micro,
+        params=pr,
+    )
     out["offload_s"] = offload_time_s(
-        offload=x.offload, step_params=work["step_params"], grad_bytes=per_rank["grad_bytes"],
-        local=per_rank["local"], shard=work["shard"], param_bytes=per_rank["param_bytes"],
-        pcie_bytes_per_s=gpu["pcie_bytes_per_s"], per_micro=per_micro, fwd_share=fwd_share,
-        num_micro=num_micro, params=pr,
-    )  # fmt: skip
+        offload=x.offload,
+        step_params=work["step_params"],
+        grad_bytes=per_rank["grad_bytes"],
+        local=per_rank["local"],
+        shard=work["shard"],
+        param_bytes=per_rank["param_bytes"],
+        pcie_bytes_per_s=pcie_bytes_per_s,
+        per_micro=per_micro,
+        fwd_share=fwd_share,
+        num_micro=num_micro,
+        params=pr,
+    )
     return out
 
 
@@ -359,41 +439,70 @@ def _time_columns(
     peak = np.where(x.prec == FP32, fp32_peak_flops, peak_flops).astype(np.float64)
     hbm = np.asarray(hbm_bytes_per_s, dtype=np.float64) * pr.memory_bandwidth_efficiency
     work = _compute_s(m, x, g, peak=peak, hbm=hbm, pr=pr)
-    links = {"gpn": gpus_per_node, "intra": intra_node_bytes_per_s,
-             "inter": inter_node_bytes_per_s, "pcie_bytes_per_s": pcie_bytes_per_s}  # fmt: skip
+    links = {
+        "gpn": gpus_per_node,
+        "intra": intra_node_bytes_per_s,
+        "inter": inter_node_bytes_per_s,
+        "pcie_bytes_per_s": pcie_bytes_per_s,
+    }
     comm = _communication_s(m, x, work, gpu=links, pr=pr)
-    compute = work["busy"] + work["optimizer_s"]
-    communication = (
-        comm["tp_exposed_s"] + comm["cp_exposed_s"] + comm["pp_p2p_s"] + comm["expert_s"]
-        + comm["dp_exposed_s"] + comm["fsdp_exposed_s"]
-    )  # fmt: skip
-    communication = communication + comm["offload_s"]
-    step = compute + communication + comm["bubble_time_s"]
     n, price = x.n, np.asarray(price_per_gpu_hour_usd, dtype=np.float64)
-    tokens_per_second = x.tokens_per_step / step
-    blocks_head = work["blocks"] + work["head"]
-    model_flops = x.tokens_per_step * (
-        model_flops_per_token(m, x.s) - np.where(x.lora, 2.0 * blocks_head, 0.0)
-        + 6.0 * work["adapters"]
-    )  # fmt: skip
-    hardware_flops = (work["linear_flops"] + work["attention_flops"]) * n
-    out = {
-        "step_time_s": step, "compute_time_s": compute, "communication_exposed_s": communication,
-        "bubble_time_s": comm["bubble_time_s"], "tokens_per_second": tokens_per_second,
-        "tokens_per_second_per_gpu": tokens_per_second / n, "mfu": model_flops / (step * n * peak),
-        "hfu": hardware_flops / (step * n * peak),
-        "cost_per_million_tokens": n * price / 3600.0 / tokens_per_second * 1e6,
-        "gemm_time_s": work["gemm_s"], "attention_time_s": work["attention_s"],
-        "memory_bound_time_s": work["memory_s"], "optimizer_time_s": work["optimizer_s"],
-        **{k: comm[k] for k in ("tp_exposed_s", "cp_exposed_s", "pp_p2p_s", "dp_exposed_s",
-                                "fsdp_exposed_s", "offload_s", "expert_s")},
-        "model_flops_per_step": model_flops, "hardware_flops_per_step": hardware_flops,
-        "achieved_flops_per_gpu": hardware_flops / (step * n),
-    }  # fmt: skip
+    out = _step_columns(m, x, work, comm, peak=peak, price=price)
     if tokens is not None:
-        time_to_train = np.asarray(tokens, dtype=np.float64) / tokens_per_second
+        time_to_train = np.asarray(tokens, dtype=np.float64) / out["tokens_per_second"]
         out["time_to_train_s"] = time_to_train
         out["cost_to_train_usd"] = n * price * time_to_train / 3600.0
     return {
         k: np.broadcast_to(np.asarray(v, dtype=np.float64), (len(g["tp"]),)) for k, v in out.items()
+    }
+
+
+def _step_columns(
+    m: ModelSpec,
+    x: StepShape,
+    work: dict[str, Any],
+    comm: dict[str, np.ndarray],
+    *,
+    peak: np.ndarray,
+    price: np.ndarray,
+) -> dict[str, Any]:
+    """The step, its parts, throughput, FLOP utilisation and cost (see estimate_time)."""
+    compute = work["busy"] + work["optimizer_s"]
+    communication = (
+        comm["tp_exposed_s"]
+        + comm["cp_exposed_s"]
+        + comm["pp_p2p_s"]
+        + comm["expert_s"]
+        + comm["dp_exposed_s"]
+        + comm["fsdp_exposed_s"]
+    )
+    communication = communication + comm["offload_s"]
+    step = compute + communication + comm["bubble_time_s"]
+    n = x.n
+    tokens_per_second = x.tokens_per_step / step
+    blocks_head = work["blocks"] + work["head"]
+    model_flops = x.tokens_per_step * (
+        model_flops_per_token(m, x.s)
+        - np.where(x.lora, 2.0 * blocks_head, 0.0)
+        + 6.0 * work["adapters"]
+    )
+    hardware_flops = (work["linear_flops"] + work["attention_flops"]) * n
+    return {
+        "step_time_s": step,
+        "compute_time_s": compute,
+        "communication_exposed_s": communication,
+        "bubble_time_s": comm["bubble_time_s"],
+        "tokens_per_second": tokens_per_second,
+        "tokens_per_second_per_gpu": tokens_per_second / n,
+        "mfu": model_flops / (step * n * peak),
+        "hfu": hardware_flops / (step * n * peak),
+        "cost_per_million_tokens": n * price / 3600.0 / tokens_per_second * 1e6,
+        "gemm_time_s": work["gemm_s"],
+        "attention_time_s": work["attention_s"],
+        "memory_bound_time_s": work["memory_s"],
+        "optimizer_time_s": work["optimizer_s"],
+        **{k: comm[k] for k in EXPOSED_COLUMNS},
+        "model_flops_per_step": model_flops,
+        "hardware_flops_per_step": hardware_flops,
+        "achieved_flops_per_gpu": hardware_flops / (step * n),
     }

@@ -53,11 +53,16 @@ def test_ranked_fitting_first_then_least_slowdown() -> None:
         usable_bytes=80 * 2**30,
         cublas_workspace_bytes=64 * 2**20,
         time_kwargs={
-            "peak_flops": 989e12, "fp32_peak_flops": 67e12, "hbm_bytes_per_s": 3.35e12,
-            "intra_node_bytes_per_s": 450e9, "inter_node_bytes_per_s": 50e9,
-            "gpus_per_node": 8.0, "pcie_bytes_per_s": 55e9, "price_per_gpu_hour_usd": 3.0,
+            "peak_flops": 989e12,
+            "fp32_peak_flops": 67e12,
+            "hbm_bytes_per_s": 3.35e12,
+            "intra_node_bytes_per_s": 450e9,
+            "inter_node_bytes_per_s": 50e9,
+            "gpus_per_node": 8.0,
+            "pcie_bytes_per_s": 55e9,
+            "price_per_gpu_hour_usd": 3.0,
         },
-    )  # fmt: skip
+    )
     advice = advise(m, config, gpu=gpu)["advice"]
     keys = [(not a["fits"], a["step_time_ratio"]) for a in advice]
     assert keys == sorted(keys)

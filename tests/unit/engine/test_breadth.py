@@ -400,9 +400,10 @@ def test_fp8_keeps_activations_and_adds_the_fp8_weight_cache(name: str) -> None:
     )
     # The delayed-scaling state: 3 amax histories of 1024 fp32 per linear module.
     num_linears = sum(
-        m.group_count(p.group) for p in m.param_tensors()
+        m.group_count(p.group)
+        for p in m.param_tensors()
         if len(p.shape) == 2 and p.group in ("layer", "mlp", "moe")
-    )  # fmt: skip
+    )
     assert np.all(extra >= cached)
     assert np.all(extra <= cached + 3 * 1024 * 4 * num_linears + 1.0)
     assert np.all(fp8["peak_forward_bytes"] > bf16["peak_forward_bytes"])

@@ -28,11 +28,27 @@ PROFILE = Path(__file__).parents[2] / "data" / "profiles" / "vit-base.json"
 SEED = 20240611
 ROWS_PER_CASE = 100
 MODELS = (
-    "llama-2-7b", "llama-3.1-8b", "llama-3.1-70b", "tinyllama-1.1b", "llama-3.2-1b",
-    "gpt2", "gpt2-medium", "gpt3-175b", "bert-base-uncased", "gemma-2b", "mistral-7b",
-    "phi-3-mini", "qwen2-1.5b", "qwen2.5-0.5b", "mixtral-8x7b", "qwen1.5-moe-a2.7b",
-    "deepseek-v2-lite", "deepseek-v3", "qwen3-30b-a3b", "profile",
-)  # fmt: skip
+    "llama-2-7b",
+    "llama-3.1-8b",
+    "llama-3.1-70b",
+    "tinyllama-1.1b",
+    "llama-3.2-1b",
+    "gpt2",
+    "gpt2-medium",
+    "gpt3-175b",
+    "bert-base-uncased",
+    "gemma-2b",
+    "mistral-7b",
+    "phi-3-mini",
+    "qwen2-1.5b",
+    "qwen2.5-0.5b",
+    "mixtral-8x7b",
+    "qwen1.5-moe-a2.7b",
+    "deepseek-v2-lite",
+    "deepseek-v3",
+    "qwen3-30b-a3b",
+    "profile",
+)
 """Presets of every family, MoE and MLA among them; "profile" is tests/data/profiles/vit-base."""
 SUBSET = ("peak_device_bytes", "fits", "host_bytes", "optimizer_step_temporaries", "pp_stage")
 """The columns of the `columns=` call (optional terms of the per-key tables among them)."""
@@ -108,8 +124,18 @@ def make_cases(seed: int = SEED) -> list[tuple[str, dict[str, np.ndarray], dict[
         cols = random_columns(rng, ROWS_PER_CASE, moe=moe)
         if name == "profile":  # mostly the rows the profile was traced for (bf16, eager)
             traced = rng.random(ROWS_PER_CASE) < 0.7
-            fixed = {"precision": 1, "recompute": 0, "attention": 1, "tp": 1, "cp": 1, "ep": 1,
-                     "etp": 1, "lora_rank": 0, "qlora": False, "loss": 0}  # fmt: skip
+            fixed = {
+                "precision": 1,
+                "recompute": 0,
+                "attention": 1,
+                "tp": 1,
+                "cp": 1,
+                "ep": 1,
+                "etp": 1,
+                "lora_rank": 0,
+                "qlora": False,
+                "loss": 0,
+            }
             for k, value in fixed.items():
                 cols[k] = np.where(traced, value, cols[k])
             dp = _pick(rng, [1, 2, 4], ROWS_PER_CASE)

@@ -37,13 +37,17 @@ SOURCE = {"command": "test", "torch": "none"}
 
 def _synthetic(s: int, *, b: int = 2, a: float = 100.0, c: float = 0.5, k: float = 0.0) -> dict:
     return {
-        "seq_len": s, "micro_batch_size": b, "num_layers": 4, "layer_class": "Block",
-        "parameters_per_layer": 1000, "parameters_outside_layers": 50,
+        "seq_len": s,
+        "micro_batch_size": b,
+        "num_layers": 4,
+        "layer_class": "Block",
+        "parameters_per_layer": 1000,
+        "parameters_outside_layers": 50,
         "trainable_parameters": 4050,
         "activations_per_layer_bytes": b * (a * s + c * s * s) + k,
         "activations_outside_layers_bytes": b * 30.0 * s,
         "transient_bytes": b * (40.0 * s + 0.25 * s * s),
-    }  # fmt: skip
+    }
 
 
 def _derive(t1: dict, t2: dict, **valid) -> dict:
@@ -60,9 +64,15 @@ def test_derive_recovers_known_coefficients_exactly() -> None:
     p = _derive(t2, t1)  # either order
     assert t1 == before  # the inputs are not modified
     assert p["activation_bytes"]["per_layer"] == {
-        "per_token": 100.0, "per_token_sq": 0.5, "constant": 0.0}  # fmt: skip
+        "per_token": 100.0,
+        "per_token_sq": 0.5,
+        "constant": 0.0,
+    }
     assert p["activation_bytes"]["outside_layers"] == {
-        "per_token": 30.0, "per_token_sq": 0.0, "constant": 0.0}  # fmt: skip
+        "per_token": 30.0,
+        "per_token_sq": 0.0,
+        "constant": 0.0,
+    }
     assert p["transient_bytes"] == {"per_token": 40.0, "per_token_sq": 0.25, "constant": 0.0}
     assert p["source"]["traced_seq_lens"] == [256, 1024]
     assert p["source"]["micro_batch_size"] == 2
@@ -74,14 +84,20 @@ def test_a_size_independent_part_becomes_the_constant() -> None:
     # Autocast weight copies (no s^2 term, a constant): solved exactly as per_token + constant.
     p = _derive(_synthetic(512, c=0.0, k=4096.0), _synthetic(2048, c=0.0, k=4096.0))
     assert p["activation_bytes"]["per_layer"] == {
-        "per_token": 100.0, "per_token_sq": 0.0, "constant": 4096.0}  # fmt: skip
+        "per_token": 100.0,
+        "per_token_sq": 0.0,
+        "constant": 4096.0,
+    }
 
 
 def test_autocast_copies_counted_apart_are_folded_back() -> None:
     # `trainmem trace` reports the weight copies apart from the layers' and outside activations.
-    copies = {"activations_autocast_weight_copies_bytes": 5000.0,
-              "activations_autocast_weight_copies_in_layers_bytes": 4000.0,
-              "transient_phase": "forward", "peak_phase": "optimizer_step"}  # fmt: skip
+    copies = {
+        "activations_autocast_weight_copies_bytes": 5000.0,
+        "activations_autocast_weight_copies_in_layers_bytes": 4000.0,
+        "transient_phase": "forward",
+        "peak_phase": "optimizer_step",
+    }
     # Measured apart, they are not fitted: the s^2 term survives.
     p = _derive({**_synthetic(256), **copies}, {**_synthetic(1024), **copies})
     assert p["activation_bytes"]["per_layer"]["per_token_sq"] == pytest.approx(0.5)
@@ -122,32 +138,42 @@ def _trace_like(m, s: int, precision: str, recompute: str) -> dict:
     per_layer_params = m.num_parameters_in("layer") + m.num_parameters_in("mlp")
     layers = m.num_hidden_layers
     # A tracer sees autocast's weight copies where they are made: in the layers' linears.
-    linear = sum(p.numel for p in m.param_tensors() if p.group in ("layer", "mlp")
-                 and len(p.shape) == 2)  # fmt: skip
+    linear = sum(
+        p.numel for p in m.param_tensors() if p.group in ("layer", "mlp") and len(p.shape) == 2
+    )
     layer_copies = 2.0 * linear if precision.startswith("amp") and recompute == "none" else 0.0
     peak = max(o["peak_forward_bytes"], o["peak_backward_bytes"])
     # Which backward moment peaks, and the gradients alive there (the tracer tracks .grad).
-    cols = {**g, "dp": np.array([1]), "sp": np.array([False]),
-            "stage_pos": np.array([0], dtype=np.int8), "stage_index": np.array([0])}  # fmt: skip
+    cols = {
+        **g,
+        "dp": np.array([1]),
+        "sp": np.array([False]),
+        "stage_pos": np.array([0], dtype=np.int8),
+        "stage_index": np.array([0]),
+    }
     S, A = state_terms(m, cols), activation_terms(m, cols)
     end = float((S["persistent"] + S["end_grads"] + A["stage_act"] + A["bwd_end_extra"])[0])
     embed = float((S["persistent"] + S["gradients"] + A["embed_extra"])[0])
     grads = S["end_grads"][0] if end >= peak - 1 else S["gradients"][0] if embed >= peak - 1 else 0
     states = o["parameters"] + o["master_weights"] + o["optimizer_states"]
     return {
-        "seq_len": s, "micro_batch_size": 1, "num_layers": layers,
+        "seq_len": s,
+        "micro_batch_size": 1,
+        "num_layers": layers,
         "layer_class": "LlamaDecoderLayer",
         "parameters_per_layer": per_layer_params,
         "parameters_outside_layers": m.num_parameters - layers * per_layer_params,
         "trainable_parameters": m.num_parameters,
         "activations_per_layer_bytes": o["activations_per_layer"] + layer_copies,
         "activations_outside_layers_bytes": o["activations_outside_layers"]
-        + o["activations_autocast_weight_copies"] - layers * layer_copies,
+        + o["activations_autocast_weight_copies"]
+        - layers * layer_copies,
         "transient_bytes": peak - states - o["activations_total"],
         "gradients_at_peak_bytes": float(grads),
-        "peak_phase": "forward" if o["peak_forward_bytes"] > o["peak_backward_bytes"]
+        "peak_phase": "forward"
+        if o["peak_forward_bytes"] > o["peak_backward_bytes"]
         else "backward",
-    }  # fmt: skip
+    }
 
 
 def _known(precision: str, recompute: str, seq_lens: tuple[int, int]):
@@ -161,15 +187,26 @@ def _known(precision: str, recompute: str, seq_lens: tuple[int, int]):
 
 def _layouts(precision: str, recompute: str, *, pipelined: bool) -> dict:
     zero, gpus, pp, micro, seq = np.meshgrid(
-        [0, 1, 2, 3], [1, 2, 8], [2, 4] if pipelined else [1], [1, 2, 4], [1024, 2048, 4096],
+        [0, 1, 2, 3],
+        [1, 2, 8],
+        [2, 4] if pipelined else [1],
+        [1, 2, 4],
+        [1024, 2048, 4096],
         indexing="ij",
-    )  # fmt: skip
+    )
     zero, gpus, pp, micro, seq = (x.ravel() for x in (zero, gpus, pp, micro, seq))
     ok = gpus % pp == 0
     gbs = np.where(pp > 1, 8 * micro * (gpus // pp), 0)
-    return make_grid(zero=zero[ok], num_gpus=gpus[ok], pp=pp[ok], micro_batch_size=micro[ok],
-                     seq_len=seq[ok], global_batch_size=gbs[ok], precision=precision,
-                     recompute=recompute)  # fmt: skip
+    return make_grid(
+        zero=zero[ok],
+        num_gpus=gpus[ok],
+        pp=pp[ok],
+        micro_batch_size=micro[ok],
+        seq_len=seq[ok],
+        global_batch_size=gbs[ok],
+        precision=precision,
+        recompute=recompute,
+    )
 
 
 KEYS = (*COMPONENTS, "activations_total", "peak_allocated_bytes", "peak_device_bytes")
@@ -224,11 +261,17 @@ def test_profile_of_a_known_model_by_pipeline_stage() -> None:
 @pytest.mark.parametrize(
     "change",
     [
-        {"precision": "amp-bf16"}, {"recompute": "full"}, {"attention": "flash"},
-        {"tp": 2, "num_gpus": 2}, {"cp": 2, "num_gpus": 2}, {"ep": 2, "num_gpus": 2},
-        {"lora_rank": 16}, {"lora_rank": 16, "qlora": True}, {"loss": "chunked"},
+        {"precision": "amp-bf16"},
+        {"recompute": "full"},
+        {"attention": "flash"},
+        {"tp": 2, "num_gpus": 2},
+        {"cp": 2, "num_gpus": 2},
+        {"ep": 2, "num_gpus": 2},
+        {"lora_rank": 16},
+        {"lora_rank": 16, "qlora": True},
+        {"loss": "chunked"},
     ],
-)  # fmt: skip
+)
 def test_rows_the_profile_was_not_traced_for_get_the_reason(change: dict) -> None:
     pm = load_profile(EXAMPLE)
     base = {"precision": "bf16", "recompute": "none", "attention": "eager", "seq_len": 197}
@@ -289,8 +332,9 @@ def test_the_shipped_example_is_what_its_coefficients_say() -> None:
     assert pm.num_parameters == data["parameters"]["trainable"]
     k = data["activation_bytes"]["per_layer"]
     b, s = 4, 197
-    out = estimate(pm, make_grid(micro_batch_size=b, seq_len=s, precision="bf16",
-                                 attention="eager"))  # fmt: skip
+    out = estimate(
+        pm, make_grid(micro_batch_size=b, seq_len=s, precision="bf16", attention="eager")
+    )
     assert out["activations_per_layer"][0] == b * (k["per_token"] * s + k["per_token_sq"] * s * s)
 
 
@@ -310,10 +354,25 @@ def test_profile_laws_zero_and_micro_batch() -> None:
 def test_profile_step_time_counts_six_flops_per_parameter() -> None:
     pm = load_profile(EXAMPLE)
     assert model_flops_per_token(pm, np.array([197.0]))[0] == 6.0 * pm.num_parameters
-    g = make_grid(micro_batch_size=[8, 8], tp=[1, 2], num_gpus=2, precision="bf16",
-                  attention="eager", seq_len=197)  # fmt: skip
-    t = estimate_time(pm, g, peak_flops=989e12, fp32_peak_flops=494e12, hbm_bytes_per_s=3.35e12,
-                      intra_node_bytes_per_s=450e9, inter_node_bytes_per_s=50e9, gpus_per_node=8,
-                      pcie_bytes_per_s=64e9, price_per_gpu_hour_usd=3.0)  # fmt: skip
+    g = make_grid(
+        micro_batch_size=[8, 8],
+        tp=[1, 2],
+        num_gpus=2,
+        precision="bf16",
+        attention="eager",
+        seq_len=197,
+    )
+    t = estimate_time(
+        pm,
+        g,
+        peak_flops=989e12,
+        fp32_peak_flops=494e12,
+        hbm_bytes_per_s=3.35e12,
+        intra_node_bytes_per_s=450e9,
+        inter_node_bytes_per_s=50e9,
+        gpus_per_node=8,
+        pcie_bytes_per_s=64e9,
+        price_per_gpu_hour_usd=3.0,
+    )
     assert np.isfinite(t["step_time_s"][0]) and t["step_time_s"][0] > 0
     assert np.isnan(t["step_time_s"][1])  # tp 2: not a row the profile describes

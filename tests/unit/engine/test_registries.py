@@ -52,9 +52,18 @@ def test_builtin_optimizers_listed_with_their_specs() -> None:
 
 @pytest.mark.parametrize(
     "table",
-    ["PARAM_BYTES", "MASTER_BYTES", "GRAD_BYTES", "STATE_BYTES", "COMPUTE_BYTES",
-     "RESIDUAL_BYTES", "IS_AMP", "IS_MIXED", "IS_FP8"],
-)  # fmt: skip
+    [
+        "PARAM_BYTES",
+        "MASTER_BYTES",
+        "GRAD_BYTES",
+        "STATE_BYTES",
+        "COMPUTE_BYTES",
+        "RESIDUAL_BYTES",
+        "IS_AMP",
+        "IS_MIXED",
+        "IS_FP8",
+    ],
+)
 def test_precision_tables_follow_the_specs(table: str) -> None:
     field = {"IS_AMP": "autocast", "IS_MIXED": "mixed", "IS_FP8": "fp8"}.get(table, table.lower())
     values = getattr(_precision, table)
