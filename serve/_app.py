@@ -15,26 +15,28 @@ wider than any real job and narrow enough that no product of them overflows int6
 (seq_len^2 x micro-batch x heads < 2^63). Choices become enums (unknown model,
 GPU, precision... -> 422 naming the field), numbers are bounded, unknown fields are refused.
 Paths are not: a request cannot name a file on the server (model presets, GPUs and optimizers
-come from the folders the server was started with).
+come from the folders the server was started with; `fleet` is inline text or JSON pools,
+serve/_fleet.py). Errors never echo the input (no `input` in `detail`, text cut to 300 chars).
 
 Bounded work (`Limits`): request bodies up to `max_body_bytes`, fit grids up to `max_grid_rows`
 candidates, recommend searches up to `max_points` points, at most `max_concurrent` computations
 at once and `timeout_s` per request; a request over a limit gets 422 (its input asks for too
-much work), a server at its concurrency limit 503 with Retry-After. Binds to loopback
-(127.0.0.1) unless told otherwise.
+much work), a server at its concurrency limit 503 with Retry-After. The body limit holds for
+chunked uploads too, and a computation past `timeout_s` is killed with its worker process
+(serve/_asgi.py, serve/_work.py). Binds to loopback (127.0.0.1) unless told otherwise.
 
 Deliberately no `from __future__ import annotations`: FastAPI reads the endpoint annotations, which
 name request models built at run time.
 """
 
-import concurrent.futures
-import threading
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from trainmem.catalog import load_optimizers, model_presets
-from trainmem.engine import OPTIMIZERS
+from trainmem.engine import OPTIMIZERS, Overheads
 from trainmem.hardware import load_gpus
 from trainmem.report import (
     ESTIMATE_OPTIONS,
@@ -42,10 +44,12 @@ from trainmem.report import (
     OUTPUT_FIELDS,
     VOCABULARIES,
     Option,
-    estimate_report,
-    jsonable,
 )
-from trainmem.sweep import FIT_OPTIONS, fit_report
+from trainmem.sweep import FIT_OPTIONS
+
+from ._asgi import Guard, logger
+from ._fleet import MAX_POOLS, inline_pools, pool_model
+from ._work import Busy, Runner, WorkerFault, WorkLimit, estimate_work, fit_work, recommend_work
 
 SERVER_FIELDS = ("hardware_dir", "models_dir", "optimizers_dir")
 """Command options the server fixes at start-up; a request cannot name a path."""
@@ -60,12 +64,15 @@ class Limits:
     """Work one request may ask for."""
 
     max_body_bytes: int = 64 * 1024
+    """Request body, counted as it arrives (Content-Length or chunked): 413 past it."""
     max_grid_rows: int = 65_536
     """fit: micro-batch or GPU-count candidates evaluated in one grid."""
     max_points: int = 2_000_000
     """recommend: points of the exhaustive search space (~10 s on one core)."""
     timeout_s: float = 30.0
+    """Computing time per request; past it the computation's worker process is killed (422)."""
     max_concurrent: int = 2
+    """Computations at once, one worker process each (503 with Retry-After when all are busy)."""
 
 
 DEFAULT_LIMITS = Limits()
@@ -73,14 +80,6 @@ DEFAULT_LIMITS = Limits()
 
 MAX_STRING_CHARS = 4096
 MAX_LIST_ITEMS = 64
-
-
-class WorkLimit(ValueError):
-    """The request asks for more work than the server's limits allow (answered with 422)."""
-
-
-class Busy(RuntimeError):
-    """Every computation slot is taken (answered with 503 and Retry-After)."""
 
 
 def _choices(*, hardware_dir: str | None, models_dir: str | None, optimizers_dir: str | None):
@@ -99,6 +98,7 @@ def request_model(
     options: Sequence[Option],
     *,
     choices: Mapping[str, tuple[str, ...]],
+    types: Mapping[str, Any] | None = None,
 ) -> Any:
     """A pydantic model of a command's declared options (report.Option): same names, defaults,
     help, choices and bounds; options that name a server path or only change printing are left
@@ -127,29 +127,23 @@ def request_model(
         elif base == (list[str] | None):
             base = list[Annotated[str, Field(max_length=MAX_STRING_CHARS)]] | None
             kwargs["max_length"] = MAX_LIST_ITEMS
+        if types and option.name in types:
+            base, kwargs = types[option.name], {}
         fields[option.name] = (base, Field(option.default, description=option.help, **kwargs))
     return create_model(name, __config__=ConfigDict(extra="forbid"), **fields)
 
 
-class _Runner:
-    """At most `max_concurrent` computations, each waited for at most `timeout_s`."""
+MAX_ERROR_CHARS = 300
+"""Error text is cut to this: an answer never echoes a large input back."""
+MAX_OVERHEAD_BYTES = 2.0**50
+"""An overhead in bytes up to 1 PiB: beyond any device, below any overflow (fractions: the
+engine's own range, [0, 1))."""
+MAX_OVERHEAD_FRACTION = 1.0
 
-    def __init__(self, limits: Limits) -> None:
-        self._pool = concurrent.futures.ThreadPoolExecutor(limits.max_concurrent)
-        self._slots = threading.BoundedSemaphore(limits.max_concurrent)
-        self._timeout_s = limits.timeout_s
 
-    def __call__(self, work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        if not self._slots.acquire(timeout=1.0):
-            raise Busy("all computation slots are busy; retry shortly")
-        future = self._pool.submit(work)
-        future.add_done_callback(lambda _: self._slots.release())
-        try:
-            return future.result(timeout=self._timeout_s)
-        except concurrent.futures.TimeoutError:
-            raise WorkLimit(
-                f"work limit: the request took longer than {self._timeout_s:g} s; narrow it"
-            ) from None
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 
 
 def _error_line(errors: list[dict[str, Any]]) -> str:
@@ -157,11 +151,50 @@ def _error_line(errors: list[dict[str, Any]]) -> str:
     if not errors:
         return "invalid request"
     first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    field = ".".join(loc) or "body"
+    if first.get("loc", ())[:2] == ("body", "fleet"):  # a union: the most specific branch
+        first = max(errors, key=lambda e: len(e.get("loc", ())))
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and p not in _UNION_TAGS]
     # pydantic's message already lists an enum's allowed values ("Input should be 'a' or 'b'").
-    message = " ".join(str(first.get("msg", "invalid value")).split())
-    return f"{field}: {message}"
+    return _short(f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid value')}")
+
+
+_UNION_TAGS = ("constrained-str", "FleetPool", "list[FleetPool]")
+"""pydantic's names of the `fleet` union's branches in error locations."""
+
+
+def _error_detail(errors: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """pydantic's errors without `input` and `ctx` (never echoed), locations and messages cut."""
+    return [
+        {
+            "type": str(e.get("type", "")),
+            "loc": [p if isinstance(p, int) else _short(str(p))[:64] for p in e.get("loc", ())],
+            "msg": _short(str(e.get("msg", ""))),
+        }
+        for e in errors[:MAX_POOLS]
+    ]
+
+
+def check_overheads(items: Sequence[str] | None) -> None:
+    """`overhead` KEY=BYTES items: a known key and a finite number in range, else ValueError
+    naming the key (inf, nan, 1e400 and negatives would overflow or mislead the engine)."""
+    names = Overheads.names()
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in names:
+            raise ValueError(
+                f"overhead: expected KEY=BYTES with KEY one of {', '.join(names)}, "
+                f"got '{_short(item)[:64]}'"
+            )
+        high = MAX_OVERHEAD_FRACTION if key.endswith("_fraction") else MAX_OVERHEAD_BYTES
+        try:
+            number = float(value)
+        except ValueError:
+            number = float("nan")
+        if not 0 <= number <= high:  # also false for nan
+            raise ValueError(
+                f"overhead: {key} must be a number from 0 to {high:g}, got '{_short(value)[:32]}'"
+            )
 
 
 def create_app(
@@ -176,11 +209,14 @@ def create_app(
         from fastapi import FastAPI, Request
         from fastapi.exceptions import RequestValidationError
         from fastapi.responses import JSONResponse
+        from starlette.exceptions import HTTPException as StarletteHTTPException
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ValueError(
             f"serve: needs fastapi and uvicorn ({exc.name} missing); "
             "install them with: pip install 'trainmem[serve]'"
         ) from None
+
+    import anyio.to_thread
 
     from trainmem.results import tool_version as version
 
@@ -192,37 +228,51 @@ def create_app(
     choices = _choices(**dirs)
     EstimateRequest = request_model("EstimateRequest", ESTIMATE_OPTIONS, choices=choices)
     FitRequest = request_model("FitRequest", FIT_OPTIONS, choices=choices)
-    run = _Runner(limits)
+    run = Runner(max_concurrent=limits.max_concurrent, timeout_s=limits.timeout_s)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Any) -> AsyncIterator[None]:
+        await anyio.to_thread.run_sync(run.start)
+        yield
+        run.close()  # the worker processes end with the server
 
     app = FastAPI(
+        lifespan=lifespan,
         title="trainmem",
         version=version(),
         description="Per-GPU training memory, fit and plans for schedulers (see README).",
     )
-
-    @app.middleware("http")
-    async def _limit_body(request: Request, call_next: Any) -> Any:
-        length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > limits.max_body_bytes:
-            return JSONResponse(
-                {"error": f"body: larger than {limits.max_body_bytes} bytes"}, status_code=413
-            )
-        return await call_next(request)
+    app.add_middleware(Guard, max_body_bytes=limits.max_body_bytes)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> Any:
-        errors = jsonable([{k: v for k, v in e.items() if k != "url"} for e in exc.errors()])
+        errors = list(exc.errors())
         return JSONResponse(
-            {"error": _error_line(errors), "detail": _plain(errors)}, status_code=422
+            {"error": _error_line(errors), "detail": _error_detail(errors)}, status_code=422
         )
 
     @app.exception_handler(ValueError)
     async def _bad_value(_request: Request, exc: ValueError) -> Any:
-        return JSONResponse({"error": str(exc).splitlines()[0]}, status_code=422)
+        return JSONResponse(
+            {"error": _short(str(exc).splitlines()[0] if str(exc) else "invalid")}, status_code=422
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> Any:
+        if exc.status_code == 400:  # FastAPI could not parse the body (too deeply nested, ...)
+            return JSONResponse({"error": "body: not valid JSON"}, status_code=422)
+        return JSONResponse(
+            {"error": _short(str(exc.detail))}, status_code=exc.status_code, headers=exc.headers
+        )
 
     @app.exception_handler(Busy)
     async def _busy(_request: Request, exc: Busy) -> Any:
         return JSONResponse({"error": str(exc)}, status_code=503, headers={"Retry-After": "1"})
+
+    @app.exception_handler(WorkerFault)
+    async def _fault(request: Request, exc: WorkerFault) -> Any:
+        logger.error("%s %s: computation failed\n%s", request.method, request.url.path, exc)
+        return JSONResponse({"error": "internal error; see the server log"}, status_code=500)
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
@@ -242,7 +292,8 @@ def create_app(
     def estimate(body: EstimateRequest) -> dict[str, Any]:  # type: ignore[valid-type]
         """`trainmem estimate --json` for the configuration in the body."""
         fields = {**body.model_dump(), **dirs}  # type: ignore[attr-defined]
-        return run(lambda: jsonable(estimate_report(**fields)))
+        check_overheads(fields["overhead"])
+        return run(estimate_work, fields)  # type: ignore[no-any-return]
 
     def fit(body: FitRequest) -> dict[str, Any]:  # type: ignore[valid-type]
         """`trainmem fit --json`: the largest micro-batch (or fewest GPUs) that fits."""
@@ -256,23 +307,12 @@ def create_app(
                 f"work limit: fit would evaluate {rows} candidates (limit "
                 f"{limits.max_grid_rows}); lower max_micro_batch_size or max_num_gpus"
             )
-        return run(lambda: fit_report(**fields))
+        return run(fit_work, fields)  # type: ignore[no-any-return]
 
     app.post("/v1/estimate")(estimate)
     app.post("/v1/fit")(fit)
     _add_recommend(app, choices=choices, dirs=dirs, limits=limits, run=run)
     return app
-
-
-def _plain(value: Any) -> Any:
-    """pydantic error contexts may hold exceptions: strings for JSON."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return str(value)
 
 
 def _add_recommend(
@@ -281,36 +321,38 @@ def _add_recommend(
     choices: Mapping[str, tuple[str, ...]],
     dirs: Mapping[str, str | None],
     limits: Limits,
-    run: Callable[[Callable[[], dict[str, Any]]], dict[str, Any]],
+    run: Runner,
 ) -> None:
-    from trainmem.plan import (
-        RECOMMEND_OPTIONS,
-        check_format,
-        recommend_report,
-        render,
-        space_points,
-    )
+    from pydantic import Field
 
-    RecommendRequest = request_model("RecommendRequest", RECOMMEND_OPTIONS, choices=choices)
-    from trainmem.plan import DEFAULT_FRAMEWORK, FORMATS
+    from trainmem.plan import DEFAULT_FRAMEWORK, FORMATS, RECOMMEND_OPTIONS, check_format, render
+
+    per_node = {name: p.gpus_per_node for name, p in load_gpus(dirs["hardware_dir"]).items()}
+    Pool = pool_model(choices["gpu"])
+    fleet_type = (
+        Annotated[str, Field(max_length=MAX_STRING_CHARS)]
+        | Pool
+        | Annotated[list[Pool], Field(min_length=1, max_length=MAX_POOLS)]  # type: ignore[valid-type]
+    )
+    RecommendRequest = request_model(
+        "RecommendRequest", RECOMMEND_OPTIONS, choices=choices, types={"fleet": fleet_type}
+    )
 
     def recommend(
         body: RecommendRequest,  # type: ignore[valid-type]
         format: Literal[FORMATS] = "json",  # type: ignore[valid-type]  # noqa: A002
     ) -> dict[str, Any]:
         """`trainmem recommend --format json`; with `?format=deepspeed|torchrun|slurm|accelerate`
-        also `launch`, the rendered launch configuration."""
-        fields = {**body.model_dump(), **dirs}  # type: ignore[attr-defined]
+        also `launch`, the rendered launch configuration. `fleet`: COUNTxGPU[,COUNTxGPU...] or
+        inline pools (JSON objects), never a path."""
+        fields = {k: getattr(body, k) for k in RecommendRequest.model_fields} | dict(dirs)
+        pools, label = inline_pools(fields.pop("fleet"), per_node)
         if format != "json":  # the launch format decides the framework, as on the CLI
             check_format(format, fields["framework"] or DEFAULT_FRAMEWORK[format])
             fields["framework"] = fields["framework"] or DEFAULT_FRAMEWORK[format]
-        points = space_points(**fields)
-        if points > limits.max_points:
-            raise WorkLimit(
-                f"work limit: recommend would search {points:,} points (limit "
-                f"{limits.max_points:,}); narrow fleet, max_pp, max_cp or max_micro_batch_size"
-            )
-        report = run(lambda: jsonable(recommend_report(**fields)))
+        report: dict[str, Any] = run(
+            recommend_work, fields, pools=pools, label=label, max_points=limits.max_points
+        )
         if format != "json":
             report = {**report, "format": format, "launch": render(report, format)}
         return report
@@ -327,7 +369,7 @@ def serve(
     optimizers_dir: str | None = None,
     limits: Limits = DEFAULT_LIMITS,
 ) -> None:
-    """Run the API under uvicorn until interrupted."""
+    """Run the API under uvicorn until interrupted; one log line per request on stderr."""
     try:
         import uvicorn
     except ImportError:  # pragma: no cover - depends on the environment
@@ -340,4 +382,9 @@ def serve(
         optimizers_dir=optimizers_dir,
         limits=limits,
     )
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -1,0 +1,213 @@
+"""Computations in worker processes: a request past its time limit is stopped, not abandoned.
+
+Each of `max_concurrent` slots owns one worker process (spawned, so that no lock of the server's
+threads is inherited) that runs one computation at a time, sent over a pipe. A request waits at
+most `timeout_s` for its answer; past that the worker is killed (its computation stops at once)
+and the slot starts a fresh one for the next request. The price is a pickle round trip per
+request (docs/serve.md, "Limits": about 1 ms) and, after each kill, a worker's start-up (imports,
+under a second, not counted in the next request's time limit). The workers start with the server.
+
+The work functions are module-level (a worker imports them by name) and return plain JSON
+values; ValueError is the user's (422), anything else a server fault (500, logged).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import tempfile
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from trainmem.report import estimate_report, jsonable
+from trainmem.sweep import fit_report
+
+START_TIMEOUT_S = 120.0
+"""A worker's start-up (spawn, imports): seconds on any machine, minutes on none."""
+
+
+class WorkLimit(ValueError):
+    """The request asks for more work than the server's limits allow (answered with 422)."""
+
+
+class Busy(RuntimeError):
+    """Every computation slot is taken (answered with 503 and Retry-After)."""
+
+
+class WorkerFault(RuntimeError):
+    """A computation failed with something other than ValueError (answered with 500, logged)."""
+
+
+def estimate_work(fields: dict[str, Any]) -> dict[str, Any]:
+    """`trainmem estimate --json`."""
+    return jsonable(estimate_report(**fields))
+
+
+def fit_work(fields: dict[str, Any]) -> dict[str, Any]:
+    """`trainmem fit --json`."""
+    return jsonable(fit_report(**fields))
+
+
+def recommend_work(
+    fields: dict[str, Any], *, pools: list[dict[str, Any]], label: str, max_points: int
+) -> dict[str, Any]:
+    """`trainmem recommend --format json` on an inline fleet (`pools`, already validated).
+
+    The engine reads fleets from text or TOML files; the pools go through a TOML file this worker
+    writes in its own temporary folder, so no name in a request can reach a file of the server.
+    Its path is replaced by `label` (the request's fleet text) in every answer and error.
+    """
+    from trainmem.plan import recommend_report, space_points
+
+    with tempfile.TemporaryDirectory(prefix="trainmem-fleet-") as folder:
+        path = os.path.join(folder, "fleet.toml")
+        with open(path, "w", encoding="utf-8") as file:
+            file.write(fleet_toml(pools))
+        fields = {**fields, "fleet": path}
+        try:
+            points = space_points(**fields)
+            if points > max_points:
+                raise WorkLimit(
+                    f"work limit: recommend would search {points:,} points (limit "
+                    f"{max_points:,}); narrow fleet, max_pp, max_cp or max_micro_batch_size"
+                )
+            report = jsonable(recommend_report(**fields))
+        except ValueError as error:
+            raise type(error)(str(error).replace(path, label)) from None
+    return {**_replace(report, path, label), "fleet": label}
+
+
+def fleet_toml(pools: list[dict[str, Any]]) -> str:
+    """[[pool]] tables (hardware/_fleet.py's format) for validated pools."""
+    lines = []
+    for pool in pools:
+        lines += ["[[pool]]", f'gpu = "{pool["gpu"]}"', f"nodes = {int(pool['nodes'])}"]
+        lines.append(f"gpus_per_node = {int(pool['gpus_per_node'])}")
+        if pool.get("price_per_hour_usd") is not None:
+            lines.append(f"price_per_hour_usd = {float(pool['price_per_hour_usd'])!r}")
+    return "\n".join(lines) + "\n"
+
+
+def _replace(value: Any, old: str, new: str) -> Any:
+    if isinstance(value, str):
+        return value.replace(old, new)
+    if isinstance(value, dict):
+        return {k: _replace(v, old, new) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replace(v, old, new) for v in value]
+    return value
+
+
+def _serve_forever(conn: Connection) -> None:
+    """A worker's loop: (function, args, kwargs) in, ("ok" | "value" | "fault", payload) out;
+    "ready" first, once the imports are done (a request's time limit counts computation only)."""
+    conn.send("ready")
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return
+        if message is None:
+            return
+        function, args, kwargs = message
+        try:
+            answer: tuple[str, Any] = ("ok", function(*args, **kwargs))
+        except ValueError as error:
+            answer = ("value", str(error))
+        except Exception:  # noqa: BLE001 - reported to the server, which logs it
+            answer = ("fault", traceback.format_exc())
+        conn.send(answer)
+
+
+class _Slot:
+    """One worker process, started on first use and after each kill."""
+
+    def __init__(self, context: Any) -> None:
+        self._context = context
+        self._process: Any = None
+        self._conn: Connection | None = None
+
+    def _start(self) -> Connection:
+        if self._conn is None or self._process is None or not self._process.is_alive():
+            self.stop()
+            parent, child = self._context.Pipe()
+            self._process = self._context.Process(
+                target=_serve_forever, args=(child,), daemon=True, name="trainmem-serve-worker"
+            )
+            self._process.start()
+            child.close()
+            if not parent.poll(START_TIMEOUT_S):
+                self.stop()
+                raise WorkerFault(f"a worker process did not start within {START_TIMEOUT_S} s")
+            parent.recv()  # "ready"
+            self._conn = parent
+        return self._conn
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def call(
+        self, timeout_s: float, function: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Any:
+        conn = self._start()
+        try:
+            conn.send((function, args, kwargs))
+            ready = conn.poll(timeout_s)
+            status, payload = conn.recv() if ready else ("timeout", None)
+        except (EOFError, OSError):  # the worker died (out of memory, killed)
+            self.stop()
+            raise WorkerFault("the worker process died during the computation") from None
+        if status == "timeout":
+            self.stop()  # kills the computation with its process
+            raise WorkLimit(f"work limit: the request took longer than {timeout_s:g} s; narrow it")
+        if status == "value":
+            raise ValueError(payload)
+        if status == "fault":
+            raise WorkerFault(payload)
+        return payload
+
+    def stop(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._process is not None and self._process.pid is not None:  # started
+            if self._process.is_alive():
+                self._process.kill()
+            self._process.join(timeout=5)
+        self._process = None
+
+
+class Runner:
+    """At most `max_concurrent` computations at once, each stopped after `timeout_s`."""
+
+    def __init__(self, *, max_concurrent: int, timeout_s: float) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._free: queue.Queue[_Slot] = queue.Queue()
+        self.slots = [_Slot(context) for _ in range(max_concurrent)]
+        for slot in self.slots:
+            self._free.put(slot)
+        self._timeout_s = timeout_s
+
+    def __call__(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            slot = self._free.get(timeout=1.0)
+        except queue.Empty:
+            raise Busy("all computation slots are busy; retry shortly") from None
+        try:
+            return slot.call(self._timeout_s, function, *args, **kwargs)
+        finally:
+            self._free.put(slot)
+
+    def start(self) -> None:
+        """Start every worker now (the server's start-up), not on the first requests."""
+        for slot in self.slots:
+            slot.call(START_TIMEOUT_S, int)
+
+    def close(self) -> None:
+        """Stop every worker (the server's shutdown)."""
+        for slot in self.slots:
+            slot.stop()
