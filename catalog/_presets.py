@@ -25,11 +25,18 @@ def preset_names() -> tuple[str, ...]:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"model: cannot read config {path}: {exc}") from None
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"model: cannot read config {path}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"model: {path}: not UTF-8 JSON") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"model: {path}: not a JSON object ({first})") from None
     if not isinstance(data, dict):
-        raise ValueError(f"model: {path} is not a JSON object")
+        raise ValueError(f"model: {path}: not a JSON object")
     return data
 
 

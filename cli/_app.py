@@ -1,7 +1,9 @@
 """The `trainmem` command line (typer): estimate, models, optimizers, trace, gpus; the others
 register from their modules (fit, sweep, points, recommend, heatmap, serve).
 
-Bad input: one line naming the field and the allowed values on stderr, exit code 2, no traceback.
+Exit codes (every command, report.EXIT_CODES, docs/exit-codes.md): 0 the command ran; 1 with
+--check when it does not fit; 2 bad input (one line naming the field and the allowed values on
+stderr, no traceback).
 """
 
 from __future__ import annotations
@@ -15,7 +17,13 @@ import typer
 from trainmem.catalog import load_model, load_optimizers, model_presets
 from trainmem.engine import ATTENTION
 from trainmem.hardware import GIB, load_gpus
-from trainmem.report import ESTIMATE_OPTIONS, command_fields, estimate_report, human_table
+from trainmem.report import (
+    ESTIMATE_OPTIONS,
+    EXIT_CODES,
+    command_fields,
+    estimate_report,
+    human_table,
+)
 
 from ._options import command
 
@@ -26,18 +34,20 @@ app = typer.Typer(
 )
 
 
-@app.command("estimate")
+@app.command("estimate", epilog=EXIT_CODES)
 @command(ESTIMATE_OPTIONS)
-def estimate_cmd(training: dict[str, Any], *, as_json: bool, **options: Any) -> None:
+def estimate_cmd(training: dict[str, Any], *, as_json: bool, check: bool, **options: Any) -> None:
     """Per-device memory of one training configuration: breakdown, phase peaks, fit."""
     report = estimate_report(training, **options)
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:
         typer.echo(human_table(report))
+    if check and not report["fits"]:
+        raise typer.Exit(1)
 
 
-@app.command("models")
+@app.command("models", epilog=EXIT_CODES)
 def models_cmd(
     models_dir: Annotated[
         str | None,
@@ -75,7 +85,7 @@ def models_cmd(
         )
 
 
-@app.command("optimizers")
+@app.command("optimizers", epilog=EXIT_CODES)
 def optimizers_cmd(
     optimizers_dir: Annotated[
         str | None,
@@ -114,7 +124,7 @@ def optimizers_cmd(
     typer.echo("(adafactor keeps factored moments; adamw-fused adds a device step per tensor)")
 
 
-@app.command("trace")
+@app.command("trace", epilog=EXIT_CODES)
 def trace_cmd(
     model: Annotated[str, typer.Option(help="Preset name or path to a HF config.json.")] = (
         "llama-3.2-1b"
@@ -175,7 +185,7 @@ def trace_cmd(
     typer.echo(json.dumps(report, indent=2) if as_json else trace_text(report))
 
 
-@app.command("gpus")
+@app.command("gpus", epilog=EXIT_CODES)
 def gpus_cmd(
     hardware_dir: Annotated[
         str | None, typer.Option(help="Folder of extra GPU TOML files.")

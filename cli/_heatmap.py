@@ -9,7 +9,15 @@ import typer
 
 from trainmem.engine import grid_columns
 from trainmem.hardware import GIB
-from trainmem.report import AS_JSON, HEADROOM, USER_DIRS, Option, check_headroom, training_options
+from trainmem.report import (
+    AS_JSON,
+    EXIT_CODES,
+    HEADROOM,
+    USER_DIRS,
+    Option,
+    check_headroom,
+    training_options,
+)
 from trainmem.results import heatmap_format
 from trainmem.sweep._heatmap import BOOL_AXES, CATEGORICAL, Plot, from_flags, from_points
 
@@ -142,4 +150,4 @@ def heatmap_cmd(
 
 def register(app: typer.Typer) -> None:
     """Add `heatmap` to the CLI app."""
-    app.command("heatmap")(heatmap_cmd)
+    app.command("heatmap", epilog=EXIT_CODES)(heatmap_cmd)

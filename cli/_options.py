@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from trainmem.engine import FIELD_NAMES
-from trainmem.report import Option
+from trainmem.report import Option, check_options
 
 
 def typer_parameter(option: Option) -> inspect.Parameter:
@@ -39,6 +39,7 @@ def command(options: Sequence[Option]) -> Callable[[Callable[..., Any]], Callabl
     def wrap(function: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(function)
         def run(**values: Any) -> Any:
+            check_options(options, values)
             training = {k: values.pop(k) for k in FIELD_NAMES if k in values}
             return function(training, **values)
 

@@ -15,14 +15,14 @@ from trainmem.plan import (
     render,
     summary,
 )
-from trainmem.report import choice
+from trainmem.report import EXIT_CODES, choice
 
 from ._options import command
 
 
 @command(RECOMMEND_OPTIONS)
 def recommend_cmd(
-    training: dict[str, Any], *, fmt: str | None, as_json: bool, **options: Any
+    training: dict[str, Any], *, fmt: str | None, as_json: bool, check: bool, **options: Any
 ) -> None:
     """The cheapest plan that fits a fleet, its runners-up, and its launch config.
 
@@ -31,8 +31,9 @@ def recommend_cmd(
     num_nodes, gpus_per_node, tp, pp, dp, cp, ep, zero, recompute, micro_batch_size,
     grad_accum_steps, peak_device_bytes, headroom_bytes, step_time_s, cost_per_million_tokens,
     estimate_command and alternatives), a DeepSpeed config, a torchrun line, an sbatch script
-    or an accelerate FSDP config. Exit code 0: a plan fits; 1: nothing fits (the JSON and the
-    summary describe the closest configuration, the launch formats print nothing); 2: bad input.
+    or an accelerate FSDP config. When nothing fits, the JSON and the summary describe the
+    closest configuration and the launch formats print nothing (a one-line note on stderr).
+    Exit code 0: it ran (with --check: a plan fits); 1: --check and nothing fits; 2: bad input.
     """
     fields = {**options, **training}
     framework = training["framework"]
@@ -44,14 +45,14 @@ def recommend_cmd(
         fields["framework"] = DEFAULT_FRAMEWORK[shown]
     report = recommend_report(**fields)
     if shown not in (None, "json") and not report["fits"]:
-        typer.echo(f"error: {report['reason']}", err=True)
-        raise typer.Exit(1)
-    text = summary(report) if shown is None else render(report, shown)
-    typer.echo(text.rstrip("\n"))
-    if not report["fits"]:
+        typer.echo(report["reason"], err=True)
+    else:
+        text = summary(report) if shown is None else render(report, shown)
+        typer.echo(text.rstrip("\n"))
+    if check and not report["fits"]:
         raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
     """Add `recommend` to the CLI app."""
-    app.command("recommend")(recommend_cmd)
+    app.command("recommend", epilog=EXIT_CODES)(recommend_cmd)

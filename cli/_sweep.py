@@ -5,14 +5,18 @@ Bad input raises ValueError (one line); the CLI's main() prints it and exits wit
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import os
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from trainmem.hardware import GIB
 from trainmem.report import (
+    EXIT_CODES,
     jsonable,
 )
 from trainmem.results import query_points
@@ -30,10 +34,16 @@ from ._options import command
 
 
 @command(FIT_OPTIONS)
-def fit_cmd(training: dict[str, Any], *, as_json: bool, **options: Any) -> None:
+def fit_cmd(training: dict[str, Any], *, as_json: bool, check: bool, **options: Any) -> None:
     """The largest micro-batch that fits (or, --minimize num-gpus, the fewest GPUs)."""
     result = fit_report(training, **options)
-    minimize, seq_len = options["minimize"], training["seq_len"]
+    key = "min_num_gpus" if options["minimize"] == "num-gpus" else "max_micro_batch_size"
+    _print_fit(result, options["minimize"], training["seq_len"], as_json=as_json)
+    if check and result[key] is None:
+        raise typer.Exit(1)
+
+
+def _print_fit(result: dict[str, Any], minimize: str, seq_len: int, *, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return
@@ -144,7 +154,14 @@ def _top_table(result: SearchResult) -> str:
     return "\n".join(lines)
 
 
-@command(SWEEP_OPTIONS)
+SWEEP_CLI_OPTIONS = tuple(
+    dataclasses.replace(o, ge=1) if o.name in ("trials", "workers", "jobs") and o.ge is None else o
+    for o in SWEEP_OPTIONS
+)
+"""SWEEP_OPTIONS with the counts bounded (at least one trial, worker and process)."""
+
+
+@command(SWEEP_CLI_OPTIONS)
 def sweep_cmd(
     training: dict[str, Any],
     *,
@@ -170,6 +187,7 @@ def sweep_cmd(
     as_json: bool,
 ) -> None:
     """Search a fleet for the cheapest (or fastest, or smallest) configuration that fits."""
+    check_out_dir(out)
     run = functools.partial(
         run_sweep,
         training,
@@ -193,19 +211,10 @@ def sweep_cmd(
         optimizers_dir=optimizers_dir,
         profile_file=profile_file,
     )
-    if as_json:
-        done = run()
-    else:
-        from rich.progress import Progress as ProgressBar
-
-        unit = "points" if method == "exhaustive" else "trials"
-        with ProgressBar(transient=True) as bar:
-            task = bar.add_task(f"{method}: {unit}", total=None)
-
-            def progress(done: int, total: int) -> None:
-                bar.update(task, completed=done, total=total)
-
-            done = run(progress=progress)
+    try:
+        done = _run_with_progress(run, method=method, as_json=as_json)
+    except OSError as exc:  # the folder became unwritable, or a path under it is odd
+        raise ValueError(f"out: {out!r}: {exc.strerror or exc}") from None
     result, space, study, objectives = done.result, done.space, done.study, done.objectives
     payload: dict[str, Any] = {
         "study": study,
@@ -232,6 +241,40 @@ def sweep_cmd(
     typer.echo(_top_table(result))
     if len(objectives) > 1:
         typer.echo(f"Pareto front ({' vs '.join(objectives)}): {len(result.best)} points")
+
+
+def _run_with_progress(run: Any, *, method: str, as_json: bool) -> Any:
+    """run() (with a progress bar unless the output is JSON)."""
+    if as_json:
+        return run()
+    from rich.progress import Progress as ProgressBar
+
+    unit = "points" if method == "exhaustive" else "trials"
+    with ProgressBar(transient=True) as bar:
+        task = bar.add_task(f"{method}: {unit}", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        done = run(progress=progress)
+    return done
+
+
+def check_out_dir(out: str) -> None:
+    """ValueError ("out: ...") when the output folder names a file or cannot be created or
+    written (checked before any point is computed)."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"out: {out!r} is a file, not a folder")
+    existing = path
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise ValueError(f"out: {str(existing)!r} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"out: {str(existing)!r} is not writable")
 
 
 # ---- points ------------------------------------------------------------------------------------
@@ -273,6 +316,6 @@ def points_cmd(
 
 def register(app: typer.Typer) -> None:
     """Add `fit`, `sweep` and `points` to the CLI app."""
-    app.command("fit")(fit_cmd)
-    app.command("sweep")(sweep_cmd)
-    app.command("points")(points_cmd)
+    app.command("fit", epilog=EXIT_CODES)(fit_cmd)
+    app.command("sweep", epilog=EXIT_CODES)(sweep_cmd)
+    app.command("points", epilog=EXIT_CODES)(points_cmd)

@@ -172,19 +172,87 @@ def grid_columns(fields: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check_fields(fields: Mapping[str, Any], *, order: tuple[str, ...] | None = None) -> None:
-    """ValueError naming the first field whose value is outside its choices.
-
-    Assumes: bounds are the HTTP layer's (the engine marks out-of-range layouts with a reason).
+    """ValueError naming the first field whose value is outside its choices, then the first
+    outside its bounds (declaration order; NaN and infinities are outside), then the first
+    broken cross-field rule (`cross_field_reason`). Fields absent or None are skipped.
     """
-    for name in order or tuple(fields):
+    names = order or tuple(fields)
+    for name in names:
         knob_ = KNOBS.get(name)
         if knob_ is None or knob_.choices is None or knob_.open_choices:
             continue
         value = fields[name]
-        if value not in knob_.choices:
+        if value is not None and value not in knob_.choices:
             raise ValueError(
                 f"{name}: unknown value '{value}'; allowed: {', '.join(knob_.choices)}"
             )
+    for name in FIELD_NAMES:
+        if name in fields and fields[name] is not None:
+            reason = bound_reason(fields[name], ge=KNOBS[name].ge, le=KNOBS[name].le)
+            if reason:
+                raise ValueError(f"{name}: {reason}")
+    reason = cross_field_reason(fields)
+    if reason:
+        raise ValueError(reason)
+
+
+def bound_reason(
+    value: Any,
+    *,
+    ge: float | None = None,
+    le: float | None = None,
+    gt: float | None = None,
+    lt: float | None = None,
+) -> str | None:
+    """Why a number is outside inclusive [ge, le] / exclusive (gt, lt) bounds, or not finite
+    ("must be in [1, 1024], got 0"); None when it is inside (non-numbers: None)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return None
+    low = f"[{_num(ge)}" if ge is not None else (f"({_num(gt)}" if gt is not None else None)
+    high = f"{_num(le)}]" if le is not None else (f"{_num(lt)})" if lt is not None else None)
+    if low and high:
+        rule = f"must be in {low}, {high}"
+    elif low:
+        rule = f"must be {'>=' if ge is not None else '>'} {low[1:]}"
+    elif high:
+        rule = f"must be {'<=' if le is not None else '<'} {high[:-1]}"
+    else:
+        rule = "must be a finite number"
+    if isinstance(value, (float, np.floating)) and not np.isfinite(value):
+        return f"{rule}, got {value}"
+    if (
+        (ge is not None and value < ge)
+        or (le is not None and value > le)
+        or (gt is not None and value <= gt)
+        or (lt is not None and value >= lt)
+    ):
+        return f"{rule}, got {value}"
+    return None
+
+
+def _num(bound: float) -> str:
+    """A bound as written: 4194304, 0.5, 1e+18."""
+    return str(int(bound)) if float(bound).is_integer() and abs(bound) < 1e15 else f"{bound:g}"
+
+
+def cross_field_reason(fields: Mapping[str, Any]) -> str | None:
+    """The first rule between training fields that needs no model, broken by `fields` (absent or
+    None fields are not judged): interleaved stages need pipeline parallelism; QLoRA needs a
+    LoRA rank; a LoRA rank needs target modules."""
+
+    def given(name: str) -> Any:
+        return fields.get(name)
+
+    vs, pp = given("virtual_stages"), given("pp")
+    if vs is not None and pp is not None and vs > 1 and pp <= 1:
+        return f"virtual_stages: {vs} interleaved stages need pp > 1, got pp {pp}"
+    rank = given("lora_rank")
+    if given("qlora") and rank is not None and rank <= 0:
+        return "qlora: needs lora_rank > 0, got 0"
+    targets = given("lora_targets")
+    if rank is not None and rank > 0 and targets is not None and not str(targets).strip(" ,"):
+        return "lora_targets: must name at least one module (or all-linear) with lora_rank > 0"
+    return None
 
 
 def parallel_layout(c: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ rounded per tensor, as the CUDA caching allocator does.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -379,6 +380,109 @@ def _family_of(config: dict[str, Any]) -> Family:
     return "decoder"
 
 
+_POSITIVE_INTS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+    "max_position_embeddings",
+    "head_dim",
+    "moe_intermediate_size",
+    "num_experts",
+    "num_local_experts",
+    "num_experts_per_tok",
+    "decoder_sparse_step",
+    "kv_lora_rank",
+    "q_lora_rank",
+    "qk_nope_head_dim",
+    "v_head_dim",
+    "sliding_window",
+    "n_embd",
+    "n_layer",
+    "n_head",
+    "n_inner",
+    "n_positions",
+    "n_ctx",
+)
+"""Sizes and counts of a config.json that must be integers >= 1 (None: absent)."""
+_NON_NEGATIVE_INTS = (
+    "qk_rope_head_dim",
+    "n_shared_experts",
+    "shared_expert_intermediate_size",
+    "first_k_dense_replace",
+    "type_vocab_size",
+)
+_BOOLS = ("tie_word_embeddings", "attention_bias", "mlp_bias")
+_PROBABILITIES = (
+    "attention_dropout",
+    "hidden_dropout",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "resid_pdrop",
+    "attn_pdrop",
+    "embd_pdrop",
+)
+_MAX_SIZE = 2**31 - 1
+
+
+def _integer(value: Any) -> int | None:
+    """`value` as an int when it is an integer (4096 or 4096.0), else None (bools excluded)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return None
+
+
+def check_hf_fields(config: dict[str, Any], *, name: str) -> None:
+    """One-line ValueError naming the first config.json field that is not a valid size, count,
+    switch or probability, or heads that do not divide (checked before any formula runs)."""
+    for key in (*_POSITIVE_INTS, *_NON_NEGATIVE_INTS):
+        value = config.get(key)
+        if value is None:
+            continue
+        low = 1 if key in _POSITIVE_INTS else 0
+        number = _integer(value)
+        if number is None or not low <= number <= _MAX_SIZE:
+            raise ValueError(
+                f"model: {name}: {key} must be an integer in [{low}, {_MAX_SIZE}], got {value!r}"
+            )
+    for key in _BOOLS:
+        value = config.get(key)
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"model: {name}: {key} must be true or false, got {value!r}")
+    for key in _PROBABILITIES:
+        value = config.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise ValueError(f"model: {name}: {key} must be a number in [0, 1), got {value!r}")
+    hidden = config.get("hidden_size", config.get("n_embd"))
+    heads = config.get("num_attention_heads", config.get("n_head"))
+    kv_heads = config.get("num_key_value_heads")
+    if heads is not None and kv_heads is not None and int(heads) % int(kv_heads):
+        raise ValueError(
+            f"model: {name}: num_attention_heads ({heads}) must be divisible by "
+            f"num_key_value_heads ({kv_heads})"
+        )
+    if (
+        hidden is not None
+        and heads is not None
+        and config.get("head_dim") is None
+        and config.get("qk_nope_head_dim") is None
+        and int(hidden) % int(heads)
+    ):
+        key = "hidden_size" if "hidden_size" in config else "n_embd"
+        raise ValueError(
+            f"model: {name}: {key} ({hidden}) must be divisible by the number of heads ({heads}) "
+            "when head_dim is absent"
+        )
+
+
 def model_from_hf_config(config: dict[str, Any], *, name: str) -> ModelSpec:
     """Build a ModelSpec from a Hugging Face config.json's fields.
 
@@ -390,6 +494,7 @@ def model_from_hf_config(config: dict[str, Any], *, name: str) -> ModelSpec:
     missing = [k for k in _REQUIRED[family] if config.get(k) is None]
     if missing:
         raise ValueError(f"{name}: config is missing required field(s): {', '.join(missing)}")
+    check_hf_fields(config, name=name)
     model_type = str(config.get("model_type", family))
     if family == "gpt2":
         return _gpt2_spec(config, name=name, model_type=model_type)

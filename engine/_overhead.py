@@ -53,6 +53,11 @@ class Overheads:
             raise ValueError(
                 f"overhead: unknown key '{unknown[0]}'; allowed: {', '.join(self.names())}"
             )
+        for key, value in overrides.items():
+            high = " and < 1" if key.endswith("_fraction") else ""
+            if not (np.isfinite(value) and value >= 0 and (not high or value < 1)):
+                rule = "in [0, 1)" if high else "finite and >= 0"
+                raise ValueError(f"overhead: {key} must be {rule}, got {value}")
         return replace(self, **overrides)
 
 

@@ -98,7 +98,7 @@ class TimeParams:
         for name in self.names():
             value = getattr(self, name)
             if "efficiency" in name or name == "causal_attention_fraction":
-                if not 0.0 < value <= 1.0:
+                if not 0.0 < value <= 1.0:  # NaN fails too
                     errors.append(f"{name} must be in (0, 1], got {value}")
             elif name.endswith("_fraction"):
                 if not 0.0 <= value <= 1.0:

@@ -36,11 +36,13 @@ from trainmem.engine import (
 from trainmem.hardware import GIB, Fleet, load_gpus, parse_fleet
 from trainmem.report import (
     AS_JSON,
+    CHECK,
     HEADROOM,
     MODEL,
     USER_DIRS,
     Option,
     check_headroom,
+    check_options,
     choice,
     training_config,
     training_options,
@@ -154,6 +156,7 @@ RECOMMEND_OPTIONS: tuple[Option, ...] = (
         help="|".join(FORMATS) + " (default: a summary).",
     ),
     AS_JSON,
+    CHECK,
     Option(
         name="num_alternatives",
         type=int,
@@ -284,7 +287,9 @@ def recommend_report(
 def space_points(**fields: Any) -> int:
     """How many points `recommend_report(**fields)` would search (without searching): the HTTP
     service bounds a request's work with it."""
-    options = {o.name: o.default for o in RECOMMEND_OPTIONS if o.name not in ("fmt", "as_json")}
+    options = {
+        o.name: o.default for o in RECOMMEND_OPTIONS if o.name not in ("fmt", "as_json", "check")
+    }
     unknown = sorted(set(fields) - set(options))
     if unknown:
         raise TypeError(f"unexpected keyword argument {unknown[0]!r}")
@@ -304,6 +309,7 @@ def job_space(**fields: Any) -> Space:
             f"objective: recommend takes one of cost, time, gpus, got '{f['objective']}'"
         )
     check_headroom(f["headroom"])
+    check_options(RECOMMEND_OPTIONS, f)
     if f["num_alternatives"] < 0:
         raise ValueError(f"num-alternatives: must be >= 0, got {f['num_alternatives']}")
     if not _NAME_RE.match(f["job_name"]):
@@ -641,6 +647,8 @@ RECOMMEND_TRAINING = {
     "sequence_parallel": True,
 }
 """The training fields of a recommendation when not given (searched fields: None)."""
-RECOMMEND_ARGS = tuple(o.name for o in RECOMMEND_OPTIONS if o.name not in ("fmt", "as_json"))
+RECOMMEND_ARGS = tuple(
+    o.name for o in RECOMMEND_OPTIONS if o.name not in ("fmt", "as_json", "check")
+)
 REPORT_FIELDS = RECOMMEND_ARGS
 """recommend_report's keyword arguments (the options but the output ones)."""

@@ -21,7 +21,9 @@ from ._estimate import (
 )
 from ._options import (
     AS_JSON,
+    CHECK,
     ESTIMATE_OPTIONS,
+    EXIT_CODES,
     GPU,
     HEADROOM,
     MODEL,
@@ -32,10 +34,12 @@ from ._options import (
     training_options,
 )
 from ._row import human_table, row_report, stage_summary, time_line, time_report
-from ._validate import VOCABULARIES, check_choices, check_headroom, choice
+from ._validate import VOCABULARIES, check_choices, check_headroom, check_options, choice
 
 __all__ = [
     "AS_JSON",
+    "CHECK",
+    "EXIT_CODES",
     "GPU",
     "HEADROOM",
     "MODEL",
@@ -54,6 +58,7 @@ __all__ = [
     "advice_report",
     "check_choices",
     "check_headroom",
+    "check_options",
     "check_layout",
     "choice",
     "command_defaults",

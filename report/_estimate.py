@@ -41,7 +41,7 @@ from ._advice import advice_report
 from ._row import row_report, stage_summary, time_report
 from ._validate import check_choices, check_headroom
 
-OUTPUT_FIELDS = ("as_json",)
+OUTPUT_FIELDS = ("as_json", "check")
 """Command options that choose how a report is printed, not what it says."""
 
 MINIMIZE = ("micro-batch-size", "num-gpus")

@@ -90,6 +90,19 @@ AS_JSON = Option(
     flag="--json",
     http=False,
 )
+CHECK = Option(
+    name="check",
+    type=bool,
+    default=False,
+    flag="--check",
+    http=False,
+    help="Exit code 1 when it does not fit (recommend: when no plan fits); see EXIT_CODES.",
+)
+EXIT_CODES = (
+    "Exit codes: 0 the command ran (with --check: it fits); 1 with --check, it does not fit; "
+    "2 bad input (one line on stderr naming the field)."
+)
+"""The exit-code contract every command shares (docs/exit-codes.md), shown in --help."""
 MODEL = Option(
     name="model", type=str, default="llama-3.1-8b", help="Preset name or path to a HF config.json."
 )
@@ -155,6 +168,7 @@ ESTIMATE_OPTIONS: tuple[Option, ...] = (
         help="Also report every pipeline stage's rank.",
     ),
     AS_JSON,
+    CHECK,
     Option(
         name="tokens",
         type=float | None,

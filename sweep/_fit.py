@@ -26,6 +26,7 @@ from trainmem.engine import (
 from trainmem.hardware import get_gpu
 from trainmem.report import (
     AS_JSON,
+    CHECK,
     DEFAULT_MODEL,
     GPU,
     HEADROOM,
@@ -36,6 +37,7 @@ from trainmem.report import (
     Option,
     advice_report,
     check_headroom,
+    check_options,
     choice,
     jsonable,
     model_spec,
@@ -80,6 +82,7 @@ FIT_OPTIONS: tuple[Option, ...] = (
     *MINIMIZE_OPTIONS,
     PROFILE_FILE,
     AS_JSON,
+    CHECK,
 )
 """`trainmem fit`, `POST /v1/fit`, `trainmem.fit`."""
 
@@ -111,8 +114,10 @@ def fit_report(
     config_ = TrainingConfig.from_fields(values)
     choice("minimize", minimize, MINIMIZE)
     check_headroom(headroom)
-    if max_micro_batch_size < 1 or max_num_gpus < 1:
-        raise ValueError("max-micro-batch-size and max-num-gpus must be >= 1")
+    check_options(
+        MINIMIZE_OPTIONS,
+        {"max_micro_batch_size": max_micro_batch_size, "max_num_gpus": max_num_gpus},
+    )
     spec = model_spec(model, models_dir=models_dir, profile_file=profile_file)
     precision, recompute, attention = traced_choices(
         spec, config_.precision, config_.recompute, config_.attention

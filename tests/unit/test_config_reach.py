@@ -119,5 +119,5 @@ def test_report_signatures_take_the_declared_options_with_their_defaults() -> No
             if param.kind is inspect.Parameter.KEYWORD_ONLY and name != "progress":
                 assert name in declared, (function.__name__, name)
                 assert param.default == declared[name], (function.__name__, name)
-        missing = set(declared) - set(params) - {"as_json", "fmt"}
+        missing = set(declared) - set(params) - {"as_json", "fmt", "check"}
         assert not missing, (function.__name__, missing)

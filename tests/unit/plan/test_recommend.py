@@ -261,11 +261,13 @@ def test_nothing_fits_reports_the_closest(capsys) -> None:
         "--global-batch-size",
         "64",
     ]
-    assert main([*argv, "--json"]) == 1
+    assert main([*argv, "--json"]) == 0  # the exit-code contract: 1 only with --check
     assert json.loads(capsys.readouterr().out)["fits"] is False
-    assert main([*argv, "--format", "torchrun"]) == 1
+    assert main([*argv, "--json", "--check"]) == 1
+    capsys.readouterr()
+    assert main([*argv, "--format", "torchrun", "--check"]) == 1
     out = capsys.readouterr()
-    assert out.out == "" and out.err.startswith("error: nothing fits")
+    assert out.out == "" and out.err.startswith("nothing fits")
     with pytest.raises(ValueError, match="nothing fits"):
         render(report, "torchrun")
 
@@ -294,7 +296,7 @@ def test_report_takes_every_command_option() -> None:
     (all but the output ones), each declared once in RECOMMEND_OPTIONS."""
     cmd = inspect.signature(recommend_cmd).parameters
     assert list(cmd) == [o.name for o in RECOMMEND_OPTIONS]
-    names = [n for n in cmd if n not in ("fmt", "as_json")]
+    names = [n for n in cmd if n not in ("fmt", "as_json", "check")]
     inspect.signature(recommend_report).bind(**{n: cmd[n].default for n in names})
     assert set(names) == set(REPORT_FIELDS)
 
