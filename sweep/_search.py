@@ -6,13 +6,17 @@ call per chunk or batch) and write every point, fitting or not, to the points ta
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import re
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +24,13 @@ import numpy as np
 import polars as pl
 
 from trainmem.results import SCHEMA_VERSION, part_exists, points_frame, study_dir, write_points
+from trainmem.results._store import (
+    HOST_TAG,
+    _pid_alive,
+    clean_temporaries,
+    publish_points,
+    staged_parts,
+)
 
 from ._space import _NAMES, ALL_REASONS, AXES, POINT_COLUMNS, Space, evaluate_columns
 
@@ -31,6 +42,8 @@ OBJECTIVES = {
 """Objective name -> the column minimized (ties broken by cost, then step time)."""
 TIE_BREAK = ("cost_per_million_tokens", "step_time_s", "num_gpus")
 TOP = 10
+PROCESS_START = time.time()
+"""Temporary files without an owner in their name and older than this are a dead run's."""
 
 Progress = Callable[[int, int], None]
 """progress(points_done, points_total)."""
@@ -164,6 +177,8 @@ def run_exhaustive(
     total = space.num_points
     fp = space_fingerprint(space, chunk_size=chunk_size)
     folder = None if out is None else study_dir(out, study)
+    if out is not None and study_dir(out, study).is_dir():
+        clean_temporaries(out, study=study, before=PROCESS_START)
     chunks = [
         (f"x{fp}-{c:06d}", lo, min(lo + chunk_size, total))
         for c, lo in enumerate(range(0, total, chunk_size))
@@ -314,6 +329,15 @@ _MEMORY: dict[str, Any] = {}
 """In-process storages for `storage=":memory:"` (benchmarks, tests), one per study name."""
 
 
+_URL_SECRET = re.compile(r"(?P<head>://[^:/@?#\s]*:)[^@/\s]*@|(?P<key>[?&]password=)[^&\s]*")
+
+
+def mask_url(text: str) -> str:
+    """`text` with every URL password replaced by *** (postgresql://user:***@host/db, and a
+    `password=` query argument): storage URLs are echoed in outputs and errors."""
+    return _URL_SECRET.sub(lambda m: f"{m['head']}***@" if m["head"] else f"{m['key']}***", text)
+
+
 def default_storage(out: str | os.PathLike[str]) -> str:
     """An SQLite file in the output folder."""
     Path(out).mkdir(parents=True, exist_ok=True)
@@ -338,10 +362,11 @@ def _open_study(storage: str, study: str, objectives: Sequence[str], seed: int |
             load_if_exists=True,
         )
     except (ImportError, ModuleNotFoundError) as error:  # e.g. no PostgreSQL driver
-        raise ValueError(f"storage: {error}") from None
+        raise ValueError(f"storage: {mask_url(str(error))}") from None
     except Exception as error:
         if type(error).__module__.startswith(("sqlalchemy", "optuna")):
-            raise ValueError(f"storage: {' '.join(str(error).split())[:200]}") from None
+            message = mask_url(" ".join(str(error).split()))[:200]
+            raise ValueError(f"storage: {message}") from None
         raise
 
 
@@ -381,10 +406,132 @@ def _suggest(space: Space, axis: str, batch: list[Any]) -> np.ndarray:
     return np.asarray(values, dtype=np.int64)[index]
 
 
-def _complete(st: Any) -> int:
-    import optuna
+OWNER_ATTR = "trainmem_owner"
+"""Trial user attribute: the worker that asked it (HOST_TAG-pid-token), set when the trial is
+created, so that a resume can tell a dead worker's RUNNING trial from a live one's."""
+FOREIGN_TRIAL_AGE_S = 3600.0
+"""A RUNNING trial of another host (or with no owner) is failed once started this long ago: a
+batch takes well under a minute, and another host's pids cannot be checked."""
+POLL_S = 0.1
+"""Wait between looks at the study while live workers hold every remaining trial."""
+_LIVE_OWNERS: set[str] = set()
+"""Owner tokens of the workers running in this process."""
 
-    return len(st.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+
+def _new_owner() -> str:
+    owner = f"{HOST_TAG}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    _LIVE_OWNERS.add(owner)
+    return owner
+
+
+def _owner_dead(trial: Any, now: float) -> bool:
+    """Whether a RUNNING trial's worker is gone (its trial will never be told)."""
+    owner = trial.user_attrs.get(OWNER_ATTR)
+    host, pid = (owner.split("-")[:2] + [""])[:2] if isinstance(owner, str) else ("", "")
+    if host == HOST_TAG and pid.isdigit():
+        if int(pid) == os.getpid():
+            return owner not in _LIVE_OWNERS
+        return not _pid_alive(int(pid))
+    started = trial.datetime_start.timestamp() if trial.datetime_start else now
+    return now - started > FOREIGN_TRIAL_AGE_S
+
+
+def _ask(st: Any, owner: str) -> Any:
+    """`study.ask()` with the owner attribute stored with the trial in one transaction (a
+    worker killed right after an ask leaves a trial that names it)."""
+    import optuna
+    from optuna.trial import FrozenTrial, TrialState
+
+    template = FrozenTrial(
+        number=-1,
+        state=TrialState.RUNNING,
+        value=None,
+        datetime_start=datetime.now(),
+        datetime_complete=None,
+        params={},
+        distributions={},
+        user_attrs={OWNER_ATTR: owner},
+        system_attrs={},
+        intermediate_values={},
+        trial_id=-1,
+    )
+    trial_id = st._storage.create_new_trial(st._study_id, template_trial=template)
+    st._thread_local.cached_all_trials = None  # as study.ask: the sampler sees the study anew
+    return optuna.Trial(st, trial_id)
+
+
+def _fail(st: Any, trial_id: int) -> None:
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    with contextlib.suppress(UpdateFinishedTrialError):  # told meanwhile
+        st._storage.set_trial_state_values(trial_id, TrialState.FAIL)
+
+
+def recover_study(st: Any, *, out: str, study: str) -> int:
+    """Fail the RUNNING trials of dead workers, then settle the staged parts they left: keep
+    the points of COMPLETE trials (published), drop the others. Returns the trials failed."""
+    from optuna.trial import TrialState
+
+    now = time.time()
+    failed = 0
+    for t in st.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if _owner_dead(t, now):
+            _fail(st, t._trial_id)
+            failed += 1
+    if study_dir(out, study).is_dir():
+        clean_temporaries(out, study=study, before=PROCESS_START)
+        parts = staged_parts(out, study=study)
+        if parts:
+            states = {t.number: t.state for t in st.get_trials(deepcopy=False)}
+            for part in parts:
+                _settle(out, study=study, part=part, states=states)
+    return failed
+
+
+def _settle(out: str, *, study: str, part: str, states: dict[int, Any]) -> None:
+    """Publish a staged part's points of COMPLETE trials and drop the rest; a part with a
+    RUNNING trial (its live worker will settle it) is left."""
+    from optuna.trial import TrialState
+
+    staged = study_dir(out, study) / f".staged-{part}.parquet"
+    try:
+        frame = pl.read_parquet(staged)
+    except FileNotFoundError:  # settled meanwhile by its worker or another recovery
+        return
+    numbers = frame["trial"].unique().to_list()
+    if any(states.get(n) == TrialState.RUNNING for n in numbers):
+        return
+    keep = [n for n in numbers if states.get(n) == TrialState.COMPLETE]
+    if len(keep) == len(numbers):
+        publish_points(out, study=study, part=part)
+        return
+    if keep:
+        kept = frame.filter(pl.col("trial").is_in(keep))
+        write_points(kept, out, study=study, part=part, trial=f"{min(keep)}-{max(keep)}")
+    staged.unlink(missing_ok=True)
+
+
+def _within_total(st: Any, batch: list[Any], trials: int) -> list[Any]:
+    """The trials of `batch` among the study's first `trials` live ones (COMPLETE or RUNNING,
+    by number); the others (asked concurrently by another worker) are told FAIL unevaluated.
+
+    Never more than `trials` complete: a trial is kept only if fewer than `trials` trials
+    before it are live, and a trial never returns to live once failed."""
+    from optuna.trial import TrialState
+
+    live = sorted(
+        t.number
+        for t in st.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+    )
+    rank = {n: i for i, n in enumerate(live)}
+    kept = []
+    for t in batch:
+        if rank.get(t.number, trials) < trials:
+            kept.append(t)
+        else:
+            st.tell(t, state=TrialState.FAIL, skip_if_finished=True)
+    return kept
 
 
 def optuna_worker(
@@ -401,58 +548,88 @@ def optuna_worker(
 ) -> int:
     """Ask/tell batches until the study holds `trials` complete trials; returns points written.
 
-    Each batch: ask B trials (layouts), one vectorized evaluation of their B x K points (K: the
-    INNER_AXES product), write them as one Parquet part named by their trial numbers, tell B
-    results (each layout's best fitting point) with the `fits` constraint.
+    Each batch: ask B trials (layouts, B at most the trials no live worker holds), one
+    vectorized evaluation of their B x K points (K: the INNER_AXES product), write them as one
+    staged Parquet part named by their trial numbers, tell B results (each layout's best
+    fitting point) with the `fits` constraint, then publish the part: a stored point's trial is
+    COMPLETE. A resume first fails dead workers' RUNNING trials and settles their staged parts
+    (`recover_study`); while live workers hold every remaining trial, it waits for them.
     """
+    from optuna.trial import TrialState
+
     st = _open_study(storage, study, objectives, seed)
-    inner = {
-        a: np.asarray(v, dtype=object if a in _NAMES else np.int64)
-        for a, v in _inner_product(space).items()
-    }
-    k = len(next(iter(inner.values())))
-    written = 0
-    while True:
-        done = _complete(st)
-        if progress is not None:
-            progress(min(done, trials), trials)
-        remaining = trials - done
-        if remaining <= 0:
-            return written
-        batch = [st.ask() for _ in range(min(batch_size, remaining))]
-        b = len(batch)
-        outer = {a: _suggest(space, a, batch) for a in AXES if a not in INNER_AXES}
-        cols = {
-            **{a: np.repeat(v, k) for a, v in outer.items()},
-            **{a: np.tile(v, b) for a, v in inner.items()},
+    owner = _new_owner()
+    try:
+        recover_study(st, out=out, study=study)
+        inner = {
+            a: np.asarray(v, dtype=object if a in _NAMES else np.int64)
+            for a, v in _inner_product(space).items()
         }
-        res = evaluate_columns(space, cols, columns=POINT_COLUMNS)
-        numbers = np.array([t.number for t in batch], dtype=np.int64)
-        frame = _frame(space, res, study=study, trial=np.repeat(numbers, k))
-        write_points(
-            frame,
-            out,
-            study=study,
-            part=f"t{numbers.min():08d}-{numbers.max():08d}",
-            trial=f"{numbers.min()}-{numbers.max()}",
-        )
-        written += b * k
-        # Per trial: its best fitting inner point (by the first objective, then cost); within
-        # one layout num_gpus is fixed, so cost and time rank the inner points alike.
-        keys = [OBJECTIVES[o] for o in objectives] + ["cost_per_million_tokens"]
-        fits = res["fits"].reshape(b, k)
-        rank = _argbest(res, keys, fits)
-        constraint = _constraint(res).reshape(b, k).min(axis=1)
-        for i, t in enumerate(batch):
-            t.set_constraint("fits", float(constraint[i]))
-            j = i * k + rank[i]
-            values = []
-            for o in objectives:
-                v = float(res[OBJECTIVES[o]][j])
-                values.append(v if np.isfinite(v) and fits[i, rank[i]] else INFEASIBLE_VALUE)
-            for a in INNER_AXES:
-                t.set_user_attr(a, _jsonable_item(cols[a][j]))
-            st.tell(t, values if len(values) > 1 else values[0])
+        written = 0
+        while True:
+            live = st.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+            done = sum(t.state == TrialState.COMPLETE for t in live)
+            if progress is not None:
+                progress(min(done, trials), trials)
+            if done >= trials:
+                return written
+            free = trials - len(live)
+            if free <= 0:
+                if not recover_study(st, out=out, study=study):
+                    time.sleep(POLL_S)
+                continue
+            batch = [_ask(st, owner) for _ in range(min(batch_size, free))]
+            batch = _within_total(st, batch, trials)
+            if batch:
+                written += _run_batch(
+                    space, st, batch, inner=inner, out=out, study=study, objectives=objectives
+                )
+    finally:
+        _LIVE_OWNERS.discard(owner)
+
+
+def _run_batch(
+    space: Space,
+    st: Any,
+    batch: list[Any],
+    *,
+    inner: dict[str, np.ndarray],
+    out: str,
+    study: str,
+    objectives: Sequence[str],
+) -> int:
+    """Evaluate, stage, tell and publish one batch of trials; returns the points written."""
+    b, k = len(batch), len(next(iter(inner.values())))
+    outer = {a: _suggest(space, a, batch) for a in AXES if a not in INNER_AXES}
+    cols = {
+        **{a: np.repeat(v, k) for a, v in outer.items()},
+        **{a: np.tile(v, b) for a, v in inner.items()},
+    }
+    res = evaluate_columns(space, cols, columns=POINT_COLUMNS)
+    numbers = np.array([t.number for t in batch], dtype=np.int64)
+    frame = _frame(space, res, study=study, trial=np.repeat(numbers, k))
+    part = f"t{numbers.min():08d}-{numbers.max():08d}"
+    write_points(
+        frame, out, study=study, part=part, trial=f"{numbers.min()}-{numbers.max()}", staged=True
+    )
+    # Per trial: its best fitting inner point (by the first objective, then cost); within
+    # one layout num_gpus is fixed, so cost and time rank the inner points alike.
+    keys = [OBJECTIVES[o] for o in objectives] + ["cost_per_million_tokens"]
+    fits = res["fits"].reshape(b, k)
+    rank = _argbest(res, keys, fits)
+    constraint = _constraint(res).reshape(b, k).min(axis=1)
+    for i, t in enumerate(batch):
+        t.set_constraint("fits", float(constraint[i]))
+        j = i * k + rank[i]
+        values = []
+        for o in objectives:
+            v = float(res[OBJECTIVES[o]][j])
+            values.append(v if np.isfinite(v) and fits[i, rank[i]] else INFEASIBLE_VALUE)
+        for a in INNER_AXES:
+            t.set_user_attr(a, _jsonable_item(cols[a][j]))
+        st.tell(t, values if len(values) > 1 else values[0])
+    publish_points(out, study=study, part=part)
+    return b * k
 
 
 INNER_AXES = ("zero", "recompute", "offload", "micro_batch_size")
@@ -524,8 +701,13 @@ def run_optuna(
             for w in range(workers)
         )
     st = _open_study(url, study, objectives, seed)
+    recover_study(st, out=out, study=study)
     folder = study_dir(out, study)
-    points = pl.scan_parquet(sorted(folder.glob("part-t*.parquet")))
+    complete = [t.number for t in st.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
+    # Parts written before points were staged may hold points of failed trials: not counted.
+    points = pl.scan_parquet(sorted(folder.glob("part-t*.parquet"))).filter(
+        pl.col("trial").is_in(complete)
+    )
     fitting = points.filter(pl.col("fits")).collect()
     top = (
         fitting.sort(_sort_keys(objectives))
@@ -540,5 +722,5 @@ def run_optuna(
         num_points=int(num_points),
         parquet=str(folder),
         elapsed_s=time.perf_counter() - start,
-        extra={"complete_trials": _complete(st), "storage": url, "study": study},
+        extra={"complete_trials": len(complete), "storage": mask_url(url), "study": study},
     )

@@ -30,12 +30,15 @@ def _space():
 
 
 def _check(result, out, study: str, trials: int) -> None:
-    assert result.extra["complete_trials"] >= trials
+    assert result.extra["complete_trials"] == trials  # the workers never overshoot the total
     frame = pl.read_parquet(sorted((out / "points" / f"study={study}").glob("part-*.parquet")))
     keys = ["trial", "zero", "recompute", "offload", "micro_batch_size"]
     assert frame.select(keys).unique().height == len(frame)  # no point written twice
-    assert frame["trial"].n_unique() >= trials
-    assert result.best and result.best[0]["fits"]
+    assert frame["trial"].n_unique() == trials
+    # Which layouts the two workers' samplers draw depends on their interleaving; 29% of this
+    # space's layouts have a fitting point, so 8 trials find none ~6% of the time.
+    assert bool(result.best) == bool(frame["fits"].any())
+    assert all(row["fits"] for row in result.best)
 
 
 def test_two_worker_processes_share_one_sqlite_study(tmp_path) -> None:
