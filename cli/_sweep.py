@@ -5,7 +5,6 @@ Bad input raises ValueError (one line); the CLI's main() prints it and exits wit
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import os
@@ -154,14 +153,7 @@ def _top_table(result: SearchResult) -> str:
     return "\n".join(lines)
 
 
-SWEEP_CLI_OPTIONS = tuple(
-    dataclasses.replace(o, ge=1) if o.name in ("trials", "workers", "jobs") and o.ge is None else o
-    for o in SWEEP_OPTIONS
-)
-"""SWEEP_OPTIONS with the counts bounded (at least one trial, worker and process)."""
-
-
-@command(SWEEP_CLI_OPTIONS)
+@command(SWEEP_OPTIONS)
 def sweep_cmd(
     training: dict[str, Any],
     *,

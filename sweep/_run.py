@@ -46,7 +46,7 @@ SWEEP_OPTIONS: tuple[Option, ...] = (
         defaults=SEARCH_DEFAULTS, exclude=("sequence_parallel",), optional=SWEEP_AXES
     ),
     Option(name="method", type=str, default="exhaustive", help="exhaustive|optuna"),
-    Option(name="trials", type=int, default=200, help="Optuna: the study's total trials."),
+    Option(name="trials", type=int, default=200, ge=1, help="Optuna: the study's total trials."),
     Option(name="seed", type=int, default=0, help="Optuna sampler seed."),
     Option(
         name="objective",
@@ -61,8 +61,10 @@ SWEEP_OPTIONS: tuple[Option, ...] = (
         help="Optuna RDB URL (default: sqlite file in --out).",
     ),
     Option(name="study_name", type=str | None, default=None, help="Study name (default: derived)."),
-    Option(name="workers", type=int, default=1, help="Optuna: local worker processes."),
-    Option(name="jobs", type=int, default=1, help="Exhaustive: local processes over the chunks."),
+    Option(name="workers", type=int, default=1, ge=1, help="Optuna: local worker processes."),
+    Option(
+        name="jobs", type=int, default=1, ge=1, help="Exhaustive: local processes over the chunks."
+    ),
     Option(name="out", type=str, default="out", help="Output folder (Parquet points, Optuna db)."),
     *SEARCH_OPTIONS[1:],
     HEADROOM,
