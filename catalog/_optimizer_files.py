@@ -14,6 +14,8 @@ from typing import Any
 
 from trainmem.engine import OPTIMIZERS, OptimizerSpec, builtin_optimizers, spec_columns
 
+from ._presets import did_you_mean
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -94,5 +96,8 @@ def optimizer_columns(
         return {"optimizer": name}
     found = load_optimizers(optimizers_dir)
     if name not in found:
-        raise ValueError(f"optimizer: unknown value '{name}'; allowed: {', '.join(found)}")
+        raise ValueError(
+            f"optimizer: unknown value '{name}'; {did_you_mean(name, found)}"
+            f"allowed: {', '.join(found)}"
+        )
     return spec_columns(found[name])

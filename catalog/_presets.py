@@ -3,9 +3,11 @@ and the model resolver."""
 
 from __future__ import annotations
 
+import difflib
 import functools
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +54,8 @@ def _load_cached(name_or_path: str) -> ModelSpec:
     if path.is_file():
         return model_from_hf_config(_read_json(path), name=os.fspath(name_or_path))
     raise ValueError(
-        f"model: unknown model '{name_or_path}'; give a path to a Hugging Face config.json "
-        f"or one of: {', '.join(preset_names())}"
+        f"model: unknown model '{name_or_path}'; {did_you_mean(name_or_path, preset_names())}"
+        f"give a path to a Hugging Face config.json or one of: {', '.join(preset_names())}"
     )
 
 
@@ -99,10 +101,17 @@ def load_model(
     except ValueError as exc:
         if "unknown model" not in str(exc):
             raise
+        names = model_presets(models_dir)
         raise ValueError(
-            f"model: unknown model '{key}'; give a path to a Hugging Face config.json or one "
-            f"of: {', '.join(model_presets(models_dir))}"
+            f"model: unknown model '{key}'; {did_you_mean(key, names)}give a path to a Hugging "
+            f"Face config.json or one of: {', '.join(names)}"
         ) from None
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``did you mean 'x'? `` for the known name closest to `name` (difflib), else ``""``."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f"did you mean {close[0]!r}? " if close else ""
 
 
 def model_config_dict(

@@ -16,7 +16,7 @@ import typer
 
 from trainmem.catalog import load_model, load_optimizers, model_presets
 from trainmem.engine import ATTENTION
-from trainmem.hardware import GIB, load_gpus
+from trainmem.hardware import GIB, gpu_aliases, load_gpus
 from trainmem.report import (
     ESTIMATE_OPTIONS,
     EXIT_CODES,
@@ -194,6 +194,7 @@ def gpus_cmd(
 ) -> None:
     """The GPU profiles: memory, usable memory, dense bf16 throughput, price."""
     gpus = load_gpus(hardware_dir)
+    aliases = gpu_aliases(gpus)
     rows = [
         {
             "name": g.name,
@@ -203,17 +204,21 @@ def gpus_cmd(
             "price_per_hour_usd": g.price_per_hour_usd,
             "price_date": g.price_date,
             "path": g.path,
+            "aliases": [alias for alias, target in aliases.items() if target == g.name],
         }
         for g in sorted(gpus.values(), key=lambda g: g.name)
     ]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    typer.echo(f"{'name':<18}{'memory GiB':>11}{'usable GiB':>11}{'bf16 TFLOP/s':>13}{'$/h':>7}")
+    typer.echo(
+        f"{'name':<18}{'memory GiB':>11}{'usable GiB':>11}{'bf16 TFLOP/s':>13}{'$/h':>7}  aliases"
+    )
     for r in rows:
         typer.echo(
             f"{r['name']:<18}{r['memory_bytes'] / GIB:>11.2f}{r['usable_bytes'] / GIB:>11.2f}"
-            f"{r['bf16_flops'] / 1e12:>13.1f}{r['price_per_hour_usd']:>7.2f}"
+            f"{r['bf16_flops'] / 1e12:>13.1f}{r['price_per_hour_usd']:>7.2f}  "
+            f"{', '.join(r['aliases'])}".rstrip()
         )
 
 

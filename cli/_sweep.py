@@ -50,7 +50,7 @@ def _print_fit(result: dict[str, Any], minimize: str, seq_len: int, *, as_json: 
     by_gpus = minimize == "num-gpus"
     answer = result["min_num_gpus" if by_gpus else "max_micro_batch_size"]
     if answer is None:
-        typer.echo(f"nothing fits on {report['gpu']['name']} ({result['reason']})")
+        typer.echo(f"nothing fits on {report['gpu']['name']}{_shortfall_text(result, by_gpus)}")
         for entry in result.get("advice", [])[:5]:
             verdict = "fits" if entry["fits"] else "still does not fit"
             typer.echo(
@@ -62,6 +62,26 @@ def _print_fit(result: dict[str, Any], minimize: str, seq_len: int, *, as_json: 
         f"{what} that fits: {answer} ({report['model']} on {report['config']['num_gpus']} x "
         f"{report['gpu']['name']}, seq {seq_len}): peak "
         f"{report['peak_device_bytes'] / GIB:.2f} GiB"
+    )
+
+
+def _shortfall_text(result: dict[str, Any], by_gpus: bool) -> str:
+    """``: micro-batch 1 needs 95.31 GiB, 24.04 GiB over the 71.27 GiB limit (...)`` for the
+    closest candidate, or `` (reason)`` when no candidate is a valid configuration."""
+    if "shortfall_bytes" not in result:
+        return f" ({result['reason']})"
+    report = result["estimate"]
+    peak = result["closest_peak_device_bytes"]
+    shortfall = result["shortfall_bytes"]
+    num_gpus = report["config"]["num_gpus"]
+    if by_gpus:
+        who = f"{num_gpus} GPU needs" if num_gpus == 1 else f"{num_gpus} GPUs need"
+    else:
+        who = f"micro-batch {report['config']['micro_batch_size']} needs"
+    return (
+        f": {who} {peak / GIB:.2f} GiB, {shortfall / GIB:.2f} GiB over the "
+        f"{(peak - shortfall) / GIB:.2f} GiB limit ({report['gpu']['usable_bytes'] / GIB:.2f} "
+        f"usable, {report['headroom']:.0%} headroom)"
     )
 
 
@@ -297,11 +317,23 @@ def points_cmd(
         frame = frame.select(
             [*SHOW, "peak_device_bytes", "fits", "step_time_s", "cost_per_million_tokens"]
         )
-    if as_json:
-        typer.echo(json.dumps(jsonable(frame.to_dicts()), indent=2))
-        return
     import polars as pl
 
+    byte_columns = [
+        name for name, dtype in frame.schema.items() if name.endswith("_bytes") and dtype.is_float()
+    ]
+    if as_json:  # byte counts stored as Float64: print whole bytes, NaN as null
+        frame = frame.with_columns(
+            pl.col(name).fill_nan(None).round(0).cast(pl.Int64) for name in byte_columns
+        )
+        typer.echo(json.dumps(jsonable(frame.to_dicts()), indent=2))
+        return
+    frame = frame.select(
+        (pl.col(name) / GIB).round(2).alias(name.removesuffix("_bytes") + "_gib")
+        if name in byte_columns
+        else pl.col(name)
+        for name in frame.columns
+    )
     with pl.Config(tbl_rows=max(head, 1), tbl_cols=-1, tbl_width_chars=200):
         typer.echo(str(frame))
 

@@ -11,7 +11,7 @@ Built-in profiles live in ``gpus/<name>.toml``; a folder passed as ``hardware_di
 
 from ._fleet import Fleet, Pool, parse_fleet
 from ._gpu import GIB, GpuProfile
-from ._loader import ENV_VAR, get_gpu, load_gpus
+from ._loader import ENV_VAR, get_gpu, gpu_aliases, load_gpus
 
 __all__ = [
     "ENV_VAR",
@@ -20,6 +20,7 @@ __all__ = [
     "GpuProfile",
     "Pool",
     "get_gpu",
+    "gpu_aliases",
     "load_gpus",
     "parse_fleet",
 ]

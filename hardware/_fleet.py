@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ._gpu import GpuProfile
+from ._loader import allowed_gpus_text, resolve_gpu_name
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -111,9 +112,10 @@ def parse_fleet(text_or_path: str | os.PathLike[str], gpus: Mapping[str, GpuProf
 
 
 def _profile(name: str, gpus: Mapping[str, GpuProfile], where: str) -> GpuProfile:
-    if name not in gpus:
-        raise ValueError(f"{where}: unknown gpu {name!r}; allowed: {', '.join(sorted(gpus))}")
-    return gpus[name]
+    resolved = resolve_gpu_name(name, gpus)
+    if resolved is None:
+        raise ValueError(f"{where}: unknown gpu {name!r}; {allowed_gpus_text(name, gpus)}")
+    return gpus[resolved]
 
 
 def _parse_token(token: str, gpus: Mapping[str, GpuProfile]) -> Pool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import sys
@@ -23,6 +24,9 @@ ENV_VAR = "TRAINMEM_HARDWARE_DIR"
 
 _BUILTIN_DIR = Path(__file__).parent / "gpus"
 """Shipped profiles (package data ``trainmem.hardware/gpus/*.toml``)."""
+
+_ALIASES_FILE = Path(__file__).parent / "aliases.toml"
+"""Short names (``h100``) for built-in profiles: one table of ``alias = "profile name"``."""
 
 _KEYS = frozenset(f.name for f in fields(GpuProfile)) - {"path"}
 
@@ -48,12 +52,48 @@ def load_gpus(hardware_dir: str | os.PathLike[str] | None = None) -> dict[str, G
 
 
 def get_gpu(name: str, hardware_dir: str | os.PathLike[str] | None = None) -> GpuProfile:
-    """The profile called `name`; ValueError listing the allowed names if there is none."""
+    """The profile called `name` or its alias (see `gpu_aliases`); ValueError listing the
+    allowed names, with the closest one, if there is none."""
     gpus = load_gpus(hardware_dir)
-    try:
-        return gpus[name]
-    except KeyError:
-        raise ValueError(f"unknown gpu {name!r}; allowed: {', '.join(sorted(gpus))}") from None
+    resolved = resolve_gpu_name(name, gpus)
+    if resolved is None:
+        raise ValueError(f"unknown gpu {name!r}; {allowed_gpus_text(name, gpus)}")
+    return gpus[resolved]
+
+
+def gpu_aliases(gpus: Mapping[str, GpuProfile]) -> dict[str, str]:
+    """Alias -> profile name, for the aliases whose profile is in `gpus` and that are not
+    themselves a profile name (a user file named ``h100.toml`` wins over the alias)."""
+    return {
+        alias: target
+        for alias, target in _builtin_aliases().items()
+        if target in gpus and alias not in gpus
+    }
+
+
+def resolve_gpu_name(name: str, gpus: Mapping[str, GpuProfile]) -> str | None:
+    """The profile name that `name` means (itself or an alias's target), None if unknown."""
+    if name in gpus:
+        return name
+    return gpu_aliases(gpus).get(name)
+
+
+def allowed_gpus_text(name: str, gpus: Mapping[str, GpuProfile]) -> str:
+    """``did you mean 'x'? allowed: a, b, ...`` for an unknown GPU name (hint only if close)."""
+    return f"{did_you_mean(name, [*gpus, *gpu_aliases(gpus)])}allowed: {', '.join(sorted(gpus))}"
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``did you mean 'x'? `` for the known name closest to `name` (difflib), else ``""``."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+@functools.cache
+def _builtin_aliases() -> Mapping[str, str]:
+    """The shipped alias table, read once per process (read-only view)."""
+    table = tomllib.loads(_ALIASES_FILE.read_text(encoding="utf-8"))
+    return MappingProxyType({str(alias): str(target) for alias, target in table.items()})
 
 
 @functools.cache

@@ -162,6 +162,9 @@ def fit_report(
         "estimate": report,
     }
     if not len(fitting) and out["reason"][row] == 0:
+        # The closest candidate's peak and how far it is over the limit (usable x (1 - headroom)).
+        result["closest_peak_device_bytes"] = int(report["peak_device_bytes"])
+        result["shortfall_bytes"] = int(-report["headroom_bytes"])
         # Nothing fits: the same advice `estimate` gives, from the closest candidate.
         result.update(
             advice_report(

@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 
-from trainmem.catalog import load_model, load_optimizers, model_presets, read_optimizer_file
+from trainmem.catalog import (
+    load_model,
+    load_optimizers,
+    model_presets,
+    optimizer_columns,
+    read_optimizer_file,
+)
 from trainmem.cli import main
 from trainmem.engine import model_from_hf_config
 from trainmem.hardware._loader import _read_file
@@ -157,3 +163,17 @@ def test_optimizers_listing_shows_builtins_and_user_files(
     sources = {r["name"]: r["source"] for r in rows}
     assert sources["adamw"] == "built-in" and sources["lion"] == "built-in"
     assert sources["adam-mini"].endswith("tests/data/examples/optimizers/adam-mini.toml")
+
+
+def test_unknown_model_suggests_the_closest_preset() -> None:
+    with pytest.raises(
+        ValueError, match=r"unknown model 'llama-3.1-8'; did you mean 'llama-3.1-8b'\? "
+    ):
+        load_model("llama-3.1-8")
+
+
+def test_unknown_optimizer_suggests_the_closest_name() -> None:
+    with pytest.raises(
+        ValueError, match=r"^optimizer: unknown value 'adamw8'; did you mean 'adamw'\? allowed: "
+    ):
+        optimizer_columns("adamw8")

@@ -70,6 +70,14 @@ def test_sweep_json_and_points(capsys, tmp_path) -> None:
     )
     assert len(rows) == 3
     assert rows[0]["cost_per_million_tokens"] == pytest.approx(best["cost_per_million_tokens"])
+    # byte columns are whole numbers: JSON integers (null where NaN), GiB in the human table
+    byte_values = [v for row in rows for k, v in row.items() if k.endswith("_bytes")]
+    assert byte_values and all(v is None or type(v) is int for v in byte_values)
+    assert abs(rows[0]["peak_device_bytes"] - best["peak_device_bytes"]) <= 0.5
+    assert main(["points", str(tmp_path), "--where", "fits", "--head", "3"]) == 0
+    table = capsys.readouterr().out
+    assert "peak_device_gib" in table and "peak_device_bytes" not in table
+    assert "e10" not in table and "e+10" not in table
     # human output: a top-10 table
     assert main([*SWEEP, "--out", str(tmp_path)]) == 0
     text = capsys.readouterr().out
@@ -143,3 +151,43 @@ def test_bad_input_is_one_line_exit_2(argv, capsys, tmp_path) -> None:
     assert main([*argv, "--out", str(tmp_path)] if argv[0] == "sweep" else argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_gpus_json_and_table_show_aliases(capsys) -> None:
+    assert main(["gpus", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["h100-sxm-80gb"]["aliases"] == ["h100"]
+    assert rows["h100-pcie-80gb"]["aliases"] == []
+    assert main(["gpus"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("aliases")
+    assert any(
+        line.startswith("rtx-4090-24gb") and line.endswith("rtx4090, 4090") for line in lines
+    )
+
+
+NOTHING_FITS = ["fit", "--model", "llama-3.1-70b", "--gpu", "h100", "--num-gpus", "8"]
+
+
+def test_fit_nothing_fits_says_the_closest_peak_and_the_shortfall(capsys) -> None:
+    out = _json(capsys, [*NOTHING_FITS, "--json"])
+    assert out["fits"] is False and out["max_micro_batch_size"] is None
+    peak, short = out["closest_peak_device_bytes"], out["shortfall_bytes"]
+    assert isinstance(peak, int) and isinstance(short, int) and short > 0
+    est = out["estimate"]
+    assert est["config"]["micro_batch_size"] == 1 and est["peak_device_bytes"] == peak
+    limit = peak - short
+    assert abs(limit - est["gpu"]["usable_bytes"] * (1 - est["headroom"])) <= 1
+    assert main(NOTHING_FITS) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    gib = 1024**3
+    assert first == (
+        f"nothing fits on h100-sxm-80gb: micro-batch 1 needs {peak / gib:.2f} GiB, "
+        f"{short / gib:.2f} GiB over the {limit / gib:.2f} GiB limit (79.19 usable, 10% headroom)"
+    )
+
+
+def test_fit_that_fits_has_no_shortfall_keys(capsys) -> None:
+    out = _json(capsys, ["fit", "--model", "llama-3.2-1b", "--json"])
+    assert out["fits"] is True
+    assert "shortfall_bytes" not in out and "closest_peak_device_bytes" not in out

@@ -62,7 +62,7 @@ def test_toml_fleet(tmp_path: Path) -> None:
         ("64h100-sxm-80gb", "bad pool '64h100-sxm-80gb'; expected COUNTxGPU"),
         ("64xh100-sxm-80gb,,8xa100-sxm-80gb", "bad pool ''"),
         ("0xh100-sxm-80gb", "COUNT must be >= 1"),
-        ("64xh900", "unknown gpu 'h900'; allowed: a100-pcie-80gb"),
+        ("64xh900", "unknown gpu 'h900'; did you mean 'h200'? allowed: a100-pcie-80gb"),
         ("12xh100-sxm-80gb", "12 GPUs do not fill whole nodes of 8"),
         ("-8xh100-sxm-80gb", "bad pool '-8xh100-sxm-80gb'"),
     ],
@@ -78,7 +78,10 @@ def test_bad_shorthand_names_the_token(text: str, message: str) -> None:
     [
         ("[[pool]]\nnodes = 1\n", "pool 1: missing key 'gpu'"),
         ('[[pool]]\ngpu = "h100-sxm-80gb"\n', "pool 1: missing key 'nodes'"),
-        ('[[pool]]\ngpu = "h900"\nnodes = 1\n', "pool 1: unknown gpu 'h900'; allowed:"),
+        (
+            '[[pool]]\ngpu = "h900"\nnodes = 1\n',
+            "pool 1: unknown gpu 'h900'; did you mean 'h200'? allowed:",
+        ),
         ('[[pool]]\ngpu = "h100-sxm-80gb"\nnodes = 0\n', "nodes must be a whole number >= 1"),
         ('[[pool]]\ngpu = "h100-sxm-80gb"\nnodes = 1.5\n', "nodes must be a whole number"),
         (
@@ -118,3 +121,18 @@ def test_specs_validate_when_built() -> None:
         Pool(gpu="h100-sxm-80gb", num_nodes=0, gpus_per_node=8)
     with pytest.raises(ValueError, match="needs at least one pool"):
         Fleet(pools=())
+
+
+def test_shorthand_takes_a_gpu_alias() -> None:
+    fleet = parse_fleet("8xh100,2x4090", load_gpus())
+    assert [(p.gpu, p.num_nodes, p.gpus_per_node) for p in fleet.pools] == [
+        ("h100-sxm-80gb", 1, 8),
+        ("rtx-4090-24gb", 1, 2),
+    ]
+
+
+def test_unknown_gpu_in_a_fleet_suggests_the_closest_name() -> None:
+    with pytest.raises(
+        ValueError, match=r"unknown gpu 'h100-sxm'; did you mean 'h100-sxm-80gb'\? "
+    ):
+        parse_fleet("8xh100-sxm", load_gpus())

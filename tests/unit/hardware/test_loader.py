@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trainmem.hardware import ENV_VAR, get_gpu, load_gpus
+from trainmem.hardware import ENV_VAR, get_gpu, gpu_aliases, load_gpus
 
 H100_TOML = (Path(__file__).parents[3] / "hardware" / "gpus" / "h100-sxm-80gb.toml").read_text()
 
@@ -113,10 +113,58 @@ def test_name_must_equal_file_stem(tmp_path: Path) -> None:
 
 def test_unknown_gpu_lists_allowed_names_on_one_line() -> None:
     with pytest.raises(ValueError) as info:
-        get_gpu("h100")
+        get_gpu("zz-unknown")
     message = str(info.value)
     assert "\n" not in message
-    prefix = "unknown gpu 'h100'; allowed: "
+    prefix = "unknown gpu 'zz-unknown'; allowed: "
     assert message.startswith(prefix)
     names = message.removeprefix(prefix).split(", ")
     assert names == sorted(names) and len(names) == 19 and "h100-sxm-80gb" in names
+
+
+def test_unknown_gpu_suggests_the_closest_name_before_the_allowed_list() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"^unknown gpu 'h100-sxm'; did you mean 'h100-sxm-80gb'\? "
+        r"allowed: a100-pcie-80gb, ",
+    ):
+        get_gpu("h100-sxm")
+
+
+@pytest.mark.parametrize(
+    ("alias", "name"),
+    [
+        ("h100", "h100-sxm-80gb"),
+        ("a100", "a100-sxm-80gb"),
+        ("h200", "h200-sxm-141gb"),
+        ("b200", "b200-180gb"),
+        ("mi300x", "mi300x-192gb"),
+        ("mi325x", "mi325x-256gb"),
+        ("l40s", "l40s-48gb"),
+        ("l4", "l4-24gb"),
+        ("t4", "t4-16gb"),
+        ("a10g", "a10g-24gb"),
+        ("v100", "v100-sxm2-32gb"),
+        ("rtx4090", "rtx-4090-24gb"),
+        ("4090", "rtx-4090-24gb"),
+        ("rtx3090", "rtx-3090-24gb"),
+        ("rtx5090", "rtx-5090-32gb"),
+        ("a6000", "rtx-a6000-48gb"),
+    ],
+)
+def test_alias_resolves_to_one_profile(alias: str, name: str) -> None:
+    assert get_gpu(alias).name == name
+    assert gpu_aliases(load_gpus())[alias] == name
+
+
+def test_every_alias_names_a_builtin_profile_and_no_profile_name_is_an_alias() -> None:
+    gpus = load_gpus()
+    table = gpu_aliases(gpus)
+    assert len(table) == 18
+    assert set(table.values()) <= set(gpus) and not set(table) & set(gpus)
+
+
+def test_a_user_profile_named_like_an_alias_wins(tmp_path: Path) -> None:
+    _write(tmp_path, "h100", _h100_as("h100"))
+    assert get_gpu("h100", tmp_path).name == "h100"
+    assert "h100" not in gpu_aliases(load_gpus(tmp_path))
