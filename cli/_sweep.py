@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
+from trainmem.engine import COMPONENTS
 from trainmem.hardware import GIB
 from trainmem.report import (
     EXIT_CODES,
@@ -114,38 +115,13 @@ def _best_json(row: dict[str, Any]) -> dict[str, Any]:
             "tokens_per_second": row["tokens_per_second"],
             "mfu": row["mfu"],
             "peak_device_bytes": row["peak_device_bytes"],
-            "breakdown": {
-                k: row[k]
-                for k in (
-                    "parameters",
-                    "master_weights",
-                    "gradients",
-                    "optimizer_states",
-                    "activations",
-                    "transient",
-                    "framework_overhead",
-                    "fragmentation",
-                )
-            },
+            "breakdown": {k: row[k] for k in COMPONENTS},
         }
     )
 
 
 def _top_table(result: SearchResult) -> str:
-    cols = (
-        "gpu",
-        "num_gpus",
-        "tp",
-        "pp",
-        "virtual_stages",
-        "cp",
-        "ep",
-        "zero",
-        "recompute",
-        "offload",
-        "micro_batch_size",
-        "grad_accum_steps",
-    )
+    cols = tuple(c for c in SHOW if c != "dp")
     heads = (
         "gpu",
         "n",

@@ -29,6 +29,7 @@ from trainmem.report import (
     USER_DIRS,
     Option,
     check_headroom,
+    check_options,
     choice,
     model_spec,
     training_config,
@@ -131,6 +132,15 @@ def run_sweep(
     choice("framework", framework, FRAMEWORKS)
     objectives = parse_objectives(objective)
     check_headroom(headroom)
+    counts = {
+        "trials": trials,
+        "workers": workers,
+        "jobs": jobs,
+        "max_pp": max_pp,
+        "max_cp": max_cp,
+        "max_micro_batch_size": max_micro_batch_size,
+    }
+    check_options(SWEEP_OPTIONS, {**training, **counts, "headroom": headroom})
     gpus = load_gpus(hardware_dir)
     spec = model_spec(model, models_dir=models_dir, profile_file=profile_file)
     if spec.profile is not None and precision not in (
@@ -188,8 +198,6 @@ def _search(
     jobs: int,
     progress: Progress | None = None,
 ) -> SearchResult:
-    if jobs < 1 or workers < 1:
-        raise ValueError("--jobs and --workers must be >= 1")
     if method == "exhaustive":
         if storage or workers != 1:
             raise ValueError("--storage and --workers apply to --method optuna")
