@@ -100,6 +100,7 @@ def step_contexts(*, device: str, fake: bool, sdpa_kernel: str) -> tuple[str, li
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ._fake_cuda import fake_cuda_device, fake_cuda_unavailable_reason
+    from ._norm import gpu_rms_norm
     from ._sdpa import gpu_attention_kernels
 
     note = ""
@@ -108,7 +109,12 @@ def step_contexts(*, device: str, fake: bool, sdpa_kernel: str) -> tuple[str, li
         if not reason:
             return (
                 "cuda",
-                [fake_cuda_device(), gpu_attention_kernels(sdpa_kernel), FakeTensorMode()],
+                [
+                    fake_cuda_device(),
+                    gpu_attention_kernels(sdpa_kernel),
+                    gpu_rms_norm(),
+                    FakeTensorMode(),
+                ],
                 note,
             )
         device, note = "cpu", CPU_FALLBACK_NOTE.format(reason=reason)
