@@ -22,7 +22,9 @@ MASK_ALIGNMENT = 16
 """torch attention.cpp preprocess_mask: the efficient kernel's mask last dim is padded to 16."""
 
 
-def hf_norm_bytes(m: ModelSpec, *, T, e, r, amp, sp_div, num_consumers: int) -> np.ndarray:
+def hf_norm_bytes(
+    m: ModelSpec, *, T, e, r, amp, sp_div, num_consumers: int, fused=False
+) -> np.ndarray:
     """Bytes one normalisation layer saves, including what its consuming linear(s) save.
 
     Source: transformers LlamaRMSNorm.forward (x.to(float32); x * rsqrt(mean(x^2)+eps);
@@ -30,6 +32,9 @@ def hf_norm_bytes(m: ModelSpec, *, T, e, r, amp, sp_div, num_consumers: int) -> 
     (native_layer_norm saves input, mean and rstd). Under torch.autocast each consuming linear
     casts the fp32 norm output to bf16 itself (activations are not cached), so `num_consumers`
     copies are saved; without autocast the one output is shared.
+    `fused`: the RMSNorm is torch's own (nn.RMSNorm / F.rms_norm, torchtitan), whose CUDA
+    kernel `_fused_rms_norm` saves its input and the fp32 rstd only (torch
+    aten/src/ATen/native/native_functions.yaml, tools/autograd/derivatives.yaml).
     Assumes: with sequence parallelism the norm runs on T/t tokens and the consumers save the
     all-gathered full-sequence input.
     """
@@ -41,7 +46,8 @@ def hf_norm_bytes(m: ModelSpec, *, T, e, r, amp, sp_div, num_consumers: int) -> 
     elif m.norm == "gemma_rms":
         own = (4.0 * Th + 4.0 * T + 4.0 * Th) / sp_div  # fp32 copy, rsqrt, normalised fp32
     else:
-        own = (4.0 * Th + 4.0 * T + r * Th) / sp_div  # fp32 copy, rsqrt, normalised (input dtype)
+        python_rms = 4.0 * Th + 4.0 * T + r * Th  # fp32 copy, rsqrt, normalised (input dtype)
+        own = np.where(fused, r * Th + 4.0 * T, python_rms) / sp_div  # fused: input, rstd
     return own + linear_in
 
 
@@ -159,14 +165,24 @@ def hf_mlp_bytes(m: ModelSpec, *, T, e, amp, tp) -> np.ndarray:
     return 2.0 * e * Tf
 
 
-def hf_layer_bytes(m: ModelSpec, *, T, s, e, r, amp, tp, sp, eager) -> np.ndarray:
-    """Everything one transformer block saves for backward without recomputation."""
+def hf_layer_bytes(m: ModelSpec, *, T, s, e, r, amp, tp, sp, eager, fused_norm=False) -> np.ndarray:
+    """Everything one transformer block saves for backward without recomputation
+    (`fused_norm`: see hf_norm_bytes)."""
     sp_div = np.where(sp, tp, 1)
     num_qkv_linears = 1 if m.fused_qkv else 3
     num_up_linears = 1 if (m.fused_gate_up or not m.gated_mlp) else 2
-    norms = hf_norm_bytes(m, T=T, e=e, r=r, amp=amp, sp_div=sp_div, num_consumers=num_qkv_linears)
+    norms = hf_norm_bytes(
+        m,
+        T=T,
+        e=e,
+        r=r,
+        amp=amp,
+        sp_div=sp_div,
+        num_consumers=num_qkv_linears,
+        fused=fused_norm,
+    )
     norms = norms + hf_norm_bytes(
-        m, T=T, e=e, r=r, amp=amp, sp_div=sp_div, num_consumers=num_up_linears
+        m, T=T, e=e, r=r, amp=amp, sp_div=sp_div, num_consumers=num_up_linears, fused=fused_norm
     )
     dropout_masks = 2.0 * T * m.hidden_size / sp_div if m.dropout > 0 else 0.0
     return (
@@ -188,7 +204,9 @@ def hf_checkpointed_layer_bytes(m: ModelSpec, *, T, r, tp, sp) -> np.ndarray:
     return r * T * m.hidden_size / np.where(sp, tp, 1)
 
 
-def hf_outside_bytes(m: ModelSpec, *, T, s, e, r, amp, tp, sp, loss_tp_div) -> np.ndarray:
+def hf_outside_bytes(
+    m: ModelSpec, *, T, s, e, r, amp, tp, sp, loss_tp_div, fused_norm=False
+) -> np.ndarray:
     """Bytes saved outside the blocks: embeddings, final norm, head, loss, rope tables, labels.
 
     Source: LlamaForCausalLM.forward + ForCausalLMLoss (logits.float(); cross_entropy =
@@ -205,7 +223,9 @@ def hf_outside_bytes(m: ModelSpec, *, T, s, e, r, amp, tp, sp, loss_tp_div) -> n
         # MLM head transform: dense -> gelu -> LayerNorm -> decoder.
         out = out + 3.0 * e * T * h + 8.0 * T
     else:
-        out = out + hf_norm_bytes(m, T=T, e=e, r=r, amp=amp, sp_div=sp_div, num_consumers=1)
+        out = out + hf_norm_bytes(
+            m, T=T, e=e, r=r, amp=amp, sp_div=sp_div, num_consumers=1, fused=fused_norm
+        )
     if m.rotary:
         out = out + 2.0 * s * m.head_dim * r
     if m.family in ("gpt2", "bert"):
@@ -227,13 +247,16 @@ def hf_loss_forward_extra_bytes(m: ModelSpec, *, T, e, r, amp, loss_tp_div) -> n
     return logits + np.where(amp, 4.0 * T * m.hidden_size, 0.0)
 
 
-def megatron_layer_bytes(m: ModelSpec, *, s, b, tp, sp, recompute_code) -> np.ndarray:
+def megatron_layer_bytes(m: ModelSpec, *, s, b, tp, sp, recompute_code, eager) -> np.ndarray:
     """Korthikanti et al. 2022 (arXiv 2205.05198) activation bytes per layer, 16-bit.
 
     Source: Sec. 4, Eq. 1-2 and Table 2: sbh(34 + 5as/h) with no parallelism; tensor parallel
     sbh(10 + 24/t + 5as/(ht)); + sequence parallel sbh(34/t + 5as/(ht)); selective recompute drops
     the 5as/h attention-core term; full recompute keeps 2sbh (the layer input).
     Terms: attention 11sbh + 5as^2b, MLP 19sbh, two LayerNorms 4sbh (dropout masks included).
+    With flash attention (Megatron-core's TE / flash core attention, `eager` false) the core
+    keeps no s x s tensor: only its fp32 softmax statistics, 4asb bytes (Dao 2022 Sec. 3.1);
+    the core's output and Q, K, V are already in the 11sbh.
     Assumes: GPT architecture (MLP 4h, MHA, dropout); generalised to gated MLPs and GQA by the
     ratios f/4h and kv/h on the matrix terms.
     """
@@ -244,7 +267,7 @@ def megatron_layer_bytes(m: ModelSpec, *, s, b, tp, sp, recompute_code) -> np.nd
     # Korthikanti Eq. 1 split: replicated (not divided by t without SP) 10sbh; divided 24sbh.
     divided = (24.0 - 16.0 + 16.0 * f_ratio) - (2.0 * (1.0 - kv_ratio) * 2.0)
     replicated = 10.0
-    core = 5.0 * a * s / h
+    core = np.where(eager, 5.0 * a * s / h, 4.0 * a / h)
     per = np.where(sp, (replicated + divided) / tp, replicated + divided / tp)
     per = per + np.where(recompute_code == RECOMPUTE_SELECTIVE, 0.0, core / tp)
     full = 2.0 * sbh / np.where(sp, tp, 1)

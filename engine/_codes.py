@@ -8,7 +8,16 @@ per-optimizer tables are derived by name too (engine/_precision.py, engine/_opti
 
 from __future__ import annotations
 
-from ._vocab import ATTENTION, FRAMEWORKS, LOSSES, OFFLOADS, PRECISIONS, RECOMPUTE
+from ._vocab import (
+    ALLOCATORS,
+    ATTENTION,
+    COMPILES,
+    FRAMEWORKS,
+    LOSSES,
+    OFFLOADS,
+    PRECISIONS,
+    RECOMPUTE,
+)
 
 FP32 = PRECISIONS.index("fp32")
 BF16 = PRECISIONS.index("bf16")
@@ -23,10 +32,13 @@ HF = FRAMEWORKS.index("hf")
 MEGATRON = FRAMEWORKS.index("megatron")
 DEEPSPEED = FRAMEWORKS.index("deepspeed")
 TORCHTITAN = FRAMEWORKS.index("torchtitan")
+TORCHTUNE = FRAMEWORKS.index("torchtune")
 
 RECOMPUTE_NONE = RECOMPUTE.index("none")
 RECOMPUTE_SELECTIVE = RECOMPUTE.index("selective")
 RECOMPUTE_FULL = RECOMPUTE.index("full")
+RECOMPUTE_SELECTIVE_OP = RECOMPUTE.index("selective-op")
+RECOMPUTE_SELECTIVE_LAYER = RECOMPUTE.index("selective-layer")
 
 FLASH = ATTENTION.index("flash")
 EAGER = ATTENTION.index("eager")
@@ -39,5 +51,11 @@ optimizer states (and master weights) are on the host, with or without the param
 
 LOSS_FULL = LOSSES.index("full")
 LOSS_CHUNKED = LOSSES.index("chunked")
+LOSS_CHUNKED_OUTPUT = LOSSES.index("chunked-output")
+
+EXPANDABLE_SEGMENTS = ALLOCATORS.index("expandable-segments")
+
+COMPILE_NONE = COMPILES.index("none")
+COMPILE_BLOCKS_AND_LOSS = COMPILES.index("blocks+loss")
 
 assert OFFLOAD_NONE < OFFLOAD_OPTIMIZER < OFFLOAD_PARAMS, "offload codes must grow"

@@ -20,7 +20,16 @@ from typing import Any
 
 import numpy as np
 
-from ._vocab import ATTENTION, FRAMEWORKS, LOSSES, OFFLOADS, PRECISIONS, RECOMPUTE
+from ._vocab import (
+    ALLOCATORS,
+    ATTENTION,
+    COMPILES,
+    FRAMEWORKS,
+    LOSSES,
+    OFFLOADS,
+    PRECISIONS,
+    RECOMPUTE,
+)
 
 INT32_MAX = 2**31 - 1
 
@@ -89,7 +98,15 @@ class TrainingConfig:
         choices=None,
         open_choices=True,
     )
-    recompute: str = knob("none", help="|".join(RECOMPUTE), choices=RECOMPUTE, sweep_axis=True)
+    recompute: str = knob(
+        "none",
+        help="|".join(RECOMPUTE) + " (selective: the framework's own selective mode)",
+        choices=RECOMPUTE,
+        sweep_axis=True,
+    )
+    recompute_every: int = knob(
+        2, help="selective-layer: checkpoint every N-th block.", ge=1, le=1024
+    )
     attention: str = knob("flash", help="|".join(ATTENTION), choices=ATTENTION)
     framework: str = knob("hf", help="|".join(FRAMEWORKS), choices=FRAMEWORKS)
     ep: int = knob(
@@ -112,6 +129,22 @@ class TrainingConfig:
     loss: str = knob("full", help="|".join(LOSSES), choices=LOSSES)
     activation_offload: bool = knob(
         False, help="Keep two blocks' activations on GPU.", flag="--activation-offload"
+    )
+    compile: str = knob(
+        "none",
+        help="|".join(COMPILES)
+        + " (torch.compile of each block; blocks+loss: torchtitan, torchtune)",
+        choices=COMPILES,
+    )
+    optimizer_in_backward: bool = knob(
+        False,
+        help="Step each parameter as its gradient is ready (torchtune optimizer_in_bwd).",
+        flag="--optimizer-in-backward",
+    )
+    allocator: str = knob(
+        "native",
+        help="|".join(ALLOCATORS) + " (PYTORCH_CUDA_ALLOC_CONF expandable_segments)",
+        choices=ALLOCATORS,
     )
 
     def __post_init__(self) -> None:
@@ -238,7 +271,8 @@ def _num(bound: float) -> str:
 def cross_field_reason(fields: Mapping[str, Any]) -> str | None:
     """The first rule between training fields that needs no model, broken by `fields` (absent or
     None fields are not judged): interleaved stages need pipeline parallelism; QLoRA needs a
-    LoRA rank; a LoRA rank needs target modules."""
+    LoRA rank; a LoRA rank needs target modules; the optimizer in backward needs one
+    micro-batch per step (its gradients are freed as they are stepped)."""
 
     def given(name: str) -> Any:
         return fields.get(name)
@@ -252,6 +286,8 @@ def cross_field_reason(fields: Mapping[str, Any]) -> str | None:
     targets = given("lora_targets")
     if rank is not None and rank > 0 and targets is not None and not str(targets).strip(" ,"):
         return "lora_targets: must name at least one module (or all-linear) with lora_rank > 0"
+    if given("optimizer_in_backward") and pp is not None and pp > 1:
+        return f"optimizer_in_backward: needs pp 1 (one micro-batch per step), got pp {pp}"
     return None
 
 

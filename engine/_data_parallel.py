@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._codes import DEEPSPEED, HF, TORCHTITAN
+from ._codes import DEEPSPEED
 from ._collectives import exposed_s, ring_time_s
+from ._frameworks import FSDP2_FRAMEWORKS
 from ._model import BLOCK_GROUPS, ModelSpec
 from ._precision import GRAD_BYTES, IS_MIXED, MASTER_BYTES, PARAM_BYTES
 from ._time_params import TimeParams
@@ -37,8 +38,9 @@ def zero3_shard_numel(numel, local_dim0, group_dp, shard) -> np.ndarray:
 
 
 def is_fsdp2(fw, zero) -> np.ndarray:
-    """Rows sharded by FSDP2 (HF accelerate, torchtitan) rather than DeepSpeed or Megatron."""
-    return ((fw == HF) | (fw == TORCHTITAN)) & (zero == ZERO_PARAMETERS)
+    """Rows sharded by FSDP2 (FrameworkSpec.fsdp2: HF accelerate, torchtitan, torchtune) rather
+    than DeepSpeed or Megatron."""
+    return FSDP2_FRAMEWORKS[np.asarray(fw, dtype=np.int64)] & (zero == ZERO_PARAMETERS)
 
 
 def gradient_element_bytes(prec, *, fsdp2, megatron) -> np.ndarray:
@@ -93,17 +95,19 @@ def deepspeed_buffer_bytes(m: ModelSpec, *, fw, zero, dp, layer_numel) -> np.nda
     )
 
 
-def fsdp2_buffer_bytes(*, active, root_numel, layer_numel) -> tuple[np.ndarray, np.ndarray]:
+def fsdp2_buffer_bytes(
+    *, active, root_numel, layer_numel, layers_in_flight=1.0
+) -> tuple[np.ndarray, np.ndarray]:
     """(forward, end of backward) bytes of FSDP2's unsharded buffers.
 
-    Forward: the root's unsharded 16-bit copy stays from forward to the end of backward
-    (reshard_after_forward=False for the root); one layer's all-gather output in flight. End of
-    backward: two layers unsharded (current + prefetch), the fp32 reduce-scatter input of one
-    layer, the root's 16-bit gradients before their reduce.
+    Forward: the root's unsharded 16-bit copy (`root_numel`: what stays unsharded from forward
+    to the end of backward) and `layers_in_flight` blocks' all-gather outputs. End of backward:
+    two layers unsharded (current + prefetch), the fp32 reduce-scatter input of one layer, the
+    root's 16-bit gradients before their reduce.
     Source: torch.distributed.fsdp.fully_shard (FSDP2: reshard_after_forward, prefetching of
-    the next block's all-gather).
+    the next block's all-gather); the traced torchtitan 8B steps (no block gathered at the loss).
     """
-    fwd = np.where(active, 2.0 * root_numel + 2.0 * layer_numel, 0.0)
+    fwd = np.where(active, 2.0 * root_numel + 2.0 * layers_in_flight * layer_numel, 0.0)
     bwd = np.where(
         active, 2.0 * root_numel * 2.0 + 2.0 * 2.0 * layer_numel + 4.0 * layer_numel, 0.0
     )

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._codes import LOSS_FULL, OFFLOAD_OPTIMIZER, OFFLOAD_PARAMS
+from ._codes import EXPANDABLE_SEGMENTS, LOSS_FULL, OFFLOAD_OPTIMIZER, OFFLOAD_PARAMS
 from ._config import parallel_layout
 from ._data_parallel import ZERO_PARAMETERS, ZERO_STATES
 from ._factorize import factorize
@@ -57,9 +57,13 @@ REASONS = (
     "qlora needs lora_rank > 0",
     "profile: precision, recompute and attention must be the traced ones (valid_for); tp, cp, "
     "ep and etp must be 1; no lora or qlora; loss full",
+    "optimizer_in_backward needs pp 1 and no gradient accumulation (one micro-batch per step)",
 )
-"""Invalid-layout reasons; the `reason` column holds an index into this tuple (0 = valid)."""
-PROFILE_MISMATCH = len(REASONS) - 1
+"""Invalid-layout reasons; the `reason` column holds an index into this tuple (0 = valid).
+Appended reasons keep the codes of the older ones (points tables stay readable)."""
+PROFILE_MISMATCH = 12
+OPTIMIZER_IN_BACKWARD_LAYOUT = 13
+assert REASONS[PROFILE_MISMATCH].startswith("profile")
 
 
 BLOCK_ROWS = 16384
@@ -101,6 +105,7 @@ _S_TERMS = (
     "persistent",
     "fsdp_fwd",
     "end_grads",
+    "top_grads",
     "optimizer_peak",
     "states",
     "parameters",
@@ -230,7 +235,8 @@ def _phase_peaks(
     backward_end = base + S["end_grads"] + stored + A["bwd_end_extra"]
     # The embedding's backward: every other gradient done, its own being written.
     backward_embed = base + gradients + A["embed_extra"]
-    backward_recompute = live_acts + A["recompute_extra"]
+    # A single stage's top block recomputing: with the gradients of what is above it.
+    backward_recompute = live_acts + A["recompute_extra"] + np.where(multi, 0.0, S["top_grads"])
     backward_peak = np.maximum(
         np.maximum(backward_start, backward_end), np.maximum(backward_embed, backward_recompute)
     )
@@ -351,6 +357,12 @@ def _block_reason(m: ModelSpec, g: Grid) -> np.ndarray:
         g["qlora"] & (g["lora_rank"] < 1),
     ]
     reason = np.zeros(len(tp), dtype=np.int8)
+    # Source: torchtune/training/memory.py register_optim_in_bwd_hooks (each parameter steps and
+    # drops its gradient in backward; the recipes refuse gradient accumulation with it).
+    in_backward = g["optimizer_in_backward"] & (
+        (pp > 1) | (parallel_layout(g)["grad_accum_steps"] > 1)
+    )
+    np.putmask(reason, in_backward, OPTIMIZER_IN_BACKWARD_LAYOUT)
     for code in range(len(rules), 0, -1):  # the first broken rule wins
         np.putmask(reason, np.broadcast_to(rules[code - 1], reason.shape), code)
     if m.profile is not None:  # a traced profile: its own rule first
@@ -427,7 +439,7 @@ def estimate(
         rows = slice(lo, min(lo + BLOCK_ROWS, n))
         kw = {"pp": pp[rows], "v": g["virtual_stages"][rows], "num_micro": num_micro[rows]}
         worst, stage = _worst_rank(keys, terms, [x[rows] for x in stages], rows, kw, want)
-        block = _device_columns(worst, ov, outside_torch=outside_torch[rows])
+        block = _device_columns(worst, ov, outside_torch=outside_torch[rows], g=g, rows=rows)
         block.update(
             framework_overhead=framework_overhead[rows],
             pp_stage=stage,
@@ -547,11 +559,13 @@ def _worst_rank(
 
 
 def _device_columns(
-    worst: dict[str, np.ndarray], ov: Overheads, *, outside_torch: np.ndarray
+    worst: dict[str, np.ndarray], ov: Overheads, *, outside_torch: np.ndarray, g: Grid, rows
 ) -> dict[str, np.ndarray]:
     """The output columns of a block of rows from the worst rank's allocated peak: reserved
-    (cuBLAS workspace, allocator fragmentation of the non-persistent bytes) and device (CUDA
-    context, NCCL) bytes. Source: Overheads."""
+    (cuBLAS workspace, allocator fragmentation of the non-persistent bytes, smaller with
+    expandable segments: the `allocator` of the grid `g`'s `rows`) and device (CUDA context,
+    NCCL) bytes.
+    Source: Overheads."""
     peak_allocated = worst["peak_allocated_bytes"]
     non_persistent = (
         peak_allocated
@@ -560,7 +574,12 @@ def _device_columns(
         - worst["optimizer_states"]
         - worst["grads_at_peak"]
     )
-    fragmentation = ov.fragmentation_fraction * np.maximum(non_persistent, 0.0)
+    fraction = np.where(
+        g["allocator"][rows] == EXPANDABLE_SEGMENTS,
+        ov.expandable_segments_fragmentation_fraction,
+        ov.fragmentation_fraction,
+    )
+    fragmentation = fraction * np.maximum(non_persistent, 0.0)
     peak_reserved = peak_allocated + ov.cublas_workspace_bytes + fragmentation
     return {
         **{k: worst[_STAGE_OUT.get(k, k)] for k in OUTPUTS if _STAGE_OUT.get(k, k) in worst},

@@ -13,7 +13,17 @@ import numpy as np
 
 from ._config import DEFAULTS_BY_FIELD, TYPES, grid_columns
 from ._states import lora_mask
-from ._vocab import ATTENTION, FRAMEWORKS, LOSSES, OFFLOADS, OPTIMIZERS, PRECISIONS, RECOMPUTE
+from ._vocab import (
+    ALLOCATORS,
+    ATTENTION,
+    COMPILES,
+    FRAMEWORKS,
+    LOSSES,
+    OFFLOADS,
+    OPTIMIZERS,
+    PRECISIONS,
+    RECOMPUTE,
+)
 
 CATEGORICAL: dict[str, tuple[str, ...]] = {
     "precision": PRECISIONS,
@@ -23,6 +33,8 @@ CATEGORICAL: dict[str, tuple[str, ...]] = {
     "framework": FRAMEWORKS,
     "offload": OFFLOADS,
     "loss": LOSSES,
+    "allocator": ALLOCATORS,
+    "compile": COMPILES,
 }
 
 OPTIMIZER_COLUMNS: dict[str, Any] = {

@@ -172,12 +172,20 @@ def nf4_base_bytes(full: Sequence[LocalTensor], *, dp: np.ndarray, sharded) -> n
 
 
 def lora_parameter_bytes(
-    base: np.ndarray, base_linear: np.ndarray, nf4: np.ndarray, *, lora, qlora, adapters
+    base: np.ndarray,
+    base_linear: np.ndarray,
+    nf4: np.ndarray,
+    *,
+    lora,
+    qlora,
+    adapters,
+    adapter_e=LORA_ADAPTER_BYTES,
 ) -> np.ndarray:
     """Parameter bytes under LoRA: the frozen base (QLoRA: its block linears `base_linear`
-    replaced by their NF4 bytes `nf4`) plus the fp32 adapters `adapters` (elements)."""
+    replaced by their NF4 bytes `nf4`) plus the adapters `adapters` (elements) at `adapter_e`
+    bytes each (fp32 in peft; the model dtype in torchtune, FrameworkSpec)."""
     base = np.where(qlora, base - base_linear + nf4, base)
-    return np.where(lora, base + LORA_ADAPTER_BYTES * adapters, base)
+    return np.where(lora, base + adapter_e * adapters, base)
 
 
 def qlora_dequant_bytes(full: Sequence[LocalTensor], *, qlora, dp: np.ndarray) -> np.ndarray:

@@ -1,5 +1,8 @@
 """The loss: what the head and cross entropy keep and allocate, for the full loss (logits, their
-fp32 copy and log-softmax) and a fused chunked one (`--loss chunked`, Liger-Kernel).
+fp32 copy and log-softmax), a fused chunked one (`--loss chunked`, Liger-Kernel), torchtune's
+chunked-output cross entropy (`--loss chunked-output`), and either cross entropy compiled
+(`--compile blocks+loss`: the upcast, log-softmax and nll fuse into kernels that keep the 16-bit
+logits and a per-row logsumexp, and whose backward writes the 16-bit logits' gradient at once).
 
 The loss runs on the last pipeline stage; the op-by-op tensors are in engine/_activations.py.
 """
@@ -14,6 +17,11 @@ from ._model import ModelSpec
 LOSS_GRADIENT_TENSORS = 2.0
 """Backward starts with the fp32 gradient of the log-softmax and of the logits: two fp32
 [T, v] tensors (nll_loss_backward, then _log_softmax_backward_data)."""
+OUTPUT_CHUNKS = 8.0
+"""torchtune CEWithChunkedOutputLoss(num_output_chunks=8): the head runs per chunk of the
+sequence, and each chunk's logits are cast to fp32 and go through cross entropy apart.
+Source: torchtune 0.6.1 torchtune/modules/loss/ce_chunked_output_loss.py;
+torchtune/modules/transformer.py TransformerDecoder.chunked_output."""
 PIPELINE_LOSS_INPUTS = 2.0
 """In a pipeline the schedule computes the loss apart (in its backward step); the last stage's
 forward peaks just before the head writes the logits: two [T, h] tensors (ground truth, pp
@@ -40,22 +48,55 @@ def chunked_loss_bytes(m: ModelSpec, *, T, e, r, param_e, loss_tp_div, head_trai
 
 
 def outside_layers_bytes(
-    m: ModelSpec, *, T, s, e, r, amp, tp, sp, loss_tp_div, chunked, param_e, head_trainable
+    m: ModelSpec,
+    *,
+    T,
+    s,
+    e,
+    r,
+    amp,
+    tp,
+    sp,
+    loss_tp_div,
+    chunked,
+    param_e,
+    head_trainable,
+    fused_norm=False,
+    compiled=False,
+    fp32_logits_in=False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(saved outside the blocks, the chunked loss's transient) on the stage holding the head.
 
     The full loss saves the fp32 log-softmax [T, v]; the chunked one replaces it with its saved
-    gradients (chunked_loss_bytes). Source: hf_outside_bytes, chunked_loss_bytes.
+    gradients (chunked_loss_bytes); a compiled one its logits input (fp32 where the model
+    upcasts them itself, `fp32_logits_in`). Source: hf_outside_bytes, chunked_loss_bytes,
+    compiled_loss_kept_bytes.
     """
     outside_all = hf_outside_bytes(
-        m, T=T, s=s, e=e, r=r, amp=amp, tp=tp, sp=sp, loss_tp_div=loss_tp_div
+        m, T=T, s=s, e=e, r=r, amp=amp, tp=tp, sp=sp, loss_tp_div=loss_tp_div, fused_norm=fused_norm
     )
     chunk_saved, chunk_transient = chunked_loss_bytes(
         m, T=T, e=e, r=r, param_e=param_e, loss_tp_div=loss_tp_div, head_trainable=head_trainable
     )
     log_softmax = 4.0 * T * m.vocab_size / loss_tp_div
+    # Compiled: the 16-bit logits (and a [T] logsumexp) are kept instead of the fp32 log-softmax.
+    kept_logits = compiled_loss_kept_bytes(
+        m, T=T, e=np.where(fp32_logits_in, 4.0, e), loss_tp_div=loss_tp_div
+    )
+    outside_all = np.where(compiled, outside_all - log_softmax + kept_logits, outside_all)
     outside_all = np.where(chunked, outside_all - log_softmax + chunk_saved, outside_all)
     return outside_all, chunk_transient
+
+
+def compiled_loss_kept_bytes(m: ModelSpec, *, T, e, loss_tp_div) -> np.ndarray:
+    """What a compiled cross entropy keeps for backward: its 16-bit logits input and an fp32
+    logsumexp per token (in place of the fp32 log-softmax).
+    Source: torchtitan 0.3.0 components/loss.py (_maybe_compile: torch.compile(loss) when
+    "loss" is in compile.components, the default); torchtune training/_compile.py
+    compile_loss; inductor's cross-entropy lowering (a fused logsumexp reduction, the
+    softmax recomputed in backward).
+    """
+    return (e * m.vocab_size + 4.0) * T / loss_tp_div
 
 
 def loss_forward_extra_bytes(
@@ -68,20 +109,32 @@ def loss_forward_extra_bytes(
     pp,
     last,
     chunked,
+    chunked_output,
     loss_tp_div,
     logits_held,
     chunk_transient,
     zero_col,
+    compiled=False,
+    fp32_logits_in=False,
 ) -> np.ndarray:
     """Transient bytes at the forward peak, at the loss (the last stage's only).
 
     Full loss: logits, their fp32 copy, the head input (hf_loss_forward_extra_bytes); chunked:
-    one chunk's logits and gradients; in a pipeline, PIPELINE_LOSS_INPUTS [T, h] tensors less
-    the held logits (counted in the stored activations).
+    one chunk's logits and gradients; chunked-output: every chunk's 16-bit logits (the list
+    the recipe holds) and one chunk's fp32 copy; in a pipeline, PIPELINE_LOSS_INPUTS [T, h]
+    tensors less the held logits (counted in the stored activations).
     """
     full_loss_extra = hf_loss_forward_extra_bytes(
         m, T=T, e=e, r=r, amp=amp, loss_tp_div=loss_tp_div
     )
+    fp32_copy = np.where(e < 4, 4.0 * T * m.vocab_size / loss_tp_div, 0.0)
+    full_loss_extra = np.where(
+        chunked_output, full_loss_extra - fp32_copy * (1.0 - 1.0 / OUTPUT_CHUNKS), full_loss_extra
+    )
+    # Compiled: the logits are the kept tensor (counted with the stored activations), no fp32
+    # copy; what is left is autocast's fp32 head input.
+    head_input = np.where(amp, 4.0 * T * m.hidden_size, 0.0)
+    full_loss_extra = np.where(compiled & ~fp32_logits_in, head_input, full_loss_extra)
     loss_extra = np.where(
         pp > 1,
         PIPELINE_LOSS_INPUTS * e * T * m.hidden_size - logits_held,
@@ -91,12 +144,33 @@ def loss_forward_extra_bytes(
 
 
 def loss_gradient_bytes(
-    m: ModelSpec, *, T, e, pp, last, chunked, loss_tp_div, sp_div, zero_col
+    m: ModelSpec,
+    *,
+    T,
+    e,
+    pp,
+    last,
+    chunked,
+    chunked_output,
+    loss_tp_div,
+    sp_div,
+    zero_col,
+    compiled=False,
+    fp32_logits_in=False,
 ) -> np.ndarray:
     """Transient bytes at the start of backward: the loss gradients (LOSS_GRADIENT_TENSORS fp32
-    [T, v]; a fused chunked loss computed them in forward) and, on a pipeline's last stage, the
-    gradient sent to the previous stage ([T, h] in the compute dtype)."""
+    [T, v]; one chunk's under chunked-output, whose chunks run backward one at a time; a fused
+    chunked loss computed them in forward) and, on a pipeline's last stage, the gradient sent
+    to the previous stage ([T, h] in the compute dtype)."""
+    per_chunk = np.where(chunked_output, 1.0 / OUTPUT_CHUNKS, 1.0)
+    # Compiled: one fused backward kernel writes the 16-bit logits' gradient.
+    # (fp32 logits in: their fp32 gradient, then its cast to the model's dtype).
+    per_element = np.where(
+        compiled, np.where(fp32_logits_in, 4.0 + e, e), LOSS_GRADIENT_TENSORS * 4.0
+    )
     loss_grads = np.where(
-        last & ~chunked, LOSS_GRADIENT_TENSORS * 4.0 * T * m.vocab_size / loss_tp_div, zero_col
+        last & ~chunked,
+        per_element * T * m.vocab_size / loss_tp_div * per_chunk,
+        zero_col,
     )
     return loss_grads + np.where(last & (pp > 1), e * T * m.hidden_size / sp_div, 0.0)

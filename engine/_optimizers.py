@@ -224,7 +224,7 @@ def state_counts(c: dict[str, np.ndarray], opt: np.ndarray) -> tuple[np.ndarray,
 
 
 def state_element_bytes(
-    c: dict[str, np.ndarray], *, state_bytes: np.ndarray, lora: np.ndarray, adapter_bytes: float
+    c: dict[str, np.ndarray], *, state_bytes: np.ndarray, lora: np.ndarray, adapter_bytes: Any
 ) -> tuple[np.ndarray, np.ndarray]:
     """(bytes per state element over the model's parameters, over the trainable ones).
 
@@ -256,7 +256,8 @@ def optimizer_state_bytes(
 
     `full`: the rank's unsharded tensors; `sharded`: ZeRO-1+ rows (states over `dp` ranks);
     `state_numel`: the trainable elements whose states this rank keeps.
-    Source: EIGHT_BIT_STATE_BYTES, adafactor_state_bytes, FUSED_STEP_TENSOR_BYTES.
+    Source: EIGHT_BIT_STATE_BYTES, adafactor_state_bytes, FUSED_STEP_TENSOR_BYTES (one per
+    tensor as the framework builds the model: FrameworkSpec.fused_qkv).
     Assumes: LoRA adapters' 8-bit states are blockwise throughout (no small-tensor fp32, no
     per-tensor rounding).
     """
@@ -275,6 +276,16 @@ def optimizer_state_bytes(
         IS_FACTORED[opt], adafactor_state_bytes(m, numel_local=state_numel), optimizer_states
     )
     num_tensors = sum((t.count for t in full), np.zeros_like(dp))
+    # A framework that projects q, k, v with one matrix (torchtitan's wqkv) has one tensor for
+    # three: k_proj's and v_proj's step scalars are not there. (Imported here: _frameworks
+    # reads the vocabularies, which read this registry.)
+    from ._frameworks import FUSED_QKV
+
+    merged = sum(
+        (t.count for t in full if t.tensor.name.split(".")[-2:-1] in (["k_proj"], ["v_proj"])),
+        np.zeros_like(dp),
+    )
+    num_tensors = num_tensors - np.where(FUSED_QKV[c["framework"].astype(np.int64)], merged, 0.0)
     return optimizer_states + np.where(
         HAS_DEVICE_STEP_SCALARS[opt], FUSED_STEP_TENSOR_BYTES * num_tensors, 0.0
     )

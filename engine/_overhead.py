@@ -35,7 +35,15 @@ class Overheads:
     peak in the optimizer step), 12.0% (llama-3.2-1b amp), 49.9% (tinyllama mb8 with
     checkpointing, peak at two 2.1 GB fp32 loss gradients); the median is the default. Published:
     GMLake (ASPLOS'24) 15% average on 8 LLMs; torchtune #1185 up to 34% for QLoRA.
-    Assumes: no expandable_segments (which removes most of it)."""
+    Assumes: the native allocator (see expandable_segments_fragmentation_fraction)."""
+    expandable_segments_fragmentation_fraction: float = 0.03
+    """The same slack under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (`--allocator
+    expandable-segments`): segments grow in 2 MiB pages and unmapped pages are returned, so
+    what is left is page rounding and blocks freed inside mapped pages.
+    Source: torch/csrc/c10/cuda/CUDACachingAllocator.cpp (ExpandableSegment); published: a
+    torchtune QLoRA run (Llama-3-8B, A100) 16.39 -> 10.83 GiB reserved with it
+    (meta-pytorch/torchtune #1185), GMLake (ASPLOS'24) fragmentation 15% average without.
+    Assumes: 3% (a judgement, not measured here: calibrate with --overhead when measured)."""
     cublas_workspace_bytes: float = 64 * MIB
     """cuBLAS + cuBLASLt workspaces on sm90+, allocated through the caching allocator: they show
     in max_memory_allocated on a GPU (the traced ground truth excludes them) and in reserved.

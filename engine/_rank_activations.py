@@ -13,9 +13,22 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _activations as act
-from ._codes import EAGER, LOSS_CHUNKED, MEGATRON, RECOMPUTE_FULL, RECOMPUTE_NONE
+from ._codes import (
+    COMPILE_BLOCKS_AND_LOSS,
+    COMPILE_NONE,
+    EAGER,
+    LOSS_CHUNKED,
+    LOSS_CHUNKED_OUTPUT,
+    MEGATRON,
+    RECOMPUTE_FULL,
+    RECOMPUTE_NONE,
+    RECOMPUTE_SELECTIVE_LAYER,
+    RECOMPUTE_SELECTIVE_OP,
+)
+from ._compile import compiled_mlp_delta_bytes, compiled_op_sac_delta_bytes
 from ._context_parallel import ring_buffer_bytes
 from ._expert_parallel import all_to_all_buffer_bytes, routed_rows
+from ._frameworks import FUSED_QKV, FUSED_RMS_NORM, LOGITS_UPCAST_IN_MODEL, recompute_policy
 from ._lora import lora_activation_delta_bytes, target_bits
 from ._loss import loss_forward_extra_bytes, loss_gradient_bytes, outside_layers_bytes
 from ._model import ModelSpec
@@ -29,7 +42,15 @@ from ._precision import (
     autocast_weight_copy_bytes,
 )
 from ._rank_activation_profile import profile_activation_terms
-from ._recompute import attention_core_bytes, recompute_excess_bytes, saved_blocks_bytes
+from ._recompute import (
+    attention_core_bytes,
+    checkpointed_layers,
+    op_sac_down_kept,
+    op_sac_saved_bytes,
+    recompute_excess_bytes,
+    saved_blocks_bytes,
+    single_stage_recompute_delta,
+)
 from ._tensor_parallel import loss_tp_divisor, sequence_parallel_divisor
 
 INPUT_BYTES_PER_TOKEN = 8.0
@@ -60,6 +81,8 @@ ACT_KEYS = (
     "precision",
     "attention",
     "recompute",
+    "recompute_every",
+    "compile",
     "framework",
     "stage_pos",
     "lora_rank",
@@ -91,6 +114,17 @@ class MicroBatch:
     eager: np.ndarray
     fw: np.ndarray
     rc: np.ndarray
+    """The recompute policy the rows run (`selective` resolved per framework)."""
+    every: np.ndarray
+    fused_norm: np.ndarray
+    """Norms keep their input and rstd only (torch's fused RMSNorm, or any norm compiled)."""
+    fused_qkv: np.ndarray
+    compiled: np.ndarray
+    compiled_loss: np.ndarray
+    fp32_logits_in: np.ndarray
+    """A compiled loss receives fp32 logits (the model upcasts them; not when chunked)."""
+    num_checkpointed: np.ndarray
+    """Blocks of the stage checkpointed whole (full: all; selective-layer: every N-th)."""
     first: np.ndarray
     last: np.ndarray
     counts: dict[str, np.ndarray]
@@ -99,6 +133,7 @@ class MicroBatch:
     lora: np.ndarray
     bits: dict[str, np.ndarray]
     chunked: np.ndarray
+    chunked_output: np.ndarray
     capacity: np.ndarray
     activation_offload: np.ndarray
     zero_col: np.ndarray
@@ -116,6 +151,9 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
     T = b * s / cp  # tokens per rank
     first, last = stage_flags(c)
     rank = c["lora_rank"].astype(np.float64)
+    rc = recompute_policy(fw, c["recompute"])
+    every = c["recompute_every"].astype(np.float64)
+    counts = block_counts(m, c)
     return MicroBatch(
         T=T,
         s=s,
@@ -133,15 +171,23 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         amp=IS_AMP[prec],
         eager=c["attention"] == EAGER,
         fw=fw,
-        rc=c["recompute"].astype(np.int64),
+        rc=rc,
+        every=every,
+        fused_norm=FUSED_RMS_NORM[fw] | (c["compile"] != COMPILE_NONE),
+        fused_qkv=FUSED_QKV[fw],
+        compiled=c["compile"] != COMPILE_NONE,
+        compiled_loss=c["compile"] == COMPILE_BLOCKS_AND_LOSS,
+        fp32_logits_in=LOGITS_UPCAST_IN_MODEL[fw] & (c["loss"] != LOSS_CHUNKED_OUTPUT),
+        num_checkpointed=checkpointed_layers(rc, num_layers=counts["layer"], every=every),
         first=first,
         last=last,
-        counts=block_counts(m, c),
+        counts=counts,
         loss_tp_div=loss_tp_divisor(fw, tp),
         rank=rank,
         lora=rank > 0,
         bits=target_bits(c["lora_targets"]),
         chunked=c["loss"] == LOSS_CHUNKED,
+        chunked_output=c["loss"] == LOSS_CHUNKED_OUTPUT,
         capacity=c["capacity_factor_pct"].astype(np.float64) / 100.0,
         activation_offload=c["activation_offload"],
         zero_col=np.zeros_like(T),
@@ -149,7 +195,9 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
 
 
 def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool):
-    """(full block bytes, attention core, MLP bytes) for a dense or an MoE block."""
+    """(full block bytes, attention core, MLP bytes, bytes kept under per-op SAC) for a dense
+    or an MoE block (MLA and MoE blocks: their full bytes under per-op SAC, see
+    op_sac_saved_bytes)."""
     T, s, e, r, amp, tp, eager = x.T, x.s, x.e, x.r, x.amp, x.tp, x.eager
     if m.is_mla:
         sp_div = np.where(x.sp, tp, 1)
@@ -162,7 +210,9 @@ def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool):
         dense_mlp = act.hf_mlp_bytes(m, T=T, e=e, amp=amp, tp=tp)
         block = norms + attention + dense_mlp
     else:
-        block = act.hf_layer_bytes(m, T=T, s=s, e=e, r=r, amp=amp, tp=tp, sp=x.sp, eager=eager)
+        block = act.hf_layer_bytes(
+            m, T=T, s=s, e=e, r=r, amp=amp, tp=tp, sp=x.sp, eager=eager, fused_norm=x.fused_norm
+        )
         dense_mlp = act.hf_mlp_bytes(m, T=T, e=e, amp=amp, tp=tp)
     block = block + act.hf_qk_norm_bytes(m, T=T, r=r, tp=tp)
     mlp = dense_mlp
@@ -177,37 +227,70 @@ def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool):
         m, T=T, e=e, amp=amp, tp=tp, rank=x.rank, mask=None, adapted_bits=x.bits
     )
     block = np.where(x.lora, block + delta, block)
-    return block, core, mlp
+    if m.is_mla or moe:
+        return block, core, mlp, block
+    op_saved = op_sac_saved_bytes(
+        m, T=T, s=s, e=e, r=r, tp=tp, sp=x.sp, eager=eager, fused_qkv=x.fused_qkv
+    )
+    op_saved = np.where(x.lora, op_saved + delta, op_saved)
+    # torch.compile: what the partitioner keeps instead (engine/_compile.py).
+    compiled_mlp = compiled_mlp_delta_bytes(m, T=T, e=e, amp=amp, tp=tp)
+    block = np.where(x.compiled, block + compiled_mlp, block)
+    down_kept = op_sac_down_kept(m, fused_qkv=x.fused_qkv)
+    op_delta = compiled_op_sac_delta_bytes(m, T=T, e=e, policy=x.rc, down_kept=down_kept)
+    op_saved = np.where(x.compiled, op_saved + op_delta, op_saved)
+    return block, core, mlp, op_saved
 
 
 def _layers(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
     """The blocks of the stage: one layer's bytes (layer 0: dense when the stage holds a dense
     block), its attention core and checkpointed input, the stage's saved bytes under the
-    recompute policy (Megatron: Korthikanti et al.), and a recomputed layer's bytes."""
+    recompute policy (Megatron: Korthikanti et al.), and what one recomputed layer brings back."""
     num_mlp, num_moe, num_layers = x.counts["mlp"], x.counts["moe"], x.counts["layer"]
-    dense_block, core, _ = _block_parts(m, x, moe=False)
-    moe_block = _block_parts(m, x, moe=True)[0] if m.is_moe else x.zero_col
+    dense_block, core, _, dense_op = _block_parts(m, x, moe=False)
+    if m.is_moe:
+        moe_block, _, _, moe_op = _block_parts(m, x, moe=True)
+    else:
+        moe_block = moe_op = x.zero_col
     layer_full = np.where(num_mlp > 0, dense_block, moe_block)
     layer_ckpt = act.hf_checkpointed_layer_bytes(m, T=x.T, r=x.r, tp=x.tp, sp=x.sp)
+    op_stage = num_mlp * dense_op + num_moe * moe_op
     stage_hf = saved_blocks_bytes(
         x.rc,
         blocks=num_mlp * dense_block + num_moe * moe_block,
         core=core,
         checkpointed=layer_ckpt,
         num_layers=num_layers,
+        op_saved=op_stage,
+        num_checkpointed=x.num_checkpointed,
     )
-    megatron = x.fw == MEGATRON
-    shape = {"s": x.s / x.cp, "b": x.b, "tp": x.tp, "sp": x.sp}
+    shape = {"s": x.s / x.cp, "b": x.b, "tp": x.tp, "sp": x.sp, "eager": x.eager}
     layer_mg = act.megatron_layer_bytes(m, **shape, recompute_code=x.rc)
-    stage_layers = np.where(megatron, layer_mg * num_layers, stage_hf)
     layer_mg_none = act.megatron_layer_bytes(m, **shape, recompute_code=RECOMPUTE_NONE)
+    layer_mg_full = act.megatron_layer_bytes(m, **shape, recompute_code=RECOMPUTE_FULL)
+    stage_mg = np.where(
+        x.rc == RECOMPUTE_SELECTIVE_LAYER,
+        layer_mg_none * (num_layers - x.num_checkpointed) + layer_mg_full * x.num_checkpointed,
+        layer_mg * num_layers,
+    )
+    # Megatron's own formulas cover none, selective (core) and full; per-op SAC is counted
+    # op by op as for every framework.
+    megatron = (x.fw == MEGATRON) & (x.rc != RECOMPUTE_SELECTIVE_OP)
+    stage_layers = np.where(megatron, stage_mg, stage_hf)
+    op_layer = np.where(num_mlp > 0, dense_op, moe_op)
+    recomputed = np.where(
+        x.rc == RECOMPUTE_SELECTIVE_OP,
+        np.maximum(layer_full - (op_layer - layer_ckpt), 0.0),
+        np.where(megatron, layer_mg_none, layer_full),
+    )
     return {
         "core": core,
         "layer_full": layer_full,
         "layer_ckpt": layer_ckpt,
         "stage_layers": stage_layers,
         "per_layer": stage_layers / np.maximum(num_layers, 1.0),
-        "layer_recomputed": np.where(megatron, layer_mg_none, layer_full),
+        "layer_recomputed": recomputed,
+        "top_saved": np.where(x.rc == RECOMPUTE_SELECTIVE_OP, op_layer, layer_ckpt),
     }
 
 
@@ -222,6 +305,7 @@ def _outside(m: ModelSpec, x: MicroBatch, layers: dict[str, np.ndarray]) -> dict
     (ground truth, first and last stage alike).
     """
     T, s, e, r, pp, full = x.T, x.s, x.e, x.r, x.pp, x.rc == RECOMPUTE_FULL
+    checkpointing = (x.num_checkpointed > 0) | (x.rc == RECOMPUTE_SELECTIVE_OP)
     rope = 2.0 * s * (m.qk_rope_head_dim if m.is_mla else m.head_dim) * r if m.rotary else 0.0
     outside_all, chunk_transient = outside_layers_bytes(
         m,
@@ -236,13 +320,16 @@ def _outside(m: ModelSpec, x: MicroBatch, layers: dict[str, np.ndarray]) -> dict
         chunked=x.chunked,
         param_e=PARAM_BYTES[x.prec],
         head_trainable=~x.lora,
+        fused_norm=x.fused_norm,
+        compiled=x.compiled_loss & (x.pp <= 1),
+        fp32_logits_in=x.fp32_logits_in,
     )
     logits_held = held_logits_bytes(
         m, T=T, e=e, pp=pp, chunked=x.chunked, loss_tp_div=x.loss_tp_div
     )
     outside = np.where(x.last, outside_all + logits_held, rope)
     ckpt_mask = act.hf_checkpointed_mask_bytes(m, T=T, s=s / x.cp, r=r, eager=x.eager)
-    outside = outside + np.where(full & (x.fw != MEGATRON), ckpt_mask, 0.0)
+    outside = outside + np.where(checkpointing & (x.fw != MEGATRON), ckpt_mask, 0.0)
     layer_inputs_not_saved = np.where((pp > 1) & full, layers["layer_ckpt"], 0.0)
     stage_act = layers["stage_layers"] + outside - layer_inputs_not_saved
     offloaded = offloaded_activation_bytes(
@@ -273,16 +360,30 @@ def _backward_transients(
     """
     T, e, r, amp, h = x.T, x.e, x.r, x.amp, m.hidden_size
     layer_full, full = layers["layer_full"], x.rc == RECOMPUTE_FULL
+    # Layer 0 runs under a checkpoint (its input kept apart from what it recomputes).
+    layer0_checkpointed = (
+        full
+        | (x.rc == RECOMPUTE_SELECTIVE_OP)
+        | ((x.rc == RECOMPUTE_SELECTIVE_LAYER) & (x.every <= 1))
+    )
     is_moe0 = x.counts["mlp"] == 0
     f_r = np.where(is_moe0, m.moe_intermediate_size / x.etp, m.intermediate_size / x.tp)
     rows = np.where(is_moe0, routed, T)
     e_mlp = np.where(is_moe0 & amp, 4.0, e)
     freed_mlp = (3.0 if m.gated_mlp else 1.0) * e_mlp * rows * f_r
-    act_end = layer_full - freed_mlp + rope + np.where(full & (r < 4), layers["layer_ckpt"], 0.0)
+    act_end = (
+        layer_full
+        - freed_mlp
+        + rope
+        + np.where(layer0_checkpointed & (r < 4), layers["layer_ckpt"], 0.0)
+    )
+    # A checkpointed top block at work: its input kept apart from what it recomputes.
+    act_top = layer_full - freed_mlp + rope + np.where(r < 4, layers["layer_ckpt"], 0.0)
     temp_factor = np.where(is_moe0, BACKWARD_MOE_TEMP_SF, BACKWARD_MLP_TEMP_TF)
     temp_end = temp_factor * e_mlp * rows * f_r + (2.0 * r + np.where(amp, 2.0 * e, 0.0)) * T * h
     return {
         "act_end": act_end,
+        "act_top": act_top,
         "temp_end": temp_end,
         "fwd_working": np.where(
             full, layer_full - FORWARD_WORKING_FREED_TF * e_mlp * rows * f_r, 0.0
@@ -316,10 +417,13 @@ def _copies_and_loss(
         pp=pp,
         last=last,
         chunked=x.chunked,
+        chunked_output=x.chunked_output,
         loss_tp_div=x.loss_tp_div,
         logits_held=out["logits_held"],
         chunk_transient=out["chunk_transient"],
         zero_col=x.zero_col,
+        compiled=x.compiled_loss,
+        fp32_logits_in=x.fp32_logits_in,
     )
     loss_grads = loss_gradient_bytes(
         m,
@@ -328,11 +432,47 @@ def _copies_and_loss(
         pp=pp,
         last=last,
         chunked=x.chunked,
+        chunked_output=x.chunked_output,
         loss_tp_div=x.loss_tp_div,
         sp_div=x.sp_div,
         zero_col=x.zero_col,
+        compiled=x.compiled_loss,
+        fp32_logits_in=x.fp32_logits_in,
     )
     return copies, copies_layers, loss_extra, loss_grads
+
+
+def _recompute_terms(
+    x: MicroBatch, layers: dict, out: dict, bwd: dict, *, small
+) -> dict[str, np.ndarray]:
+    """What a recomputing stage holds: a pipeline stage's excess over its stored activations
+    (recompute_excess) and the transients of a layer's recompute-and-backward moment
+    (recompute_extra: pipelines under full recompute; a single stage under selective-op or
+    selective-layer, whose top block recomputes while the others keep their tensors)."""
+    full, multi, last = x.rc == RECOMPUTE_FULL, x.pp > 1, x.last
+    return {
+        "recompute_excess": recompute_excess_bytes(
+            x.rc,
+            multi=multi,
+            last=last,
+            layer_recomputed=layers["layer_recomputed"],
+            core=layers["core"],
+            outside=out["outside"],
+            rope=out["rope"],
+            zero_col=x.zero_col,
+        ),
+        "recompute_extra": np.maximum(
+            np.where(full & multi, small + bwd["temp_recompute"], -np.inf),
+            small
+            + single_stage_recompute_delta(
+                x.rc,
+                multi=multi,
+                layer_at_work=bwd["act_top"] + bwd["temp_end"],
+                top_saved=layers["top_saved"],
+                outside=out["outside"],
+            ),
+        ),
+    }
 
 
 def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -380,17 +520,7 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
         "bwd_start_extra": small + loss_grads + a2a + cp_bwd,
         "bwd_end_extra": small + bwd["act_end"] + bwd["temp_end"] - stage_act,
         "embed_extra": small + np.where(x.first, T * m.hidden_size * x.r, 0.0),
-        "recompute_excess": recompute_excess_bytes(
-            x.rc,
-            multi=multi,
-            last=last,
-            layer_recomputed=layers["layer_recomputed"],
-            core=layers["core"],
-            outside=out["outside"],
-            rope=out["rope"],
-            zero_col=x.zero_col,
-        ),
-        "recompute_extra": np.where(full & multi, small + bwd["temp_recompute"], -np.inf),
+        **_recompute_terms(x, layers, out, bwd, small=small),
         "pipe_per_micro": per_micro + inputs_per_extra_micro,
         "pipe_fixed": fixed - inputs_per_extra_micro,
     }

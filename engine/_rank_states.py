@@ -25,6 +25,7 @@ from ._data_parallel import (
     model_state_element_bytes,
 )
 from ._fp8 import fp8_cache_bytes
+from ._frameworks import ADAPTERS_IN_PARAM_DTYPE, FSDP2_EMBEDDING_UNIT, state_shard_degree
 from ._lora import (
     LORA_ADAPTER_BYTES,
     Adapters,
@@ -42,7 +43,7 @@ from ._optimizers import (
     step_temporary_bytes,
 )
 from ._pipeline import block_counts, stage_flags
-from ._precision import IS_FP8, IS_MIXED, STATE_BYTES
+from ._precision import IS_FP8, IS_MIXED, PARAM_BYTES, STATE_BYTES
 from ._states import LocalTensor, group_numel, layer_numel, local_tensors, rank_bytes, total_numel
 from ._tensor_parallel import hf_embedding_gradient_bytes, hf_replicated_group_numel
 
@@ -50,6 +51,7 @@ STATE_KEYS = (
     "tp",
     "pp",
     "dp",
+    "cp",
     "ep",
     "etp",
     "zero",
@@ -67,13 +69,17 @@ STATE_KEYS = (
     "optimizer_state_bytes",
     "optimizer_temp_states",
     "optimizer_eight_bit",
+    "optimizer_in_backward",
 )
 
 
 @dataclass(frozen=True, slots=True)
 class RankLayout:
     """The columns of one rank's layout (one value per key), and its tensor inventory: `full`
-    unsharded by data parallelism, `part` sharded over dp (ZeRO-3/FSDP)."""
+    unsharded by data parallelism, `part` sharded over the shard group (ZeRO-3/FSDP).
+
+    `dp` is the group that shards model states: data x context parallel ranks
+    (state_shard_degree). `adapter_e`: bytes per LoRA adapter element (and its gradient)."""
 
     prec: np.ndarray
     opt: np.ndarray
@@ -91,6 +97,7 @@ class RankLayout:
     mixed: np.ndarray
     fsdp2: np.ndarray
     megatron: np.ndarray
+    adapter_e: np.ndarray
     full: list[LocalTensor]
     part: list[LocalTensor]
 
@@ -99,7 +106,8 @@ def rank_layout(m: ModelSpec, c: dict[str, np.ndarray]) -> RankLayout:
     """The symbols of the rows `c` (per-key columns), bound once."""
     fw = c["framework"].astype(np.int64)
     prec = c["precision"].astype(np.int64)
-    tp, dp = c["tp"].astype(np.float64), c["dp"].astype(np.float64)
+    tp = c["tp"].astype(np.float64)
+    dp = state_shard_degree(c["dp"], c["cp"])
     ep, etp = c["ep"].astype(np.float64), c["etp"].astype(np.float64)
     lora_rank = c["lora_rank"].astype(np.float64)
     lora = lora_rank > 0
@@ -122,6 +130,7 @@ def rank_layout(m: ModelSpec, c: dict[str, np.ndarray]) -> RankLayout:
         mixed=IS_MIXED[prec],
         fsdp2=is_fsdp2(fw, c["zero"]),
         megatron=fw == MEGATRON,
+        adapter_e=np.where(ADAPTERS_IN_PARAM_DTYPE[fw], PARAM_BYTES[prec], LORA_ADAPTER_BYTES),
         full=local_tensors(m, **shards, shard=False, dp_shard=np.ones_like(dp)),
         part=local_tensors(m, **shards, shard=True, dp_shard=dp),
     )
@@ -137,7 +146,13 @@ def _parameter_bytes(x: RankLayout, param_e: np.ndarray, adapters: Adapters) -> 
     )
     nf4 = nf4_base_bytes(x.full, dp=x.dp, sharded=sharded)
     return lora_parameter_bytes(
-        base, base_linear, nf4, lora=x.lora, qlora=x.qlora, adapters=adapters.kept(sharded)
+        base,
+        base_linear,
+        nf4,
+        lora=x.lora,
+        qlora=x.qlora,
+        adapters=adapters.kept(sharded),
+        adapter_e=x.adapter_e,
     )
 
 
@@ -145,12 +160,12 @@ def _gradient_bytes(
     m: ModelSpec, x: RankLayout, grad_e: np.ndarray, adapters: Adapters
 ) -> np.ndarray:
     """Gradients (ZeRO-2+: the shard), HF TP's full-size embedding gradient; LoRA: the
-    adapters' fp32 gradients only."""
+    adapters' gradients only (in the adapters' dtype)."""
     sharded = x.zero >= ZERO_GRADIENTS
     gradients = rank_bytes(x.full, x.part, grad_e, sharded) + hf_embedding_gradient_bytes(
         m, x.full, fw=x.fw, tp=x.tp, grads_sharded=sharded, first=x.first, grad_e=grad_e
     )
-    return np.where(x.lora, LORA_ADAPTER_BYTES * adapters.kept(sharded), gradients)
+    return np.where(x.lora, x.adapter_e * adapters.kept(sharded), gradients)
 
 
 def _optimizer_bytes(
@@ -160,7 +175,7 @@ def _optimizer_bytes(
     registry, _optimizers.py) or a user optimizer (the `optimizer_*` columns)."""
     sharded = x.zero >= ZERO_STATES
     state_e, state_elem = state_element_bytes(
-        c, state_bytes=STATE_BYTES[x.prec], lora=x.lora, adapter_bytes=LORA_ADAPTER_BYTES
+        c, state_bytes=STATE_BYTES[x.prec], lora=x.lora, adapter_bytes=x.adapter_e
     )
     num_states, temp_states = state_counts(c, x.opt)
     plain = np.where(x.lora, state_elem * state_numel, rank_bytes(x.full, x.part, state_e, sharded))
@@ -194,9 +209,10 @@ def _optimizer_bytes(
 
 def _end_of_backward_gradients(
     m: ModelSpec, x: RankLayout, grad_e: np.ndarray, gradients: np.ndarray, fsdp_active
-) -> np.ndarray:
+) -> tuple[np.ndarray, np.ndarray]:
     """Gradients alive at the end of backward: all but the embedding's, layer 0's attention and
-    one MLP matrix (and, under FSDP2, the root's and two layers' not yet reduce-scattered).
+    one MLP matrix (and, under FSDP2, the root's and two layers' not yet reduce-scattered); and
+    those alive in the top block's MLP backward.
     Source: the ground-truth traces (the end-of-backward peak is in layer 0's MLP backward,
     see _rank_activations._backward_transients)."""
     sharded = x.zero >= ZERO_GRADIENTS
@@ -218,7 +234,11 @@ def _end_of_backward_gradients(
     )
     grads_end = gradients - grads_of("embed") - grad_layer + grad_mlp_done
     grad_final_head = grads_of("final") + grads_of("head")
-    return grads_end - np.where(fsdp_active, grad_layer + grad_final_head, 0.0)
+    end = grads_end - np.where(fsdp_active, grad_layer + grad_final_head, 0.0)
+    # The top block's MLP backward (a single stage recomputing it, see single_stage_recompute_
+    # delta): the head's and final norm's gradients and the MLP matrices done so far.
+    top = np.where(fsdp_active, 0.0, grad_final_head) + grad_mlp_done
+    return end, top
 
 
 def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -227,7 +247,8 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     Returns bytes per key: parameters, master_weights, gradients, optimizer_states,
     optimizer_step_temporaries, host_bytes (what stays on the device and what offload moves),
     fp8_weight_cache; persistent (states + framework buffers), fsdp_fwd (forward-peak buffers),
-    end_grads (gradients and buffers at the end of backward), optimizer_peak.
+    end_grads (gradients and buffers at the end of backward), top_grads (those in the top
+    block's backward), optimizer_peak.
     """
     x = rank_layout(m, c)
     param_e, master_e, grad_e = model_state_element_bytes(
@@ -258,14 +279,14 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
         num_layers=x.counts["layer"],
         dp=x.dp,
     )
-    root_numel = sum(group_numel(x.full, group) for group in ("embed", "final", "head"))
     fsdp_active = x.fsdp2 & (x.dp > 1)
-    fsdp_fwd, fsdp_bwd = fsdp2_buffer_bytes(
-        active=fsdp_active, root_numel=root_numel, layer_numel=layer
-    )
+    fsdp_fwd, fsdp_bwd = _fsdp2_buffers(x, layer, active=fsdp_active)
     ds_buffers = deepspeed_buffer_bytes(m, fw=x.fw, zero=x.zero, dp=x.dp, layer_numel=layer)
     dequant = qlora_dequant_bytes(x.full, qlora=x.qlora, dp=x.dp)
-    grads_end = _end_of_backward_gradients(m, x, grad_e, s["gradients"], fsdp_active)
+    grads_end, grads_top = _end_of_backward_gradients(m, x, grad_e, s["gradients"], fsdp_active)
+    in_backward = c["optimizer_in_backward"]
+    s = _optimizer_in_backward(x, s, grad_e, in_backward=in_backward)
+    grads_end = np.where(in_backward, s["gradients"], grads_end)
     held = s["parameters"] + s["master_weights"] + s["optimizer_states"]
     return {
         **s,
@@ -273,5 +294,49 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
         "fp8_weight_cache": fp8_cache,
         "fsdp_fwd": fsdp_fwd + dequant,
         "end_grads": grads_end + fsdp_bwd + dequant,
+        "top_grads": np.where(in_backward, s["gradients"], grads_top),
         "optimizer_peak": held + s["gradients"] + s["optimizer_step_temporaries"] + fp8_cache,
+    }
+
+
+def _fsdp2_buffers(x: RankLayout, layer: np.ndarray, *, active) -> tuple[np.ndarray, ...]:
+    """FSDP2's unsharded buffers (fsdp2_buffer_bytes) with the framework's units: torchtitan
+    wraps the embedding apart, resharded after forward, and gathers no block at the loss
+    (FrameworkSpec.fsdp2_embedding_unit); elsewhere the root holds embedding, norm and head."""
+    own_unit = FSDP2_EMBEDDING_UNIT[x.fw]
+    root_numel = group_numel(x.full, "final") + group_numel(x.full, "head")
+    root_numel = root_numel + np.where(own_unit, 0.0, group_numel(x.full, "embed"))
+    return fsdp2_buffer_bytes(
+        active=active,
+        root_numel=root_numel,
+        layer_numel=layer,
+        layers_in_flight=np.where(own_unit, 0.0, 1.0),
+    )
+
+
+def _optimizer_in_backward(
+    x: RankLayout, s: dict[str, np.ndarray], grad_e: np.ndarray, *, in_backward
+) -> dict[str, np.ndarray]:
+    """Model states when each parameter steps as soon as its gradient is accumulated, and the
+    gradient is freed at once: no gradient set is ever whole and there is no step of its own.
+    What is left is the largest single gradient (being stepped); LoRA adapters' are negligible.
+    Source: torchtune/training/memory.py register_optim_in_bwd_hooks (an optimizer per
+    parameter; `optim_dict[p].step(); optim_dict[p].zero_grad()` in a post-accumulate-grad
+    hook).
+    """
+    sharded = x.zero >= ZERO_GRADIENTS
+    largest = np.max(
+        np.stack(
+            [
+                np.broadcast_to(np.where(sharded, p.numel, f.numel), x.dp.shape)
+                for f, p in zip(x.full, x.part, strict=True)
+            ]
+        ),
+        axis=0,
+    )
+    largest_grad = np.where(x.lora, 0.0, largest * grad_e)
+    return {
+        **s,
+        "gradients": np.where(in_backward, largest_grad, s["gradients"]),
+        "optimizer_step_temporaries": np.where(in_backward, 0.0, s["optimizer_step_temporaries"]),
     }

@@ -1,15 +1,26 @@
 """Activation recomputation (checkpointing): what each policy keeps for backward, what it brings
 back while a layer recomputes, and the forward FLOPs it repeats.
 
-Policies: none; selective (the attention core is recomputed, Korthikanti et al. 2022 Sec. 5);
-full (only each block's input is kept, the block runs forward again in backward).
+Policies (codes of the `recompute` vocabulary): none; selective (the attention core is
+recomputed, Korthikanti et al. 2022 Sec. 5; `selective` first resolves to the framework's own
+selective mode, engine/_frameworks.py); full (only each block's input is kept, the block runs
+forward again in backward); selective-op (per-op SAC as torchtitan's SelectiveAC: the outputs of
+the attention kernel and of every other matmul are kept, the rest recomputed); selective-layer
+(every N-th block checkpointed whole, the others keep everything).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ._codes import RECOMPUTE_FULL, RECOMPUTE_NONE, RECOMPUTE_SELECTIVE
+from ._activations import SMALL_TENSOR_BYTES
+from ._codes import (
+    RECOMPUTE_FULL,
+    RECOMPUTE_NONE,
+    RECOMPUTE_SELECTIVE,
+    RECOMPUTE_SELECTIVE_LAYER,
+    RECOMPUTE_SELECTIVE_OP,
+)
 from ._model import ModelSpec
 
 
@@ -27,31 +38,108 @@ def attention_core_bytes(m: ModelSpec, *, T, s, e, tp, eager) -> np.ndarray:
     return np.where(eager, eager_core, flash_core)
 
 
-def saved_blocks_bytes(rc, *, blocks, core, checkpointed, num_layers) -> np.ndarray:
-    """Bytes the stage's `num_layers` blocks keep for backward under policy `rc`: all of
-    `blocks` (none), less each layer's attention `core` (selective), each layer's
-    `checkpointed` input only (full)."""
+def block_matmul_widths(m: ModelSpec, tp, *, fused_qkv: bool = False) -> list:
+    """Output width (elements per token, per tensor-parallel rank) of each matmul of a dense
+    block, in forward order: q, k, v (or one qkv: the model's own, or `fused_qkv` where the
+    framework fuses them), o, gate, up (or fused gate_up / fc1), down. Row-parallel outputs
+    (o, down) are full width (partial sums before their reduce)."""
+    h, f = m.hidden_size, m.intermediate_size
+    if m.fused_qkv or fused_qkv:
+        attention = [(m.q_dim + 2 * m.kv_dim) / tp]
+    else:
+        attention = [m.q_dim / tp, m.kv_dim / tp, m.kv_dim / tp]
+    gated_up = [2 * f / tp] if m.fused_gate_up else [f / tp, f / tp]
+    return [*attention, h, *(gated_up if m.gated_mlp else [f / tp]), h]
+
+
+def op_sac_saved_bytes(m: ModelSpec, *, T, s, e, r, tp, sp, eager, fused_qkv) -> np.ndarray:
+    """Bytes one dense block keeps for backward under per-op selective checkpointing.
+
+    Kept: the block's input (the checkpoint's argument, residual dtype); the output of every
+    other matmul, counted per block from the first (q, v, gate, down in a Llama block; the
+    others, the norms and pointwise ops are recomputed); the attention kernel's outputs (flash:
+    the output, the fp32 logsumexp and the rng seed and offset; eager: both bmm outputs, the
+    scores and the context); under sequence parallelism the two reduce-scatter outputs
+    (communication is saved). `fused_qkv` (rows): the framework projects q, k, v at once.
+    Source: torchtitan 0.3.0 torchtitan/distributed/activation_checkpoint.py (SelectiveAC: save
+    ops = torch._functorch.partitioners default compute-intensive ops + SDPA + reduce_scatter;
+    `meta[mm_count] % 2 == 0` recomputes every second mm; the count restarts per block).
+    Ignores: MLA and MoE blocks (their unreduced formulas apply, an upper bound).
+    """
+    a_r = m.num_attention_heads / tp
+    sp_div = np.where(sp, tp, 1.0)
+    zero = np.zeros_like(np.asarray(T, dtype=np.float64))
+    kept_width = np.where(
+        fused_qkv,
+        sum(block_matmul_widths(m, tp, fused_qkv=True)[0::2], zero),
+        sum(block_matmul_widths(m, tp)[0::2], zero),
+    )
+    flash_kept = 4.0 * a_r * T + 2.0 * SMALL_TENSOR_BYTES
+    attention_out = e * T * m.o_dim / tp + np.where(eager, e * a_r * s * T, flash_kept)
+    reduce_scatter = np.where(sp, 2.0 * e * T * m.hidden_size / tp, 0.0)
+    block_input = r * T * m.hidden_size / sp_div
+    return block_input + e * T * kept_width + attention_out + reduce_scatter
+
+
+def op_sac_down_kept(m: ModelSpec, *, fused_qkv) -> np.ndarray:
+    """Whether per-op SAC keeps the down projection's output: it is the last matmul of the
+    block, kept when its count in the block is odd (see op_sac_saved_bytes)."""
+    own = len(block_matmul_widths(m, 1.0)) % 2 == 1
+    fused = len(block_matmul_widths(m, 1.0, fused_qkv=True)) % 2 == 1
+    return np.where(fused_qkv, fused, own)
+
+
+def checkpointed_layers(policy, *, num_layers, every) -> np.ndarray:
+    """Blocks of the stage that are checkpointed whole: all (full), every `every`-th
+    (selective-layer: floor(L / every)), none otherwise.
+
+    Source: torchtune 0.6.1 torchtune/training/activations.py checkpoint_wrapper (a running
+    count; block number k is wrapped when k % every == 0); torchtitan <= 0.2 the same
+    (`selective_ac_option` an integer).
+    """
+    layer_k = np.floor(num_layers / np.maximum(every, 1))
     return np.where(
-        rc == RECOMPUTE_FULL,
-        checkpointed * num_layers,
-        np.where(rc == RECOMPUTE_SELECTIVE, blocks - core * num_layers, blocks),
+        policy == RECOMPUTE_FULL,
+        num_layers,
+        np.where(policy == RECOMPUTE_SELECTIVE_LAYER, layer_k, 0.0),
+    )
+
+
+def saved_blocks_bytes(
+    policy, *, blocks, core, checkpointed, num_layers, op_saved, num_checkpointed
+) -> np.ndarray:
+    """Bytes the stage's `num_layers` blocks keep for backward under `policy`: all of `blocks`
+    (none), less each layer's attention `core` (selective), each layer's `checkpointed` input
+    only (full), `op_saved` (selective-op, the stage's bytes), and under selective-layer the
+    `num_checkpointed` blocks keep their input, the others everything."""
+    per_block = blocks / np.maximum(num_layers, 1.0)
+    layerwise = blocks - num_checkpointed * (per_block - checkpointed)
+    return np.select(
+        [
+            policy == RECOMPUTE_FULL,
+            policy == RECOMPUTE_SELECTIVE,
+            policy == RECOMPUTE_SELECTIVE_OP,
+            policy == RECOMPUTE_SELECTIVE_LAYER,
+        ],
+        [checkpointed * num_layers, blocks - core * num_layers, op_saved, layerwise],
+        blocks,
     )
 
 
 def recompute_excess_bytes(
-    rc, *, multi, last, layer_recomputed, core, outside, rope, zero_col
+    policy, *, multi, last, layer_recomputed, core, outside, rope, zero_col
 ) -> np.ndarray:
     """What a pipeline stage recomputing one layer in backward holds beyond what is stored, the
     loss tensors being freed by then: the excess over `outside` less the `rope` tables, if any.
 
-    Full recompute brings back a whole layer (`layer_recomputed`: the framework's own
-    no-recompute layer); selective the attention core of one layer.
+    `layer_recomputed`: what one layer brings back (full and selective-layer: the framework's
+    no-recompute layer; selective-op: the layer less what it kept); selective: the core.
     Assumes: one layer recomputes at a time, after the stage's loss tensors are freed.
     """
     return np.where(
-        multi & (rc != RECOMPUTE_NONE),
+        multi & (policy != RECOMPUTE_NONE),
         np.maximum(
-            np.where(rc == RECOMPUTE_FULL, layer_recomputed, core)
+            np.where(policy == RECOMPUTE_SELECTIVE, core, layer_recomputed)
             - np.where(last, outside - rope, zero_col),
             0.0,
         ),
@@ -59,8 +147,48 @@ def recompute_excess_bytes(
     )
 
 
-def recompute_flop_factors(recompute) -> tuple[np.ndarray, np.ndarray]:
-    """(full, attention) as 0/1 floats: whether the blocks' forward runs again (full) and
-    whether the attention core does (full or selective)."""
-    full = (recompute == RECOMPUTE_FULL).astype(np.float64)
-    return full, (recompute != RECOMPUTE_NONE).astype(np.float64)
+def single_stage_recompute_delta(policy, *, multi, layer_at_work, top_saved, outside) -> np.ndarray:
+    """Bytes a single stage under selective-op or selective-layer holds while its top block
+    recomputes and runs its backward, beyond what it stored at the end of forward: that
+    block's working set `layer_at_work` (its recomputed activations and gradient temporaries,
+    as layer 0's at the end of backward), less what it had kept (`top_saved`) and the tensors
+    saved outside the blocks (the loss's, freed by the head's backward). May be negative; -inf
+    where the moment does not apply (pipelines: recompute_excess_bytes; full recompute: the
+    end-of-backward moment in layer 0 covers it).
+    Source: torch.utils.checkpoint (non-reentrant): a block recomputes when its backward
+    starts, the blocks below still holding their saved tensors; the traced torchtitan cases
+    (tests/data/framework_traces/torchtitan_llama3_ac.json).
+    """
+    sac = (policy == RECOMPUTE_SELECTIVE_OP) | (policy == RECOMPUTE_SELECTIVE_LAYER)
+    return np.where(sac & ~multi, layer_at_work - top_saved - outside, -np.inf)
+
+
+def op_sac_recomputed_matmul_fraction(m: ModelSpec) -> float:
+    """Share of a dense block's matmul FLOPs that per-op SAC runs again (the even-numbered
+    matmuls, see op_sac_saved_bytes); the attention kernel is not recomputed.
+    Assumes: separate q, k, v projections (a fused one shifts the count by a few percent)."""
+    widths = [float(w) for w in block_matmul_widths(m, 1.0)]
+    h, f = m.hidden_size, m.intermediate_size
+    inner = [h] * (len(widths) - 1) + [f]  # every matmul reads h features but down (f)
+    flops = [w * k for w, k in zip(widths, inner, strict=True)]
+    return sum(flops[1::2]) / sum(flops)
+
+
+def recompute_flop_factors(m: ModelSpec, policy, *, num_layers, every) -> tuple:
+    """(blocks, attention): the share of the blocks' forward FLOPs run again in backward and of
+    the attention core's: full 1 and 1; selective 0 and 1; selective-op the recomputed matmuls'
+    share and 0; selective-layer the checkpointed blocks' share for both."""
+    layer_share = checkpointed_layers(
+        np.where(policy == RECOMPUTE_SELECTIVE_LAYER, policy, RECOMPUTE_NONE),
+        num_layers=num_layers,
+        every=every,
+    ) / np.maximum(num_layers, 1.0)
+    blocks = np.select(
+        [policy == RECOMPUTE_FULL, policy == RECOMPUTE_SELECTIVE_OP],
+        [1.0, op_sac_recomputed_matmul_fraction(m)],
+        layer_share,
+    )
+    attention = np.select(
+        [(policy == RECOMPUTE_FULL) | (policy == RECOMPUTE_SELECTIVE)], [1.0], layer_share
+    )
+    return blocks.astype(np.float64), attention.astype(np.float64)

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._codes import HF, MEGATRON
+from ._codes import HF
 from ._collectives import ring_time_s
+from ._frameworks import LOSS_PARALLEL
 from ._model import ModelSpec, ParamTensor
 from ._time_params import TimeParams
 
@@ -52,12 +53,15 @@ def sequence_parallel_divisor(sp, tp) -> np.ndarray:
 
 
 def loss_tp_divisor(fw, tp) -> np.ndarray:
-    """What divides the logits and loss tensors: tp under Megatron's vocab-parallel cross
-    entropy, else 1 (HF tp_plan and torchtitan without loss_parallel gather the logits).
+    """What divides the logits and loss tensors: tp where the framework computes a
+    vocab-parallel loss (FrameworkSpec.loss_parallel: Megatron, torchtitan), else 1 (HF tp_plan
+    and torchtune gather the logits).
 
-    Source: megatron/core/tensor_parallel/cross_entropy.py (vocab_parallel_cross_entropy).
+    Source: megatron/core/tensor_parallel/cross_entropy.py (vocab_parallel_cross_entropy);
+    torchtitan 0.3.0 torchtitan/components/loss.py (_LossParallelCrossEntropy on Shard(-1)
+    logits).
     """
-    return np.where(fw == MEGATRON, tp, 1.0)
+    return np.where(LOSS_PARALLEL[np.asarray(fw, dtype=np.int64)], tp, 1.0)
 
 
 def hf_embedding_gradient_bytes(

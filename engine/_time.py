@@ -34,6 +34,7 @@ from ._data_parallel import (
 from ._estimate import batch_layout, layout_reason
 from ._expert_parallel import expert_exposed_s
 from ._flops import matmul_parameters, mlp_width, model_flops_per_token
+from ._frameworks import recompute_policy
 from ._grid import Grid
 from ._lora import lora_width, qlora_dequant_traffic_bytes_per_weight
 from ._model import ModelSpec
@@ -195,9 +196,9 @@ class StepShape:
     lora: np.ndarray
     qlora: np.ndarray
     full: np.ndarray
-    """1.0 where the blocks' forward is recomputed (full recompute)."""
+    """Share of the blocks' forward run again in backward (1.0 under full recompute)."""
     rc_attention: np.ndarray
-    """1.0 where the attention core is recomputed (full or selective)."""
+    """Share of the attention core run again (1.0 under full or selective)."""
     act_bytes: np.ndarray
     tokens_per_step: np.ndarray
     tokens_per_micro: np.ndarray
@@ -206,7 +207,7 @@ class StepShape:
     """One tp x pp group's tokens per step."""
 
 
-def step_shape(g: Grid) -> StepShape:
+def step_shape(m: ModelSpec, g: Grid) -> StepShape:
     """The symbols of the rows of `g`, bound once."""
     s = g["seq_len"].astype(np.float64)
     b = g["micro_batch_size"].astype(np.float64)
@@ -214,7 +215,12 @@ def step_shape(g: Grid) -> StepShape:
     dp, gbs, num_micro = batch_layout(g)
     d = dp.astype(np.float64)
     prec = g["precision"].astype(int)
-    full, rc_attention = recompute_flop_factors(g["recompute"].astype(int))
+    full, rc_attention = recompute_flop_factors(
+        m,
+        recompute_policy(g["framework"], g["recompute"]),
+        num_layers=float(m.num_hidden_layers) / np.maximum(g["pp"], 1),
+        every=g["recompute_every"],
+    )
     lora = g["lora_rank"] > 0
     tokens_per_step = gbs.astype(np.float64) * s
     return StepShape(
@@ -435,7 +441,7 @@ def _time_columns(
 ) -> dict[str, np.ndarray]:
     """`estimate_time`'s columns for every row of `g`, valid or not (see estimate_time)."""
     pr = params or TimeParams()
-    x = step_shape(g)
+    x = step_shape(m, g)
     peak = np.where(x.prec == FP32, fp32_peak_flops, peak_flops).astype(np.float64)
     hbm = np.asarray(hbm_bytes_per_s, dtype=np.float64) * pr.memory_bandwidth_efficiency
     work = _compute_s(m, x, g, peak=peak, hbm=hbm, pr=pr)

@@ -17,8 +17,13 @@ PRECISIONS = (
 )
 from ._optimizers import OPTIMIZERS as OPTIMIZERS  # noqa: E402, I001 (the registry's names)
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "selective-op", "selective-layer")
+"""Appended names keep the codes of the older ones (points tables stay readable)."""
 ATTENTION = ("flash", "eager")
-FRAMEWORKS = ("hf", "megatron", "deepspeed", "torchtitan")
+FRAMEWORKS = ("hf", "megatron", "deepspeed", "torchtitan", "torchtune")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
-LOSSES = ("full", "chunked")
+LOSSES = ("full", "chunked", "chunked-output")
+COMPILES = ("none", "blocks", "blocks+loss")
+"""torch.compile of nothing, of each transformer block, or of the blocks and the loss."""
+ALLOCATORS = ("native", "expandable-segments")
+"""PYTORCH_CUDA_ALLOC_CONF: the default caching allocator, or expandable_segments:True."""

@@ -272,6 +272,16 @@ def megatron_args(plan: dict[str, Any]) -> list[list[str]]:
         ]
     elif plan["recompute"] == "selective":
         memory += ["--recompute-granularity", "selective"]
+    elif plan["recompute"] == "selective-layer":  # as many blocks per stage, whole
+        per_stage = layers // (plan["pp"] * plan["virtual_stages"])
+        memory += [
+            "--recompute-granularity",
+            "full",
+            "--recompute-method",
+            "block",
+            "--recompute-num-layers",
+            per_stage // plan.get("recompute_every", 2),
+        ]
     if plan["zero"] >= 1:
         memory.append("--use-distributed-optimizer")
     if plan["zero"] >= 2:  # Megatron-FSDP (its README's required flags)

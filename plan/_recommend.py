@@ -67,24 +67,34 @@ that the answer is deterministic."""
 
 SINGLE = {"tp": (1,), "pp": (1,), "virtual_stages": (1,), "cp": (1,), "ep": (1,)}
 LAUNCHABLE: dict[str, dict[str, tuple[Any, ...]]] = {
-    "megatron": {"offload": ("none", "optimizer")},
+    "megatron": {"offload": ("none", "optimizer"),
+                 "recompute": ("none", "selective", "full", "selective-layer")},
     "deepspeed": {**SINGLE, "recompute": ("none", "full")},
     "hf": {**SINGLE, "zero": (0, 2, 3), "recompute": ("none", "full"),
            "offload": ("none", "optimizer+params")},
-    "torchtitan": {"zero": (0, 3), "offload": ("none",)},
+    "torchtitan": {"zero": (0, 3), "offload": ("none",),
+                   "recompute": ("none", "selective", "full", "selective-op")},
+    "torchtune": {**SINGLE, "zero": (0, 3), "offload": ("none", "optimizer+params"),
+                  "recompute": ("none", "selective", "full", "selective-layer")},
 }  # fmt: skip
 """Axis values each framework can launch (others are dropped from the sweep's space).
 Megatron-LM: any layout; ZeRO 1 = distributed optimizer, 2/3 = Megatron-FSDP; offload =
---optimizer-cpu-offload. DeepSpeed with a Hugging Face model: data parallel only, ZeRO 0-3,
-offload_optimizer / offload_param, whole-layer checkpointing. hf = accelerate FSDP: no ZeRO-1,
-CPU offload moves parameters, gradients and optimizer together. torchtitan: FSDP2 or DDP."""
+--optimizer-cpu-offload; no per-op checkpointing (selective-layer = --recompute-method block).
+DeepSpeed with a Hugging Face model: data parallel only, ZeRO 0-3, offload_optimizer /
+offload_param, whole-layer checkpointing. hf = accelerate FSDP: no ZeRO-1, CPU offload moves
+parameters, gradients and optimizer together. torchtitan: FSDP2 or DDP; its AC modes are none,
+full and selective (per-op, 0.3.0). torchtune (recipes full_finetune_distributed /
+lora_finetune_distributed): FSDP2 on one node or more, data parallel only here,
+fsdp_cpu_offload (parameters, gradients and optimizer)."""
 FRAMEWORK_PRECISIONS = {
     "megatron": ("mixed-bf16", "mixed-fp16", "fp8-mixed", "fp32"),
     "deepspeed": ("mixed-bf16", "mixed-fp16", "fp32"),
     "hf": ("mixed-bf16", "mixed-fp16", "fp32"),
     "torchtitan": ("mixed-bf16", "fp8-mixed", "fp32"),
+    "torchtune": ("bf16", "fp32"),
 }
-"""Precisions each framework runs (--bf16, bf16.enabled, FSDP MixedPrecision, ...)."""
+"""Precisions each framework runs (--bf16, bf16.enabled, FSDP MixedPrecision, torchtune's
+`dtype: bf16|fp32`, the whole model in that dtype, ...)."""
 OBJECTIVE_WORDS = {"cost": "cheapest", "time": "fastest", "gpus": "fewest GPUs"}
 CONTRACT = (
     "gpu",
@@ -253,6 +263,7 @@ def recommend_report(
             precision=space.fixed["precision"],
             optimizer=optimizer,
             attention=space.fixed.get("attention", DEFAULTS["attention"]),
+            recompute_every=space.fixed.get("recompute_every", DEFAULTS["recompute_every"]),
         )
         plan["estimate_command"] = estimate_command(
             plan,

@@ -17,14 +17,8 @@ import polars as pl
 
 from trainmem.catalog import load_model, optimizer_columns
 from trainmem.engine import (
-    ATTENTION,
-    FRAMEWORKS,
     KNOBS,
-    LOSSES,
-    OFFLOADS,
     OPTIMIZERS,
-    PRECISIONS,
-    RECOMPUTE,
     ModelSpec,
     Overheads,
     cublas_workspace_bytes_for,
@@ -381,15 +375,9 @@ def from_flags(
     """Validate, evaluate the grid in one engine call, draw; returns the JSON report."""
     x, y = plot.x, plot.y
     check_axes(x, y, FLAG_AXES)
-    for name, allowed in (
-        ("precision", PRECISIONS),
-        ("recompute", RECOMPUTE),
-        ("attention", ATTENTION),
-        ("framework", FRAMEWORKS),
-        ("offload", OFFLOADS),
-        ("loss", LOSSES),
-    ):
-        choice(name, config[name], allowed)
+    for name, allowed in CATEGORICAL.items():  # every closed vocabulary, as declared
+        if name != "optimizer" and name in config:
+            choice(name, config[name], allowed)
     optimizer_fields = (
         {} if "optimizer" in (x, y) else optimizer_columns(config["optimizer"], optimizers_dir)
     )

@@ -239,6 +239,25 @@ def test_readme_accuracy_table_is_generated() -> None:
     assert table == markdown().strip(), "run: python -m bench.accuracy --update-readme"
 
 
+def test_framework_accuracy_tables_are_generated() -> None:
+    from tests import framework_accuracy as fa
+
+    readme = PARSED["README.md"].text.split(fa.README_BEGIN)[1].split(fa.README_END)[0]
+    assert readme.strip() == fa.summary_markdown().strip(), (
+        "run: python -m bench.accuracy --update-readme"
+    )
+    docs = (ROOT / "docs" / "accuracy.md").read_text()
+    cases = docs.split(fa.DOCS_BEGIN)[1].split(fa.DOCS_END)[0]
+    assert cases.strip() == fa.cases_markdown().strip(), (
+        "run: python -m bench.accuracy --update-readme"
+    )
+    techniques = (ROOT / "docs" / "techniques.md").read_text()
+    modes = techniques.split(fa.MODES_BEGIN)[1].split(fa.MODES_END)[0]
+    assert modes.strip() == fa.modes_markdown().strip(), (
+        "run: python -m bench.accuracy --update-readme"
+    )
+
+
 def test_readme_example_output_is_current(out: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The README's example is a whole output (no `...`), so it is compared exactly."""
     examples = [c for c in PARSED["README.md"].commands if c.output]

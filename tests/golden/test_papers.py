@@ -164,8 +164,29 @@ def test_korthikanti_table2_to_the_byte(
         tp=np.array([float(t)]),
         sp=np.array([sp]),
         recompute_code=np.array([recompute_code]),
+        eager=np.array([True]),  # the paper's attention materialises the s x s scores
     )
     assert round(float(got[0])) == expected.numerator
+
+
+@pytest.mark.parametrize("model_name", sorted(MEGATRON_MODELS))
+def test_korthikanti_with_flash_attention_keeps_no_scores(model_name: str) -> None:
+    # Flash attention (Megatron-core's TE / flash core attention) keeps no s x s tensor: the
+    # 5as^2b core term becomes the fp32 softmax statistics, 4asb bytes (Dao et al. 2022 Sec. 3.1),
+    # so `none` is the selective row plus 4asb, whatever the sequence length.
+    model, s, b, h, a, t = _gpt(model_name)
+    shape = {
+        "s": np.array([float(s)]),
+        "b": np.array([float(b)]),
+        "tp": np.array([float(t)]),
+        "sp": np.array([True]),
+    }
+    flash = np.array([False])
+    none = megatron_layer_bytes(model, recompute_code=np.array([0]), eager=flash, **shape)[0]
+    selective = megatron_layer_bytes(model, recompute_code=np.array([1]), eager=flash, **shape)
+    expected = _table2("tensor + sequence parallel + selective recompute", s=s, b=b, h=h, a=a, t=t)
+    assert round(float(selective[0])) == expected
+    assert round(float(none - selective[0])) == 4 * a * s * b // t
 
 
 @pytest.mark.parametrize(
@@ -186,6 +207,7 @@ def test_korthikanti_selective_recompute_saving(h: int, a: int, printed_saving: 
         "tp": np.array([1.0]),
         "sp": np.array([False]),
     }
+    kwargs["eager"] = np.array([True])  # the paper's attention materialises the scores
     none = megatron_layer_bytes(model, recompute_code=np.array([0]), **kwargs)[0]
     selective = megatron_layer_bytes(model, recompute_code=np.array([1]), **kwargs)[0]
     assert round(1.0 - selective / none, 2) == printed_saving

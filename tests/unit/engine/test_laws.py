@@ -218,14 +218,15 @@ def test_zero_stages_never_add_model_state(data: st.DataObject) -> None:
 
 
 ZERO_TP_PADDING = {
-    # Regression: tp 4 x cp 2 on 8 GPUs is dp 1, so "sharding" must change nothing, and
+    # Regression: tp 4 x pp 2 on 8 GPUs is dp 1, so "sharding" must change nothing, and
     # gpt2-large's vocab (50257) does not divide by tp. ZeRO's shard was once padded on the
-    # global dim 0 (fractional elements), and stage 1 exceeded stage 0 by 3,072 B.
+    # global dim 0 (fractional elements), and stage 1 exceeded stage 0 by 3,072 B. (The case was
+    # tp 4 x cp 2 until model states were sharded over dp x cp.)
     "micro_batch_size": 1,
     "seq_len": 128,
     "num_gpus": 8,
     "tp": 4,
-    "cp": 2,
+    "pp": 2,
     "precision": "fp32",
     "optimizer": "adamw",
     "framework": "hf",
@@ -238,11 +239,33 @@ def test_zero_shards_of_tp_split_tensors_over_one_rank_change_nothing() -> None:
     assert s1 == s0  # dp 1: optimizer states and master weights sharded over one rank
 
 
+def test_context_parallel_ranks_share_the_model_states() -> None:
+    # dp 1 x cp 2: context-parallel ranks hold the same weights, and every framework shards the
+    # states over dp x cp (torchtitan's dp_shard_cp mesh, Megatron's data-parallel group with
+    # context parallelism): ZeRO-1 halves the optimizer states as dp 2 x cp 1 does.
+    m = load_model("llama-3.2-1b")
+    base = {"micro_batch_size": 1, "seq_len": 4096, "precision": "mixed-bf16", "zero": 1}
+    for framework in FRAMEWORKS:
+        rows = [
+            {**base, "framework": framework, "num_gpus": 2, "cp": 2},
+            {**base, "framework": framework, "num_gpus": 2, "cp": 1},
+            {**base, "framework": framework, "num_gpus": 1, "cp": 1},
+        ]
+        out = estimate(m, _grid(rows))["optimizer_states"]
+        assert out[0] == out[1] < out[2], (framework, out)
+
+
 # ---- recomputation ------------------------------------------------------------------------------
 
 
-def _activations_by_recompute(m: ModelSpec, row: dict[str, Any], view: Any) -> np.ndarray:
-    rows = [{**row, "recompute": rc} for rc in ("full", "selective", "none")]
+def _activations_by_recompute(
+    m: ModelSpec, row: dict[str, Any], view: Any, policies=("full", "selective", "none")
+) -> np.ndarray:
+    # `selective` is each framework's own mode (engine/_frameworks.py); the attention-core rule
+    # is Megatron's, which every framework but torchtitan and torchtune runs for `selective`.
+    fw = row.get("framework", "hf")
+    core = {**row, "framework": "megatron" if fw in ("torchtitan", "torchtune") else fw}
+    rows = [{**core, "recompute": rc} for rc in policies]
     return estimate(m, _grid(rows), pp_stage=view)["activations_total"]
 
 
@@ -269,6 +292,18 @@ KNOWN_RECOMPUTE_PP_EAGER = {
     "attention": "eager",
     "framework": "hf",
 }
+
+
+@LAWS
+@given(st.data())
+def test_checkpointing_keeps_less_than_nothing_checkpointed(data: st.DataObject) -> None:
+    # Per-op SAC keeps outputs a plain step would free (e.g. the down projection's), so it is not
+    # ordered against `none`; whole-block checkpointing of some blocks is, and of all blocks less.
+    m = data.draw(_models())
+    row = data.draw(_rows(m))
+    policies = ("full", "selective-layer", "none")
+    full, layer, none = _activations_by_recompute(m, row, data.draw(_stages(row["pp"])), policies)
+    assert full <= layer <= none, (full, layer, none, row)
 
 
 def test_recompute_never_adds_activations_pp_eager() -> None:

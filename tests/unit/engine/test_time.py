@@ -170,7 +170,7 @@ def test_full_recompute_costs_about_a_third_more_compute() -> None:
     """An extra forward (2N of 6N per token) on the blocks: compute x ~4/3, less for the head
     and the optimizer step, which are not recomputed."""
     row = {"num_gpus": 8, "zero": 3, "micro_batch_size": 4, "seq_len": 4096}
-    none, sel, full = (_one(LLAMA, **row, recompute=r) for r in RECOMPUTE)
+    none, sel, full = (_one(LLAMA, **row, recompute=r) for r in ("none", "selective", "full"))
     ratio = (full["compute_time_s"] - full["optimizer_time_s"]) / (
         none["compute_time_s"] - none["optimizer_time_s"]
     )
@@ -179,6 +179,18 @@ def test_full_recompute_costs_about_a_third_more_compute() -> None:
     assert none["step_time_s"] < sel["step_time_s"] < full["step_time_s"]
     assert none["mfu"] > sel["mfu"] > full["mfu"]  # MFU does not count recomputation
     assert full["hfu"] > full["mfu"]
+
+
+def test_recompute_policies_order_their_compute() -> None:
+    """Per-op SAC runs the unsaved matmuls again (k, o, up: about a third of a Llama block's
+    matmul FLOPs) and no attention; every-other-block checkpointing half the blocks' forward."""
+    row = {"num_gpus": 8, "zero": 3, "micro_batch_size": 4, "seq_len": 4096}
+    flops = {
+        r: _one(LLAMA, **row, recompute=r, recompute_every=2)["hardware_flops_per_step"]
+        for r in RECOMPUTE
+    }
+    assert flops["none"] < flops["selective"] < flops["full"]
+    assert flops["none"] < flops["selective-op"] < flops["selective-layer"] < flops["full"]
 
 
 @pytest.mark.parametrize("zero", [0, 3])

@@ -16,6 +16,7 @@ SHIPPED = {
     "a100-sxm-80gb",
     "a100-pcie-80gb",
     "h100-sxm-80gb",
+    "h100-hbm2e-96gb",
     "h100-pcie-80gb",
     "h200-sxm-141gb",
     "b200-180gb",

@@ -32,6 +32,7 @@ SNAPSHOT = [
     ("precision", "String"),
     ("optimizer", "String"),
     ("recompute", "String"),
+    ("recompute_every", "Int64"),
     ("attention", "String"),
     ("framework", "String"),
     ("ep", "Int64"),
@@ -43,6 +44,9 @@ SNAPSHOT = [
     ("qlora", "Boolean"),
     ("loss", "String"),
     ("activation_offload", "Boolean"),
+    ("compile", "String"),
+    ("optimizer_in_backward", "Boolean"),
+    ("allocator", "String"),
     ("dp", "Int64"),
     ("grad_accum_steps", "Int64"),
     ("peak_device_bytes", "Float64"),
@@ -70,7 +74,7 @@ SNAPSHOT = [
 
 def test_schema_snapshot() -> None:
     assert [(k, str(v)) for k, v in SCHEMA.items()] == SNAPSHOT
-    assert SCHEMA_VERSION == 2
+    assert SCHEMA_VERSION == 3
 
 
 def _frame(n: int = 5) -> pl.DataFrame:

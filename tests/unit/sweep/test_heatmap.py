@@ -12,6 +12,7 @@ import polars as pl
 import pytest
 
 from trainmem.cli import main
+from trainmem.engine import RECOMPUTE
 from trainmem.hardware import get_gpu
 from trainmem.sweep._heatmap import default_values
 
@@ -117,7 +118,7 @@ def test_default_ranges() -> None:
     assert default_values("seq_len", config) == [512, 1024, 2048, 4096, 8192, 16384, 32768]
     assert default_values("num_gpus", config) == [2, 4, 8, 16, 32, 64, 128]
     assert default_values("zero", config) == [0, 1, 2, 3]
-    assert default_values("recompute", config) == ["none", "selective", "full"]
+    assert default_values("recompute", config) == list(RECOMPUTE)  # every policy
 
 
 def test_points_best_per_cell(capsys, tmp_path) -> None:

@@ -125,10 +125,12 @@ def test_exhaustive_stores_every_point_once_and_resumes(space, exhaustive) -> No
     assert again.best[0]["cost_per_million_tokens"] == result.best[0]["cost_per_million_tokens"]
 
 
-OPTUNA_SEED, OPTUNA_TRIALS = 2, 60
+OPTUNA_SEED, OPTUNA_TRIALS = 4, 60
 """Pinned: on the full default space of llama-3.2-1b over two pools (172,800 points, 960
-layouts) the seed-2 study first tells the exhaustive optimum at trial 59. (Seeds 0 and 1 end
-150 trials 1.5% above it: TPE is a heuristic; the exhaustive search is the exact answer.)"""
+layouts) the seed-4 study tells the exhaustive optimum within 60 trials (seed 2 needs 100;
+seeds 0 and 1 end 150 trials 1.5% above it: TPE is a heuristic; the exhaustive search is the
+exact answer). Re-pinned when Megatron's flash attention stopped counting s x s scores, which
+moved the optimum."""
 
 
 def test_optuna_reaches_the_optimum_with_a_seed(tmp_path) -> None:

@@ -1,0 +1,162 @@
+"""What each training framework does with the same flags: per-framework semantics as data.
+
+One `FrameworkSpec` per name in FRAMEWORKS, each field citing the framework file it follows.
+The engine reads them through the per-code tables below (indexed by the framework's code), so a
+formula never tests a framework by name for a behaviour declared here.
+
+Behaviour shared by every framework is not in the table: model states shard over the data- and
+context-parallel ranks together (see `state_shard_degree`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._codes import RECOMPUTE_SELECTIVE
+from ._vocab import FRAMEWORKS, RECOMPUTE
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FrameworkSpec:
+    """One framework's meaning of the shared flags."""
+
+    selective: str
+    """The recompute policy `--recompute selective` means in this framework (its own default
+    selective mode): `selective` (Megatron's: the attention core), `selective-op` (per-op SAC)
+    or `selective-layer` (every N-th block checkpointed)."""
+    loss_parallel: bool
+    """Under tensor parallelism the logits stay sharded over the vocabulary and the loss is
+    computed on the shards (each rank holds [T, v/tp] logits and loss tensors)."""
+    fsdp2: bool
+    """ZeRO-3 is torch FSDP2 (`fully_shard`): fp32 sharded parameters as the master copy, fp32
+    reduced gradients, per-block all-gathers (else DeepSpeed ZeRO-3 or Megatron-FSDP)."""
+    adapters_in_param_dtype: bool
+    """LoRA adapters (and so their gradients and Adam states) in the model's parameter dtype;
+    False: fp32 adapters whatever the base dtype."""
+    fused_rms_norm: bool
+    """RMSNorm is torch's fused kernel (saves its input and rstd), not a Python RMSNorm that
+    saves an fp32 copy and the normalised tensor."""
+    fused_qkv: bool
+    """The framework's models project q, k and v with one matrix (one matmul output)."""
+    logits_upcast_in_model: bool = False
+    """The model itself returns fp32 logits (`output(h).float()`), so a compiled loss receives
+    and keeps fp32 logits (unless the output is chunked)."""
+    fsdp2_embedding_unit: bool = False
+    """FSDP2 wraps the token embedding as a unit of its own, resharded after forward, and the
+    final norm + head as one kept unsharded until its backward; no block's gather is in flight
+    at the loss (else the root holds embedding, norm and head unsharded from forward to the end
+    of backward, and one block's gather is in flight)."""
+    source: str
+
+
+FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
+    "hf": FrameworkSpec(
+        selective="selective",
+        loss_parallel=False,
+        fsdp2=True,
+        adapters_in_param_dtype=False,
+        fused_rms_norm=False,
+        fused_qkv=False,
+        source="transformers Trainer + accelerate (FSDP2 fully_shard); transformers tp_plan "
+        "gathers the logits (lm_head colwise with gather_output); peft LoraModel "
+        "autocast_adapter_dtype=True keeps adapters fp32. HF has no selective mode of its own: "
+        "`selective` is the attention-core rule.",
+    ),
+    "megatron": FrameworkSpec(
+        selective="selective",
+        loss_parallel=True,
+        fsdp2=False,
+        adapters_in_param_dtype=False,
+        fused_rms_norm=False,
+        fused_qkv=False,
+        source="megatron/core/transformer/transformer_config.py (recompute_granularity "
+        "'selective' recomputes core_attn); megatron/core/tensor_parallel/cross_entropy.py "
+        "(vocab_parallel_cross_entropy).",
+    ),
+    "deepspeed": FrameworkSpec(
+        selective="selective",
+        loss_parallel=False,
+        fsdp2=False,
+        adapters_in_param_dtype=False,
+        fused_rms_norm=False,
+        fused_qkv=False,
+        source="deepspeed/runtime/activation_checkpointing/checkpointing.py (whole-module "
+        "checkpoints only; `selective` is the attention-core rule); HF model heads.",
+    ),
+    "torchtitan": FrameworkSpec(
+        selective="selective-op",
+        loss_parallel=True,
+        fsdp2=True,
+        adapters_in_param_dtype=False,
+        fused_rms_norm=True,
+        fused_qkv=True,
+        fsdp2_embedding_unit=True,
+        source="torchtitan 0.3.0: distributed/activation_checkpoint.py (SelectiveAC, per-op "
+        "SAC, is the default `selective`); components/loss.py (_LossParallelCrossEntropy on "
+        "vocab-sharded logits under TP); distributed/parallel_dims.py (the fsdp mesh is "
+        "dp_shard x cp); models/llama3 (one wqkv projection; nn.RMSNorm; apply_fsdp: "
+        "tok_embeddings and [norm, output] units). Traced: tests/data/framework_traces/"
+        "torchtitan_llama3_ac.json, torchtitan_llama3_8b_fsdp.json.",
+    ),
+    "torchtune": FrameworkSpec(
+        selective="selective-layer",
+        loss_parallel=False,
+        fsdp2=True,
+        adapters_in_param_dtype=True,
+        fused_rms_norm=False,
+        fused_qkv=False,
+        logits_upcast_in_model=True,
+        source="torchtune 0.6.1 torchtune/training/activations.py (ac_mode 'selective' "
+        "checkpoints every ac_option-th layer); recipes build the model under "
+        "training.set_default_dtype(dtype): LoRA adapters in bf16; shard_model (FSDP2); "
+        "modules/transformer.py TransformerDecoder (output(h).float() unless chunked); "
+        "models/llama3/_parallelism.py gathers the logits (output colwise, Replicate).",
+    ),
+}
+assert tuple(FRAMEWORK_SPECS) == FRAMEWORKS, "one spec per framework, in vocabulary order"
+
+
+def _table(field: str) -> np.ndarray:
+    return np.array([getattr(FRAMEWORK_SPECS[name], field) for name in FRAMEWORKS])
+
+
+LOSS_PARALLEL = _table("loss_parallel")
+"""Per framework code: the loss is vocab-parallel under tensor parallelism."""
+FSDP2_FRAMEWORKS = _table("fsdp2")
+"""Per framework code: ZeRO-3 is FSDP2."""
+ADAPTERS_IN_PARAM_DTYPE = _table("adapters_in_param_dtype")
+"""Per framework code: LoRA adapters in the parameter dtype."""
+FUSED_RMS_NORM = _table("fused_rms_norm")
+"""Per framework code: torch's fused RMSNorm kernel."""
+FUSED_QKV = _table("fused_qkv")
+"""Per framework code: one q/k/v projection."""
+LOGITS_UPCAST_IN_MODEL = _table("logits_upcast_in_model")
+"""Per framework code: the model returns fp32 logits."""
+FSDP2_EMBEDDING_UNIT = _table("fsdp2_embedding_unit")
+"""Per framework code: FSDP2 units as torchtitan wraps them (FrameworkSpec)."""
+SELECTIVE_POLICY = np.array(
+    [RECOMPUTE.index(FRAMEWORK_SPECS[name].selective) for name in FRAMEWORKS], dtype=np.int64
+)
+"""Per framework code: the recompute code `selective` resolves to."""
+
+
+def recompute_policy(fw, rc) -> np.ndarray:
+    """The recompute policy a row runs: `selective` becomes the framework's own selective mode
+    (FrameworkSpec.selective); every other code is itself."""
+    fw = np.asarray(fw, dtype=np.int64)
+    rc = np.asarray(rc, dtype=np.int64)
+    return np.where(rc == RECOMPUTE_SELECTIVE, SELECTIVE_POLICY[fw], rc)
+
+
+def state_shard_degree(dp, cp) -> np.ndarray:
+    """Ranks over which ZeRO / FSDP shard model states: data x context parallel.
+
+    Context-parallel ranks hold the same weights and see different tokens, so every framework
+    reduces gradients and shards states over dp x cp.
+    Source: torchtitan ParallelDims (fully_shard on the `dp_shard_cp` mesh); Megatron-core
+    parallel_state get_data_parallel_group(with_context_parallel=True) (DDP buffers and the
+    distributed optimizer); accelerate ParallelismConfig (FSDP on `dp_shard_cp`).
+    """
+    return np.asarray(dp, dtype=np.float64) * np.asarray(cp, dtype=np.float64)
