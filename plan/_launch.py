@@ -39,6 +39,14 @@ MASTER_PORT = 29500
 CPUS_PER_GPU = 8
 """sbatch --cpus-per-task per GPU (data-loader workers and the launcher); set it to your nodes."""
 DEEPSPEED_CONFIG_FILE = "ds_config.json"
+EXPANDABLE_SEGMENTS_ENV = "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+"""The allocator setting of `--allocator expandable-segments` (torch/csrc/c10/cuda/
+CUDAAllocatorConfig.cpp reads PYTORCH_CUDA_ALLOC_CONF at the first CUDA allocation)."""
+
+
+def _environment(plan: dict[str, Any]) -> list[str]:
+    """Shell lines the plan's job needs before its launcher: the allocator setting."""
+    return [EXPANDABLE_SEGMENTS_ENV] if plan.get("allocator") == "expandable-segments" else []
 
 
 def render(report: dict[str, Any], fmt: str) -> str:
@@ -393,7 +401,7 @@ def torchrun_script(plan: dict[str, Any]) -> str:
             f"# run on each of the {plan['num_nodes']} nodes with MASTER_ADDR set to "
             "the first node's address"
         )
-    return "\n".join([*comments, _lines(head, args, "$EXTRA_ARGS")]) + "\n"
+    return "\n".join([*comments, *_environment(plan), _lines(head, args, "$EXTRA_ARGS")]) + "\n"
 
 
 TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$")
@@ -423,6 +431,7 @@ def slurm_script(plan: dict[str, Any]) -> str:
         f"MASTER_PORT={MASTER_PORT}",
         "export MASTER_ADDR MASTER_PORT",
         'EXTRA_ARGS="${EXTRA_ARGS:-}"',
+        *_environment(plan),
     ]
     head = (
         f'srun torchrun --nnodes="$SLURM_NNODES" --nproc-per-node={per_node} '
@@ -514,6 +523,8 @@ def accelerate_config(plan: dict[str, Any]) -> str:
     }
     if plan["num_nodes"] > 1:
         top["main_process_port"] = MASTER_PORT
+    if plan.get("compile", "none") != "none":  # accelerate/utils/dataclasses.py DynamoBackend
+        top["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}
     m, a = plan["micro_batch_size"], plan["grad_accum_steps"]
     comments = [
         f"trainmem recommend: {_summary(plan)}",

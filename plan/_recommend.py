@@ -264,6 +264,8 @@ def recommend_report(
             optimizer=optimizer,
             attention=space.fixed.get("attention", DEFAULTS["attention"]),
             recompute_every=space.fixed.get("recompute_every", DEFAULTS["recompute_every"]),
+            compile=space.fixed.get("compile", DEFAULTS["compile"]),
+            allocator=space.fixed.get("allocator", DEFAULTS["allocator"]),
         )
         plan["estimate_command"] = estimate_command(
             plan,
