@@ -35,6 +35,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ._allocator import simulate_reserved
+
 try:
     from torch.distributed.tensor import DTensor
 except ImportError:  # pragma: no cover - a torch built without torch.distributed
@@ -87,9 +89,18 @@ class Tracker(TorchDispatchMode):
         self.scope = OUTSIDE
         self.sequence = 0
         self.parameter_storages: Any = WeakIdKeyDictionary()
+        self.events: list[tuple[Any, ...]] | None = None
+        """When a list: the allocation log, in order (trace/_allocator.py's events): ("alloc",
+        sequence number, bytes, phase), ("resize", sequence number, new bytes, phase),
+        ("free", sequence number). None (the default): nothing logged."""
 
     def _forget(self, cell: list[int]) -> None:
         self.current_bytes -= cell[0]
+
+    def _forget_logged(self, cell: list[int], sequence: int) -> None:
+        self.current_bytes -= cell[0]
+        if self.events is not None:
+            self.events.append(("free", sequence))
 
     def _note_peak(self) -> None:
         if self.current_bytes > self.peaks.get(self.phase, -1):
@@ -109,6 +120,8 @@ class Tracker(TorchDispatchMode):
             if entry is not None:
                 cell = entry[0]
                 new = rounded(storage.nbytes())
+                if tracker.events is not None:
+                    tracker.events.append(("resize", entry[1], new, tracker.phase))
                 tracker.current_bytes += new - cell[0]
                 cell[0] = new
                 tracker._note_peak()
@@ -133,7 +146,11 @@ class Tracker(TorchDispatchMode):
         self.sequence += 1
         self.live[storage] = (cell, self.sequence, owner)
         self.current_bytes += cell[0]
-        weakref.finalize(storage, self._forget, cell)
+        if self.events is None:
+            weakref.finalize(storage, self._forget, cell)
+        else:
+            self.events.append(("alloc", self.sequence, cell[0], self.phase))
+            weakref.finalize(storage, self._forget_logged, cell, self.sequence)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if DTensor is not None and any(t is DTensor for t in types):
@@ -244,9 +261,17 @@ def run_step(
 
     on_phase_end(name) is called before the measured step ("warm-up") and after each of its
     phases ("forward", "backward", "optimizer_step"): --real-gpu reads the CUDA allocator's
-    statistics there."""
+    statistics there.
+
+    Also peak_reserved_simulated_bytes: the tracker's allocation log (setup, warm-up and the
+    measured step) replayed through trace/_allocator.py's caching allocator, the peak counted from
+    the measured step's start as torch.cuda.max_memory_reserved after reset_peak_memory_stats;
+    without the cuBLAS workspaces (64 MiB on sm90), as the traced peaks. The allocator's cache
+    depends on the history: it matches a training loop's second step only where the build and
+    the warm-up are the loop's own (a whole-step warm-up, the model built as the job builds it)."""
     started = time.perf_counter()
     tracker = Tracker(device_type)
+    tracker.events = []  # the allocation log, replayed through the caching allocator at the end
     with contextlib.ExitStack() as stack:
         for context in contexts:
             stack.enter_context(context)
@@ -324,6 +349,7 @@ def run_step(
         tracker.peaks.clear()
         tracker.peak_sequence.clear()
         marks["measured"] = True
+        marks["measured_event"] = len(tracker.events)
         step()
         states = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
         out = _report(
@@ -337,6 +363,9 @@ def run_step(
             started=started,
         )
         out["hidden_size"] = widths[0] if widths else 0
+        out["peak_reserved_simulated_bytes"] = simulate_reserved(
+            tracker.events, reset_peak_at=marks["measured_event"]
+        )["peak_reserved_bytes"]
         return out
 
 
