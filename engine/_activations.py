@@ -247,16 +247,29 @@ def hf_loss_forward_extra_bytes(m: ModelSpec, *, T, e, r, amp, loss_tp_div) -> n
     return logits + np.where(amp, 4.0 * T * m.hidden_size, 0.0)
 
 
-def megatron_layer_bytes(m: ModelSpec, *, s, b, tp, sp, recompute_code, eager) -> np.ndarray:
+MEGATRON_SOFTMAX_BYTES = 4.0
+"""megatron-core's unfused core attention keeps its softmax output in fp32
+(TransformerConfig.attention_softmax_in_fp32 defaults to True; FusedScaleMaskSoftmax's torch
+path upcasts); the fused kernels (apex / Megatron-LM extensions) would keep 16 bits (the paper's
+figure). Source: megatron/core/transformer/dot_product_attention.py, fusions/fused_softmax.py;
+traced: tests/data/framework_traces/megatron_gpt_local.json."""
+
+
+def megatron_layer_bytes(
+    m: ModelSpec, *, s, b, tp, sp, recompute_code, eager, softmax_bytes=MEGATRON_SOFTMAX_BYTES
+) -> np.ndarray:
     """Korthikanti et al. 2022 (arXiv 2205.05198) activation bytes per layer, 16-bit.
 
     Source: Sec. 4, Eq. 1-2 and Table 2: sbh(34 + 5as/h) with no parallelism; tensor parallel
     sbh(10 + 24/t + 5as/(ht)); + sequence parallel sbh(34/t + 5as/(ht)); selective recompute drops
     the 5as/h attention-core term; full recompute keeps 2sbh (the layer input).
     Terms: attention 11sbh + 5as^2b, MLP 19sbh, two LayerNorms 4sbh (dropout masks included).
-    With flash attention (Megatron-core's TE / flash core attention, `eager` false) the core
-    keeps no s x s tensor: only its fp32 softmax statistics, 4asb bytes (Dao 2022 Sec. 3.1);
-    the core's output and Q, K, V are already in the 11sbh.
+    The core's 5as^2b is a 16-bit softmax output and, with attention dropout, its mask (1) and
+    output (2); megatron-core keeps the softmax in fp32 (`softmax_bytes`; 2 gives the paper's
+    table) and a [s, s] bool causal mask per layer. With flash attention (Megatron-core's TE /
+    flash core attention, `eager` false) the core keeps no s x s tensor: only its fp32 softmax
+    statistics, 4asb bytes (Dao 2022 Sec. 3.1); the core's output and Q, K, V are already in the
+    11sbh.
     Assumes: GPT architecture (MLP 4h, MHA, dropout); generalised to gated MLPs and GQA by the
     ratios f/4h and kv/h on the matrix terms.
     """
@@ -267,11 +280,17 @@ def megatron_layer_bytes(m: ModelSpec, *, s, b, tp, sp, recompute_code, eager) -
     # Korthikanti Eq. 1 split: replicated (not divided by t without SP) 10sbh; divided 24sbh.
     divided = (24.0 - 16.0 + 16.0 * f_ratio) - (2.0 * (1.0 - kv_ratio) * 2.0)
     replicated = 10.0
-    core = np.where(eager, 5.0 * a * s / h, 4.0 * a / h)
+    # Without attention dropout the bmm keeps the softmax's 16-bit cast instead of a mask and
+    # the dropout output.
+    after_softmax = 3.0 if m.attention_dropout > 0 else (2.0 if softmax_bytes > 2 else 0.0)
+    scores = (softmax_bytes + after_softmax) * a * s / h
+    core = np.where(eager, scores, 4.0 * a / h)
     per = np.where(sp, (replicated + divided) / tp, replicated + divided / tp)
-    per = per + np.where(recompute_code == RECOMPUTE_SELECTIVE, 0.0, core / tp)
+    keeps_core = recompute_code != RECOMPUTE_SELECTIVE
+    per = per + np.where(keeps_core, core / tp, 0.0)
+    causal_mask = np.where(eager & keeps_core & (softmax_bytes > 2), s * s, 0.0)  # [s, s] bool
     full = 2.0 * sbh / np.where(sp, tp, 1)
-    return np.where(recompute_code == RECOMPUTE_FULL, full, sbh * per)
+    return np.where(recompute_code == RECOMPUTE_FULL, full, sbh * per + causal_mask)
 
 
 def hf_qk_norm_bytes(m: ModelSpec, *, T, r, tp) -> np.ndarray:

@@ -102,6 +102,7 @@ _STAGE_OUT = {  # estimate() column -> _assemble column, where they differ
 }
 _S_TERMS = (
     "gradients",
+    "grads_persistent",
     "persistent",
     "fsdp_fwd",
     "end_grads",
@@ -225,7 +226,9 @@ def _phase_peaks(
     activations = stored + A["recompute_excess"] + A["activations_autocast_weight_copies"]
 
     gradients = S["gradients"]
-    grads_live = np.where((num_micro > 1) | multi, gradients, 0.0)
+    # Gradients alive outside the optimizer step: accumulated over micro-batches, held by a
+    # pipeline, or a persistent buffer (Megatron's contiguous grad buffer).
+    grads_live = np.where((num_micro > 1) | multi, gradients, S["grads_persistent"])
     per_micro = num_micro * A["pipe_per_micro"]
     base = S["persistent"] + per_micro + A["pipe_fixed"]
     live = base + grads_live

@@ -40,6 +40,10 @@ class FrameworkSpec:
     saves an fp32 copy and the normalised tensor."""
     fused_qkv: bool
     """The framework's models project q, k and v with one matrix (one matmul output)."""
+    fp8_weight_cache: bool = True
+    """`--precision fp8-mixed` keeps fp8 copies of the weights from forward to backward
+    (Transformer Engine); False: torchao's Float8Linear, which casts inside each linear and keeps
+    its 16-bit input for backward (activations as bf16, no weight cache)."""
     logits_upcast_in_model: bool = False
     """The model itself returns fp32 logits (`output(h).float()`), so a compiled loss receives
     and keeps fp32 logits (unless the output is chunked)."""
@@ -92,12 +96,14 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         adapters_in_param_dtype=False,
         fused_rms_norm=True,
         fused_qkv=True,
+        fp8_weight_cache=False,
         fsdp2_embedding_unit=True,
         source="torchtitan 0.3.0: distributed/activation_checkpoint.py (SelectiveAC, per-op "
         "SAC, is the default `selective`); components/loss.py (_LossParallelCrossEntropy on "
         "vocab-sharded logits under TP); distributed/parallel_dims.py (the fsdp mesh is "
         "dp_shard x cp); models/llama3 (one wqkv projection; nn.RMSNorm; apply_fsdp: "
-        "tok_embeddings and [norm, output] units). Traced: tests/data/framework_traces/"
+        "tok_embeddings and [norm, output] units); components/quantization/float8.py "
+        "(torchao Float8Linear). Traced: tests/data/framework_traces/"
         "torchtitan_llama3_ac.json, torchtitan_llama3_8b_fsdp.json.",
     ),
     "torchtune": FrameworkSpec(
@@ -107,6 +113,7 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         adapters_in_param_dtype=True,
         fused_rms_norm=False,
         fused_qkv=False,
+        fp8_weight_cache=False,
         logits_upcast_in_model=True,
         source="torchtune 0.6.1 torchtune/training/activations.py (ac_mode 'selective' "
         "checkpoints every ac_option-th layer); recipes build the model under "
@@ -132,6 +139,8 @@ FUSED_RMS_NORM = _table("fused_rms_norm")
 """Per framework code: torch's fused RMSNorm kernel."""
 FUSED_QKV = _table("fused_qkv")
 """Per framework code: one q/k/v projection."""
+FP8_WEIGHT_CACHE = _table("fp8_weight_cache")
+"""Per framework code: fp8 weight copies kept from forward to backward (Transformer Engine)."""
 LOGITS_UPCAST_IN_MODEL = _table("logits_upcast_in_model")
 """Per framework code: the model returns fp32 logits."""
 FSDP2_EMBEDDING_UNIT = _table("fsdp2_embedding_unit")

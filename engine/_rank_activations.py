@@ -22,6 +22,7 @@ from ._codes import (
     MEGATRON,
     RECOMPUTE_FULL,
     RECOMPUTE_NONE,
+    RECOMPUTE_SELECTIVE,
     RECOMPUTE_SELECTIVE_LAYER,
     RECOMPUTE_SELECTIVE_OP,
 )
@@ -194,6 +195,17 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
     )
 
 
+def megatron_score_buffer_bytes(m: ModelSpec, x: MicroBatch) -> np.ndarray:
+    """megatron-core's unfused core attention computes its scores into one [b a/t, s, s]
+    16-bit buffer of parallel_state's GlobalMemoryBuffer, made at the first forward and kept for
+    the run (every phase). Source: megatron/core/transformer/dot_product_attention.py
+    (get_global_memory_buffer().get_tensor(..., "mpu")); traced:
+    tests/data/framework_traces/megatron_gpt_local.json (global_memory_buffer_bytes)."""
+    a_r = m.num_attention_heads / x.tp
+    scores = x.e * a_r * (x.s / x.cp) * x.s * x.b
+    return np.where((x.fw == MEGATRON) & x.eager, scores, 0.0)
+
+
 def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool):
     """(full block bytes, attention core, MLP bytes, bytes kept under per-op SAC) for a dense
     or an MoE block (MLA and MoE blocks: their full bytes under per-op SAC, see
@@ -242,6 +254,24 @@ def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool):
     return block, core, mlp, op_saved
 
 
+def _megatron_layers(m: ModelSpec, x: MicroBatch) -> tuple[np.ndarray, ...]:
+    """Megatron's stage under its formulas (Korthikanti et al., act.megatron_layer_bytes): the
+    stage's saved bytes under the policy (selective-layer: the checkpointed blocks keep their
+    input), one layer without recompute, and the attention core selective drops."""
+    num_layers = x.counts["layer"]
+    shape = {"s": x.s / x.cp, "b": x.b, "tp": x.tp, "sp": x.sp, "eager": x.eager}
+    layer_mg = act.megatron_layer_bytes(m, **shape, recompute_code=x.rc)
+    layer_none = act.megatron_layer_bytes(m, **shape, recompute_code=RECOMPUTE_NONE)
+    layer_full = act.megatron_layer_bytes(m, **shape, recompute_code=RECOMPUTE_FULL)
+    layer_core = act.megatron_layer_bytes(m, **shape, recompute_code=RECOMPUTE_SELECTIVE)
+    stage = np.where(
+        x.rc == RECOMPUTE_SELECTIVE_LAYER,
+        layer_none * (num_layers - x.num_checkpointed) + layer_full * x.num_checkpointed,
+        layer_mg * num_layers,
+    )
+    return stage, layer_none, layer_none - layer_core
+
+
 def _layers(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
     """The blocks of the stage: one layer's bytes (layer 0: dense when the stage holds a dense
     block), its attention core and checkpointed input, the stage's saved bytes under the
@@ -264,15 +294,7 @@ def _layers(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
         op_saved=op_stage,
         num_checkpointed=x.num_checkpointed,
     )
-    shape = {"s": x.s / x.cp, "b": x.b, "tp": x.tp, "sp": x.sp, "eager": x.eager}
-    layer_mg = act.megatron_layer_bytes(m, **shape, recompute_code=x.rc)
-    layer_mg_none = act.megatron_layer_bytes(m, **shape, recompute_code=RECOMPUTE_NONE)
-    layer_mg_full = act.megatron_layer_bytes(m, **shape, recompute_code=RECOMPUTE_FULL)
-    stage_mg = np.where(
-        x.rc == RECOMPUTE_SELECTIVE_LAYER,
-        layer_mg_none * (num_layers - x.num_checkpointed) + layer_mg_full * x.num_checkpointed,
-        layer_mg * num_layers,
-    )
+    stage_mg, layer_mg_none, mg_core = _megatron_layers(m, x)
     # Megatron's own formulas cover none, selective (core) and full; per-op SAC is counted
     # op by op as for every framework.
     megatron = (x.fw == MEGATRON) & (x.rc != RECOMPUTE_SELECTIVE_OP)
@@ -291,6 +313,17 @@ def _layers(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
         "per_layer": stage_layers / np.maximum(num_layers, 1.0),
         "layer_recomputed": recomputed,
         "top_saved": np.where(x.rc == RECOMPUTE_SELECTIVE_OP, op_layer, layer_ckpt),
+        # What selective brings back per layer while its backward runs: the attention core
+        # (Megatron's own terms) and, with materialised scores, the softmax backward's fp32
+        # gradient over them (and Megatron's recomputed causal mask). Source: the traced
+        # megatron-core steps (tests/data/framework_traces/megatron_gpt_local.json).
+        "core_recomputed": np.where(megatron, mg_core, core)
+        + np.where(
+            x.eager,
+            4.0 * m.num_attention_heads / x.tp * x.s * x.T
+            + np.where(megatron, (x.s / x.cp) * x.s, 0.0),
+            0.0,
+        ),
     }
 
 
@@ -467,8 +500,12 @@ def _recompute_terms(
             + single_stage_recompute_delta(
                 x.rc,
                 multi=multi,
-                layer_at_work=bwd["act_top"] + bwd["temp_end"],
-                top_saved=layers["top_saved"],
+                layer_at_work=np.where(
+                    x.rc == RECOMPUTE_SELECTIVE,
+                    layers["core_recomputed"],
+                    bwd["act_top"] + bwd["temp_end"],
+                ),
+                top_saved=np.where(x.rc == RECOMPUTE_SELECTIVE, 0.0, layers["top_saved"]),
                 outside=out["outside"],
             ),
         ),
@@ -489,7 +526,7 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
     a2a = all_to_all_buffer_bytes(m, rows=routed, e=e, ep=x.ep, num_moe=counts["moe"])
     cp_fwd, cp_bwd = ring_buffer_bytes(m, T=T, e=e, tp=x.tp, cp=x.cp)
     bwd = _backward_transients(m, x, layers, out["rope"], routed)
-    small = BUFFER_BYTES + INPUT_BYTES_PER_TOKEN * T
+    small = BUFFER_BYTES + INPUT_BYTES_PER_TOKEN * T + megatron_score_buffer_bytes(m, x)
     # A pipeline schedule splits the whole batch up front: every micro-batch's input ids stay.
     inputs_per_extra_micro = np.where(multi, INPUT_BYTES_PER_TOKEN * T, 0.0)
     amp_ckpt_copies = np.where(x.amp & full, copies_layers, 0.0)

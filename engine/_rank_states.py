@@ -25,7 +25,12 @@ from ._data_parallel import (
     model_state_element_bytes,
 )
 from ._fp8 import fp8_cache_bytes
-from ._frameworks import ADAPTERS_IN_PARAM_DTYPE, FSDP2_EMBEDDING_UNIT, state_shard_degree
+from ._frameworks import (
+    ADAPTERS_IN_PARAM_DTYPE,
+    FP8_WEIGHT_CACHE,
+    FSDP2_EMBEDDING_UNIT,
+    state_shard_degree,
+)
 from ._lora import (
     LORA_ADAPTER_BYTES,
     Adapters,
@@ -274,7 +279,7 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     )
     fp8_cache = fp8_cache_bytes(
         x.full,
-        fp8=IS_FP8[x.prec],
+        fp8=IS_FP8[x.prec] & FP8_WEIGHT_CACHE[x.fw],
         params_sharded=x.zero >= ZERO_PARAMETERS,
         num_layers=x.counts["layer"],
         dp=x.dp,
@@ -287,6 +292,9 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     in_backward = c["optimizer_in_backward"]
     s = _optimizer_in_backward(x, s, grad_e, in_backward=in_backward)
     grads_end = np.where(in_backward, s["gradients"], grads_end)
+    grads_persistent, grads_end, grads_top = _grad_buffer(
+        x, s["gradients"], grads_end, grads_top, in_backward=in_backward
+    )
     held = s["parameters"] + s["master_weights"] + s["optimizer_states"]
     return {
         **s,
@@ -294,9 +302,24 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
         "fp8_weight_cache": fp8_cache,
         "fsdp_fwd": fsdp_fwd + dequant,
         "end_grads": grads_end + fsdp_bwd + dequant,
+        "grads_persistent": grads_persistent,
         "top_grads": np.where(in_backward, s["gradients"], grads_top),
         "optimizer_peak": held + s["gradients"] + s["optimizer_step_temporaries"] + fp8_cache,
     }
+
+
+def _grad_buffer(x: RankLayout, gradients, grads_end, grads_top, *, in_backward) -> tuple:
+    """(gradients alive outside the step, at the end of backward, in the top block's backward)
+    where Megatron's DDP keeps one contiguous fp32 grad buffer for the run, zeroed, never
+    freed: all of it is there in every phase (and not again among the top block's gradients).
+    Source: megatron/core/distributed/param_and_grad_buffer.py (_ParamAndGradBuffer.grad_data);
+    traced: tests/data/framework_traces/megatron_gpt_local.json (grad_buffer_bytes)."""
+    buffer = x.megatron & ~in_backward
+    return (
+        np.where(buffer, gradients, 0.0),
+        np.where(buffer, gradients, grads_end),
+        np.where(x.megatron, 0.0, grads_top),
+    )
 
 
 def _fsdp2_buffers(x: RankLayout, layer: np.ndarray, *, active) -> tuple[np.ndarray, ...]:

@@ -148,10 +148,11 @@ def recompute_excess_bytes(
 
 
 def single_stage_recompute_delta(policy, *, multi, layer_at_work, top_saved, outside) -> np.ndarray:
-    """Bytes a single stage under selective-op or selective-layer holds while its top block
-    recomputes and runs its backward, beyond what it stored at the end of forward: that
+    """Bytes a single stage under selective, selective-op or selective-layer holds while its top
+    block recomputes and runs its backward, beyond what it stored at the end of forward: that
     block's working set `layer_at_work` (its recomputed activations and gradient temporaries,
-    as layer 0's at the end of backward), less what it had kept (`top_saved`) and the tensors
+    as layer 0's at the end of backward; under selective its recomputed attention core), less
+    what it had kept (`top_saved`) and the tensors
     saved outside the blocks (the loss's, freed by the head's backward). May be negative; -inf
     where the moment does not apply (pipelines: recompute_excess_bytes; full recompute: the
     end-of-backward moment in layer 0 covers it).
@@ -159,8 +160,12 @@ def single_stage_recompute_delta(policy, *, multi, layer_at_work, top_saved, out
     starts, the blocks below still holding their saved tensors; the traced torchtitan cases
     (tests/data/framework_traces/torchtitan_llama3_ac.json).
     """
-    sac = (policy == RECOMPUTE_SELECTIVE_OP) | (policy == RECOMPUTE_SELECTIVE_LAYER)
-    return np.where(sac & ~multi, layer_at_work - top_saved - outside, -np.inf)
+    partial = (
+        (policy == RECOMPUTE_SELECTIVE)
+        | (policy == RECOMPUTE_SELECTIVE_OP)
+        | (policy == RECOMPUTE_SELECTIVE_LAYER)
+    )
+    return np.where(partial & ~multi, layer_at_work - top_saved - outside, -np.inf)
 
 
 def op_sac_recomputed_matmul_fraction(m: ModelSpec) -> float:

@@ -49,6 +49,12 @@ def _small_spec(dims: dict[str, int]) -> Any:
     )
 
 
+def _config_spec(path: Path) -> Any:
+    from trainmem.engine._model import model_from_hf_config
+
+    return model_from_hf_config(json.loads(path.read_text()), name=path.stem)
+
+
 def _one(spec: Any, **fields: Any) -> dict[str, float]:
     from trainmem.engine import estimate, make_grid
 
@@ -76,6 +82,25 @@ def traced_rows() -> list[dict[str, Any]]:
         out.append(
             _traced(f"llama3 small, {c['policy']}, {c['micro_batch_size']}x{c['seq_len']}", c, got)
         )
+    megatron = json.loads((folder / "megatron_gpt_local.json").read_text())["cases"]
+    gpt = _config_spec(folder / "megatron_gpt_local_config.json")
+    for c in megatron:
+        got = _one(
+            gpt,
+            micro_batch_size=c["micro_batch_size"],
+            seq_len=c["seq_len"],
+            num_gpus=c["world_size"],
+            tp=c["tp"],
+            precision="mixed-bf16",
+            framework="megatron",
+            zero=1,
+            attention="eager",
+            recompute=c["recompute"],
+            optimizer="adamw",
+        )
+        shape = f"{c['micro_batch_size']}x{c['seq_len']}"
+        name = f"megatron-core GPT, {c['recompute']}, tp {c['tp']}, {shape}"
+        out.append({**_traced(name, c, got), "framework": "megatron"})
     big = json.loads((folder / "torchtitan_llama3_8b_fsdp.json").read_text())["cases"]
     for c in (c for c in big if c["silu_backward"] == "fused"):
         got = _one(
@@ -195,14 +220,15 @@ def modes_markdown() -> str:
     lines = [
         "| framework | `selective` means | vocab-parallel loss under TP | ZeRO-3 is FSDP2 "
         "| LoRA adapters in the model dtype | fused RMSNorm | one qkv projection "
-        "| fp32 logits from the model | FSDP2 embedding unit | follows |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| fp8 weight cache | fp32 logits from the model | FSDP2 embedding unit | follows |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, spec in FRAMEWORK_SPECS.items():
         lines.append(
             f"| {name} | {spec.selective} | {yes(spec.loss_parallel)} | {yes(spec.fsdp2)} "
             f"| {yes(spec.adapters_in_param_dtype)} | {yes(spec.fused_rms_norm)} "
-            f"| {yes(spec.fused_qkv)} | {yes(spec.logits_upcast_in_model)} "
+            f"| {yes(spec.fused_qkv)} | {yes(spec.fp8_weight_cache)} "
+            f"| {yes(spec.logits_upcast_in_model)} "
             f"| {yes(spec.fsdp2_embedding_unit)} | {spec.source} |"
         )
     return "\n".join(lines)

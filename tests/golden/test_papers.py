@@ -165,6 +165,7 @@ def test_korthikanti_table2_to_the_byte(
         sp=np.array([sp]),
         recompute_code=np.array([recompute_code]),
         eager=np.array([True]),  # the paper's attention materialises the s x s scores
+        softmax_bytes=2.0,  # in 16 bits (the fused softmax kernel)
     )
     assert round(float(got[0])) == expected.numerator
 
@@ -208,6 +209,7 @@ def test_korthikanti_selective_recompute_saving(h: int, a: int, printed_saving: 
         "sp": np.array([False]),
     }
     kwargs["eager"] = np.array([True])  # the paper's attention materialises the scores
+    kwargs["softmax_bytes"] = 2.0  # in 16 bits (the fused softmax kernel)
     none = megatron_layer_bytes(model, recompute_code=np.array([0]), **kwargs)[0]
     selective = megatron_layer_bytes(model, recompute_code=np.array([1]), **kwargs)[0]
     assert round(1.0 - selective / none, 2) == printed_saving

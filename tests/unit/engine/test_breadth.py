@@ -393,11 +393,14 @@ def test_fp8_keeps_activations_and_adds_the_fp8_weight_cache(name: str) -> None:
     extra = fp8["peak_optimizer_step_bytes"] - bf16["peak_optimizer_step_bytes"]
     # Row-wise and column-wise fp8 copies of every linear weight (+ amax histories); under
     # ZeRO-3/FSDP only the two gathered blocks' weights are cast at a time.
+    # torchtitan runs torchao's Float8Linear (casts inside each linear, no cache kept).
+    te = np.asarray(cols["framework"]) != "torchtitan"
     cached = np.where(
         np.asarray(cols["zero"]) >= 3,
         2.0 * _linear_weights(m) / m.num_hidden_layers * 2.0,
         2.0 * _linear_weights(m),
     )
+    cached = np.where(te, cached, 0.0)
     # The delayed-scaling state: 3 amax histories of 1024 fp32 per linear module.
     num_linears = sum(
         m.group_count(p.group)
@@ -405,8 +408,9 @@ def test_fp8_keeps_activations_and_adds_the_fp8_weight_cache(name: str) -> None:
         if len(p.shape) == 2 and p.group in ("layer", "mlp", "moe")
     )
     assert np.all(extra >= cached)
-    assert np.all(extra <= cached + 3 * 1024 * 4 * num_linears + 1.0)
-    assert np.all(fp8["peak_forward_bytes"] > bf16["peak_forward_bytes"])
+    assert np.all(extra <= np.where(te, cached + 3 * 1024 * 4 * num_linears + 1.0, 0.0))
+    forward = fp8["peak_forward_bytes"] - bf16["peak_forward_bytes"]
+    assert np.all(np.where(te, forward > 0, forward == 0))
 
 
 # ---- MoE and BERT presets -------------------------------------------------------------------
