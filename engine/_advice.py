@@ -131,7 +131,8 @@ def _layout_changes(c: dict[str, Any]) -> list[_Change]:
 
 
 def _memory_changes(c: dict[str, Any], *, optimizer_name: str | None) -> list[_Change]:
-    """Offload, the chunked loss, 8-bit AdamW, LoRA / QLoRA, activation offload."""
+    """Offload, the chunked loss, 8-bit AdamW, LoRA / QLoRA, activation offload, the
+    expandable-segments allocator, torch.compile of the blocks."""
     out: list[_Change] = []
     zero = int(c["zero"])
     if c["offload"] != "optimizer":
@@ -173,6 +174,11 @@ def _memory_changes(c: dict[str, Any], *, optimizer_name: str | None) -> list[_C
         out.append(
             ("activation_offload", "activation offload off -> on", {"activation_offload": True})
         )
+    if c["allocator"] != "expandable-segments":
+        words = "allocator native -> expandable-segments (PYTORCH_CUDA_ALLOC_CONF)"
+        out.append(("allocator", words, {"allocator": "expandable-segments"}))
+    if c["compile"] == "none":
+        out.append(("compile", "compile none -> blocks", {"compile": "blocks"}))
     return out
 
 

@@ -40,6 +40,9 @@ class FrameworkSpec:
     saves an fp32 copy and the normalised tensor."""
     fused_qkv: bool
     """The framework's models project q, k and v with one matrix (one matmul output)."""
+    loss_parallel_fp32_tensors: float = 0.0
+    """fp32 [T, v/tp] tensors the vocab-parallel loss allocates beyond a plain cross entropy's,
+    in its forward and again in its backward."""
     fp8_weight_cache: bool = True
     """`--precision fp8-mixed` keeps fp8 copies of the weights from forward to backward
     (Transformer Engine); False: torchao's Float8Linear, which casts inside each linear and keeps
@@ -96,11 +99,14 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         adapters_in_param_dtype=False,
         fused_rms_norm=True,
         fused_qkv=True,
+        loss_parallel_fp32_tensors=1.0,
         fp8_weight_cache=False,
         fsdp2_embedding_unit=True,
         source="torchtitan 0.3.0: distributed/activation_checkpoint.py (SelectiveAC, per-op "
         "SAC, is the default `selective`); components/loss.py (_LossParallelCrossEntropy on "
-        "vocab-sharded logits under TP); distributed/parallel_dims.py (the fsdp mesh is "
+        "vocab-sharded logits under TP: shifted logits, their exp and the log-probs in "
+        "forward; zeros, exp(log_probs) and their sum in backward); "
+        "distributed/parallel_dims.py (the fsdp mesh is "
         "dp_shard x cp); models/llama3 (one wqkv projection; nn.RMSNorm; apply_fsdp: "
         "tok_embeddings and [norm, output] units); components/quantization/float8.py "
         "(torchao Float8Linear). Traced: tests/data/framework_traces/"
@@ -139,6 +145,8 @@ FUSED_RMS_NORM = _table("fused_rms_norm")
 """Per framework code: torch's fused RMSNorm kernel."""
 FUSED_QKV = _table("fused_qkv")
 """Per framework code: one q/k/v projection."""
+LOSS_PARALLEL_FP32_TENSORS = _table("loss_parallel_fp32_tensors")
+"""Per framework code: extra fp32 [T, v/tp] tensors of its vocab-parallel loss."""
 FP8_WEIGHT_CACHE = _table("fp8_weight_cache")
 """Per framework code: fp8 weight copies kept from forward to backward (Transformer Engine)."""
 LOGITS_UPCAST_IN_MODEL = _table("logits_upcast_in_model")

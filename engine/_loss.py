@@ -174,3 +174,30 @@ def loss_gradient_bytes(
         zero_col,
     )
     return loss_grads + np.where(last & (pp > 1), e * T * m.hidden_size / sp_div, 0.0)
+
+
+def largest_loss_block_bytes(
+    m: ModelSpec,
+    *,
+    T,
+    e,
+    last,
+    chunked,
+    chunked_output,
+    compiled,
+    fp32_logits_in,
+    loss_tp_div,
+    zero_col,
+) -> np.ndarray:
+    """The largest single tensor of the step: one [T, v] loss tensor at the start of backward
+    (fp32; one chunk's under chunked-output; the 16-bit logits' gradient when compiled, fp32 if
+    the model upcasts; a fused chunked loss's [chunk, v] block). Its size drives the caching
+    allocator's fragmentation (engine/_overhead.py fragmentation_largest_block_factor).
+    """
+    Tv = T * m.vocab_size / loss_tp_div
+    full = np.where(compiled & ~fp32_logits_in, e, 4.0) * Tv
+    full = np.where(chunked_output, full / OUTPUT_CHUNKS, full)
+    rows = np.ceil(np.asarray(T, dtype=np.float64) / np.ceil(m.vocab_size / m.hidden_size))
+    chunk = np.minimum(T, 2.0 ** np.ceil(np.log2(np.maximum(rows, 1.0))))
+    liger = 4.0 * chunk * m.vocab_size / loss_tp_div
+    return np.where(last, np.where(chunked, liger, full), zero_col)

@@ -36,6 +36,17 @@ class Overheads:
     checkpointing, peak at two 2.1 GB fp32 loss gradients); the median is the default. Published:
     GMLake (ASPLOS'24) 15% average on 8 LLMs; torchtune #1185 up to 34% for QLoRA.
     Assumes: the native allocator (see expandable_segments_fragmentation_fraction)."""
+    fragmentation_largest_block_factor: float = 1.0
+    """Caching-allocator slack of at least this many times the step's largest tensor (the loss's
+    [tokens, vocab] fp32 tensor at the start of backward): it needs a segment of its own while
+    freed smaller blocks stay cached (the fragmentation is the larger of this and
+    fragmentation_fraction's). Native allocator only.
+    Source: measured, H200 (tests/data/gpu_calibration_h200.json): 2.0 GiB of slack over a 1.96
+    GiB loss tensor (llama-3.2-1b), 3.8 GiB over 1.95 (tinyllama mb8); published torchtitan
+    Llama-3.1-8B max reserved less the traced allocated peak: 14.3 GiB over 7.83 (8 GPUs), 9.4
+    over 7.83 (128 GPUs), 15.7 over 15.66 (32k tokens); trace/_allocator.py's replay of the
+    8-GPU step: 8.4-9.6 GiB. The factor is the lower end (1.0); multi-stream FSDP pools and
+    warm-up history add more."""
     expandable_segments_fragmentation_fraction: float = 0.03
     """The same slack under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (`--allocator
     expandable-segments`): segments grow in 2 MiB pages and unmapped pages are returned, so

@@ -84,4 +84,6 @@ def profile_activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str
         "recompute_extra": np.full_like(b, -np.inf),
         "pipe_per_micro": pipe_per_micro,
         "pipe_fixed": pipe_fixed,
+        # A profile does not name its tensors: its fragmentation is the fraction's only.
+        "largest_block": zero_col,
     }

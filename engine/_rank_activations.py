@@ -29,9 +29,20 @@ from ._codes import (
 from ._compile import compiled_mlp_delta_bytes, compiled_op_sac_delta_bytes
 from ._context_parallel import ring_buffer_bytes
 from ._expert_parallel import all_to_all_buffer_bytes, routed_rows
-from ._frameworks import FUSED_QKV, FUSED_RMS_NORM, LOGITS_UPCAST_IN_MODEL, recompute_policy
+from ._frameworks import (
+    FUSED_QKV,
+    FUSED_RMS_NORM,
+    LOGITS_UPCAST_IN_MODEL,
+    LOSS_PARALLEL_FP32_TENSORS,
+    recompute_policy,
+)
 from ._lora import lora_activation_delta_bytes, target_bits
-from ._loss import loss_forward_extra_bytes, loss_gradient_bytes, outside_layers_bytes
+from ._loss import (
+    largest_loss_block_bytes,
+    loss_forward_extra_bytes,
+    loss_gradient_bytes,
+    outside_layers_bytes,
+)
 from ._model import ModelSpec
 from ._offload import offloaded_activation_bytes
 from ._pipeline import block_counts, held_logits_bytes, receive_buffer_bytes, stage_flags
@@ -472,7 +483,14 @@ def _copies_and_loss(
         compiled=x.compiled_loss,
         fp32_logits_in=x.fp32_logits_in,
     )
-    return copies, copies_layers, loss_extra, loss_grads
+    # torchtitan's vocab-parallel loss: one more fp32 [T, v/tp] tensor than a plain cross
+    # entropy in its forward and in its backward (engine/_frameworks.py).
+    parallel_extra = np.where(
+        last & (x.loss_tp_div > 1) & ~x.chunked & ~x.compiled_loss & (pp <= 1),
+        LOSS_PARALLEL_FP32_TENSORS[x.fw] * 4.0 * T * m.vocab_size / x.loss_tp_div,
+        0.0,
+    )
+    return copies, copies_layers, loss_extra + parallel_extra, loss_grads + parallel_extra
 
 
 def _recompute_terms(
@@ -510,6 +528,22 @@ def _recompute_terms(
             ),
         ),
     }
+
+
+def _largest_block(m: ModelSpec, x: MicroBatch) -> np.ndarray:
+    """The step's largest tensor on this stage (largest_loss_block_bytes)."""
+    return largest_loss_block_bytes(
+        m,
+        T=x.T,
+        e=x.e,
+        last=x.last,
+        chunked=x.chunked,
+        chunked_output=x.chunked_output,
+        compiled=x.compiled_loss & (x.pp <= 1),
+        fp32_logits_in=x.fp32_logits_in,
+        loss_tp_div=x.loss_tp_div,
+        zero_col=x.zero_col,
+    )
 
 
 def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -555,6 +589,7 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
             -np.inf,
         ),
         "bwd_start_extra": small + loss_grads + a2a + cp_bwd,
+        "largest_block": _largest_block(m, x),
         "bwd_end_extra": small + bwd["act_end"] + bwd["temp_end"] - stage_act,
         "embed_extra": small + np.where(x.first, T * m.hidden_size * x.r, 0.0),
         **_recompute_terms(x, layers, out, bwd, small=small),
