@@ -88,6 +88,12 @@ class TrainingConfig:
     cp: int = knob(1, help="Context parallel degree.", ge=1, le=1024, sweep_axis=True)
     virtual_stages: int = knob(1, help="Interleaved stages per rank.", ge=1, le=64, sweep_axis=True)
     zero: int = knob(0, help="ZeRO stage 0-3 (3 = FSDP full shard).", ge=0, le=3, sweep_axis=True)
+    dp_shard: int = knob(
+        0,
+        help="Ranks a ZeRO/FSDP shard group spans (HSDP: dp/dp_shard replicas); 0: all of dp.",
+        ge=0,
+        le=1 << 20,
+    )
     sequence_parallel: bool = knob(
         False, help="Megatron-style sequence parallelism.", flag="--sequence-parallel"
     )

@@ -58,11 +58,13 @@ REASONS = (
     "profile: precision, recompute and attention must be the traced ones (valid_for); tp, cp, "
     "ep and etp must be 1; no lora or qlora; loss full",
     "optimizer_in_backward needs pp 1 and no gradient accumulation (one micro-batch per step)",
+    "dp_shard must divide dp (HSDP: dp / dp_shard replicas of the shard group)",
 )
 """Invalid-layout reasons; the `reason` column holds an index into this tuple (0 = valid).
 Appended reasons keep the codes of the older ones (points tables stay readable)."""
 PROFILE_MISMATCH = 12
 OPTIMIZER_IN_BACKWARD_LAYOUT = 13
+DP_SHARD_LAYOUT = 14
 assert REASONS[PROFILE_MISMATCH].startswith("profile")
 
 
@@ -368,6 +370,8 @@ def _block_reason(m: ModelSpec, g: Grid) -> np.ndarray:
         (pp > 1) | (parallel_layout(g)["grad_accum_steps"] > 1)
     )
     np.putmask(reason, in_backward, OPTIMIZER_IN_BACKWARD_LAYOUT)
+    shard = g["dp_shard"]
+    np.putmask(reason, (shard > 0) & (dp % np.maximum(shard, 1) != 0), DP_SHARD_LAYOUT)
     for code in range(len(rules), 0, -1):  # the first broken rule wins
         np.putmask(reason, np.broadcast_to(rules[code - 1], reason.shape), code)
     if m.profile is not None:  # a traced profile: its own rule first

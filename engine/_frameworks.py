@@ -167,13 +167,20 @@ def recompute_policy(fw, rc) -> np.ndarray:
     return np.where(rc == RECOMPUTE_SELECTIVE, SELECTIVE_POLICY[fw], rc)
 
 
-def state_shard_degree(dp, cp) -> np.ndarray:
-    """Ranks over which ZeRO / FSDP shard model states: data x context parallel.
+def state_shard_degree(dp, cp, dp_shard=0) -> np.ndarray:
+    """Ranks over which ZeRO / FSDP shard model states: data x context parallel, or under
+    hybrid sharding (HSDP, `dp_shard` > 0) the shard group of dp_shard x cp ranks, the states
+    being replicated over the dp / dp_shard groups.
 
     Context-parallel ranks hold the same weights and see different tokens, so every framework
-    reduces gradients and shards states over dp x cp.
+    reduces gradients and shards states over dp x cp. Source (HSDP): torchtitan ParallelDims
+    (dp_replicate x dp_shard; fully_shard on a 2-D mesh replicates over dp_replicate);
+    DeepSpeed ZeRO++ hpZ and Megatron-FSDP's outer replication follow the same layout.
     Source: torchtitan ParallelDims (fully_shard on the `dp_shard_cp` mesh); Megatron-core
     parallel_state get_data_parallel_group(with_context_parallel=True) (DDP buffers and the
     distributed optimizer); accelerate ParallelismConfig (FSDP on `dp_shard_cp`).
     """
-    return np.asarray(dp, dtype=np.float64) * np.asarray(cp, dtype=np.float64)
+    dp = np.asarray(dp, dtype=np.float64)
+    shard = np.asarray(dp_shard, dtype=np.float64)
+    group = np.where(shard > 0, np.minimum(shard, dp), dp)
+    return group * np.asarray(cp, dtype=np.float64)

@@ -57,6 +57,7 @@ STATE_KEYS = (
     "pp",
     "dp",
     "cp",
+    "dp_shard",
     "ep",
     "etp",
     "zero",
@@ -112,7 +113,7 @@ def rank_layout(m: ModelSpec, c: dict[str, np.ndarray]) -> RankLayout:
     fw = c["framework"].astype(np.int64)
     prec = c["precision"].astype(np.int64)
     tp = c["tp"].astype(np.float64)
-    dp = state_shard_degree(c["dp"], c["cp"])
+    dp = state_shard_degree(c["dp"], c["cp"], c["dp_shard"])
     ep, etp = c["ep"].astype(np.float64), c["etp"].astype(np.float64)
     lora_rank = c["lora_rank"].astype(np.float64)
     lora = lora_rank > 0

@@ -11,7 +11,7 @@ import polars as pl
 from trainmem.engine import COMPONENTS, FIELD_NAMES, TYPES
 
 SCHEMA_VERSION = 3
-"""3: the fields recompute_every, compile, optimizer_in_backward and allocator, and the
+"""3: the fields dp_shard, recompute_every, compile, optimizer_in_backward and allocator, and the
 vocabularies' new names (recompute selective-op / selective-layer, framework torchtune, loss
 chunked-output); 2: every training field of the configuration is a column (1: the searched
 ones only)."""

@@ -475,3 +475,20 @@ def test_dense_codes_equal_sorted_unique_codes() -> None:
     keys = np.stack(cols, axis=1)
     assert np.array_equal(keys[reps][inverse], keys)
     assert len(reps) == len(np.unique(keys, axis=0))
+
+
+def test_hybrid_sharding_shards_over_the_shard_group_only() -> None:
+    # HSDP: states sharded over dp_shard x cp ranks, replicated over dp / dp_shard groups;
+    # dp_shard = dp (or 0) is plain FSDP; a dp_shard that does not divide dp is not a layout.
+    m = load_model("llama-3.2-1b")
+    base = {"micro_batch_size": 1, "seq_len": 2048, "num_gpus": 16, "zero": 3, "cp": 1}
+    rows = [{**base, "dp_shard": shard} for shard in (0, 16, 8, 4, 1)] + [
+        {**base, "dp_shard": 8, "cp": 2},
+        {**base, "dp_shard": 3},
+    ]
+    out = estimate(m, _grid(rows))
+    states = out["optimizer_states"]
+    assert states[0] == states[1]
+    assert states[1] < states[2] < states[3] < states[4]
+    assert states[5] == states[1]  # 8 x cp 2 = 16 ranks
+    assert out["reason"][6] != 0 and "dp_shard" in reason_text(out["reason"][6])

@@ -28,6 +28,7 @@ SNAPSHOT = [
     ("cp", "Int64"),
     ("virtual_stages", "Int64"),
     ("zero", "Int64"),
+    ("dp_shard", "Int64"),
     ("sequence_parallel", "Boolean"),
     ("precision", "String"),
     ("optimizer", "String"),
