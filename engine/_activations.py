@@ -23,7 +23,7 @@ MASK_ALIGNMENT = 16
 
 
 def hf_norm_bytes(
-    m: ModelSpec, *, T, e, r, amp, sp_div, num_consumers: int, fused=False
+    m: ModelSpec, *, T, e, r, amp, sp_div, num_consumers: int, fused=False, fp32_input=False
 ) -> np.ndarray:
     """Bytes one normalisation layer saves, including what its consuming linear(s) save.
 
@@ -34,7 +34,8 @@ def hf_norm_bytes(
     copies are saved; without autocast the one output is shared.
     `fused`: the RMSNorm is torch's own (nn.RMSNorm / F.rms_norm, torchtitan), whose CUDA
     kernel `_fused_rms_norm` saves its input and the fp32 rstd only (torch
-    aten/src/ATen/native/native_functions.yaml, tools/autograd/derivatives.yaml).
+    aten/src/ATen/native/native_functions.yaml, tools/autograd/derivatives.yaml);
+    `fp32_input`: on an fp32 copy of the input (torchtune's RMSNorm), which it keeps.
     Assumes: with sequence parallelism the norm runs on T/t tokens and the consumers save the
     all-gathered full-sequence input.
     """
@@ -47,7 +48,8 @@ def hf_norm_bytes(
         own = (4.0 * Th + 4.0 * T + 4.0 * Th) / sp_div  # fp32 copy, rsqrt, normalised fp32
     else:
         python_rms = 4.0 * Th + 4.0 * T + r * Th  # fp32 copy, rsqrt, normalised (input dtype)
-        own = np.where(fused, r * Th + 4.0 * T, python_rms) / sp_div  # fused: input, rstd
+        fused_input = np.where(fp32_input, 4.0, r) * Th
+        own = np.where(fused, fused_input + 4.0 * T, python_rms) / sp_div  # fused: input, rstd
     return own + linear_in
 
 
@@ -165,7 +167,9 @@ def hf_mlp_bytes(m: ModelSpec, *, T, e, amp, tp) -> np.ndarray:
     return 2.0 * e * Tf
 
 
-def hf_layer_bytes(m: ModelSpec, *, T, s, e, r, amp, tp, sp, eager, fused_norm=False) -> np.ndarray:
+def hf_layer_bytes(
+    m: ModelSpec, *, T, s, e, r, amp, tp, sp, eager, fused_norm=False, norm_fp32_input=False
+) -> np.ndarray:
     """Everything one transformer block saves for backward without recomputation
     (`fused_norm`: see hf_norm_bytes)."""
     sp_div = np.where(sp, tp, 1)
@@ -180,9 +184,18 @@ def hf_layer_bytes(m: ModelSpec, *, T, s, e, r, amp, tp, sp, eager, fused_norm=F
         sp_div=sp_div,
         num_consumers=num_qkv_linears,
         fused=fused_norm,
+        fp32_input=norm_fp32_input,
     )
     norms = norms + hf_norm_bytes(
-        m, T=T, e=e, r=r, amp=amp, sp_div=sp_div, num_consumers=num_up_linears, fused=fused_norm
+        m,
+        T=T,
+        e=e,
+        r=r,
+        amp=amp,
+        sp_div=sp_div,
+        num_consumers=num_up_linears,
+        fused=fused_norm,
+        fp32_input=norm_fp32_input,
     )
     dropout_masks = 2.0 * T * m.hidden_size / sp_div if m.dropout > 0 else 0.0
     return (
@@ -205,7 +218,19 @@ def hf_checkpointed_layer_bytes(m: ModelSpec, *, T, r, tp, sp) -> np.ndarray:
 
 
 def hf_outside_bytes(
-    m: ModelSpec, *, T, s, e, r, amp, tp, sp, loss_tp_div, fused_norm=False
+    m: ModelSpec,
+    *,
+    T,
+    s,
+    e,
+    r,
+    amp,
+    tp,
+    sp,
+    loss_tp_div,
+    fused_norm=False,
+    norm_fp32_input=False,
+    head_trainable=True,
 ) -> np.ndarray:
     """Bytes saved outside the blocks: embeddings, final norm, head, loss, rope tables, labels.
 
@@ -224,8 +249,19 @@ def hf_outside_bytes(
         out = out + 3.0 * e * T * h + 8.0 * T
     else:
         out = out + hf_norm_bytes(
-            m, T=T, e=e, r=r, amp=amp, sp_div=sp_div, num_consumers=1, fused=fused_norm
+            m,
+            T=T,
+            e=e,
+            r=r,
+            amp=amp,
+            sp_div=sp_div,
+            num_consumers=1,
+            fused=fused_norm,
+            fp32_input=norm_fp32_input,
         )
+        # A frozen head (LoRA) keeps no input: its gradient needs only the weight.
+        head_input = np.where(amp, 2.0, e) * T * h
+        out = out - np.where(head_trainable, 0.0, head_input)
     if m.rotary:
         out = out + 2.0 * s * m.head_dim * r
     if m.family in ("gpt2", "bert"):

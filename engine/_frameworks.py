@@ -40,6 +40,12 @@ class FrameworkSpec:
     saves an fp32 copy and the normalised tensor."""
     fused_qkv: bool
     """The framework's models project q, k and v with one matrix (one matmul output)."""
+    norm_input_fp32: bool = False
+    """The fused RMSNorm runs on an fp32 copy of its input (`F.rms_norm(x.float())`), which it
+    keeps for backward instead of the 16-bit input."""
+    gqa_kv_expanded: bool = False
+    """Grouped-query attention expands k and v to every query head before the attention
+    kernel, which then keeps them at full width."""
     loss_parallel_fp32_tensors: float = 0.0
     """fp32 [T, v/tp] tensors the vocab-parallel loss allocates beyond a plain cross entropy's,
     in its forward and again in its backward."""
@@ -117,14 +123,19 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         loss_parallel=False,
         fsdp2=True,
         adapters_in_param_dtype=True,
-        fused_rms_norm=False,
+        fused_rms_norm=True,
         fused_qkv=False,
+        norm_input_fp32=True,
+        gqa_kv_expanded=True,
         fp8_weight_cache=False,
         logits_upcast_in_model=True,
         source="torchtune 0.6.1 torchtune/training/activations.py (ac_mode 'selective' "
         "checkpoints every ac_option-th layer); recipes build the model under "
         "training.set_default_dtype(dtype): LoRA adapters in bf16; shard_model (FSDP2); "
         "modules/transformer.py TransformerDecoder (output(h).float() unless chunked); "
+        "modules/rms_norm.py (F.rms_norm(x.float())); modules/attention.py (k, v expanded "
+        "to the query heads before SDPA); modules/peft/lora.py (LoRALinear: bf16 lora_a, "
+        "lora_b in the model dtype). Traced: tests/data/framework_traces/torchtune_lora.json; "
         "models/llama3/_parallelism.py gathers the logits (output colwise, Replicate).",
     ),
 }
@@ -144,6 +155,10 @@ ADAPTERS_IN_PARAM_DTYPE = _table("adapters_in_param_dtype")
 FUSED_RMS_NORM = _table("fused_rms_norm")
 """Per framework code: torch's fused RMSNorm kernel."""
 FUSED_QKV = _table("fused_qkv")
+NORM_INPUT_FP32 = _table("norm_input_fp32")
+"""Per framework code: its RMSNorm keeps an fp32 copy of the input."""
+GQA_KV_EXPANDED = _table("gqa_kv_expanded")
+"""Per framework code: k and v expanded to the query heads before attention."""
 """Per framework code: one q/k/v projection."""
 LOSS_PARALLEL_FP32_TENSORS = _table("loss_parallel_fp32_tensors")
 """Per framework code: extra fp32 [T, v/tp] tensors of its vocab-parallel loss."""

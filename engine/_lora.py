@@ -210,21 +210,26 @@ def qlora_dequant_bytes(full: Sequence[LocalTensor], *, qlora, dp: np.ndarray) -
 
 
 def lora_activation_delta_bytes(
-    m: ModelSpec, *, T, e, amp, tp, rank, mask, adapted_bits
+    m: ModelSpec, *, T, e, amp, tp, rank, mask, adapted_bits, in_param_dtype=False
 ) -> np.ndarray:
-    """Change of a block's saved bytes under LoRA (frozen base, fp32 adapters), per layer.
+    """Change of a block's saved bytes under LoRA (frozen base), per layer.
 
-    Source: PEFT LoraLayer.forward: `x = self._cast_input_dtype(x, lora_A.weight.dtype)` (an fp32
-    copy of each adapted linear's input for a 16-bit base; under autocast a bf16 copy), lora_A's
-    output [T, r] saved by lora_B; a frozen linear saves no input (autograd saves `self` of a
-    matmul only when the weight needs a gradient).
+    Source: PEFT LoraLayer.forward (fp32 adapters): `x = self._cast_input_dtype(x,
+    lora_A.weight.dtype)` (an fp32 copy of each adapted linear's input for a 16-bit base; under
+    autocast a bf16 copy), lora_A's output [T, r] saved by lora_B; a frozen linear saves no input
+    (autograd saves `self` of a matmul only when the weight needs a gradient). Adapters in the
+    model's dtype (`in_param_dtype`, torchtune LoRALinear): no copy, lora_a keeps the input the
+    base no longer needs, lora_b keeps lora_a's [T, r] output in the model's dtype (traced:
+    tests/data/framework_traces/torchtune_lora.json).
     Assumes: lora_dropout 0 (Identity); adapters replicated under tensor parallelism; the
     experts of an MoE block are not adapted.
     `adapted_bits` maps "q_proj", ... to per-row booleans.
     """
     h = m.hidden_size
     f_r = m.intermediate_size / tp if not m.is_moe else 0.0
-    cast = np.where(amp, 2.0, np.where(e < 4, 4.0, 0.0))  # bytes per element of the adapter input
+    # Bytes per element of the adapter's input copy, and of lora_A's output.
+    cast = np.where(amp, 2.0, np.where((e < 4) & ~np.asarray(in_param_dtype), 4.0, 0.0))
+    a_out = np.where(in_param_dtype, e, 4.0)
     one = np.ones_like(np.asarray(T, dtype=np.float64))
     # What the frozen base no longer saves: the linear inputs of the two norms' consumers and
     # the down projection's input.
@@ -243,7 +248,7 @@ def lora_activation_delta_bytes(
     any_mlp_in = 0.0 * one
     for name, width in widths.items():
         a = adapted_bits[name].astype(np.float64)
-        added = added + a * (cast * T * width + np.where(e < 4, 4.0, 4.0) * T * rank)
+        added = added + a * (cast * T * width + a_out * T * rank)
         if name in ("q_proj", "k_proj", "v_proj"):
             any_attn_in = np.maximum(any_attn_in, a)
         if name in ("gate_proj", "up_proj"):

@@ -64,6 +64,7 @@ def outside_layers_bytes(
     fused_norm=False,
     compiled=False,
     fp32_logits_in=False,
+    norm_fp32_input=False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(saved outside the blocks, the chunked loss's transient) on the stage holding the head.
 
@@ -73,7 +74,18 @@ def outside_layers_bytes(
     compiled_loss_kept_bytes.
     """
     outside_all = hf_outside_bytes(
-        m, T=T, s=s, e=e, r=r, amp=amp, tp=tp, sp=sp, loss_tp_div=loss_tp_div, fused_norm=fused_norm
+        m,
+        T=T,
+        s=s,
+        e=e,
+        r=r,
+        amp=amp,
+        tp=tp,
+        sp=sp,
+        loss_tp_div=loss_tp_div,
+        fused_norm=fused_norm,
+        norm_fp32_input=norm_fp32_input,
+        head_trainable=head_trainable,
     )
     chunk_saved, chunk_transient = chunked_loss_bytes(
         m, T=T, e=e, r=r, param_e=param_e, loss_tp_div=loss_tp_div, head_trainable=head_trainable
@@ -135,6 +147,12 @@ def loss_forward_extra_bytes(
     # copy; what is left is autocast's fp32 head input.
     head_input = np.where(amp, 4.0 * T * m.hidden_size, 0.0)
     full_loss_extra = np.where(compiled & ~fp32_logits_in, head_input, full_loss_extra)
+    # A model that upcasts its logits itself frees the 16-bit ones inside its forward: the loss
+    # meets the fp32 logits only (torchtune TransformerDecoder: output(h).float()).
+    logits_16 = np.where(e < 4, e * T * m.vocab_size / loss_tp_div, 0.0)
+    full_loss_extra = np.where(
+        fp32_logits_in & ~compiled, full_loss_extra - logits_16, full_loss_extra
+    )
     loss_extra = np.where(
         pp > 1,
         PIPELINE_LOSS_INPUTS * e * T * m.hidden_size - logits_held,

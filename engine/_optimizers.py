@@ -280,12 +280,19 @@ def optimizer_state_bytes(
     # three: k_proj's and v_proj's step scalars are not there. (Imported here: _frameworks
     # reads the vocabularies, which read this registry.)
     from ._frameworks import FUSED_QKV
+    from ._lora import lora_adapted
 
     merged = sum(
         (t.count for t in full if t.tensor.name.split(".")[-2:-1] in (["k_proj"], ["v_proj"])),
         np.zeros_like(dp),
     )
     num_tensors = num_tensors - np.where(FUSED_QKV[c["framework"].astype(np.int64)], merged, 0.0)
+    # LoRA: the optimizer steps the adapters only, two tensors (A, B) per adapted linear.
+    adapted = sum(
+        (np.where(lora_adapted(t.tensor, c["lora_targets"]), 2.0, 0.0) * t.count for t in full),
+        np.zeros_like(dp),
+    )
+    num_tensors = np.where(lora, adapted, num_tensors)
     return optimizer_states + np.where(
         HAS_DEVICE_STEP_SCALARS[opt], FUSED_STEP_TENSOR_BYTES * num_tensors, 0.0
     )

@@ -30,10 +30,13 @@ from ._compile import compiled_mlp_delta_bytes, compiled_op_sac_delta_bytes
 from ._context_parallel import ring_buffer_bytes
 from ._expert_parallel import all_to_all_buffer_bytes, routed_rows
 from ._frameworks import (
+    ADAPTERS_IN_PARAM_DTYPE,
     FUSED_QKV,
     FUSED_RMS_NORM,
+    GQA_KV_EXPANDED,
     LOGITS_UPCAST_IN_MODEL,
     LOSS_PARALLEL_FP32_TENSORS,
+    NORM_INPUT_FP32,
     recompute_policy,
 )
 from ._lora import lora_activation_delta_bytes, target_bits
@@ -131,6 +134,9 @@ class MicroBatch:
     fused_norm: np.ndarray
     """Norms keep their input and rstd only (torch's fused RMSNorm, or any norm compiled)."""
     fused_qkv: np.ndarray
+    norm_fp32_input: np.ndarray
+    gqa_kv_expanded: np.ndarray
+    adapters_in_param_dtype: np.ndarray
     compiled: np.ndarray
     compiled_loss: np.ndarray
     fp32_logits_in: np.ndarray
@@ -187,6 +193,9 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         every=every,
         fused_norm=FUSED_RMS_NORM[fw] | (c["compile"] != COMPILE_NONE),
         fused_qkv=FUSED_QKV[fw],
+        norm_fp32_input=NORM_INPUT_FP32[fw] & (c["compile"] == COMPILE_NONE),
+        gqa_kv_expanded=GQA_KV_EXPANDED[fw],
+        adapters_in_param_dtype=ADAPTERS_IN_PARAM_DTYPE[fw],
         compiled=c["compile"] != COMPILE_NONE,
         compiled_loss=c["compile"] == COMPILE_BLOCKS_AND_LOSS,
         fp32_logits_in=LOGITS_UPCAST_IN_MODEL[fw] & (c["loss"] != LOSS_CHUNKED_OUTPUT),
@@ -233,9 +242,7 @@ def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool):
         dense_mlp = act.hf_mlp_bytes(m, T=T, e=e, amp=amp, tp=tp)
         block = norms + attention + dense_mlp
     else:
-        block = act.hf_layer_bytes(
-            m, T=T, s=s, e=e, r=r, amp=amp, tp=tp, sp=x.sp, eager=eager, fused_norm=x.fused_norm
-        )
+        block = _dense_block(m, x)
         dense_mlp = act.hf_mlp_bytes(m, T=T, e=e, amp=amp, tp=tp)
     block = block + act.hf_qk_norm_bytes(m, T=T, r=r, tp=tp)
     mlp = dense_mlp
@@ -247,7 +254,15 @@ def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool):
         block = block - dense_mlp + mlp
     core = attention_core_bytes(m, T=T, s=s, e=e, tp=tp, eager=eager)
     delta = lora_activation_delta_bytes(
-        m, T=T, e=e, amp=amp, tp=tp, rank=x.rank, mask=None, adapted_bits=x.bits
+        m,
+        T=T,
+        e=e,
+        amp=amp,
+        tp=tp,
+        rank=x.rank,
+        mask=None,
+        adapted_bits=x.bits,
+        in_param_dtype=x.adapters_in_param_dtype,
     )
     block = np.where(x.lora, block + delta, block)
     if m.is_mla or moe:
@@ -256,13 +271,42 @@ def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool):
         m, T=T, s=s, e=e, r=r, tp=tp, sp=x.sp, eager=eager, fused_qkv=x.fused_qkv
     )
     op_saved = np.where(x.lora, op_saved + delta, op_saved)
-    # torch.compile: what the partitioner keeps instead (engine/_compile.py).
-    compiled_mlp = compiled_mlp_delta_bytes(m, T=T, e=e, amp=amp, tp=tp)
-    block = np.where(x.compiled, block + compiled_mlp, block)
-    down_kept = op_sac_down_kept(m, fused_qkv=x.fused_qkv)
-    op_delta = compiled_op_sac_delta_bytes(m, T=T, e=e, policy=x.rc, down_kept=down_kept)
-    op_saved = np.where(x.compiled, op_saved + op_delta, op_saved)
+    block, op_saved = _compiled(m, x, block, op_saved)
     return block, core, mlp, op_saved
+
+
+def _dense_block(m: ModelSpec, x: MicroBatch) -> np.ndarray:
+    """A dense (non-MLA) block's saved bytes without recomputation, the framework's norms and
+    attention included: torchtune expands k and v to every query head before the kernel, which
+    keeps them at [T, q] (FrameworkSpec.gqa_kv_expanded)."""
+    T, e, tp = x.T, x.e, x.tp
+    block = act.hf_layer_bytes(
+        m,
+        T=T,
+        s=x.s,
+        e=e,
+        r=x.r,
+        amp=x.amp,
+        tp=tp,
+        sp=x.sp,
+        eager=x.eager,
+        fused_norm=x.fused_norm,
+        norm_fp32_input=x.norm_fp32_input,
+    )
+    expanded = 2.0 * e * T * (m.q_dim - m.kv_dim) / tp
+    return block + np.where(x.gqa_kv_expanded & ~x.eager, expanded, 0.0)
+
+
+def _compiled(m: ModelSpec, x: MicroBatch, block, op_saved) -> tuple[np.ndarray, np.ndarray]:
+    """A dense block's saved bytes without and under per-op SAC, where torch.compile runs the
+    block: what the partitioner keeps instead (engine/_compile.py)."""
+    compiled_mlp = compiled_mlp_delta_bytes(m, T=x.T, e=x.e, amp=x.amp, tp=x.tp)
+    down_kept = op_sac_down_kept(m, fused_qkv=x.fused_qkv)
+    op_delta = compiled_op_sac_delta_bytes(m, T=x.T, e=x.e, policy=x.rc, down_kept=down_kept)
+    return (
+        np.where(x.compiled, block + compiled_mlp, block),
+        np.where(x.compiled, op_saved + op_delta, op_saved),
+    )
 
 
 def _megatron_layers(m: ModelSpec, x: MicroBatch) -> tuple[np.ndarray, ...]:
@@ -367,6 +411,7 @@ def _outside(m: ModelSpec, x: MicroBatch, layers: dict[str, np.ndarray]) -> dict
         fused_norm=x.fused_norm,
         compiled=x.compiled_loss & (x.pp <= 1),
         fp32_logits_in=x.fp32_logits_in,
+        norm_fp32_input=x.norm_fp32_input,
     )
     logits_held = held_logits_bytes(
         m, T=T, e=e, pp=pp, chunked=x.chunked, loss_tp_div=x.loss_tp_div

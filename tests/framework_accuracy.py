@@ -31,7 +31,7 @@ _TRACE_POLICY = {
 }
 
 
-def _small_spec(dims: dict[str, int]) -> Any:
+def _small_spec(dims: dict[str, int], *, tied: bool = False) -> Any:
     from trainmem.engine._model import model_from_hf_config
 
     return model_from_hf_config(
@@ -43,9 +43,9 @@ def _small_spec(dims: dict[str, int]) -> Any:
             "num_key_value_heads": dims["kv_heads"],
             "num_hidden_layers": dims["layers"],
             "vocab_size": dims["vocab"],
-            "tie_word_embeddings": False,
+            "tie_word_embeddings": tied,
         },
-        name="torchtitan-llama3-small",
+        name="llama-small",
     )
 
 
@@ -101,6 +101,36 @@ def traced_rows() -> list[dict[str, Any]]:
         shape = f"{c['micro_batch_size']}x{c['seq_len']}"
         name = f"megatron-core GPT, {c['recompute']}, tp {c['tp']}, {shape}"
         out.append({**_traced(name, c, got), "framework": "megatron"})
+    tune = json.loads((folder / "torchtune_lora.json").read_text())["cases"]
+    small_tune = _small_spec(
+        {
+            "hidden": 512,
+            "intermediate": 1536,
+            "heads": 8,
+            "kv_heads": 2,
+            "layers": 4,
+            "vocab": 2048,
+        },
+        tied=True,
+    )
+    for c in tune:
+        got = _one(
+            small_tune,
+            micro_batch_size=c["micro_batch_size"],
+            seq_len=c["seq_len"],
+            precision="bf16",
+            framework="torchtune",
+            lora_rank=16,
+            lora_targets="q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+            recompute="full" if c["ac"] else "none",
+            loss="chunked-output" if c["loss"] == "chunked" else "full",
+            optimizer=c["optimizer"],
+            activation_offload=c["offload"],
+        )
+        name = f"llama3_2 small LoRA r16, AC {'on' if c['ac'] else 'off'}, {c['loss']} CE" + (
+            ", activation offload" if c["offload"] else ""
+        )
+        out.append({**_traced(name, c, got), "framework": "torchtune"})
     big = json.loads((folder / "torchtitan_llama3_8b_fsdp.json").read_text())["cases"]
     for c in (c for c in big if c["silu_backward"] == "fused"):
         got = _one(
