@@ -16,15 +16,15 @@ from typing import Any
 import numpy as np
 
 from ._config import parallel_layout
-from ._data_parallel import ZERO_PARAMETERS, ZERO_STATES
+from ._data_parallel import ZERO_PARAMETERS, ZERO_STATES, is_fsdp2
 from ._estimate import PHASES, estimate, layout_reason
-from ._grid import PRECISIONS, RECOMPUTE, make_grid
+from ._grid import FRAMEWORKS, PRECISIONS, RECOMPUTE, make_grid
 from ._lora import LORA_ADAPTER_BYTES
 from ._loss import LOSS_GRADIENT_TENSORS
 from ._model import ModelSpec
 from ._optimizers import BUILTIN_OPTIMIZERS
 from ._overhead import Overheads
-from ._precision import PARAM_BYTES, STATE_BYTES
+from ._precision import IS_MIXED, PARAM_BYTES, STATE_BYTES
 from ._time import estimate_time
 from ._time_params import TimeParams
 from ._units import GIB
@@ -131,8 +131,9 @@ def _layout_changes(c: dict[str, Any]) -> list[_Change]:
 
 
 def _memory_changes(c: dict[str, Any], *, optimizer_name: str | None) -> list[_Change]:
-    """Offload, the chunked loss, 8-bit AdamW, LoRA / QLoRA, activation offload, the
-    expandable-segments allocator, torch.compile of the blocks."""
+    """Offload, the chunked loss, 8-bit AdamW, LoRA / QLoRA, activation offload, 16-bit
+    weights instead of autocast, the expandable-segments allocator, torch.compile of the
+    blocks."""
     out: list[_Change] = []
     zero = int(c["zero"])
     if c["offload"] != "optimizer":
@@ -174,6 +175,9 @@ def _memory_changes(c: dict[str, Any], *, optimizer_name: str | None) -> list[_C
         out.append(
             ("activation_offload", "activation offload off -> on", {"activation_offload": True})
         )
+    if str(c["precision"]).startswith("amp-"):  # autocast over fp32 weights -> 16-bit weights
+        pure = str(c["precision"]).removeprefix("amp-")
+        out.append(("precision", f"precision {c['precision']} -> {pure}", {"precision": pure}))
     if c["allocator"] != "expandable-segments":
         words = "allocator native -> expandable-segments (PYTORCH_CUDA_ALLOC_CONF)"
         out.append(("allocator", words, {"allocator": "expandable-segments"}))
@@ -368,11 +372,7 @@ def top_consumers(
     prec = PRECISIONS.index(str(config["precision"]))
     lora = int(config["lora_rank"]) > 0
     items: list[tuple[str, float]] = []
-    weights = (
-        "NF4 base weights, 16-bit rest"
-        if config["qlora"]
-        else f"{_dtype(PARAM_BYTES[prec])} working weights"
-    )
+    weights = _weights_words(config, prec)
     items.append((f"parameters ({weights}, {m.num_parameters / 1e9:.2f}B)", at("parameters")))
     items.append(("fp32 master weights", at("master_weights")))
     items.append(("gradients" + (" of the LoRA adapters" if lora else ""), at("gradients")))
@@ -390,6 +390,20 @@ def top_consumers(
     items.append(("allocator fragmentation", at("fragmentation")))
     items = [(k, v) for k, v in items if v > 0.5]
     return sorted(items, key=lambda kv: -kv[1])
+
+
+def _weights_words(config: Mapping[str, Any], prec: int) -> str:
+    """What the parameters' bytes are: the NF4 base (QLoRA); FSDP2's fp32 shards under mixed
+    precision (the master copy itself, gathered as 16-bit per block: engine/_data_parallel.py
+    model_state_element_bytes); other shards; or whole working weights."""
+    if config["qlora"]:
+        return "NF4 base weights, 16-bit rest"
+    zero = int(config["zero"])
+    fsdp2 = bool(is_fsdp2(np.array([FRAMEWORKS.index(str(config["framework"]))]), zero)[0])
+    if fsdp2 and IS_MIXED[prec]:
+        return "fp32 shards, the master copy; gathered in 16 bits per block"
+    kind = "sharded working weights" if zero >= ZERO_PARAMETERS else "working weights"
+    return f"{_dtype(PARAM_BYTES[prec])} {kind}"
 
 
 def _optimizer_states_words(config: Mapping[str, Any], *, prec: int, lora: bool) -> str:

@@ -65,9 +65,12 @@ class ModelSpec:
     name: str
     """Preset name or the config file's path."""
     family: Family
-    """decoder: Llama-style (Llama, Mistral, Qwen2, Gemma, Phi-3); gpt2: GPT-2/3 (Conv1D, learned
-    positions, LayerNorm with bias); bert: encoder-only BERT with an MLM head; profile: an
-    architecture known only by its traced activation profile (`profile`, see _profile.py)."""
+    """decoder: rotary decoders without learned positions: Llama-style (Llama, Mistral, Qwen2/3,
+    Gemma, Gemma 2, Phi-3, Mixtral, Qwen-MoE, DeepSeek-V2/V3) and GPT-NeoX / Falcon (fused
+    query_key_value, LayerNorm with bias, non-gated GeLU MLP, parallel residual); gpt2: GPT-2/3
+    (Conv1D, learned positions, LayerNorm with bias); bert: encoder-only BERT with an MLM head;
+    profile: an architecture known only by its traced activation profile (`profile`, see
+    _profile.py). `model_type` tells the decoders apart; `SUPPORTED_MODEL_TYPES` lists them."""
     model_type: str
     hidden_size: int
     intermediate_size: int
@@ -124,6 +127,29 @@ class ModelSpec:
     they come out contiguous in [b, heads, s, head_dim] order rather than in the projection's."""
     profile: ActivationProfile | None = None
     """Family "profile": the traced coefficients that replace the activation formulas."""
+    num_norms_per_layer: int = 2
+    """Normalisation layers per block: 2 (pre-attention, pre-MLP; Llama, GPT-NeoX, Falcon-40B's
+    ln_attn / ln_mlp), 1 (Falcon-7B: one input_layernorm feeds attention and MLP), 4 (Gemma 2's
+    sandwich: pre/post attention, pre/post feedforward). The parameter inventory is exact; the
+    activation formulas (_activations.py) count two norms per block whatever this says."""
+    parallel_residual: bool = False
+    """Attention and MLP both read the block input and add to one residual (GPT-NeoX
+    use_parallel_residual, Falcon parallel_attn); parameters are unchanged, activations are
+    counted as for the sequential block (the same tensors are saved)."""
+    partial_rotary_factor: float = 1.0
+    """Fraction of head_dim that rotary rotates (GPT-NeoX rotary_pct, 0.25 in Pythia)."""
+    attn_logit_softcapping: float = 0.0
+    """Gemma 2: attention scores pass through cap * tanh(scores / cap) (0: none; not modelled by
+    the activation formulas)."""
+    final_logit_softcapping: float = 0.0
+    """Gemma 2: logits pass through cap * tanh(logits / cap) (0: none; not modelled by the
+    activation formulas)."""
+    query_pre_attn_scalar: float = 0.0
+    """Gemma 2: queries are scaled by query_pre_attn_scalar**-0.5 (0: head_dim**-0.5)."""
+    alternating_sliding_window: int = 0
+    """Gemma 2: every other layer (layer_types "sliding_attention") attends over this many
+    tokens; the other layers are global. `sliding_window` stays 0 (its formulas assume every
+    layer is windowed), so the window's masks are not modelled."""
 
     @property
     def is_moe(self) -> bool:
@@ -275,8 +301,9 @@ def _add_embeddings(inv: _Inventory, m: ModelSpec) -> None:
 def _add_attention_block(inv: _Inventory, m: ModelSpec) -> None:
     """One transformer block's attention and norms (group "layer")."""
     h, qd, kvd, add = m.hidden_size, m.q_dim, m.kv_dim, inv.add
-    if m.family == "decoder":
-        inv.add_norm("input_layernorm", "layer")
+    norms = _decoder_norm_names(m) if m.family == "decoder" else ()
+    if norms:
+        inv.add_norm(norms[0], "layer")
     if m.family == "gpt2":
         inv.add_norm("ln_1", "layer")
     if m.is_mla:
@@ -298,12 +325,28 @@ def _add_attention_block(inv: _Inventory, m: ModelSpec) -> None:
         add("o_proj.bias", (h,), "layer", "rep")
     if m.family == "bert":
         inv.add_norm("attention.output.LayerNorm", "layer")
-    if m.family == "decoder":
-        inv.add_norm("post_attention_layernorm", "layer")
+    for norm in norms[1:]:
+        inv.add_norm(norm, "layer")
     if m.family == "gpt2":
         inv.add_norm("ln_2", "layer")
     if m.family == "bert":
         inv.add_norm("output.LayerNorm", "layer")
+
+
+def _decoder_norm_names(m: ModelSpec) -> tuple[str, ...]:
+    """A decoder block's norms, as transformers names them; the first precedes q/k/v."""
+    if m.num_norms_per_layer == 1:
+        return ("input_layernorm",)
+    if m.num_norms_per_layer == 4:
+        return (
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+        )
+    if m.model_type == "falcon" and m.parallel_residual:
+        return ("ln_attn", "ln_mlp")
+    return ("input_layernorm", "post_attention_layernorm")
 
 
 def _add_mla_projections(inv: _Inventory, m: ModelSpec) -> None:
@@ -352,7 +395,42 @@ def _add_head(inv: _Inventory, m: ModelSpec) -> None:
         inv.add("lm_head.weight", (v, h), "head", "vocab")
 
 
+_LLAMA_STYLE = (
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "deepseek_v2",
+    "deepseek_v3",
+    "gemma",
+    "gemma2",
+    "phi3",
+)
+"""model_types read by _decoder_spec (Llama-style layout, with their known variations)."""
+_GPT2_TYPES = ("gpt2", "gpt3")
+_BERT_TYPES = ("bert", "roberta")
+"""openai-gpt (no ln_f, post-LN), electra (embedding_size projection) and distilbert (other field
+names) were once read by these families; their counts differed from PyTorch's, so they are now
+refused like any other unknown model_type."""
+SUPPORTED_MODEL_TYPES: dict[str, tuple[str, ...]] = {
+    "decoder": (*_LLAMA_STYLE, "gpt_neox", "falcon"),
+    "gpt2": _GPT2_TYPES,
+    "bert": _BERT_TYPES,
+}
+"""The config.json `model_type`s each family reads; any other is an error (never a guess)."""
+
 _REQUIRED = {
+    "gpt_neox": (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "vocab_size",
+    ),
+    "falcon": ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"),
     "decoder": (
         "hidden_size",
         "intermediate_size",
@@ -371,13 +449,25 @@ _REQUIRED = {
 }
 
 
-def _family_of(config: dict[str, Any]) -> Family:
-    model_type = str(config.get("model_type", "")).lower()
-    if model_type in ("gpt2", "gpt3", "openai-gpt") or "n_embd" in config:
+def _reader_of(config: dict[str, Any], *, name: str) -> str:
+    """Which reader builds the spec: "decoder" (Llama-style), "gpt_neox", "falcon", "gpt2" or
+    "bert"; a one-line ValueError for a model_type none of them knows (or none at all)."""
+    raw = config.get("model_type")
+    model_type = str(raw).lower() if isinstance(raw, str) else ""
+    if model_type in _GPT2_TYPES:
         return "gpt2"
-    if model_type in ("bert", "roberta", "distilbert", "electra") or "type_vocab_size" in config:
+    if model_type in _BERT_TYPES:
         return "bert"
-    return "decoder"
+    if model_type in _LLAMA_STYLE:
+        return "decoder"
+    if model_type in ("gpt_neox", "falcon"):
+        return model_type
+    supported = "; ".join(f"{fam}: {', '.join(t)}" for fam, t in SUPPORTED_MODEL_TYPES.items())
+    what = f"model_type {raw!r} is not supported" if raw is not None else "model_type is missing"
+    raise ValueError(
+        f"model: {name}: {what} (its layout would be guessed); supported model_types: "
+        f"{supported}; for another architecture trace a profile (trainmem trace)"
+    )
 
 
 _POSITIVE_INTS = (
@@ -399,6 +489,9 @@ _POSITIVE_INTS = (
     "qk_nope_head_dim",
     "v_head_dim",
     "sliding_window",
+    "num_kv_heads",
+    "ffn_hidden_size",
+    "num_ln_in_parallel_attn",
     "n_embd",
     "n_layer",
     "n_head",
@@ -414,7 +507,17 @@ _NON_NEGATIVE_INTS = (
     "first_k_dense_replace",
     "type_vocab_size",
 )
-_BOOLS = ("tie_word_embeddings", "attention_bias", "mlp_bias")
+_BOOLS = (
+    "tie_word_embeddings",
+    "attention_bias",
+    "mlp_bias",
+    "use_parallel_residual",
+    "parallel_attn",
+    "multi_query",
+    "new_decoder_architecture",
+    "bias",
+    "alibi",
+)
 _PROBABILITIES = (
     "attention_dropout",
     "hidden_dropout",
@@ -463,12 +566,13 @@ def check_hf_fields(config: dict[str, Any], *, name: str) -> None:
             raise ValueError(f"model: {name}: {key} must be a number in [0, 1), got {value!r}")
     hidden = config.get("hidden_size", config.get("n_embd"))
     heads = config.get("num_attention_heads", config.get("n_head"))
-    kv_heads = config.get("num_key_value_heads")
-    if heads is not None and kv_heads is not None and int(heads) % int(kv_heads):
-        raise ValueError(
-            f"model: {name}: num_attention_heads ({heads}) must be divisible by "
-            f"num_key_value_heads ({kv_heads})"
-        )
+    for kv_key in ("num_key_value_heads", "num_kv_heads"):
+        kv_heads = config.get(kv_key)
+        if heads is not None and kv_heads is not None and int(heads) % int(kv_heads):
+            raise ValueError(
+                f"model: {name}: num_attention_heads ({heads}) must be divisible by "
+                f"{kv_key} ({kv_heads})"
+            )
     if (
         hidden is not None
         and heads is not None
@@ -486,20 +590,27 @@ def check_hf_fields(config: dict[str, Any], *, name: str) -> None:
 def model_from_hf_config(config: dict[str, Any], *, name: str) -> ModelSpec:
     """Build a ModelSpec from a Hugging Face config.json's fields.
 
-    Llama-style names (`hidden_size`, ...) and GPT-2 names (`n_embd`, ...) are read; an unknown
-    `model_type` with the standard fields is read as a Llama-style decoder. Missing fields raise
-    one ValueError naming all of them.
+    The reader is chosen by `model_type` (SUPPORTED_MODEL_TYPES): Llama-style decoders, GPT-NeoX,
+    Falcon, GPT-2/3 and BERT. Any other model_type, or none, raises a one-line ValueError listing
+    the supported ones: a layout is never guessed. Missing fields raise one ValueError naming all
+    of them.
     """
-    family = _family_of(config)
-    missing = [k for k in _REQUIRED[family] if config.get(k) is None]
+    reader = _reader_of(config, name=name)
+    if reader == "falcon" and config.get("hidden_size") is None and "n_embed" in config:
+        config = {**config, "hidden_size": config["n_embed"]}  # FalconConfig's old name
+    missing = [k for k in _REQUIRED[reader] if config.get(k) is None]
     if missing:
         raise ValueError(f"{name}: config is missing required field(s): {', '.join(missing)}")
     check_hf_fields(config, name=name)
-    model_type = str(config.get("model_type", family))
-    if family == "gpt2":
+    model_type = str(config["model_type"]).lower()
+    if reader == "gpt2":
         return _gpt2_spec(config, name=name, model_type=model_type)
-    if family == "bert":
+    if reader == "bert":
         return _bert_spec(config, name=name, model_type=model_type)
+    if reader == "gpt_neox":
+        return _gpt_neox_spec(config, name=name)
+    if reader == "falcon":
+        return _falcon_spec(config, name=name)
     return _decoder_spec(config, name=name, model_type=model_type)
 
 
@@ -580,11 +691,13 @@ def _decoder_spec(config: dict[str, Any], *, name: str, model_type: str) -> Mode
     is_phi3 = model_type == "phi3"
     is_gemma = model_type.startswith("gemma")
     attention_bias = bool(config.get("attention_bias", False))
+    gemma2 = _gemma2_fields(config, name=name) if model_type == "gemma2" else {}
     moe = _moe_fields(config, model_type)
     mla = _mla_fields(config)
     return ModelSpec(
         **moe,
         **mla,
+        **gemma2,
         qk_norm=model_type in ("qwen3", "qwen3_moe"),
         name=name,
         family="decoder",
@@ -597,7 +710,8 @@ def _decoder_spec(config: dict[str, Any], *, name: str, model_type: str) -> Mode
         head_dim=int(head_dim) if head_dim else h // a,
         vocab_size=int(config["vocab_size"]),
         max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        # GemmaConfig / Gemma2Config tie by default (their hub files omit the field).
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", is_gemma)),
         mlp_act=_act(act_name),
         gated_mlp=True,
         norm="gemma_rms" if is_gemma else "rms",
@@ -617,6 +731,145 @@ def _decoder_spec(config: dict[str, Any], *, name: str, model_type: str) -> Mode
         if model_type in ("mistral", "mixtral", "phi3")
         else 0,
         rotary_cat=is_phi3,
+    )
+
+
+def _gemma2_fields(config: dict[str, Any], *, name: str) -> dict[str, Any]:
+    """Gemma 2 (modeling_gemma2.py): four RMSNorms per block (sandwich), logit soft-capping,
+    query_pre_attn_scalar, sliding-window attention on every other layer (layer_types).
+
+    Approximate activations (parameters are exact): the decoder formulas with Gemma's norms,
+    gated GeLU-tanh MLP (torch gelu, as Gemma) and embedding scale; not modelled: the two extra
+    (post) norms per block, the tanh soft-capping of attention scores (an eager-attention cost)
+    and of the final logits (a [tokens, vocab] tanh output), and the sliding-window masks.
+    """
+    window = config.get("sliding_window")
+    return {
+        "num_norms_per_layer": 4,
+        "attn_logit_softcapping": _float_field(config, "attn_logit_softcapping", name=name),
+        "final_logit_softcapping": _float_field(config, "final_logit_softcapping", name=name),
+        "query_pre_attn_scalar": _float_field(config, "query_pre_attn_scalar", name=name),
+        "alternating_sliding_window": int(window) if window else 0,
+    }
+
+
+def _float_field(config: dict[str, Any], key: str, *, name: str) -> float:
+    """A non-negative finite number field (None: 0), else a one-line ValueError."""
+    value = config.get(key)
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ValueError(f"model: {name}: {key} must be a non-negative number, got {value!r}")
+    return float(value)
+
+
+def _gpt_neox_spec(config: dict[str, Any], *, name: str) -> ModelSpec:
+    """GPT-NeoX / Pythia (modeling_gpt_neox.py): embed_in, per block input_layernorm and
+    post_attention_layernorm (LayerNorm with bias), attention.query_key_value (fused, bias) and
+    attention.dense (bias: attention_bias, default true), mlp.dense_h_to_4h / dense_4h_to_h (GeLU,
+    biases), final_layer_norm, embed_out (untied unless tie_word_embeddings). Rotary on
+    rotary_pct (rope_parameters partial_rotary_factor) of head_dim, rebuilt with torch.cat.
+
+    Approximate activations (parameters are exact): the decoder formulas with LayerNorm, a fused
+    q/k/v whose output stays alive (as Phi-3), a non-gated GeLU MLP; the parallel residual is
+    counted like the sequential block (it saves the same tensors), the rotary cos/sin tables at
+    the full head_dim (they are rotary_pct of it).
+    """
+    h = int(config["hidden_size"])
+    a = int(config["num_attention_heads"])
+    rope = config.get("rope_parameters") or config.get("rope_scaling")
+    partial = rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
+    if partial is None:
+        partial = config.get("rotary_pct", 0.25)
+    if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
+        raise ValueError(f"model: {name}: rotary_pct must be a number in (0, 1], got {partial!r}")
+    bias = bool(config.get("attention_bias", True))
+    return ModelSpec(
+        name=name,
+        family="decoder",
+        model_type="gpt_neox",
+        hidden_size=h,
+        intermediate_size=int(config["intermediate_size"]),
+        num_hidden_layers=int(config["num_hidden_layers"]),
+        num_attention_heads=a,
+        num_key_value_heads=a,
+        head_dim=h // a,
+        vocab_size=int(config["vocab_size"]),
+        max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        mlp_act=_act(str(config.get("hidden_act", "gelu"))),
+        gated_mlp=False,
+        norm="layernorm",
+        attention_bias=bias,
+        o_proj_bias=bias,
+        mlp_bias=True,
+        rotary=True,
+        fused_qkv=True,
+        fused_gate_up=False,
+        dropout=float(config.get("hidden_dropout", 0.0) or 0.0),
+        attention_dropout=float(config.get("attention_dropout", 0.0) or 0.0),
+        rotary_cat=True,
+        parallel_residual=bool(config.get("use_parallel_residual", True)),
+        partial_rotary_factor=float(partial),
+    )
+
+
+def _falcon_spec(config: dict[str, Any], *, name: str) -> ModelSpec:
+    """Falcon (modeling_falcon.py): word_embeddings, per block self_attention.query_key_value
+    (fused; multi-query: q + one k/v head; new_decoder_architecture: num_kv_heads k/v heads;
+    else 3h) and dense, mlp.dense_h_to_4h / dense_4h_to_h (ffn_hidden_size, default 4h, GeLU),
+    every linear with `bias` (default false); LayerNorms with bias: one input_layernorm
+    (parallel_attn, Falcon-7B), ln_attn + ln_mlp (num_ln_in_parallel_attn 2, the default of
+    new_decoder_architecture, Falcon-40B) or input/post_attention (sequential); ln_f; lm_head
+    tied unless tie_word_embeddings is false. Rotary unless alibi.
+
+    Approximate activations (parameters are exact): the decoder formulas with LayerNorm, a fused
+    q/k/v (as Phi-3) and a non-gated GeLU MLP; they count two norms per block (Falcon-7B has one)
+    and k/v at num_kv_heads (new_decoder_architecture expands them to every head before the
+    kernel); ALiBi's bias tensors (alibi: true) are not counted.
+    """
+    h = int(config["hidden_size"])
+    a = int(config["num_attention_heads"])  # check_hf_fields: divides hidden_size
+    new_arch = bool(config.get("new_decoder_architecture", False))
+    parallel = bool(config.get("parallel_attn", True))
+    if new_arch:
+        kv = int(config.get("num_kv_heads") or a)
+    elif bool(config.get("multi_query", True)):
+        kv = 1
+    else:
+        kv = a
+    num_ln = config.get("num_ln_in_parallel_attn")
+    if num_ln is None and new_arch:
+        num_ln = 2
+    norms = 2 if (not parallel or num_ln == 2) else 1
+    bias = bool(config.get("bias", False))
+    ffn = config.get("ffn_hidden_size")
+    return ModelSpec(
+        name=name,
+        family="decoder",
+        model_type="falcon",
+        hidden_size=h,
+        intermediate_size=int(ffn) if ffn else 4 * h,
+        num_hidden_layers=int(config["num_hidden_layers"]),
+        num_attention_heads=a,
+        num_key_value_heads=kv,
+        head_dim=h // a,
+        vocab_size=int(config["vocab_size"]),
+        max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+        mlp_act=_act(str(config.get("activation", "gelu"))),
+        gated_mlp=False,
+        norm="layernorm",
+        attention_bias=bias,
+        o_proj_bias=bias,
+        mlp_bias=bias,
+        rotary=not bool(config.get("alibi", False)),
+        fused_qkv=True,
+        fused_gate_up=False,
+        dropout=float(config.get("hidden_dropout", 0.0) or 0.0),
+        attention_dropout=float(config.get("attention_dropout", 0.0) or 0.0),
+        num_norms_per_layer=norms,
+        parallel_residual=parallel,
     )
 
 

@@ -91,9 +91,12 @@ def autocast_weight_copy_bytes(
 
     Source: aten/src/ATen/autocast_mode.cpp `cached_cast` (the 16-bit cast of an fp32 leaf
     weight is cached until the autocast region exits: from a weight's first use in forward to
-    the end of backward); the ground-truth traces: with checkpointing (full recompute) only the
+    the end of backward; only for a weight that requires grad, so a frozen LoRA base, and a
+    QLoRA base that is not an fp32 leaf at all, is cast per use and cached nothing: pass `amp`
+    false for those rows); the ground-truth traces: with checkpointing (full recompute) only the
     head's copy stays, the layers' come back while a block recomputes (returned apart).
-    Assumes: every 2-D weight of a block is a linear's, split over the tensor-parallel ranks.
+    Assumes: every 2-D weight of a block is a linear's, split over the tensor-parallel ranks;
+    the adapters' own copies (r (d_in + d_out) each) are left out.
     """
 
     def linear_numel(group: str) -> int:

@@ -489,7 +489,7 @@ def _copies_and_loss(
     T, e, pp, last, counts = x.T, x.e, x.pp, x.last, x.counts
     copies, copies_layers = autocast_weight_copy_bytes(
         m,
-        amp=x.amp,
+        amp=x.amp & ~x.lora,  # frozen weights: cast per use, nothing cached
         last=last,
         tp=x.tp,
         num_layers=counts["layer"],
