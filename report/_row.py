@@ -179,15 +179,33 @@ def _gib(n: float) -> str:
     return f"{n / GIB:9.2f}"
 
 
+def _knobs(c: dict[str, Any]) -> str:
+    """The framework knobs set away from their defaults, for the summary line."""
+    words = []
+    if c.get("compile", "none") != "none":
+        words.append(f"compile {c['compile']}")
+    if c.get("recompute") == "selective-layer":
+        words.append(f"every {c['recompute_every']} blocks")
+    if c.get("loss", "full") != "full":
+        words.append(f"loss {c['loss']}")
+    if c.get("optimizer_in_backward"):
+        words.append("optimizer in backward")
+    if c.get("allocator", "native") != "native":
+        words.append(f"allocator {c['allocator']}")
+    return "".join(f", {w}" for w in words)
+
+
 def human_table(report: dict[str, Any]) -> str:
     """Plain-text table: per-component GiB at the peak, phases, verdict."""
     c = report["config"]
+    dp = report["details"]["dp"]
+    hsdp = f" ({c['dp_shard']}-way shards x {dp // c['dp_shard']})" if c.get("dp_shard") else ""
     lines = [
         f"{report['model']}  ({report['num_parameters']:,} parameters)",
         f"  {c['precision']}, {c['optimizer']}, recompute {c['recompute']}, attention "
-        f"{c['attention']}, framework {c['framework']}",
+        f"{c['attention']}, framework {c['framework']}{_knobs(c)}",
         f"  {c['num_gpus']} x {report['gpu']['name']}: tp {c['tp']} pp {c['pp']} cp {c['cp']} "
-        f"dp {report['details']['dp']}, zero {c['zero']}, micro-batch {c['micro_batch_size']} "
+        f"dp {dp}{hsdp}, zero {c['zero']}, micro-batch {c['micro_batch_size']} "
         f"x seq {c['seq_len']}",
         "",
         "  component (per device, at the peak)      GiB",
