@@ -139,11 +139,13 @@ def trace_cmd(
     seq_len: Annotated[int, typer.Option(help="Sequence length (tokens).")] = 2048,
     micro_batch_size: Annotated[int, typer.Option(help="Sequences per step.")] = 1,
     precision: Annotated[
-        str, typer.Option(help="fp32|bf16|amp-bf16 (|mixed-bf16 with --zero 3)")
+        str, typer.Option(help="fp32 | bf16 | amp-bf16 (| mixed-bf16 with --zero 3)")
     ] = "bf16",
-    optimizer: Annotated[str, typer.Option(help="adamw|adamw-fused|sgd|sgd-momentum")] = "adamw",
+    optimizer: Annotated[
+        str, typer.Option(help="adamw | adamw-fused | sgd | sgd-momentum")
+    ] = "adamw",
     recompute: Annotated[str, typer.Option(help="none|full")] = "none",
-    attention: Annotated[str, typer.Option(help="|".join(ATTENTION))] = "flash",
+    attention: Annotated[str, typer.Option(help=" | ".join(ATTENTION))] = "flash",
     sdpa_kernel: Annotated[
         str, typer.Option(help="SDPA kernel the GPU runs: flash|efficient|cudnn|math.")
     ] = "flash",

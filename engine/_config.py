@@ -97,7 +97,7 @@ class TrainingConfig:
     sequence_parallel: bool = knob(
         False, help="Megatron-style sequence parallelism.", flag="--sequence-parallel"
     )
-    precision: str = knob("amp-bf16", help="|".join(PRECISIONS), choices=PRECISIONS)
+    precision: str = knob("amp-bf16", help=" | ".join(PRECISIONS), choices=PRECISIONS)
     optimizer: str = knob(
         "adamw",
         help="Built-in or user optimizer (`trainmem optimizers`).",
@@ -106,15 +106,15 @@ class TrainingConfig:
     )
     recompute: str = knob(
         "none",
-        help="|".join(RECOMPUTE) + " (selective: the framework's own selective mode)",
+        help=" | ".join(RECOMPUTE) + " (selective: the framework's own selective mode)",
         choices=RECOMPUTE,
         sweep_axis=True,
     )
     recompute_every: int = knob(
         2, help="selective-layer: checkpoint every N-th block.", ge=1, le=1024
     )
-    attention: str = knob("flash", help="|".join(ATTENTION), choices=ATTENTION)
-    framework: str = knob("hf", help="|".join(FRAMEWORKS), choices=FRAMEWORKS)
+    attention: str = knob("flash", help=" | ".join(ATTENTION), choices=ATTENTION)
+    framework: str = knob("hf", help=" | ".join(FRAMEWORKS), choices=FRAMEWORKS)
     ep: int = knob(
         1, help="Expert parallel degree (MoE; divides dp*cp).", ge=1, le=1024, sweep_axis=True
     )
@@ -126,19 +126,19 @@ class TrainingConfig:
         le=64,
         grid="capacity_factor_pct",
     )
-    offload: str = knob("none", help="|".join(OFFLOADS), choices=OFFLOADS, sweep_axis=True)
+    offload: str = knob("none", help=" | ".join(OFFLOADS), choices=OFFLOADS, sweep_axis=True)
     lora_rank: int = knob(0, help="LoRA rank (0: full fine-tuning).", ge=0, le=1 << 16)
     lora_targets: str = knob(
         "all-linear", help="PEFT target modules, e.g. q_proj,v_proj, or all-linear."
     )
     qlora: bool = knob(False, help="NF4 base weights (QLoRA); needs --lora-rank.", flag="--qlora")
-    loss: str = knob("full", help="|".join(LOSSES), choices=LOSSES)
+    loss: str = knob("full", help=" | ".join(LOSSES), choices=LOSSES)
     activation_offload: bool = knob(
         False, help="Keep two blocks' activations on GPU.", flag="--activation-offload"
     )
     compile: str = knob(
         "none",
-        help="|".join(COMPILES)
+        help=" | ".join(COMPILES)
         + " (torch.compile of each block; blocks+loss: torchtitan, torchtune)",
         choices=COMPILES,
     )
@@ -149,7 +149,7 @@ class TrainingConfig:
     )
     allocator: str = knob(
         "native",
-        help="|".join(ALLOCATORS) + " (PYTORCH_CUDA_ALLOC_CONF expandable_segments)",
+        help=" | ".join(ALLOCATORS) + " (PYTORCH_CUDA_ALLOC_CONF expandable_segments)",
         choices=ALLOCATORS,
     )
 

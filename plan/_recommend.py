@@ -163,7 +163,7 @@ RECOMMEND_OPTIONS: tuple[Option, ...] = (
         default=None,
         flag="--format",
         http=False,
-        help="|".join(FORMATS) + " (default: a summary).",
+        help=" | ".join(FORMATS) + " (default: a summary).",
     ),
     AS_JSON,
     CHECK,

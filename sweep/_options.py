@@ -19,7 +19,7 @@ Sequence parallelism is on in every search point (not an option there)."""
 JOB_FIELDS = ("seq_len", "global_batch_size", "precision", "optimizer", "framework")
 """Training fields a search space always takes; the others fix or pin it only when given."""
 SEARCH_OPTIONS: tuple[Option, ...] = (
-    Option(name="objective", type=str, default="cost", help="cost|time|gpus"),
+    Option(name="objective", type=str, default="cost", help="cost | time | gpus"),
     Option(
         name="max_micro_batch_size",
         type=int,

@@ -53,7 +53,7 @@ SWEEP_OPTIONS: tuple[Option, ...] = (
         name="objective",
         type=str,
         default="cost",
-        help="cost|time|gpus; two comma-separated: the Pareto front.",
+        help="cost | time | gpus; two comma-separated: the Pareto front.",
     ),
     Option(
         name="storage",
