@@ -316,7 +316,12 @@ def job_space(**fields: Any) -> Space:
     framework = f["framework"] or DEFAULT_FRAMEWORK["json"]
     choice("framework", framework, FRAMEWORKS)
     choice("precision", f["precision"], PRECISIONS)
-    choice(f"precision (framework {framework})", f["precision"], FRAMEWORK_PRECISIONS[framework])
+    runs = FRAMEWORK_PRECISIONS[framework]
+    if f["precision"] == SEARCH_DEFAULTS["precision"] and f["precision"] not in runs:
+        # The search's default precision is one the framework does not run (torchtune: the
+        # whole model in bf16): its own first one instead. An explicit choice is still checked.
+        f = {**f, "precision": runs[0]}
+    choice(f"precision (framework {framework})", f["precision"], runs)
     if len(parse_objectives(f["objective"])) != 1:
         raise ValueError(
             f"objective: recommend takes one of cost, time, gpus, got '{f['objective']}'"

@@ -3,6 +3,8 @@ accelerate's compile setting are rendered where the framework has a setting for 
 
 from __future__ import annotations
 
+import pytest
+
 import trainmem
 from trainmem.plan import render
 
@@ -35,3 +37,12 @@ def test_accelerate_compiles_with_inductor() -> None:
         trainmem.recommend(**job, compile="blocks"), "accelerate"
     )
     assert "dynamo_config" not in render(trainmem.recommend(**job), "accelerate")
+
+
+def test_a_framework_gets_its_own_precision_when_none_is_given() -> None:
+    # The search's default (mixed-bf16) is not one torchtune runs: its own (bf16) is used; an
+    # explicit precision the framework does not run is still refused, naming the allowed ones.
+    job = {**JOB, "model": "llama-3.2-3b", "fleet": "8xa100", "global_batch_size": 16}
+    assert trainmem.recommend(**job, framework="torchtune")["precision"] == "bf16"
+    with pytest.raises(ValueError, match="allowed: bf16, fp32"):
+        trainmem.recommend(**job, framework="torchtune", precision="amp-bf16")
