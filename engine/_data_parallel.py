@@ -96,20 +96,23 @@ def deepspeed_buffer_bytes(m: ModelSpec, *, fw, zero, dp, layer_numel) -> np.nda
 
 
 def fsdp2_buffer_bytes(
-    *, active, root_numel, layer_numel, layers_in_flight=1.0
+    *, active, root_numel, layer_numel, layers_in_flight=1.0, element_bytes=2.0, reduce_bytes=4.0
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(forward, end of backward) bytes of FSDP2's unsharded buffers.
+    """(forward, end of backward) bytes of FSDP2's unsharded buffers, gathered in
+    `element_bytes` per element (16-bit under mixed precision).
 
-    Forward: the root's unsharded 16-bit copy (`root_numel`: what stays unsharded from forward
-    to the end of backward) and `layers_in_flight` blocks' all-gather outputs. End of backward:
-    two layers unsharded (current + prefetch), the fp32 reduce-scatter input of one layer, the
-    root's 16-bit gradients before their reduce.
+    Forward: the root's unsharded copy (`root_numel`: what stays unsharded from forward to the
+    end of backward) and `layers_in_flight` blocks' all-gather outputs. End of backward: two
+    layers unsharded (current + prefetch), the reduce-scatter input of one layer (in
+    `reduce_bytes`: fp32 under mixed precision's reduce_dtype, else the parameters' dtype), the
+    root's unsharded gradients before their reduce.
     Source: torch.distributed.fsdp.fully_shard (FSDP2: reshard_after_forward, prefetching of
     the next block's all-gather); the traced torchtitan 8B steps (no block gathered at the loss).
     """
-    fwd = np.where(active, 2.0 * root_numel + 2.0 * layers_in_flight * layer_numel, 0.0)
+    e = element_bytes
+    fwd = np.where(active, e * root_numel + e * layers_in_flight * layer_numel, 0.0)
     bwd = np.where(
-        active, 2.0 * root_numel * 2.0 + 2.0 * 2.0 * layer_numel + 4.0 * layer_numel, 0.0
+        active, e * root_numel * 2.0 + 2.0 * e * layer_numel + reduce_bytes * layer_numel, 0.0
     )
     return fwd, bwd
 

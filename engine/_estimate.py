@@ -109,6 +109,7 @@ _S_TERMS = (
     "fsdp_fwd",
     "end_grads",
     "top_grads",
+    "tied_embedding_grad",
     "optimizer_peak",
     "states",
     "parameters",
@@ -240,7 +241,7 @@ def _phase_peaks(
     backward_start = live_acts + S["fsdp_fwd"] + A["bwd_start_extra"]
     backward_end = base + S["end_grads"] + stored + A["bwd_end_extra"]
     # The embedding's backward: every other gradient done, its own being written.
-    backward_embed = base + gradients + A["embed_extra"]
+    backward_embed = base + gradients + A["embed_extra"] + S["tied_embedding_grad"]
     # A single stage's top block recomputing: with the gradients of what is above it.
     backward_recompute = live_acts + A["recompute_extra"] + np.where(multi, 0.0, S["top_grads"])
     backward_peak = np.maximum(

@@ -79,11 +79,10 @@ def profile_activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str
         "fwd_block_extra": np.full_like(b, -np.inf),
         "bwd_start_extra": transient if not (forward or end) else zero_col,
         "bwd_end_extra": (transient if end else BACKWARD_END_LAYERS * per_layer) - stage_act,
-        "embed_extra": zero_col,
+        "embed_extra": np.full_like(b, -np.inf),  # in the fitted transient (tied: twice)
         "recompute_excess": zero_col,
         "recompute_extra": np.full_like(b, -np.inf),
         "pipe_per_micro": pipe_per_micro,
         "pipe_fixed": pipe_fixed,
-        # A profile does not name its tensors: its fragmentation is the fraction's only.
-        "largest_block": zero_col,
+        "largest_block": zero_col,  # a profile names no tensor: the fraction's only
     }

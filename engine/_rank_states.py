@@ -48,7 +48,7 @@ from ._optimizers import (
     step_temporary_bytes,
 )
 from ._pipeline import block_counts, stage_flags
-from ._precision import IS_FP8, IS_MIXED, PARAM_BYTES, STATE_BYTES
+from ._precision import IS_AMP, IS_FP8, IS_MIXED, PARAM_BYTES, STATE_BYTES
 from ._states import LocalTensor, group_numel, layer_numel, local_tensors, rank_bytes, total_numel
 from ._tensor_parallel import hf_embedding_gradient_bytes, hf_replicated_group_numel
 
@@ -278,13 +278,7 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     s = offloaded_states(
         m, offload=x.offload, states=states, state_numel=state_numel, layer_numel=layer
     )
-    fp8_cache = fp8_cache_bytes(
-        x.full,
-        fp8=IS_FP8[x.prec] & FP8_WEIGHT_CACHE[x.fw],
-        params_sharded=x.zero >= ZERO_PARAMETERS,
-        num_layers=x.counts["layer"],
-        dp=x.dp,
-    )
+    fp8_cache = _fp8_cache(x)
     fsdp_active = x.fsdp2 & (x.dp > 1)
     fsdp_fwd, fsdp_bwd = _fsdp2_buffers(x, layer, active=fsdp_active)
     ds_buffers = deepspeed_buffer_bytes(m, fw=x.fw, zero=x.zero, dp=x.dp, layer_numel=layer)
@@ -304,9 +298,41 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
         "fsdp_fwd": fsdp_fwd + dequant,
         "end_grads": grads_end + fsdp_bwd + dequant,
         "grads_persistent": grads_persistent,
+        "tied_embedding_grad": _tied_embedding_grad(m, x, grad_e, single_stage=c["pp"] <= 1),
         "top_grads": np.where(in_backward, s["gradients"], grads_top),
         "optimizer_peak": held + s["gradients"] + s["optimizer_step_temporaries"] + fp8_cache,
     }
+
+
+def _fp8_cache(x: RankLayout) -> np.ndarray:
+    """fp8 weight caches where the recipe keeps them (Transformer Engine; not torchao)."""
+    return fp8_cache_bytes(
+        x.full,
+        fp8=IS_FP8[x.prec] & FP8_WEIGHT_CACHE[x.fw],
+        params_sharded=x.zero >= ZERO_PARAMETERS,
+        num_layers=x.counts["layer"],
+        dp=x.dp,
+    )
+
+
+TIED_GRAD_COPIES = 2.0
+"""With tied embeddings the embedding's backward writes a second gradient of the shared weight
+while the head's is held, and their sum is a third (accumulated out of place), before the two
+older ones are freed: two weight-sized tensors beyond the gradients.
+Source: torch/csrc/autograd/functions/accumulate_grad.h (the weight's .grad exists: the new
+gradient is added to it); the conformance matrix (bench/conformance.py: tiny tied Llama, fp32,
+128 tokens: the traced backward peak is the states, the gradients and 262.7 MB = 2.0 x the
+131.3 MB embedding)."""
+
+
+def _tied_embedding_grad(m: ModelSpec, x: RankLayout, grad_e, *, single_stage) -> np.ndarray:
+    """The extra gradients of a tied embedding at its backward, where one rank holds both
+    uses (a single pipeline stage: a pipeline keeps a copy per stage); none for a frozen,
+    LoRA, embedding."""
+    if not m.tie_word_embeddings:
+        return np.zeros_like(x.dp)
+    embed = group_numel(x.full, "embed")
+    return np.where(single_stage & ~x.lora, TIED_GRAD_COPIES * embed * grad_e, 0.0)
 
 
 def _grad_buffer(x: RankLayout, gradients, grads_end, grads_top, *, in_backward) -> tuple:
@@ -326,15 +352,28 @@ def _grad_buffer(x: RankLayout, gradients, grads_end, grads_top, *, in_backward)
 def _fsdp2_buffers(x: RankLayout, layer: np.ndarray, *, active) -> tuple[np.ndarray, ...]:
     """FSDP2's unsharded buffers (fsdp2_buffer_bytes) with the framework's units: torchtitan
     wraps the embedding apart, resharded after forward, and gathers no block at the loss
-    (FrameworkSpec.fsdp2_embedding_unit); elsewhere the root holds embedding, norm and head."""
+    (FrameworkSpec.fsdp2_embedding_unit); elsewhere the root holds embedding, norm and head.
+
+    A gathered tensor is its padded shard times the ranks (dim 0 padded up to a multiple of dp:
+    four experts over 64 ranks gather 64 rows), in the dtype the parameters are gathered in
+    (MixedPrecisionPolicy's param_dtype under mixed precision, else the parameters' own).
+    Source: torch.distributed.fsdp.fully_shard (FSDP2 all-gathers the padded shards); the
+    conformance matrix (bench/conformance.py: fp32 FSDP2 and 64-rank MoE cells)."""
     own_unit = FSDP2_EMBEDDING_UNIT[x.fw]
-    root_numel = group_numel(x.full, "final") + group_numel(x.full, "head")
-    root_numel = root_numel + np.where(own_unit, 0.0, group_numel(x.full, "embed"))
+    gathered = x.dp  # the shards of `part` times the ranks that hold them
+    root_numel = group_numel(x.part, "final") + group_numel(x.part, "head")
+    root_numel = (root_numel + np.where(own_unit, 0.0, group_numel(x.part, "embed"))) * gathered
+    # Mixed precision (and autocast, which FSDP2 runs with the same MixedPrecisionPolicy: the
+    # tracer's and accelerate's reading) gathers 16 bits and reduces in fp32.
+    policy = x.mixed | IS_AMP[x.prec]
+    gather_e = np.where(policy, 2.0, PARAM_BYTES[x.prec])
     return fsdp2_buffer_bytes(
         active=active,
         root_numel=root_numel,
-        layer_numel=layer,
+        layer_numel=layer_numel(x.part, x.counts) * gathered,
         layers_in_flight=np.where(own_unit, 0.0, 1.0),
+        element_bytes=gather_e,
+        reduce_bytes=np.where(policy, 4.0, PARAM_BYTES[x.prec]),
     )
 
 

@@ -8,6 +8,7 @@ sequence lengths and pipeline stages.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -177,8 +178,13 @@ def _trace_like(m, s: int, precision: str, recompute: str) -> dict:
     }
 
 
-def _known(precision: str, recompute: str, seq_lens: tuple[int, int]):
+def _known(precision: str, recompute: str, seq_lens: tuple[int, int], *, untie: bool = True):
+    # Untied on one stage: a tied embedding's gradient accumulation is a constant-size backward
+    # moment of the formulas that a profile keeps inside its fitted transient (one linear
+    # term); the profile machinery is what these tests check. (A pipeline keeps a copy of the
+    # tied weight per stage: no accumulation there.)
     m = load_model("llama-3.2-1b")
+    m = dataclasses.replace(m, tie_word_embeddings=False) if untie else m
     traces = [_trace_like(m, s, precision, recompute) for s in seq_lens]
     valid_for = {"precision": precision, "recompute": recompute, "attention": "flash"}
     data = derive_profile(*traces, name="llama-3.2-1b", source=SOURCE, valid_for=valid_for)
@@ -250,15 +256,16 @@ def test_profile_of_a_known_model_with_full_recompute() -> None:
 def test_profile_of_a_known_model_by_pipeline_stage() -> None:
     # First stage (layers only): measured 0.6% on the peak. Last stage: the schedule also holds
     # the stage's output (an LM's 16-bit logits) until its loss runs, which a single-GPU trace
-    # does not show: the profile reads up to 11% low there (measured 10.6%).
-    m, pm = _known("bf16", "none", (1024, 4096))
+    # does not show: the profile reads up to 13% low there (measured 12.6% since FSDP2 reduces
+    # bf16 gradients in bf16, which lowered the shared end-of-backward moment; 10.6% before).
+    m, pm = _known("bf16", "none", (1024, 4096), untie=False)
     g = _layouts("bf16", "none", pipelined=True)
     first = _max_relative(estimate(m, g, pp_stage=0), estimate(pm, g, pp_stage=0))
     assert first["peak_allocated_bytes"] < 0.01, first
     last_stage = g["pp"] - 1
     a, b = estimate(m, g, pp_stage=last_stage), estimate(pm, g, pp_stage=last_stage)
     ratio = b["peak_allocated_bytes"] / a["peak_allocated_bytes"]
-    assert ratio.min() > 0.88 and ratio.max() < 1.001
+    assert ratio.min() > 0.87 and ratio.max() < 1.001
 
 
 # ---- (3) rows a profile does not describe ---------------------------------------------------

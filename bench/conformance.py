@@ -1,0 +1,663 @@
+"""Conformance matrix: the formulas (`estimate`) against the byte-exact trace over a grid.
+
+Needs torch and transformers (the trace extra). Each cell is one training job of a tiny model
+built from a preset family (2-3 layers, hidden 256, each family's structure kept: grouped-query
+attention, qk biases, qk-norm, a 256 head dim, sliding windows, fused qkv, GPT-2, BERT, mixtures
+of experts, MLA) at one setting of precision, attention (and SDPA kernel), recompute, sequence
+length, micro-batch and FSDP2 world size. The cell's step is traced on the fake CUDA device
+(trainmem.trace: one real HF step; rank 0 of an FSDP2 job on a fake process group for world > 1)
+and estimated by the formulas (trainmem.report.estimate_report, the engine behind
+`estimate --json`) for the same flags. Per cell: the relative error (estimate / trace - 1) of
+parameters (+ master weights), gradients, optimizer states, activations and peak allocated.
+
+Thresholds: 1% on the persistent bytes (parameters, gradients, optimizer states), 2% on
+activations and the peak. Prints every cell sorted by its worst error, the worst cell per metric
+and the number of cells over the thresholds.
+
+Not in the grid: tensor parallelism (trace_parallel traces FSDP2 only), amp-bf16 under FSDP2
+(its traced analogue is mixed-bf16: bf16 all-gathered copies of fp32 shards).
+
+Traces are cached as JSON keyed by a hash of the case (model config, flags, torch and
+transformers versions, the trace package's source), so a rerun only re-estimates; the estimate
+is never cached (the formulas are what is under test). Cells run in fresh worker processes
+(the fake device must exist before autograd starts; see trace/_fake_cuda.py), each trace bounded
+by $TRAINMEM_TRACE_TIMEOUT seconds (default here 300) and, if set, the worker's address space by
+$TRAINMEM_TRACE_MAX_MEMORY_GB.
+
+Grid: 1848 cells (one GPU: every precision x attention x recompute x length x micro-batch 1, 2,
+4; the efficient and cudnn SDPA kernels at bf16 and amp-bf16; FSDP2 over 2, 8 and 64 ranks at
+micro-batch 1 and 2 and the longest length), about 6 minutes with --jobs 2 on two cores and 30 s
+from the cache; --quick: 25 cells, about 10 s.
+
+Run: python -m bench.conformance [--quick] [--jobs N] [--cache DIR] [--family NAME ...]
+     [--limit N] [--all-rows] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import itertools
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CACHE = ROOT / "out" / "conformance-cache"
+PRESETS = ROOT / "catalog" / "presets"
+DEFAULT_TIMEOUT_S = 300.0
+PERSISTENT_THRESHOLD = 0.01
+TRANSIENT_THRESHOLD = 0.02
+METRICS = (
+    # (short name, trace key, threshold)
+    ("params", "parameters_bytes", PERSISTENT_THRESHOLD),
+    ("grads", "gradients_bytes", PERSISTENT_THRESHOLD),
+    ("optim", "optimizer_states_bytes", PERSISTENT_THRESHOLD),
+    ("acts", "activations_bytes", TRANSIENT_THRESHOLD),
+    ("peak", "peak_allocated_bytes", TRANSIENT_THRESHOLD),
+)
+GPU = "h100-sxm-80gb"
+OPTIMIZER = "adamw"
+
+# Tiny versions of the preset families: (preset, overrides). Each keeps the family's structure.
+_GQA = {"num_attention_heads": 4, "num_key_value_heads": 2}
+FAMILIES: dict[str, tuple[str | None, dict[str, Any]]] = {
+    "llama": (
+        "llama-3.2-1b",
+        {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "head_dim": 64}
+        | _GQA,
+    ),
+    "qwen2.5": (  # q/k/v biases, tied embeddings
+        "qwen2.5-0.5b",
+        {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2} | _GQA,
+    ),
+    "qwen3": (  # qk-norm, head_dim != hidden / heads (as Qwen3-0.6B: 1024 / 16 heads of 128)
+        None,
+        {
+            "model_type": "qwen3",
+            "architectures": ["Qwen3ForCausalLM"],
+            "hidden_size": 256,
+            "intermediate_size": 512,
+            "num_hidden_layers": 2,
+            "head_dim": 128,
+            "vocab_size": 151936,
+            "max_position_embeddings": 40960,
+            "tie_word_embeddings": True,
+            "attention_bias": False,
+            "hidden_act": "silu",
+            "rms_norm_eps": 1e-06,
+            "rope_theta": 1000000.0,
+            "use_sliding_window": False,
+            "sliding_window": None,
+        }
+        | _GQA,
+    ),
+    "gemma": (  # head_dim 256, one kv head, gelu, scaled embeddings
+        "gemma-2b",
+        {
+            "hidden_size": 256,
+            "intermediate_size": 1024,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 256,
+        },
+    ),
+    "mistral": (  # sliding window 128
+        "mistral-7b",
+        {
+            "hidden_size": 256,
+            "intermediate_size": 512,
+            "num_hidden_layers": 2,
+            "sliding_window": 128,
+        }
+        | _GQA,
+    ),
+    "phi3": (  # fused qkv and gate_up, sliding window 2^k - 1 as Phi-3-mini's 2047
+        "phi-3-mini",
+        {
+            "hidden_size": 256,
+            "intermediate_size": 512,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "sliding_window": 127,
+        },
+    ),
+    "gpt2": ("gpt2", {"n_embd": 256, "n_layer": 2, "n_head": 4}),
+    "bert": (
+        "bert-base-uncased",
+        {
+            "hidden_size": 256,
+            "intermediate_size": 1024,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+        },
+    ),
+    "mixtral": (
+        "mixtral-8x7b",
+        {
+            "hidden_size": 256,
+            "intermediate_size": 512,
+            "num_hidden_layers": 2,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+        }
+        | _GQA,
+    ),
+    "qwen3-moe": (
+        "qwen3-30b-a3b",
+        {
+            "hidden_size": 256,
+            "intermediate_size": 512,
+            "moe_intermediate_size": 128,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "num_hidden_layers": 2,
+            "max_window_layers": 2,
+            "head_dim": 64,
+        }
+        | _GQA,
+    ),
+    "deepseek-v2": (  # MLA (no q low rank), one dense layer then MoE with shared experts
+        "deepseek-v2-lite",
+        {
+            "hidden_size": 256,
+            "intermediate_size": 512,
+            "moe_intermediate_size": 128,
+            "n_routed_experts": 8,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 2,
+            "first_k_dense_replace": 1,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "kv_lora_rank": 64,
+            "qk_nope_head_dim": 32,
+            "qk_rope_head_dim": 16,
+            "v_head_dim": 32,
+        },
+    ),
+}
+SEQ_LENS: dict[str, tuple[int, ...]] = {
+    # below, at and above the window where the family has one
+    "mistral": (64, 128, 256),
+    "phi3": (64, 127, 256),
+}
+DEFAULT_SEQ_LENS = (128, 256)
+PRECISIONS = ("fp32", "bf16", "amp-bf16")
+WORLDS = (2, 8, 64)
+
+
+def family_config(family: str) -> dict[str, Any]:
+    """The tiny config.json dict of a family (its preset with the overrides)."""
+    preset, overrides = FAMILIES[family]
+    base: dict[str, Any] = {}
+    if preset:
+        base = json.loads((PRESETS / f"{preset}.json").read_text())
+    base = {k: v for k, v in base.items() if not k.startswith("_")}
+    return {**base, **copy.deepcopy(overrides)}
+
+
+def case_name(case: dict[str, Any]) -> str:
+    kernel = case["attention"] if case["attention"] == "eager" else f"sdpa-{case['sdpa_kernel']}"
+    return (
+        f"{case['family']} {case['precision']} {kernel} rc={case['recompute']} "
+        f"s={case['seq_len']} mb={case['micro_batch_size']} fsdp={case['num_gpus']}"
+    )
+
+
+def _case(*fields: Any) -> dict[str, Any]:
+    """A cell from (family, precision, attention, sdpa kernel, recompute, seq_len, micro-batch,
+    world)."""
+    family, precision, attention, kernel, recompute, s, mb, world = fields
+    if world > 1 and precision == "amp-bf16":
+        precision = "mixed-bf16"  # FSDP2's mixed precision: the traced analogue of amp
+    return {
+        "family": family,
+        "precision": precision,
+        "attention": attention,
+        "sdpa_kernel": kernel,
+        "recompute": recompute,
+        "seq_len": s,
+        "micro_batch_size": mb,
+        "num_gpus": world,
+    }
+
+
+def grid(*, quick: bool, families: list[str] | None = None) -> list[dict[str, Any]]:
+    """The cells: one GPU fully crossed; FSDP2 worlds and the other SDPA kernels on slices."""
+    names = families or list(FAMILIES)
+    cells: list[dict[str, Any]] = []
+    if quick:
+        for fam in names:
+            s = SEQ_LENS.get(fam, DEFAULT_SEQ_LENS)[-1 if fam in SEQ_LENS else 0]
+            cells.append(_case(fam, "amp-bf16", "flash", "flash", "none", s, 2, 1))
+            cells.append(_case(fam, "bf16", "eager", "flash", "full", s, 1, 1))
+        for fam in names[:3]:
+            cells.append(_case(fam, "amp-bf16", "flash", "flash", "none", 128, 2, 8))
+        return _unique(cells)
+    for fam in names:
+        lens = SEQ_LENS.get(fam, DEFAULT_SEQ_LENS)
+        # one GPU: every precision x attention x recompute x length x micro-batch
+        for p, a, r, s, mb in itertools.product(
+            PRECISIONS, ("flash", "eager"), ("none", "full"), lens, (1, 2, 4)
+        ):
+            cells.append(_case(fam, p, a, "flash", r, s, mb, 1))
+        # the other SDPA kernels (the formulas have no kernel flag: they assume the GPU's pick)
+        for k, p, r, s in itertools.product(
+            ("efficient", "cudnn"), ("bf16", "amp-bf16"), ("none", "full"), lens
+        ):
+            cells.append(_case(fam, p, "flash", k, r, s, 2, 1))
+        # FSDP2: every world x precision x recompute x attention, one length, micro-batch 1, 2
+        for w, p, r, a, mb in itertools.product(
+            WORLDS, PRECISIONS, ("none", "full"), ("flash", "eager"), (1, 2)
+        ):
+            cells.append(_case(fam, p, a, "flash", r, lens[-1], mb, w))
+    return _unique(cells)
+
+
+def _unique(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    seen: dict[str, dict[str, Any]] = {}
+    for c in cells:
+        seen.setdefault(json.dumps(c, sort_keys=True), c)
+    return list(seen.values())
+
+
+def _trace_fingerprint() -> str:
+    """torch and transformers versions and the trace package's source: a changed tracer misses
+    the cache."""
+    import importlib.metadata as md
+
+    h = hashlib.sha256()
+    for dist in ("torch", "transformers"):
+        try:
+            h.update(f"{dist}={md.version(dist)};".encode())
+        except md.PackageNotFoundError:
+            h.update(f"{dist}=none;".encode())
+    for path in sorted((ROOT / "trace").glob("*.py")):
+        h.update(path.name.encode() + path.read_bytes())
+    return h.hexdigest()
+
+
+def case_key(case: dict[str, Any], fingerprint: str) -> str:
+    """The cache key: the traced job (config and flags), not the family's name."""
+    what = {
+        "config": family_config(case["family"]),
+        **{k: v for k, v in case.items() if k != "family"},
+        "optimizer": OPTIMIZER,
+        "trace": fingerprint,
+    }
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
+
+
+# ---- worker side (a fresh process: the fake device exists before autograd starts) ----
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise _Timeout
+
+
+def trace_case(case: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """{"measured": the trace} or {"error": one line} (with "transient": True for a timeout)."""
+    config = family_config(case["family"])
+    flags = {
+        "micro_batch_size": case["micro_batch_size"],
+        "seq_len": case["seq_len"],
+        "precision": case["precision"],
+        "recompute": case["recompute"],
+        "attention": case["attention"],
+        "optimizer": OPTIMIZER,
+        "sdpa_kernel": case["sdpa_kernel"],
+    }
+    start = time.time()
+    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        if case["num_gpus"] > 1:
+            from trainmem.trace._dist import trace_parallel
+
+            measured = trace_parallel(
+                config, num_gpus=case["num_gpus"], zero=3, tp=1, sequence_parallel=False, **flags
+            )
+        else:
+            from trainmem.trace._core import trace_step
+
+            measured = trace_step(config, **flags)
+    except _Timeout:
+        return {"error": f"trace ran past {timeout_s:g} s", "transient": True}
+    except MemoryError:
+        return {"error": "trace ran out of memory", "transient": True}
+    except Exception as exc:  # a cell the trace cannot run: recorded, not fatal
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        return {"error": f"{type(exc).__name__}: {first}"}
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    for key in ("activations_by_layer_bytes",):  # keep cache files small
+        measured.pop(key, None)
+    return {"measured": measured, "trace_s": time.time() - start}
+
+
+# ---- parent side ----
+
+
+def config_file(family: str, folder: Path) -> str:
+    """The family's tiny config.json (the estimate reads a path)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{family}.json"
+    text = json.dumps(family_config(family), indent=1, sort_keys=True)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return str(path)
+
+
+def estimate_case(case: dict[str, Any], config_path: str) -> dict[str, Any]:
+    """The formulas' comparable figures for the cell (as trace_report compares them)."""
+    from trainmem.report import estimate_report
+    from trainmem.trace._report import _estimate_figures
+
+    world = case["num_gpus"]
+    report = estimate_report(
+        model=config_path,
+        gpu=GPU,
+        seq_len=case["seq_len"],
+        micro_batch_size=case["micro_batch_size"],
+        precision=case["precision"],
+        optimizer=OPTIMIZER,
+        recompute=case["recompute"],
+        attention=case["attention"],
+        framework="hf",
+        num_gpus=world,
+        zero=3 if world > 1 else 0,
+        tp=1,
+        sequence_parallel=False,
+    )
+    return _estimate_figures(report)
+
+
+def compare(measured: dict[str, Any], predicted: dict[str, Any]) -> dict[str, Any]:
+    """Per metric: relative error (estimate / trace - 1), exact or not, and the bytes."""
+    out: dict[str, Any] = {}
+    for name, key, _ in METRICS:
+        got, want = measured.get(key), predicted.get(key)
+        if got is None or want is None:
+            out[name] = None
+            continue
+        err = 0.0 if got == want else (want / got - 1.0 if got else float("inf"))
+        out[name] = {"error": err, "exact": got == want, "trace": got, "estimate": want}
+    return out
+
+
+WORKER_TASKS = 200
+"""Cells a worker traces before the parent replaces it with a fresh one (bounds its memory)."""
+
+
+class _Worker:
+    """A trace worker: `python -m bench.conformance --worker`, one JSON case per stdin line, one
+    JSON result per stdout line, in its own process group (stopped with it)."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.conformance", "--worker"],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None if os.environ.get("TRAINMEM_CONFORMANCE_STDERR") else subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
+        self.tasks = 0
+        self.job: tuple[str, dict[str, Any]] | None = None
+        self.since = 0.0
+
+    def send(self, key: str, case: dict[str, Any], timeout_s: float) -> None:
+        assert self.proc.stdin is not None
+        self.job, self.since, self.tasks = (key, case), time.time(), self.tasks + 1
+        self.proc.stdin.write(json.dumps({"case": case, "timeout_s": timeout_s}) + "\n")
+        self.proc.stdin.flush()
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            self.proc.kill()
+        self.proc.wait()
+
+
+def worker_main() -> None:
+    """The worker's loop (see _Worker)."""
+    from trainmem.trace._child import _cap_memory
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the workers
+    _cap_memory()
+    answers = os.fdopen(os.dup(1), "w")  # the protocol's channel; anything printed goes to stderr
+    os.dup2(2, 1)
+    for line in sys.stdin:
+        request = json.loads(line)
+        result = trace_case(request["case"], request["timeout_s"])
+        answers.write(json.dumps(result) + "\n")
+        answers.flush()
+
+
+def run_traces(
+    cases: list[dict[str, Any]], *, cache: Path, jobs: int, timeout_s: float
+) -> dict[str, dict[str, Any]]:
+    """Every cell's trace result (from the cache, else traced by the workers and cached)."""
+    fingerprint = _trace_fingerprint()
+    results: dict[str, dict[str, Any]] = {}
+    todo: list[tuple[str, dict[str, Any]]] = []
+    cache.mkdir(parents=True, exist_ok=True)
+    for case in cases:
+        key = case_key(case, fingerprint)
+        path = cache / f"{key}.json"
+        if path.exists():
+            try:
+                results[key] = json.loads(path.read_text())
+                continue
+            except json.JSONDecodeError:
+                pass
+        todo.append((key, case))
+    print(f"{len(cases)} cells: {len(cases) - len(todo)} cached, {len(todo)} to trace", flush=True)
+    if not todo:
+        return results
+    start = time.time()
+    queue = list(reversed(todo))
+    workers: list[_Worker] = []
+    done = 0
+
+    def record(key: str, case: dict[str, Any], result: dict[str, Any]) -> None:
+        nonlocal done
+        result["case"] = case
+        results[key] = result
+        if not result.get("transient"):
+            tmp = cache / f"{key}.json.tmp"
+            tmp.write_text(json.dumps(result))
+            tmp.replace(cache / f"{key}.json")
+        done += 1
+        if done % 25 == 0 or done == len(todo):
+            print(f"  traced {done}/{len(todo)} in {time.time() - start:.0f} s", flush=True)
+
+    try:
+        while queue or any(w.job for w in workers):
+            # keep `jobs` workers, each with a cell
+            workers = [w for w in workers if w.proc.poll() is None or w.job]
+            while queue and sum(1 for w in workers if not w.job) < 1 and len(workers) < jobs:
+                workers.append(_Worker())
+            for w in workers:
+                if not w.job and queue:
+                    w.send(*queue.pop(), timeout_s)
+            busy = {w.proc.stdout: w for w in workers if w.job and w.proc.stdout}
+            ready, _, _ = select.select(list(busy), [], [], 1.0)
+            for stream in ready:
+                w = busy[stream]
+                line = stream.readline()
+                key, case = w.job  # type: ignore[misc]
+                w.job = None
+                if line:
+                    record(key, case, json.loads(line))
+                else:  # the worker died (killed, out of memory)
+                    code = w.proc.wait()
+                    record(key, case, {"error": f"worker exit {code}", "transient": True})
+                    w.stop()
+                if w.tasks >= WORKER_TASKS:
+                    w.stop()
+                    workers.remove(w)
+            for w in list(workers):  # a worker stuck past its own alarm
+                if w.job and time.time() - w.since > timeout_s + 60:
+                    key, case = w.job
+                    w.job = None
+                    w.stop()
+                    workers.remove(w)
+                    record(key, case, {"error": "worker stuck; killed", "transient": True})
+            workers = [w for w in workers if w.proc.poll() is None]
+    finally:
+        for w in workers:  # our own workers, by process group: none left behind
+            w.stop()
+    return results
+
+
+def evaluate(
+    cases: list[dict[str, Any]], results: dict[str, dict[str, Any]], config_dir: Path
+) -> list[dict[str, Any]]:
+    """One row per cell: its errors (or why there are none)."""
+    fingerprint = _trace_fingerprint()
+    rows = []
+    for case in cases:
+        result = results.get(case_key(case, fingerprint))
+        row: dict[str, Any] = {"case": case, "name": case_name(case)}
+        if result is None or "measured" not in result:
+            row["error"] = (result or {}).get("error", "not traced")
+            rows.append(row)
+            continue
+        try:
+            predicted = estimate_case(case, config_file(case["family"], config_dir))
+        except Exception as exc:
+            row["error"] = f"estimate: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            rows.append(row)
+            continue
+        row["metrics"] = compare(result["measured"], predicted)
+        row["worst"] = max(
+            (abs(m["error"]) / thr for (n, _, thr), m in
+             ((x, row["metrics"][x[0]]) for x in METRICS) if m),
+            default=0.0,
+        )  # fmt: skip
+        row["over"] = [
+            n
+            for n, _, thr in METRICS
+            if row["metrics"][n] and abs(row["metrics"][n]["error"]) > thr
+        ]
+        rows.append(row)
+    return rows
+
+
+def _cell(m: dict[str, Any] | None) -> str:
+    if m is None:
+        return f"{'-':>9}"
+    if m["exact"]:
+        return f"{'exact':>9}"
+    return f"{m['error']:>+9.2%}"
+
+
+def print_report(rows: list[dict[str, Any]], *, all_rows: bool) -> None:
+    ok = [r for r in rows if "metrics" in r]
+    ok.sort(key=lambda r: -r["worst"])
+    names = [n for n, _, _ in METRICS]
+    print()
+    print(f"{'cell':<58}" + "".join(f"{n:>9}" for n in names))
+    shown = ok if all_rows else [r for r in ok if r["over"]] + [r for r in ok if not r["over"]][:20]
+    for r in shown:
+        print(f"{r['name']:<58}" + "".join(_cell(r["metrics"][n]) for n in names))
+    if not all_rows and len(shown) < len(ok):
+        print(f"... {len(ok) - len(shown)} more cells within the thresholds (--all-rows)")
+    failed = [r for r in rows if "metrics" not in r]
+    if failed:
+        print(f"\n{len(failed)} cells without a comparison:")
+        for r in failed:
+            print(f"  {r['name']}: {r['error']}")
+    print("\nworst cell per metric:")
+    for n, _, thr in METRICS:
+        have = [r for r in ok if r["metrics"][n]]
+        if not have:
+            continue
+        worst = max(have, key=lambda r: abs(r["metrics"][n]["error"]))
+        over = sum(abs(r["metrics"][n]["error"]) > thr for r in have)
+        exact = sum(r["metrics"][n]["exact"] for r in have)
+        m = worst["metrics"][n]
+        print(
+            f"  {n:<7}{m['error']:>+9.3%}  {worst['name']}  ({over} of {len(have)} cells over "
+            f"{thr:.0%}; {exact} exact)"
+        )
+    print("\ncells over a threshold, grouped (all lengths and micro-batches of a setting):")
+    for n, _, thr in METRICS:
+        groups: dict[str, list[tuple[float, str]]] = {}
+        for r in ok:
+            m = r["metrics"][n]
+            if m and abs(m["error"]) > thr:
+                c = r["case"]
+                head = r["name"].rsplit(" s=", 1)[0] + f" fsdp={c['num_gpus']}"
+                where = f"s={c['seq_len']}/mb={c['micro_batch_size']}"
+                groups.setdefault(head, []).append((m["error"], where))
+        for head, items in sorted(groups.items(), key=lambda kv: -max(abs(e) for e, _ in kv[1])):
+            errs = [e for e, _ in items]
+            print(
+                f"  {n:<7}{head:<48}{min(errs):>+9.2%} ..{max(errs):>+8.2%}  "
+                + " ".join(w for _, w in sorted(items, key=lambda x: x[1]))
+            )
+    bad = [r for r in ok if r["over"]]
+    persistent = sum(any(n in ("params", "grads", "optim") for n in r["over"]) for r in ok)
+    transient = sum(any(n in ("acts", "peak") for n in r["over"]) for r in ok)
+    print(
+        f"\n{len(ok)} cells compared: {persistent} over {PERSISTENT_THRESHOLD:.0%} on persistent "
+        f"bytes, {transient} over {TRANSIENT_THRESHOLD:.0%} on activations or peak, {len(bad)} "
+        f"over a threshold in all; {len(failed)} not compared"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small subset (about 25 cells)")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    parser.add_argument("--cache", default=str(DEFAULT_CACHE), help="trace cache folder")
+    parser.add_argument("--family", action="append", choices=list(FAMILIES), help="only these")
+    parser.add_argument("--limit", type=int, default=0, help="only the first N cells")
+    parser.add_argument("--all-rows", action="store_true", help="print every cell's row")
+    parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker_main()
+        return 0
+    cases = grid(quick=args.quick, families=args.family)
+    if args.limit:
+        cases = cases[: args.limit]
+    raw_timeout = os.environ.get("TRAINMEM_TRACE_TIMEOUT", "").strip()
+    timeout_s = float(raw_timeout) if raw_timeout else DEFAULT_TIMEOUT_S
+    cache = Path(args.cache)
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)  # `timeout` stops the pool too
+    start = time.time()
+    results = run_traces(cases, cache=cache, jobs=max(1, args.jobs), timeout_s=timeout_s)
+    rows = evaluate(cases, results, cache / "configs")
+    print_report(rows, all_rows=args.all_rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    print(f"{time.time() - start:.0f} s in all")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
