@@ -23,15 +23,26 @@ README_BEGIN, README_END = "<!-- framework-accuracy:begin -->", "<!-- framework-
 DOCS_BEGIN, DOCS_END = "<!-- framework-cases:begin -->", "<!-- framework-cases:end -->"
 MODES_BEGIN, MODES_END = "<!-- framework-modes:begin -->", "<!-- framework-modes:end -->"
 """docs/techniques.md: what each --framework mode assumes (engine/_frameworks.py)."""
-_TRACE_POLICY = {
+TRACE_POLICY = {
     "none": "none",
     "full": "full",
-    "selective_op": "selective",
+    "selective_op": "selective",  # torchtitan's `selective` is per-op SAC
     "selective_layer_2": "selective-layer",
 }
+"""The traces' AC policy names -> --recompute."""
+TUNE_DIMS = {
+    "hidden": 512,
+    "intermediate": 1536,
+    "heads": 8,
+    "kv_heads": 2,
+    "layers": 4,
+    "vocab": 2048,
+}
+"""The traced torchtune llama3_2 (tied embeddings): framework_traces/torchtune_lora.json."""
 
 
-def _small_spec(dims: dict[str, int], *, tied: bool = False) -> Any:
+def small_llama_spec(dims: dict[str, int], *, tied: bool = False) -> Any:
+    """A traced toy Llama from its dimensions (the traces' `dims`)."""
     from trainmem.engine._model import model_from_hf_config
 
     return model_from_hf_config(
@@ -49,106 +60,107 @@ def _small_spec(dims: dict[str, int], *, tied: bool = False) -> Any:
     )
 
 
-def _config_spec(path: Path) -> Any:
-    from trainmem.engine._model import model_from_hf_config
-
-    return model_from_hf_config(json.loads(path.read_text()), name=path.stem)
-
-
-def _one(spec: Any, **fields: Any) -> dict[str, float]:
+def estimate_one(spec: Any, **fields: Any) -> dict[str, float]:
+    """The engine's columns for one configuration, as floats."""
     from trainmem.engine import estimate, make_grid
 
     return {k: float(v[0]) for k, v in estimate(spec, make_grid(**fields)).items()}
 
 
-def traced_rows() -> list[dict[str, Any]]:
-    """Per traced case (the CUDA build's behaviour): the activations and allocated-peak errors."""
+def estimate_torchtitan_ac(case: dict[str, Any]) -> dict[str, float]:
+    """A torchtitan_llama3_ac.json case (small Llama 3, one rank, bf16, layer AC every 2nd)."""
+    return estimate_one(
+        small_llama_spec(case["dims"]),
+        micro_batch_size=case["micro_batch_size"],
+        seq_len=case["seq_len"],
+        precision="bf16",
+        framework="torchtitan",
+        recompute=TRACE_POLICY[case["policy"]],
+        recompute_every=2,
+        optimizer=case["optimizer"],
+    )
+
+
+def estimate_torchtitan_fsdp(case: dict[str, Any]) -> dict[str, float]:
+    """A torchtitan_llama3_8b_fsdp.json case (Llama-3.1-8B, FSDP2, fused AdamW)."""
     from trainmem.catalog import load_model
 
+    return estimate_one(
+        load_model("llama-3.1-8b"),
+        num_gpus=case["fsdp_world_size"],
+        zero=3,
+        micro_batch_size=case["local_batch_size"],
+        seq_len=case["seq_len"],
+        framework="torchtitan",
+        precision="mixed-bf16",
+        recompute=TRACE_POLICY[case["policy"]],
+        optimizer="adamw-fused",
+    )
+
+
+def estimate_megatron(case: dict[str, Any]) -> dict[str, float]:
+    """A megatron_gpt_local.json case (megatron-core GPTModel, distributed optimizer); the traced
+    model as a config.json (GPT-2 layout: LayerNorm, biases, GeLU, learned positions, tied
+    embeddings: 14,183,424 parameters, as megatron-core built it)."""
+    from trainmem.engine._model import model_from_hf_config
+
+    config = DATA / "framework_traces" / "megatron_gpt_local_config.json"
+    return estimate_one(
+        model_from_hf_config(json.loads(config.read_text()), name=config.stem),
+        micro_batch_size=case["micro_batch_size"],
+        seq_len=case["seq_len"],
+        num_gpus=case["world_size"],
+        tp=case["tp"],
+        precision="mixed-bf16",
+        framework="megatron",
+        zero=1,
+        attention="eager",
+        recompute=case["recompute"],
+        optimizer="adamw",
+    )
+
+
+def estimate_torchtune(case: dict[str, Any]) -> dict[str, float]:
+    """A torchtune_lora.json case (lora_llama3_2, rank 16 on attention and MLP, bf16)."""
+    return estimate_one(
+        small_llama_spec(TUNE_DIMS, tied=True),
+        micro_batch_size=case["micro_batch_size"],
+        seq_len=case["seq_len"],
+        precision="bf16",
+        framework="torchtune",
+        lora_rank=16,
+        lora_targets="q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+        recompute="full" if case["ac"] else "none",
+        loss="chunked-output" if case["loss"] == "chunked" else "full",
+        optimizer=case["optimizer"],
+        activation_offload=case["offload"],
+    )
+
+
+def traced_rows() -> list[dict[str, Any]]:
+    """Per traced case (the CUDA build's behaviour): the activations and allocated-peak errors."""
     folder = DATA / "framework_traces"
     out = []
     small = json.loads((folder / "torchtitan_llama3_ac.json").read_text())["cases"]
     for c in (c for c in small if c["rms_norm"] == "fused"):
-        got = _one(
-            _small_spec(c["dims"]),
-            micro_batch_size=c["micro_batch_size"],
-            seq_len=c["seq_len"],
-            precision="bf16",
-            framework="torchtitan",
-            recompute=_TRACE_POLICY[c["policy"]],
-            recompute_every=2,
-            optimizer=c["optimizer"],
-        )
-        out.append(
-            _traced(f"llama3 small, {c['policy']}, {c['micro_batch_size']}x{c['seq_len']}", c, got)
-        )
-    megatron = json.loads((folder / "megatron_gpt_local.json").read_text())["cases"]
-    gpt = _config_spec(folder / "megatron_gpt_local_config.json")
-    for c in megatron:
-        got = _one(
-            gpt,
-            micro_batch_size=c["micro_batch_size"],
-            seq_len=c["seq_len"],
-            num_gpus=c["world_size"],
-            tp=c["tp"],
-            precision="mixed-bf16",
-            framework="megatron",
-            zero=1,
-            attention="eager",
-            recompute=c["recompute"],
-            optimizer="adamw",
-        )
+        name = f"llama3 small, {c['policy']}, {c['micro_batch_size']}x{c['seq_len']}"
+        out.append(_traced(name, c, estimate_torchtitan_ac(c)))
+    for c in json.loads((folder / "megatron_gpt_local.json").read_text())["cases"]:
         shape = f"{c['micro_batch_size']}x{c['seq_len']}"
         name = f"megatron-core GPT, {c['recompute']}, tp {c['tp']}, {shape}"
-        out.append({**_traced(name, c, got), "framework": "megatron"})
-    tune = json.loads((folder / "torchtune_lora.json").read_text())["cases"]
-    small_tune = _small_spec(
-        {
-            "hidden": 512,
-            "intermediate": 1536,
-            "heads": 8,
-            "kv_heads": 2,
-            "layers": 4,
-            "vocab": 2048,
-        },
-        tied=True,
-    )
-    for c in tune:
-        got = _one(
-            small_tune,
-            micro_batch_size=c["micro_batch_size"],
-            seq_len=c["seq_len"],
-            precision="bf16",
-            framework="torchtune",
-            lora_rank=16,
-            lora_targets="q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
-            recompute="full" if c["ac"] else "none",
-            loss="chunked-output" if c["loss"] == "chunked" else "full",
-            optimizer=c["optimizer"],
-            activation_offload=c["offload"],
-        )
+        out.append({**_traced(name, c, estimate_megatron(c)), "framework": "megatron"})
+    for c in json.loads((folder / "torchtune_lora.json").read_text())["cases"]:
         name = f"llama3_2 small LoRA r16, AC {'on' if c['ac'] else 'off'}, {c['loss']} CE" + (
             ", activation offload" if c["offload"] else ""
         )
-        out.append({**_traced(name, c, got), "framework": "torchtune"})
+        out.append({**_traced(name, c, estimate_torchtune(c)), "framework": "torchtune"})
     big = json.loads((folder / "torchtitan_llama3_8b_fsdp.json").read_text())["cases"]
     for c in (c for c in big if c["silu_backward"] == "fused"):
-        got = _one(
-            load_model("llama-3.1-8b"),
-            num_gpus=c["fsdp_world_size"],
-            zero=3,
-            micro_batch_size=c["local_batch_size"],
-            seq_len=c["seq_len"],
-            framework="torchtitan",
-            precision="mixed-bf16",
-            recompute=_TRACE_POLICY[c["policy"]],
-            optimizer="adamw-fused",
-        )
         name = (
             f"llama-3.1-8b FSDP {c['fsdp_world_size']}, {c['policy']}, "
             f"{c['local_batch_size']}x{c['seq_len']}"
         )
-        out.append(_traced(name, c, got))
+        out.append(_traced(name, c, estimate_torchtitan_fsdp(c)))
     return out
 
 

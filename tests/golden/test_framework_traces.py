@@ -17,17 +17,18 @@ from typing import Any
 
 import pytest
 
-from trainmem.engine import estimate, make_grid
-from trainmem.engine._model import model_from_hf_config
+from tests.framework_accuracy import (
+    TRACE_POLICY,
+    estimate_megatron,
+    estimate_one,
+    estimate_torchtitan_ac,
+    estimate_torchtitan_fsdp,
+    estimate_torchtune,
+    small_llama_spec,
+)
 
 DATA = Path(__file__).parents[1] / "data" / "framework_traces" / "torchtitan_llama3_ac.json"
 CASES = [c for c in json.loads(DATA.read_text())["cases"] if c["rms_norm"] == "fused"]
-POLICY = {
-    "none": "none",
-    "full": "full",
-    "selective_op": "selective",  # torchtitan's `selective` is per-op SAC
-    "selective_layer_2": "selective-layer",
-}
 ACTIVATIONS_TOLERANCE = 0.02
 """The engine counts the rotary cos/sin tables as activations (model-level, [s, head_dim] in the
 compute dtype); torchtitan 0.3.0 keeps a complex64 freqs_cis buffer in every block instead, in
@@ -39,47 +40,18 @@ recompute moment modelled on layer 0's end-of-backward transients (engine/_recom
 single_stage_recompute_delta): within 0.8% on every case."""
 
 
-def _spec(dims: dict[str, int]) -> Any:
-    return model_from_hf_config(
-        {
-            "model_type": "llama",
-            "hidden_size": dims["hidden"],
-            "intermediate_size": dims["intermediate"],
-            "num_attention_heads": dims["heads"],
-            "num_key_value_heads": dims["kv_heads"],
-            "num_hidden_layers": dims["layers"],
-            "vocab_size": dims["vocab"],
-            "tie_word_embeddings": False,
-        },
-        name="torchtitan-llama3-small",
-    )
-
-
-def _estimate(case: dict[str, Any]) -> dict[str, float]:
-    grid = make_grid(
-        micro_batch_size=case["micro_batch_size"],
-        seq_len=case["seq_len"],
-        precision="bf16",
-        framework="torchtitan",
-        recompute=POLICY[case["policy"]],
-        recompute_every=2,
-        optimizer=case["optimizer"],
-    )
-    return {k: float(v[0]) for k, v in estimate(_spec(case["dims"]), grid).items()}
-
-
 def _id(case: dict[str, Any]) -> str:
     return f"{case['policy']}-{case['micro_batch_size']}x{case['seq_len']}-{case['optimizer']}"
 
 
 def test_the_ground_truth_covers_every_policy() -> None:
-    assert {c["policy"] for c in CASES} == set(POLICY)
+    assert {c["policy"] for c in CASES} == set(TRACE_POLICY)
     assert len(CASES) == 8
 
 
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_model_states_to_the_byte(case: dict[str, Any]) -> None:
-    got = _estimate(case)
+    got = estimate_torchtitan_ac(case)
     assert got["parameters"] == case["parameters_bytes"]
     assert got["gradients_total"] == case["gradients_bytes"]
     assert got["optimizer_states"] == case["optimizer_states_bytes"]
@@ -87,7 +59,7 @@ def test_model_states_to_the_byte(case: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_activations_and_peak(case: dict[str, Any]) -> None:
-    got = _estimate(case)
+    got = estimate_torchtitan_ac(case)
     activations = got["activations_total"] / case["activations_bytes"] - 1.0
     peak = got["peak_allocated_bytes"] / case["peak_allocated_bytes"] - 1.0
     assert abs(activations) <= ACTIVATIONS_TOLERANCE, activations
@@ -111,7 +83,7 @@ def test_per_op_sac_keeps_what_torchtitan_saves() -> None:
     tokens = case["tokens"]
     per_block = 2 * tokens * (3 * h + q + 2 * kv + f + 2 * a) + 1024
     assert case["activations_by_layer_bytes"][0] == per_block
-    assert _estimate(case)["activations_per_layer"] == per_block
+    assert estimate_torchtitan_ac(case)["activations_per_layer"] == per_block
 
 
 FSDP_DATA = DATA.parent / "torchtitan_llama3_8b_fsdp.json"
@@ -127,20 +99,7 @@ FSDP_PEAK_TOLERANCE = 0.01
 def test_llama3_8b_under_fsdp2_at_full_size(case: dict[str, Any]) -> None:
     # torchtitan's Llama-3.1-8B, its own apply_fsdp (tok_embeddings and [norm, output] units,
     # bf16 params / fp32 reduce), fused AdamW, per-op SAC or full AC, on 8 and 128 fake ranks.
-    from trainmem.catalog import load_model
-
-    policy = "selective" if case["policy"] == "selective_op" else case["policy"]
-    grid = make_grid(
-        num_gpus=case["fsdp_world_size"],
-        zero=3,
-        micro_batch_size=case["local_batch_size"],
-        seq_len=case["seq_len"],
-        framework="torchtitan",
-        precision="mixed-bf16",
-        recompute=policy,
-        optimizer="adamw-fused",
-    )
-    got = {k: float(v[0]) for k, v in estimate(load_model("llama-3.1-8b"), grid).items()}
+    got = estimate_torchtitan_fsdp(case)
     assert got["parameters"] == case["parameters_bytes"]
     assert got["optimizer_states"] == case["optimizer_states_bytes"]
     saved = got["activations_total"] / case["activations_bytes"] - 1.0
@@ -168,17 +127,17 @@ def test_compiled_blocks_keep_what_the_partitioner_keeps(case: dict[str, Any]) -
     # torchtitan's per-block torch.compile, inductor's decompositions and min-cut partition:
     # no AC keeps one [T, f] less (the SiLU output), per-op SAC one [T, h] less (w2's output),
     # full AC the same; the loss eager.
-    grid = make_grid(
+    dims = {"hidden": 512, "intermediate": 1792, "heads": 8, "kv_heads": 2, "layers": 4}
+    got = estimate_one(
+        small_llama_spec({**dims, "vocab": 2048}),
         micro_batch_size=case["micro_batch_size"],
         seq_len=case["seq_len"],
         precision="bf16",
         framework="torchtitan",
-        recompute=POLICY[case["policy"]],
+        recompute=TRACE_POLICY[case["policy"]],
         compile="blocks" if case["compiled"] else "none",
         optimizer="adamw",
     )
-    dims = {"hidden": 512, "intermediate": 1792, "heads": 8, "kv_heads": 2, "layers": 4}
-    got = {k: float(v[0]) for k, v in estimate(_spec({**dims, "vocab": 2048}), grid).items()}
     saved = got["activations_total"] / case["activations_bytes"] - 1.0
     peak = got["peak_allocated_bytes"] / case["peak_allocated_bytes"] - 1.0
     assert abs(saved) <= ACTIVATIONS_TOLERANCE, saved
@@ -187,9 +146,6 @@ def test_compiled_blocks_keep_what_the_partitioner_keeps(case: dict[str, Any]) -
 
 MEGATRON_DATA = DATA.parent / "megatron_gpt_local.json"
 MEGATRON_CASES = json.loads(MEGATRON_DATA.read_text())["cases"]
-MEGATRON_CONFIG = DATA.parent / "megatron_gpt_local_config.json"
-"""The traced GPTModel as a config.json (GPT-2 layout: LayerNorm, biases, GeLU, learned
-positions, tied embeddings: 14,183,424 parameters, as megatron-core built it)."""
 MEGATRON_PEAK_TOLERANCE = 0.015
 """Within 1.1% on every case: the backward transients of a layer (no AC) are the engine's
 generic ones, not megatron-core's own sequence."""
@@ -203,20 +159,7 @@ generic ones, not megatron-core's own sequence."""
 def test_megatron_core_step(case: dict[str, Any]) -> None:
     # megatron-core 0.16.1's GPTModel (local spec, unfused core attention with an fp32 softmax),
     # its DDP (contiguous fp32 grad buffer) and distributed optimizer, on the fake device.
-    spec = model_from_hf_config(json.loads(MEGATRON_CONFIG.read_text()), name="megatron-gpt")
-    grid = make_grid(
-        micro_batch_size=case["micro_batch_size"],
-        seq_len=case["seq_len"],
-        num_gpus=case["world_size"],
-        tp=case["tp"],
-        precision="mixed-bf16",
-        framework="megatron",
-        zero=1,
-        attention="eager",
-        recompute=case["recompute"],
-        optimizer="adamw",
-    )
-    got = {k: float(v[0]) for k, v in estimate(spec, grid).items()}
+    got = estimate_megatron(case)
     assert got["parameters"] == case["parameters_bytes"]
     assert got["master_weights"] == case["main_params_fp32_bytes"]
     assert got["gradients_total"] == case["grad_buffer_bytes"]
@@ -251,32 +194,7 @@ def test_torchtune_lora_step(case: dict[str, Any]) -> None:
     # torchtune 0.6.1's lora_llama3_2 under set_default_dtype(bf16): bf16 adapters on q, v,
     # output_proj and the MLP (rank 16), F.rms_norm on fp32 copies, k/v expanded to the query
     # heads, CEWithChunkedOutputLoss or output(h).float() + CE, fused AdamW on the adapters.
-    spec = model_from_hf_config(
-        {
-            "model_type": "llama",
-            "hidden_size": 512,
-            "intermediate_size": 1536,
-            "num_attention_heads": 8,
-            "num_key_value_heads": 2,
-            "num_hidden_layers": 4,
-            "vocab_size": 2048,
-            "tie_word_embeddings": True,
-        },
-        name="torchtune-llama3_2-small",
-    )
-    grid = make_grid(
-        micro_batch_size=case["micro_batch_size"],
-        seq_len=case["seq_len"],
-        precision="bf16",
-        framework="torchtune",
-        lora_rank=16,
-        lora_targets="q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
-        recompute="full" if case["ac"] else "none",
-        loss="chunked-output" if case["loss"] == "chunked" else "full",
-        optimizer=case["optimizer"],
-        activation_offload=case["offload"],
-    )
-    got = {k: float(v[0]) for k, v in estimate(spec, grid).items()}
+    got = estimate_torchtune(case)
     assert got["parameters"] == case["parameters_bytes"]
     assert got["gradients_total"] == case["gradients_bytes"]
     assert got["optimizer_states"] == case["optimizer_states_bytes"]
