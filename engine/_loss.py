@@ -28,18 +28,26 @@ forward peaks just before the head writes the logits: two [T, h] tensors (ground
 rank 3)."""
 
 
+def liger_chunk_rows(m: ModelSpec, T) -> np.ndarray:
+    """Rows per chunk of a fused linear + cross-entropy loss: next_power_of_2(ceil(T / ceil(V /
+    H))), at most T. Source: Liger-Kernel fused_linear_cross_entropy.py
+    fused_linear_cross_entropy_forward (inc_factor, chunk_size)."""
+    T = np.asarray(T, dtype=np.float64)
+    rows = np.ceil(T / np.ceil(m.vocab_size / m.hidden_size))
+    return np.minimum(T, 2.0 ** np.ceil(np.log2(np.maximum(rows, 1.0))))
+
+
 def chunked_loss_bytes(m: ModelSpec, *, T, e, r, param_e, loss_tp_div, head_trainable) -> tuple:
     """(saved, transient) bytes of a fused linear + cross-entropy loss (`--loss chunked`).
 
     Source: Liger-Kernel LigerFusedLinearCrossEntropyFunction: the forward walks the tokens in
-    chunks of next_power_of_2(ceil(T / ceil(V / H))) rows, computes each chunk's logits, loss and
-    gradient at once, and keeps grad_input [T, h] and grad_weight [V, h] for backward; no
-    [T, V] tensor outlives a chunk.
+    chunks (liger_chunk_rows), computes each chunk's logits, loss and gradient at once, and
+    keeps grad_input [T, h] and grad_weight [V, h] for backward; no [T, V] tensor outlives a
+    chunk.
     """
     h, v = m.hidden_size, m.vocab_size
     T = np.asarray(T, dtype=np.float64)
-    rows = np.ceil(T / np.ceil(v / h))
-    chunk = np.minimum(T, 2.0 ** np.ceil(np.log2(np.maximum(rows, 1.0))))
+    chunk = liger_chunk_rows(m, T)
     # grad_input in the hidden states' dtype; grad_weight = zeros_like(weight) (fp32 under amp).
     # grad_weight is the head's gradient, only earlier: it exists from the forward on.
     saved = r * T * h + np.where(head_trainable, param_e * v * h / loss_tp_div, 0.0)
@@ -215,7 +223,5 @@ def largest_loss_block_bytes(
     Tv = T * m.vocab_size / loss_tp_div
     full = np.where(compiled & ~fp32_logits_in, e, 4.0) * Tv
     full = np.where(chunked_output, full / OUTPUT_CHUNKS, full)
-    rows = np.ceil(np.asarray(T, dtype=np.float64) / np.ceil(m.vocab_size / m.hidden_size))
-    chunk = np.minimum(T, 2.0 ** np.ceil(np.log2(np.maximum(rows, 1.0))))
-    liger = 4.0 * chunk * m.vocab_size / loss_tp_div
+    liger = 4.0 * liger_chunk_rows(m, T) * m.vocab_size / loss_tp_div
     return np.where(last, np.where(chunked, liger, full), zero_col)
