@@ -57,6 +57,7 @@ import torch
 import trainmem.trace._step as step
 from trainmem.trace._core import step_contexts
 from trainmem.trace._dist import _DEFAULT_STREAM, _Event, _Stream, fake_process_group
+from _trace_origins import saved_since  # (patches the Tracker)
 
 warnings.filterwarnings("ignore")
 OUT = Path(__file__).with_name("megatron_gpt_local.json")
@@ -69,28 +70,6 @@ import megatron.core.jit as mjit  # noqa: E402
 mjit.disable_jit_fuser()  # before the fusions modules bind jit_fuser
 
 
-# --- every new device storage remembers the op that made it (for the saved-tensor listing) ---
-_plain_dispatch, _plain_add = step.Tracker.__torch_dispatch__, step.Tracker.add
-
-
-def _dispatch(self, func, types_, args=(), kwargs=None):
-    self.op = func
-    return _plain_dispatch(self, func, types_, args, kwargs)
-
-
-def _add(self, t, owner):
-    before = self.sequence
-    _plain_add(self, t, owner)
-    if self.sequence != before:
-        if not hasattr(self, "origins"):
-            from torch.utils.weak import WeakIdKeyDictionary
-
-            self.origins = WeakIdKeyDictionary()
-        self.origins[step.local_tensor(t).untyped_storage()] = (
-            str(getattr(self, "op", "?")), list(t.shape), str(t.dtype).replace("torch.", ""))
-
-
-step.Tracker.__torch_dispatch__, step.Tracker.add = _dispatch, _add
 
 
 def patch_cuda() -> None:
@@ -246,14 +225,8 @@ def trace(recompute: str, micro_batch: int, seq_len: int, tp: int = 1) -> dict:
             loss = torch.sum(losses.float().view(-1) * loss_mask.view(-1)) / loss_mask.sum()
             marks["end_of_forward_bytes"] = tracker.current_bytes
             marks["made_in_forward"] = tracker.made_after(marks["start_sequence"])
-            saved: dict = {}
-            for storage, (cell, seq, owner) in list(tracker.live.items()):
-                if seq > marks["start_sequence"] and owner in (0, step.OUTSIDE):
-                    op, shape, dtype = tracker.origins.get(storage, ("?", [], "?"))
-                    key = "outside" if owner == step.OUTSIDE else "layer_0"
-                    op = op.removeprefix("aten.").removesuffix(".default")
-                    saved.setdefault(key, []).append((seq, f"{op} {shape} {dtype} {cell[0]}"))
-            marks["saved"] = {k: [text for _, text in sorted(v)] for k, v in saved.items()}
+            saved = saved_since(tracker, marks["start_sequence"], owners=(0, step.OUTSIDE))
+            marks["saved"] = {"outside": saved["outside"], "layer_0": saved["0"]}
             del losses
             tracker.phase = "backward"
             torch.autograd.backward(loss)

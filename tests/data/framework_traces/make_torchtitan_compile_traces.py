@@ -57,6 +57,7 @@ from torch._functorch.aot_autograd import make_boxed_func  # noqa: E402
 
 import trainmem.trace._step as step  # noqa: E402
 from trainmem.trace._core import step_contexts  # noqa: E402
+from _trace_origins import saved_since  # noqa: E402
 
 OUT = Path(__file__).with_name("torchtitan_llama3_compile.json")
 SHAPES = [(1, 1024), (2, 2048)]
@@ -251,28 +252,11 @@ def trace(policy: str, micro_batch: int, seq_len: int, compiled: bool = True,
         if name == "warm-up":
             marks["start"] = tracker.sequence
         elif name == "forward":
-            saved: dict = {}
-            for storage, (cell, seq, owner) in list(tracker.live.items()):
-                if seq > marks["start"]:
-                    op, shape, dtype = tracker.origins.get(storage, ("?", [], "?"))
-                    key = "outside" if owner == step.OUTSIDE else str(owner)
-                    op = op.removeprefix("aten.").removesuffix(".default")
-                    saved.setdefault(key, []).append((seq, f"{op} {shape} {dtype} {cell[0]}"))
-            marks["saved"] = {k: [text for _, text in sorted(v)]
-                              for k, v in sorted(saved.items())}
+            marks["saved"] = saved_since(tracker, marks["start"])
 
     device_type, contexts, note = step_contexts(device="cuda", fake=True, sdpa_kernel="flash")
     assert device_type == "cuda" and not note, note
-    # trainmem's fake device runs rms_norm as the CUDA kernel does (trace/_norm.py gpu_rms_norm,
-    # saves input and rstd) where step_contexts has it; "composite" takes it out (the CPU
-    # build's decomposition, as torchtitan_llama3_ac.json's composite rows), "fused" adds
-    # make_torchtitan_traces.py's emulation where the tracer lacks it.
-    is_norm = [getattr(c, "func", None) is not None and c.func.__name__ == "gpu_rms_norm"
-               for c in contexts]
-    if rms_norm == "composite":
-        contexts = [c for c, n in zip(contexts, is_norm) if not n]
-    elif not any(is_norm):
-        contexts = [*contexts, mk.rms_norm_as("fused")]
+    contexts = mk.norm_contexts(contexts, rms_norm)
     BACKWARD_LIVE.clear()
     BACKWARD_MARKS.clear()
     out = step.run_step(build, precision="bf16", recompute="full", optimizer="adamw",

@@ -46,10 +46,10 @@ sys.modules[_stub.__name__] = _stub
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torch.utils.weak import WeakIdKeyDictionary  # noqa: E402
 
 import trainmem.trace._step as step  # noqa: E402
 from trainmem.trace._core import step_contexts  # noqa: E402
+from _trace_origins import TRACKERS, saved_since  # noqa: E402  (patches the Tracker)
 
 OUT = Path(__file__).with_name("torchtitan_llama3_ac.json")
 DIMS = {"dim": 512, "n_layers": 4, "n_heads": 8, "n_kv_heads": 2, "vocab_size": 2048,
@@ -57,28 +57,6 @@ DIMS = {"dim": 512, "n_layers": 4, "n_heads": 8, "n_kv_heads": 2, "vocab_size": 
 SHAPES = [(1, 1024), (2, 2048)]
 POLICIES = ["none", "full", "selective_op", "selective_layer_2"]
 
-# --- every new device storage remembers the op that made it (for the saved-tensor listing) ---
-_plain_dispatch, _plain_add = step.Tracker.__torch_dispatch__, step.Tracker.add
-TRACKERS: list[step.Tracker] = []
-
-
-def _dispatch(self, func, types_, args=(), kwargs=None):
-    self.op = func
-    return _plain_dispatch(self, func, types_, args, kwargs)
-
-
-def _add(self, t, owner):
-    before = self.sequence
-    _plain_add(self, t, owner)
-    if self.sequence != before:
-        if not hasattr(self, "origins"):
-            self.origins = WeakIdKeyDictionary()
-            TRACKERS.append(self)
-        self.origins[step.local_tensor(t).untyped_storage()] = (
-            str(getattr(self, "op", "?")), list(t.shape), str(t.dtype).replace("torch.", ""))
-
-
-step.Tracker.__torch_dispatch__, step.Tracker.add = _dispatch, _add
 
 
 class _FusedRMSNorm(torch.autograd.Function):
@@ -110,6 +88,18 @@ def rms_norm_as(kind: str):
         yield
     finally:
         F.rms_norm = plain
+
+
+def norm_contexts(contexts: list, kind: str) -> list:
+    """The step's contexts for rms_norm `kind`. trainmem's fake device runs rms_norm as the CUDA
+    kernel does (trace/_norm.py gpu_rms_norm, saves input and rstd) where step_contexts has it;
+    "composite" takes it out (the CPU build's decomposition), "fused" adds this script's
+    emulation where the tracer lacks it."""
+    is_norm = [getattr(c, "func", None) is not None and c.func.__name__ == "gpu_rms_norm"
+               for c in contexts]
+    if kind == "composite":
+        return [c for c, n in zip(contexts, is_norm) if not n]
+    return contexts if any(is_norm) else [*contexts, rms_norm_as("fused")]
 
 
 def build_model(seq_len: int, fuse_qkv: bool):
@@ -205,19 +195,11 @@ def trace(policy: str, micro_batch: int, seq_len: int, optimizer: str, fuse_qkv:
         if name == "warm-up":
             marks["start"] = tracker.sequence
         elif name == "forward":  # what the forward leaves alive: its saved tensors
-            saved: dict = {}
-            for storage, (cell, seq, owner) in list(tracker.live.items()):
-                if seq > marks["start"]:
-                    op, shape, dtype = tracker.origins.get(storage, ("?", [], "?"))
-                    key = "outside" if owner == step.OUTSIDE else str(owner)
-                    op = op.removeprefix("aten.").removesuffix(".default")
-                    saved.setdefault(key, []).append((seq, f"{op} {shape} {dtype} {cell[0]}"))
-            marks["saved"] = {k: [text for _, text in sorted(v)]
-                              for k, v in sorted(saved.items())}
+            marks["saved"] = saved_since(tracker, marks["start"])
 
     device_type, contexts, note = step_contexts(device="cuda", fake=True, sdpa_kernel="flash")
     assert device_type == "cuda" and not note, note
-    contexts = [*contexts, rms_norm_as(rms_norm)]
+    contexts = norm_contexts(contexts, rms_norm)
     out = step.run_step(build, precision="bf16",
                         recompute="none" if policy == "none" else "full",
                         optimizer=optimizer, device_type=device_type, contexts=contexts,

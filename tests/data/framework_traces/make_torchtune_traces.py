@@ -77,10 +77,10 @@ sys.modules["torchao.dtypes.nf4tensor"] = importlib.import_module(
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torch.utils.weak import WeakIdKeyDictionary  # noqa: E402
 
 import trainmem.trace._step as step  # noqa: E402
 from trainmem.trace._core import step_contexts  # noqa: E402
+from _trace_origins import TRACKERS, saved_since  # noqa: E402  (patches the Tracker)
 
 OUT = Path(__file__).with_name("torchtune_lora.json")
 DIMS = {"hidden": 512, "intermediate": 1536, "heads": 8, "kv_heads": 2, "layers": 4,
@@ -131,28 +131,6 @@ def fake_cuda_streams():
             setattr(torch.cuda, n, f)
         torch.Tensor.record_stream = plain_record
 
-# --- every new device storage remembers the op that made it (for the saved-tensor listing) ---
-_plain_dispatch, _plain_add = step.Tracker.__torch_dispatch__, step.Tracker.add
-TRACKERS: list[step.Tracker] = []
-
-
-def _dispatch(self, func, types_, args=(), kwargs=None):
-    self.op = func
-    return _plain_dispatch(self, func, types_, args, kwargs)
-
-
-def _add(self, t, owner):
-    before = self.sequence
-    _plain_add(self, t, owner)
-    if self.sequence != before:
-        if not hasattr(self, "origins"):
-            self.origins = WeakIdKeyDictionary()
-            TRACKERS.append(self)
-        self.origins[step.local_tensor(t).untyped_storage()] = (
-            str(getattr(self, "op", "?")), list(t.shape), str(t.dtype).replace("torch.", ""))
-
-
-step.Tracker.__torch_dispatch__, step.Tracker.add = _dispatch, _add
 
 
 def build_model(seq_len: int):
@@ -229,15 +207,7 @@ def trace(ac: bool, loss_kind: str, micro_batch: int = 2, seq_len: int = 1024,
         if name == "warm-up":
             marks["start"] = tracker.sequence
         elif name == "forward":
-            saved: dict = {}
-            for storage, (cell, seq, owner) in list(tracker.live.items()):
-                if seq > marks["start"]:
-                    op, shape, dtype = tracker.origins.get(storage, ("?", [], "?"))
-                    key = "outside" if owner == step.OUTSIDE else str(owner)
-                    op = op.removeprefix("aten.").removesuffix(".default")
-                    saved.setdefault(key, []).append((seq, f"{op} {shape} {dtype} {cell[0]}"))
-            marks["saved"] = {k: [text for _, text in sorted(v)]
-                              for k, v in sorted(saved.items())}
+            marks["saved"] = saved_since(tracker, marks["start"])
 
     device_type, contexts, note = step_contexts(device="cuda", fake=True, sdpa_kernel="flash")
     assert device_type == "cuda" and not note, note
