@@ -1,7 +1,12 @@
-"""Configurations estimated per second by the vectorized engine, on one core.
+"""Configurations estimated per second by the engine: numpy's per-row assembly and the compiled
+loop (engine/_kernel.py), on one thread and on every core, in the same run.
 
 Run: python -m bench.throughput [--rows N] [--model NAME]
-The last line printed is `configurations_per_second=<number>`.
+Both kernels return the same bits (tests/unit/engine/test_kernel.py); the compiled loop is
+loaded and compiled before the clock starts (a sweep pays about 0.25 s once per process for it;
+the first run after installing compiles it, about 3 s, and caches the machine code).
+The last line printed is `configurations_per_second=<number>` (the sweep grid, the faster
+kernel, every core).
 """
 
 from __future__ import annotations
@@ -13,7 +18,15 @@ import time
 import numpy as np
 
 from trainmem.catalog import load_model
-from trainmem.engine import ATTENTION, OPTIMIZERS, PRECISIONS, RECOMPUTE, estimate, make_grid
+from trainmem.engine import (
+    ATTENTION,
+    OPTIMIZERS,
+    PRECISIONS,
+    RECOMPUTE,
+    _kernel,
+    estimate,
+    make_grid,
+)
 
 
 def random_grid(num_rows: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -61,6 +74,7 @@ def sweep_grid(num_rows: int) -> dict[str, np.ndarray]:
 
 def _rate(model, grid, repeats: int) -> tuple[float, dict]:
     estimate(model, make_grid(micro_batch_size=[1, 2]))  # warm caches
+    estimate(model, grid, usable_bytes=85e9)  # warm: the compiled loop's first call
     best = float("inf")
     out: dict = {}
     for _ in range(repeats):
@@ -70,6 +84,18 @@ def _rate(model, grid, repeats: int) -> tuple[float, dict]:
     return best, out
 
 
+def _kernels() -> list[tuple[str, str, int | None]]:
+    """(label, TRAINMEM_KERNEL, threads) to measure: numpy, and the compiled loop on one thread
+    and on every core where numba imports."""
+    runs: list[tuple[str, str, int | None]] = [("numpy", "numpy", None)]
+    if _kernel._compiled() is not None:
+        cores = len(os.sched_getaffinity(0))
+        runs.append(("compiled, 1 thread", "numba", 1))
+        if cores > 1:
+            runs.append((f"compiled, {cores} threads", "numba", cores))
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -77,20 +103,32 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     model = load_model(args.model)
-    threads = os.environ.get("OMP_NUM_THREADS", "unset")
-    seconds, _ = _rate(model, random_grid(args.rows), args.repeats)
+    grids = {"random rows (every field drawn)": random_grid(args.rows)}
+    grids["sweep grid (Cartesian product, 64 GPUs)"] = sweep_grid(args.rows)
+    print(f"model={model.name} rows={args.rows:,} best_of={args.repeats}")
+    rates: dict[tuple[str, str], float] = {}
+    for label, kernel, threads in _kernels():
+        os.environ[_kernel.KERNEL_ENV] = kernel
+        if threads is None:
+            os.environ.pop(_kernel.THREADS_ENV, None)
+        else:
+            os.environ[_kernel.THREADS_ENV] = str(threads)
+        for name, grid in grids.items():
+            seconds, out = _rate(model, grid, args.repeats)
+            rates[label, name] = args.rows / seconds
+            print(
+                f"{label:<22} {name:<42} {seconds:.3f} s  {args.rows / seconds:>12,.0f} rows/s"
+                f"  fits={int(np.sum(out['fits'])):,}"
+            )
+    base = {name: rates["numpy", name] for name in grids}
+    for (label, name), rate in rates.items():
+        if label != "numpy":
+            print(f"ratio {label} / numpy, {name}: {rate / base[name]:.2f}x")
+    print("reference: llm-analysis 0.2.2 ~7,300/s, Calculon ~100/s on this machine (issue 17)")
+    sweep_name = list(grids)[1]
     print(
-        f"random rows (every field drawn independently): rows={args.rows:,} "
-        f"seconds={seconds:.3f} configurations_per_second_random={args.rows / seconds:.0f}"
+        f"configurations_per_second={max(r for (_, n), r in rates.items() if n == sweep_name):.0f}"
     )
-    seconds, out = _rate(model, sweep_grid(args.rows), args.repeats)
-    print(
-        f"sweep grid (Cartesian product, 64 GPUs): model={model.name} rows={args.rows:,} "
-        f"best_of={args.repeats} seconds={seconds:.3f} fits={int(np.sum(out['fits'])):,}"
-    )
-    print(f"OMP_NUM_THREADS={threads}; numpy elementwise work runs on one core")
-    print("reference: llm-analysis ~4,500/s, Calculon ~40/s on this machine (issue #2)")
-    print(f"configurations_per_second={args.rows / seconds:.0f}")
 
 
 if __name__ == "__main__":

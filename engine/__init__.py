@@ -1,15 +1,12 @@
 """trainmem.engine: the vectorized per-device training-memory estimator.
 
 Columns in (a grid: one numpy array per field), columns out. Pure: no I/O beyond reading the
-shipped presets.
+shipped presets. The traced-profile names (ActivationProfile, derive_profile, profile_model,
+validate_profile) load their module when first used.
 """
 
-from ._activation_profile import (
-    ActivationProfile,
-    derive_profile,
-    profile_model,
-    validate_profile,
-)
+from typing import TYPE_CHECKING, Any
+
 from ._advice import GpuChoice, advise, neighbours, top_consumers
 from ._config import (
     DEFAULTS_BY_FIELD,
@@ -51,15 +48,30 @@ from ._grid import (
     decode,
     make_grid,
 )
+from ._kernel import preload as preload_kernel
 from ._model import ModelSpec, model_from_hf_config
 from ._optimizers import OptimizerSpec, builtin_optimizers, spec_columns
 from ._overhead import Overheads, cublas_workspace_bytes_for
+from ._scalar import estimate_one
 from ._states import LORA_TARGETS, lora_mask, lora_num_parameters
 from ._time import TIME_COLUMNS, bubble_fraction, estimate_time
 from ._time_params import TimeParams, time_inputs
 from ._units import GIB
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ._activation_profile import (
+        ActivationProfile,
+        derive_profile,
+        profile_model,
+        validate_profile,
+    )
+
+_PROFILE_NAMES = ("ActivationProfile", "derive_profile", "profile_model", "validate_profile")
+"""Names of engine/_activation_profile.py: only `--profile` and `trace` need them."""
+
 __all__ = [
+    "preload_kernel",
+    "estimate_one",
     "builtin_optimizers",
     "spec_columns",
     "DEFAULTS_BY_FIELD",
@@ -119,3 +131,14 @@ __all__ = [
     "top_consumers",
     "validate_profile",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The traced-profile names, imported from their module on first use."""
+    if name not in _PROFILE_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from . import _activation_profile
+
+    value = getattr(_activation_profile, name)
+    globals()[name] = value
+    return value

@@ -8,10 +8,11 @@ on (see _factorize.py), the peaks are assembled over whole columns.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import _kernel
 from ._codes import EXPANDABLE_SEGMENTS, LOSS_FULL, OFFLOAD_OPTIMIZER, OFFLOAD_PARAMS
 from ._config import parallel_layout
 from ._data_parallel import ZERO_PARAMETERS, ZERO_STATES
@@ -138,6 +139,10 @@ _OPTIONAL_TERMS = {  # output column -> (state terms, activation terms) it needs
 }
 
 
+KEY_BLOCK = 16384
+"""Keys whose terms are evaluated in one pass: each of the formulas' few hundred temporaries
+(128 KiB) stays in the CPU cache; a random grid has about one distinct key per two rows."""
+
 _SMALL_TABLE = 1 << 17
 """Per-key tables up to this many values (1 MiB) are gathered term by term (they stay cached)."""
 
@@ -176,22 +181,28 @@ def _key_tables(
                 if variants:  # evaluate only the keys whose stage differs from the first's
                     redo = np.flatnonzero(sub["stage_pos"] != stage_pos[0][reps])  # type: ignore[index]
                     sub = {k: v[redo] for k, v in sub.items()}
-            terms_of = fns[j](m, sub)
-            if j == 0:
-                terms_of["states"] = (
-                    terms_of["parameters"]
-                    + terms_of["master_weights"]
-                    + terms_of["optimizer_states"]
-                )
-            else:
-                terms_of["fwd_max"] = np.maximum(terms_of["fwd_extra"], terms_of["fwd_block_extra"])
             table = (
                 np.array(variants[0][j], copy=True)
                 if variants
                 else np.empty((len(names), len(reps)))
             )
-            for i, k in enumerate(names):
-                table[i, redo] = np.broadcast_to(terms_of[k], (len(redo),))
+            for lo in range(0, len(redo), KEY_BLOCK):  # the keys in cache-sized blocks
+                block = slice(lo, lo + KEY_BLOCK)
+                part = sub if len(redo) <= KEY_BLOCK else {k: v[block] for k, v in sub.items()}
+                terms_of = fns[j](m, part)
+                if j == 0:
+                    terms_of["states"] = (
+                        terms_of["parameters"]
+                        + terms_of["master_weights"]
+                        + terms_of["optimizer_states"]
+                    )
+                else:
+                    terms_of["fwd_max"] = np.maximum(
+                        terms_of["fwd_extra"], terms_of["fwd_block_extra"]
+                    )
+                rows = redo[block]
+                for i, k in enumerate(names):
+                    table[i, rows] = np.broadcast_to(terms_of[k], (len(rows),))
             # Large tables go keys x terms (the transpose of a C-ordered array): see _block_terms.
             tables.append(table if table.size <= _SMALL_TABLE else np.ascontiguousarray(table.T).T)
         variants.append(_Tables(*tables))
@@ -315,9 +326,13 @@ def _assemble(
 def layout_reason(m: ModelSpec, g: Grid) -> np.ndarray:
     """Index into REASONS of the first rule each row breaks (0 = valid): masks, not exceptions.
 
-    Evaluated in blocks of BLOCK_ROWS rows, whose temporaries stay in the CPU cache.
+    Evaluated in blocks of BLOCK_ROWS rows, whose temporaries stay in the CPU cache, or in
+    one compiled loop for a large grid (engine/_kernel.py).
     """
     n = len(g["tp"])
+    compiled = _kernel.compiled_for(n) if m.profile is None else None
+    if compiled is not None:
+        return _kernel.layout_reason(compiled, m, g)
     if n <= BLOCK_ROWS:
         return _block_reason(m, g)
     reason = np.empty(n, dtype=np.int8)
@@ -444,22 +459,19 @@ def estimate(
         (n,),
     )
     outside_torch, framework_overhead = _outside_torch(ov, dp=dp, tp=tp, pp=pp, cp=cp)
-    out: dict[str, np.ndarray] = {}
-    for lo in range(0, n, BLOCK_ROWS):
-        rows = slice(lo, min(lo + BLOCK_ROWS, n))
-        kw = {"pp": pp[rows], "v": g["virtual_stages"][rows], "num_micro": num_micro[rows]}
-        worst, stage = _worst_rank(keys, terms, [x[rows] for x in stages], rows, kw, want)
-        block = _device_columns(worst, ov, outside_torch=outside_torch[rows], g=g, rows=rows)
-        block.update(
-            framework_overhead=framework_overhead[rows],
-            pp_stage=stage,
-            fits=(block["peak_device_bytes"] <= limit[rows]) & (reason[rows] == 0),
-            headroom_bytes=limit[rows] - block["peak_device_bytes"],
-        )
-        for k in want & block.keys():
-            if k not in out:
-                out[k] = np.empty(n, dtype=block[k].dtype)
-            out[k][rows] = block[k]
+    per_row: dict[str, Any] = {
+        "ov": ov,
+        "num_micro": num_micro,
+        "limit": limit,
+        "reason": reason,
+        "outside_torch": outside_torch,
+        "framework_overhead": framework_overhead,
+    }
+    compiled = _kernel.compiled_for(n)
+    if compiled is not None:
+        out = _compiled_columns(compiled, keys, terms, stages, g, want, **per_row)
+    else:
+        out = _numpy_columns(keys, terms, stages, g, want, **per_row)
     whole = {"dp": dp, "num_microbatches": num_micro, "reason": reason}
     for k in want - out.keys():  # no rows, or a whole-grid column
         out[k] = whole[k] if k in whole else np.empty(0, dtype=_EMPTY_DTYPES.get(k, np.float64))
@@ -566,6 +578,93 @@ def _worst_rank(
             stage = stage.copy()
             stage[sub[pick]] = stages[1][sub[pick]]
     return worst, stage
+
+
+def _numpy_columns(
+    keys: _Keys,
+    terms: tuple[list[str], list[str]],
+    stages: list[np.ndarray],
+    g: Grid,
+    want: frozenset[str],
+    *,
+    ov: Overheads,
+    num_micro: np.ndarray,
+    limit: np.ndarray,
+    reason: np.ndarray,
+    outside_torch: np.ndarray,
+    framework_overhead: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """The `want`ed per-row columns of every row, numpy's way: blocks of BLOCK_ROWS rows whose
+    temporaries stay in the CPU cache (the reference for the compiled loop)."""
+    n, pp = len(reason), g["pp"]
+    out: dict[str, np.ndarray] = {}
+    for lo in range(0, n, BLOCK_ROWS):
+        rows = slice(lo, min(lo + BLOCK_ROWS, n))
+        kw = {"pp": pp[rows], "v": g["virtual_stages"][rows], "num_micro": num_micro[rows]}
+        worst, stage = _worst_rank(keys, terms, [x[rows] for x in stages], rows, kw, want)
+        block = _device_columns(worst, ov, outside_torch=outside_torch[rows], g=g, rows=rows)
+        block.update(
+            framework_overhead=framework_overhead[rows],
+            pp_stage=stage,
+            fits=(block["peak_device_bytes"] <= limit[rows]) & (reason[rows] == 0),
+            headroom_bytes=limit[rows] - block["peak_device_bytes"],
+        )
+        for k in want & block.keys():
+            if k not in out:
+                out[k] = np.empty(n, dtype=block[k].dtype)
+            out[k][rows] = block[k]
+    return out
+
+
+def _compiled_columns(
+    module,
+    keys: _Keys,
+    terms: tuple[list[str], list[str]],
+    stages: list[np.ndarray],
+    g: Grid,
+    want: frozenset[str],
+    *,
+    ov: Overheads,
+    num_micro: np.ndarray,
+    limit: np.ndarray,
+    reason: np.ndarray,
+    outside_torch: np.ndarray,
+    framework_overhead: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """The `want`ed columns of every row from the compiled loop (engine/_kernel.py): the same
+    values as _worst_rank, _device_columns and the fit of the numpy blocks."""
+    n = len(reason)
+    passed = [k for k in (*_OPTIONAL_TERMS, "activations_autocast_weight_copies") if k in want]
+    if "host_bytes" in want:
+        passed.append("activations_offloaded")
+    extra = (
+        [terms[0].index(k) for k in passed if k in terms[0]],
+        [terms[1].index(k) for k in passed if k in terms[1]],
+    )
+    rows = {
+        "pp": g["pp"],
+        "virtual_stages": g["virtual_stages"],
+        "num_micro": num_micro,
+        "expandable": g["allocator"] == EXPANDABLE_SEGMENTS,
+        "outside_torch": np.broadcast_to(outside_torch, (n,)),
+        "limit": limit,
+        "reason": reason,
+    }
+    consts = (
+        ov.cublas_workspace_bytes,
+        ov.fragmentation_fraction,
+        ov.expandable_segments_fragmentation_fraction,
+        ov.fragmentation_largest_block_factor,
+    )
+    cols, extra_out = _kernel.assemble(
+        module, keys.variants, (keys.state, keys.activation), stages, rows, consts, extra
+    )
+    named = [k for t in terms for k in passed if k in t]  # extra_out's rows: state terms first
+    cols.update(zip(named, extra_out, strict=True))
+    cols["framework_overhead"] = framework_overhead
+    if "host_bytes" in want:
+        cols["host_bytes"] = cols["host_bytes"] + cols["in_flight"] * cols["activations_offloaded"]
+    return {k: cols[k] for k in want if k in cols}
 
 
 def _device_columns(

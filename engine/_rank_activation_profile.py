@@ -6,13 +6,17 @@ the op-by-op formulas. Rows the profile is not valid for carry a `reason` (_esti
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from ._activation_profile import Coefficients
 from ._model import ModelSpec
 from ._offload import offloaded_activation_bytes
 from ._pipeline import block_counts, receive_buffer_bytes, stage_flags
 from ._precision import COMPUTE_BYTES
+
+if TYPE_CHECKING:
+    from ._activation_profile import Coefficients
 
 BACKWARD_END_LAYERS = 2.0
 """Layers' worth of activation bytes alive at the end of backward: layer 0's saved tensors and

@@ -29,6 +29,7 @@ from trainmem.engine import (
     TrainingConfig,
     cublas_workspace_bytes_for,
     estimate,
+    estimate_one,
     estimate_time,
     layout_reason,
     make_grid,
@@ -199,7 +200,11 @@ def estimate_report(
     check_layout(spec, grid)
     ov = Overheads(cublas_workspace_bytes=cublas_workspace_bytes_for(profile.arch))
     ov = ov.with_overrides(key_numbers("--overhead", overhead or [], Overheads.names()))
-    out = estimate(spec, grid, usable_bytes=profile.usable_bytes, headroom=headroom, overheads=ov)
+    out = _one_row(
+        estimate_one(
+            spec, grid_config, usable_bytes=profile.usable_bytes, headroom=headroom, overheads=ov
+        )
+    )
     report = row_report(spec, out, gpu=profile, config=config, headroom=headroom)
     if tokens is not None and not (tokens > 0 and np.isfinite(tokens)):
         raise ValueError(f"tokens: must be a number > 0, got {tokens}")
@@ -235,3 +240,18 @@ def estimate_report(
         )
         report["stages"] = [stage_summary(by_stage, row=k) for k in range(pp)]
     return report
+
+
+_ROW_DTYPES: dict[str, Any] = {
+    "peak_phase": np.int8,
+    "pp_stage": np.int64,
+    "dp": np.int64,
+    "fits": bool,
+    "reason": np.int8,
+}
+"""estimate()'s dtypes of the columns that are not float64."""
+
+
+def _one_row(values: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """estimate_one()'s scalars as estimate()'s one-row columns (the report reads those)."""
+    return {k: np.array([v], dtype=_ROW_DTYPES.get(k, np.float64)) for k, v in values.items()}

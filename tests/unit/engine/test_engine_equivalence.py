@@ -219,10 +219,16 @@ def test_recording_covers_the_engine() -> None:
     assert outputs == set(engine.OUTPUTS)
 
 
+@pytest.mark.parametrize("kernel", ["numpy", "numba"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_engine_equals_recording(case: tuple) -> None:
+def test_engine_equals_recording(case: tuple, kernel: str, monkeypatch) -> None:
+    """Both per-row assemblies (engine/_kernel.py): numpy's and the compiled loop, forced here
+    on grids far below the size where `auto` would take it."""
     import trainmem.engine as engine
 
+    if kernel == "numba":
+        pytest.importorskip("numba", reason="the compiled kernel is the `fast` extra")
+    monkeypatch.setenv("TRAINMEM_KERNEL", kernel)
     name, cols, options, expected = case
     got = evaluate(engine, name, cols, options)
     assert sorted(got) == sorted(expected)

@@ -1,0 +1,205 @@
+"""Which per-row assembly estimate() runs: numpy's (the reference, always there) or the compiled
+loop of engine/_kernel_numba.py (numba, the `fast` extra), which fuses the per-row work into one
+pass over all cores and returns the same bits.
+
+`TRAINMEM_KERNEL` chooses: `auto` (default), `numpy` or `numba` (an error if numba is missing).
+`auto` takes the compiled loop where numba imports and the work pays for loading it: importing
+numba and loading the cached machine code take about 0.25 s once per process (about 6 s the
+first time ever, to compile), while numpy assembles 1M rows in about 0.1-0.3 s. So: a grid of
+at least KERNEL_MIN_ROWS rows, or of KERNEL_LOADED_MIN_ROWS once something has loaded the
+kernel; a caller with many rows to come in chunks (an exhaustive sweep) loads it up front with
+`preload(total_rows)`.
+`TRAINMEM_THREADS` caps the loop's threads (default: numba's, one per core; joblib's workers
+set NUMBA_NUM_THREADS to their share).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+KERNEL_ENV = "TRAINMEM_KERNEL"
+KERNELS = ("auto", "numpy", "numba")
+THREADS_ENV = "TRAINMEM_THREADS"
+KERNEL_MIN_ROWS = 1 << 21
+"""Rows from which `auto` loads the compiled loop for one call (2M rows: numpy takes about as
+long as loading the kernel)."""
+KERNEL_LOADED_MIN_ROWS = 1 << 13
+"""Rows from which `auto` takes the compiled loop once it is loaded (below, numpy's few dozen
+calls cost less than preparing the loop's arguments)."""
+_loaded = False
+
+
+def kernel_choice() -> str:
+    """The TRAINMEM_KERNEL setting, checked."""
+    choice = os.environ.get(KERNEL_ENV, "auto").strip().lower() or "auto"
+    if choice not in KERNELS:
+        raise ValueError(f"{KERNEL_ENV}: unknown {choice!r}; allowed: {' | '.join(KERNELS)}")
+    return choice
+
+
+@functools.cache
+def _compiled() -> ModuleType | None:
+    """engine/_kernel_numba, or None where numba does not import."""
+    try:
+        from . import _kernel_numba
+    except ImportError:
+        return None
+    return _kernel_numba
+
+
+def compiled_for(num_rows: int) -> ModuleType | None:
+    """The compiled kernel's module where it should assemble `num_rows` rows, else None."""
+    choice = kernel_choice()
+    if choice == "numpy":
+        return None
+    if choice == "auto" and num_rows < (KERNEL_LOADED_MIN_ROWS if _loaded else KERNEL_MIN_ROWS):
+        return None
+    return _load(required=choice == "numba")
+
+
+def preload(total_rows: int) -> bool:
+    """Load the compiled kernel now where `auto` would take it for `total_rows` rows evaluated
+    in smaller grids (the chunks of a sweep); True if it is loaded."""
+    if kernel_choice() == "numpy":
+        return False
+    if total_rows >= KERNEL_MIN_ROWS or kernel_choice() == "numba":
+        return _load(required=kernel_choice() == "numba") is not None
+    return _loaded
+
+
+def _load(*, required: bool) -> ModuleType | None:
+    global _loaded
+    module = _compiled()
+    if module is None and required:
+        raise ValueError(f"{KERNEL_ENV}: numba is not installed (pip install numba)")
+    _loaded = module is not None
+    return module
+
+
+def _threads(module: ModuleType) -> None:
+    """Cap the loop's threads at TRAINMEM_THREADS where set."""
+    value = os.environ.get(THREADS_ENV, "").strip()
+    if not value:
+        return
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{THREADS_ENV}: must be a whole number >= 1, got {value!r}")
+    module.numba.set_num_threads(min(int(value), module.numba.config.NUMBA_NUM_THREADS))
+
+
+def _keys_by_terms(table: np.ndarray) -> np.ndarray:
+    """A per-key table (terms x keys) as keys x terms in C order (free for the large tables,
+    which _estimate._key_tables stores that way already)."""
+    return np.ascontiguousarray(table.T)
+
+
+def assemble(
+    module: ModuleType,
+    variants: Sequence[Any],
+    keys: tuple[np.ndarray, np.ndarray],
+    stages: Sequence[np.ndarray],
+    rows: dict[str, np.ndarray],
+    consts: tuple[float, float, float, float],
+    extra: tuple[Sequence[int], Sequence[int]] = ((), ()),
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """(the columns of _kernel_numba.OUT_COLUMNS plus peak_phase, fits and pp_stage, the
+    `extra` terms of the chosen stage variant) for every row, through the compiled loop.
+
+    `variants`: _estimate._Tables of the first stage and, where some rows are pipelined, the
+    last; `keys`: each row's state and activation key; `stages`: the variants' stage per row;
+    `rows`: pp, virtual_stages, num_micro, expandable, outside_torch, limit and reason per row;
+    consts: cuBLAS workspace, fragmentation fractions (native, expandable segments),
+    largest-block factor; `extra`: (state, activation) term indices (rows of the tables) to
+    return too, in that order.
+    """
+    _threads(module)
+    n = len(keys[0])
+    first, last = variants[0], variants[-1]
+    tables = (first.state, first.activation, last.state, last.activation)
+    ints = functools.partial(np.ascontiguousarray, dtype=np.int64)
+    floats = functools.partial(np.ascontiguousarray, dtype=np.float64)
+    extra_terms = (ints(extra[0]), ints(extra[1]))
+    outs = (
+        np.empty((module.NUM_OUT, n)),
+        np.empty((len(extra_terms[0]) + len(extra_terms[1]), n)),
+    )
+    # One int8 array for the int8 and bool columns: in numba 0.68 a tuple of output arrays of
+    # mixed dtypes came back scrambled from the parallel loop (seen here; floats-only is fine).
+    flags = np.empty((3, n), dtype=np.int8)
+    module.assemble_rows(
+        tuple(_keys_by_terms(t) for t in tables),
+        (ints(keys[0]), ints(keys[1])),
+        (ints(stages[0]), ints(stages[-1])),
+        len(variants) > 1,
+        (ints(rows["pp"]), ints(rows["virtual_stages"])),
+        tuple(
+            floats(rows[k]) for k in ("num_micro", "expandable", "outside_torch", "limit", "reason")
+        ),
+        floats(consts),
+        extra_terms,
+        outs,
+        flags,
+    )
+    (out, extra_out), (phase, variant, fits) = outs, flags
+    columns = dict(zip(module.OUT_COLUMNS, out, strict=True))
+    stage = stages[0] if len(stages) == 1 else np.where(variant == 1, stages[1], stages[0])
+    columns.update(peak_phase=phase, fits=fits.view(bool), pp_stage=stage)
+    return columns, extra_out
+
+
+_REASON_INTS = (
+    "micro_batch_size",
+    "seq_len",
+    "num_gpus",
+    "global_batch_size",
+    "tp",
+    "pp",
+    "cp",
+    "virtual_stages",
+    "zero",
+    "dp_shard",
+    "ep",
+    "etp",
+    "capacity_factor_pct",
+    "lora_rank",
+)
+"""The int64 grid columns _kernel_numba.reason_rows reads, in its order."""
+
+
+def layout_reason(module: ModuleType, m: Any, g: dict[str, np.ndarray]) -> np.ndarray:
+    """_estimate.layout_reason of a model without a traced profile, through the compiled loop
+    (the grid's columns as they are: make_grid's dtypes, broadcast columns not copied)."""
+    _threads(module)
+    model = np.array(
+        [
+            m.num_attention_heads,
+            m.num_key_value_heads,
+            m.num_hidden_layers,
+            int(bool(m.is_moe)),
+            int(m.num_experts or 0),
+            int(m.moe_intermediate_size or 0),
+        ],
+        dtype=np.int64,
+    )
+    reason = np.empty(len(g["tp"]), dtype=np.int8)
+    module.reason_rows(
+        *(_read_only(g[k], np.int64) for k in _REASON_INTS),
+        _read_only(g["offload"], np.int8),
+        _read_only(g["qlora"], np.bool_),
+        _read_only(g["optimizer_in_backward"], np.bool_),
+        _read_only(model, np.int64),
+        reason,
+    )
+    return reason
+
+
+def _read_only(column: Any, dtype: type) -> np.ndarray:
+    """A read-only view of a column in `dtype` (a copy only where the dtype differs)."""
+    view = np.asarray(column, dtype=dtype).view()
+    view.flags.writeable = False
+    return view

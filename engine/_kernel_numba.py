@@ -1,0 +1,167 @@
+"""The per-row work of estimate() on a large grid as compiled loops over all cores (numba): the
+row functions of engine/_assembly.py, compiled, each row reading its terms from the per-key
+tables once, without a temporary array per operation.
+
+This module imports numba: only engine/_kernel.py imports it, lazily. numpy's blocks in
+engine/_estimate.py are the reference; _assembly's functions follow them operation for
+operation, so the results agree to the bit (tests/unit/engine/test_kernel.py).
+
+Every function compiles with nogil=True, cache=True (machine code kept on disk next to this
+file, or in numba's user cache where that is read-only) and error_model="numpy" (a division by
+zero gives inf/NaN, as numpy's does), and without fastmath: IEEE operations in source order, as
+numpy does them (no contraction to FMA, no reassociation).
+"""
+
+from __future__ import annotations
+
+import numba
+from numba.extending import register_jitable
+
+from . import _assembly
+from ._assembly import (
+    ALLOCATED,
+    GRADS_AT_PEAK,
+    S_MASTER_WEIGHTS,
+    S_OPTIMIZER_STATES,
+    S_PARAMETERS,
+    STAGE_PEAKS,
+)
+
+register_jitable(_assembly.maximum)  # callable from the compiled functions below
+register_jitable(_assembly.experts_broken)
+_stage_peaks = numba.njit(nogil=True, cache=True, error_model="numpy")(_assembly.stage_peaks)
+_fragmentation = numba.njit(nogil=True, cache=True, error_model="numpy")(_assembly.fragmentation)
+_reason_code = numba.njit(nogil=True, cache=True, error_model="numpy")(_assembly.reason_code)
+
+OUT_COLUMNS = (
+    *STAGE_PEAKS[:-1],
+    "parameters",
+    "master_weights",
+    "optimizer_states",
+    "fragmentation",
+    "peak_reserved_bytes",
+    "peak_device_bytes",
+    "headroom_bytes",
+)
+"""The rows of assemble_rows' float output (peak_phase goes out as int8 on its own)."""
+NUM_OUT = len(OUT_COLUMNS)
+_NUM_PEAKS = len(STAGE_PEAKS) - 1
+(O_PARAMETERS, O_MASTER, O_OPTIMIZER_STATES, O_FRAGMENTATION, O_RESERVED, O_DEVICE, O_HEADROOM) = (
+    range(_NUM_PEAKS, NUM_OUT)
+)
+
+
+@numba.njit(parallel=True, nogil=True, cache=True, error_model="numpy")
+def assemble_rows(
+    tables, keys, stages, two_variants, layout, rows, consts, extra_terms, outs, flags
+):
+    """Every row's columns, into `outs`: (the float columns per OUT_COLUMNS, the extra terms)
+    and `flags` (int8 rows: the peak phase, the stage variant chosen, the fit 0/1).
+
+    tables: the state and activation tables (keys x terms, C order: a key's terms share cache
+    lines) of the first stage variant, then of the last (read where `two_variants` and pp > 1:
+    the worst rank is the one with the larger allocated peak, the first on a tie); keys: each
+    row's state and activation key; stages: each row's stage in the two variants; layout: pp and
+    virtual stages; rows: micro-batches per step, expandable segments (0/1), bytes outside
+    torch, the usable limit, the layout reason; consts: cuBLAS workspace, fragmentation
+    fraction (native, expandable), largest-block factor; extra_terms: state and activation
+    terms to copy out of the chosen variant's tables (state terms first).
+    """
+    s0, a0, s1, a1 = tables
+    num_micro, expandable, outside_torch, limit, reason = rows
+    extra_s, extra_a = extra_terms
+    out, extra = outs
+    for i in numba.prange(len(keys[0])):
+        ks, ka, p, vs = keys[0][i], keys[1][i], layout[0][i], layout[1][i]
+        r = _stage_peaks(s0[ks], a0[ka], p, vs, stages[0][i], num_micro[i])
+        chosen = 0
+        if two_variants and p > 1:
+            last = _stage_peaks(s1[ks], a1[ka], p, vs, stages[1][i], num_micro[i])
+            if last[ALLOCATED] > r[ALLOCATED]:
+                r = last
+                chosen = 1
+        s = s1[ks] if chosen else s0[ks]
+        a = a1[ka] if chosen else a0[ka]
+        slack = _fragmentation(s, a, r[ALLOCATED], r[GRADS_AT_PEAK], expandable[i] > 0, consts)
+        reserved = r[ALLOCATED] + consts[0] + slack
+        device = reserved + outside_torch[i]
+        for j in range(_NUM_PEAKS):
+            out[j, i] = r[j]
+        out[O_PARAMETERS, i] = s[S_PARAMETERS]
+        out[O_MASTER, i] = s[S_MASTER_WEIGHTS]
+        out[O_OPTIMIZER_STATES, i] = s[S_OPTIMIZER_STATES]
+        out[O_FRAGMENTATION, i] = slack
+        out[O_RESERVED, i] = reserved
+        out[O_DEVICE, i] = device
+        out[O_HEADROOM, i] = limit[i] - device
+        for j in range(len(extra_s)):
+            extra[j, i] = s[extra_s[j]]
+        for j in range(len(extra_a)):
+            extra[len(extra_s) + j, i] = a[extra_a[j]]
+        flags[0, i] = int(r[_NUM_PEAKS])
+        flags[1, i] = chosen
+        flags[2, i] = 1 if (device <= limit[i]) and reason[i] == 0 else 0
+
+
+def _column(dtype):
+    """A read-only 1-D column of any layout: a grid's columns as make_grid returns them (its
+    constant columns are broadcast: stride 0, read-only)."""
+    return numba.types.Array(dtype, 1, "A", readonly=True)
+
+
+_REASON_SIGNATURE = numba.void(
+    *[_column(numba.int64)] * 14,
+    _column(numba.int8),
+    _column(numba.boolean),
+    _column(numba.boolean),
+    _column(numba.int64),
+    numba.types.Array(numba.int8, 1, "C"),
+)
+"""One compiled version, built when this module is first imported and cached on disk; callers
+pass read-only views (engine/_kernel.py layout_reason)."""
+
+
+@numba.njit(_REASON_SIGNATURE, parallel=True, nogil=True, cache=True, error_model="numpy")
+def reason_rows(
+    micro,
+    seq_len,
+    num_gpus,
+    global_batch,
+    tp,
+    pp,
+    cp,
+    virtual_stages,
+    zero,
+    dp_shard,
+    ep,
+    etp,
+    capacity_factor_pct,
+    lora_rank,
+    offload,
+    qlora,
+    optimizer_in_backward,
+    model,
+    reason,
+):
+    """_assembly.reason_code of every row (a model without a traced profile)."""
+    for i in numba.prange(len(micro)):
+        reason[i] = _reason_code(
+            micro[i],
+            seq_len[i],
+            num_gpus[i],
+            global_batch[i],
+            tp[i],
+            pp[i],
+            cp[i],
+            virtual_stages[i],
+            zero[i],
+            dp_shard[i],
+            ep[i],
+            etp[i],
+            capacity_factor_pct[i],
+            lora_rank[i],
+            offload[i],
+            qlora[i],
+            optimizer_in_backward[i],
+            model,
+        )
