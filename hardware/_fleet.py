@@ -104,11 +104,20 @@ def parse_fleet(text_or_path: str | os.PathLike[str], gpus: Mapping[str, GpuProf
     ``price_per_hour_usd``. `gpus` is what `load_gpus()` returns.
     """
     text = os.fspath(text_or_path).strip()
-    if text.endswith(".toml") or Path(text).is_file():
+    if text.endswith(".toml") or _is_file(text):
         return _parse_toml(Path(text), gpus)
     if not text:
         raise ValueError("fleet: empty; expected COUNTxGPU[,COUNTxGPU...] or a TOML file")
     return Fleet(pools=tuple(_parse_token(token.strip(), gpus) for token in text.split(",")))
+
+
+def _is_file(text: str) -> bool:
+    """Whether `text` names an existing file (a long shorthand is no path: the OS may refuse
+    to look it up, with ENAMETOOLONG)."""
+    try:
+        return Path(text).is_file()
+    except OSError:
+        return False
 
 
 def _profile(name: str, gpus: Mapping[str, GpuProfile], where: str) -> GpuProfile:

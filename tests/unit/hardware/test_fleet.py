@@ -136,3 +136,13 @@ def test_unknown_gpu_in_a_fleet_suggests_the_closest_name() -> None:
         ValueError, match=r"unknown gpu 'h100-sxm'; did you mean 'h100-sxm-80gb'\? "
     ):
         parse_fleet("8xh100-sxm", load_gpus())
+
+
+def test_a_shorthand_longer_than_a_file_name_is_read_as_pools() -> None:
+    """The OS refuses to look up a name over 255 bytes (ENAMETOOLONG): such a shorthand is
+    pools, not a path."""
+    types = ["h100-sxm-80gb", "a100-sxm-80gb", "h200-sxm-141gb", "b200-180gb", "mi300x-192gb"]
+    text = ",".join(f"16384x{t}" for t in types * 3)
+    assert len(text) > 255
+    fleet = parse_fleet(text, GPUS)
+    assert len(fleet.pools) == 15 and fleet.num_gpus == 15 * 16384
