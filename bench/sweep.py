@@ -1,9 +1,13 @@
-"""Sweep benchmarks: exhaustive points per second (Parquet write included), Optuna vs exhaustive.
+"""Sweep benchmarks: exhaustive points per second (Parquet write included), where the time goes
+(evaluation vs writing the parts), the bytes on disk, and Optuna vs exhaustive.
 
-Run: python -m bench.sweep [--out DIR] [--quick]
-Prints, per case, the space size, the exhaustive wall time and points per second, and for Optuna
-the trials, points evaluated, wall time and the gap of its best cost to the exact optimum.
-Optuna uses an in-memory storage here (the SQLite default adds ~0.1 s per trial).
+Run: python -m bench.sweep [--out DIR] [--quick] [--no-optuna] [--zstd-levels]
+Prints, per case: the space size; the exhaustive wall time and points per second with its
+Parquet parts, and without writing anything (evaluation only); the time the parts take to write
+(one after another, as the writer thread does, then published: fsynced and linked) and their
+bytes on disk; the same sweep with each partial `--store`; `--zstd-levels`: write time and bytes
+of the case's parts at zstd levels 1, 3 and 6. For Optuna: the trials, points evaluated, wall
+time and the gap of its best cost to the exact optimum (an in-memory storage).
 """
 
 from __future__ import annotations
@@ -14,11 +18,14 @@ import resource
 import shutil
 import tempfile
 import time
+from pathlib import Path
+from typing import Any
 
 from trainmem.catalog import load_model
 from trainmem.hardware import load_gpus, parse_fleet
-from trainmem.sweep._search import run_exhaustive, run_optuna
-from trainmem.sweep._space import make_space
+from trainmem.results import _store
+from trainmem.sweep._search import _frame, run_exhaustive, run_optuna
+from trainmem.sweep._space import POINT_COLUMNS, Space, make_space
 
 CASES = (
     # (label, model, fleet, seq_len, global batch, space options)
@@ -41,16 +48,129 @@ CASES = (
     ),
 )
 OPTUNA_TRIALS = 300
+CHUNK_SIZE = 100_000
+"""run_exhaustive's default: one part per 100,000 points."""
+ZSTD_LEVELS = (1, 3, 6)
+PARTIAL_STORES = ("valid", "fits", "best-per-layout")
+
+
+def bytes_on_disk(folder: str | os.PathLike[str]) -> int:
+    """The bytes of a study folder's parts."""
+    return sum(p.stat().st_size for p in Path(folder).glob("part-*.parquet"))
+
+
+def best_of(runs: int, run: Any) -> tuple[float, Any]:
+    """The least wall time of `runs` calls of run() (cache and page-cache warm after the first),
+    and the last call's result."""
+    best, result = float("inf"), None
+    for _ in range(runs):
+        start = time.perf_counter()
+        result = run()
+        best = min(best, time.perf_counter() - start)
+    return best, result
+
+
+def write_times(space: Space, out: str, *, level: int) -> tuple[float, float, int]:
+    """Write the sweep's parts one after another at zstd `level` (each chunk evaluated first,
+    untimed), then publish them: (write s, publish s, bytes on disk)."""
+    folder = _store.study_dir(out, f"write-{level}")
+    shutil.rmtree(folder, ignore_errors=True)
+    saved, _store.ZSTD_LEVEL = _store.ZSTD_LEVEL, level
+    write_s, pending = 0.0, []
+    try:
+        for lo in range(0, space.num_points, CHUNK_SIZE):
+            chunk = range(lo, min(lo + CHUNK_SIZE, space.num_points))
+            frame = _frame(space, space.evaluate(chunk, columns=POINT_COLUMNS), study="w")
+            start = time.perf_counter()
+            pending.append(_store.write_pending(frame, out, study=f"write-{level}", part=f"{lo}"))
+            write_s += time.perf_counter() - start
+    finally:
+        _store.ZSTD_LEVEL = saved
+    start = time.perf_counter()
+    _store.publish_pending(pending)
+    return write_s, time.perf_counter() - start, bytes_on_disk(folder)
+
+
+def exhaustive_figures(space: Space, out: str, study: str) -> float:
+    """Print the exhaustive sweep's figures; returns its best cost (per million tokens)."""
+    n = space.num_points
+    folder = _store.study_dir(out, study)
+
+    def with_parts() -> Any:
+        shutil.rmtree(folder, ignore_errors=True)
+        return run_exhaustive(space, out=out, study=study)
+
+    wall_s, exact = best_of(2, with_parts)
+    eval_s, _ = best_of(2, lambda: run_exhaustive(space, out=None, study=study))
+    write_s, publish_s, size = write_times(space, out, level=_store.ZSTD_LEVEL)
+    best = exact.best[0]["cost_per_million_tokens"] if exact.best else float("nan")
+    print(
+        f"  exhaustive: {wall_s:.2f} s, {n / wall_s:,.0f} points/s (Parquet included), "
+        f"best ${best:.4f} per million tokens"
+    )
+    print(
+        f"  evaluation only {eval_s:.2f} s ({n / eval_s:,.0f} points/s); the "
+        f"{-(-n // CHUNK_SIZE)} parts: written in {write_s:.3f} s, published (fsync, link) in "
+        f"{publish_s:.3f} s; {size:,} bytes on disk ({size / n:.2f} per point)"
+    )
+    return best
+
+
+def store_figures(space: Space, out: str, study: str) -> None:
+    """Print wall time, rows and bytes of the sweep with each partial --store."""
+    for store in PARTIAL_STORES:
+        name = f"{study}-{store}"
+        shutil.rmtree(_store.study_dir(out, name), ignore_errors=True)
+        start = time.perf_counter()
+        result = run_exhaustive(space, out=out, study=name, store=store)
+        wall_s = time.perf_counter() - start
+        size = bytes_on_disk(_store.study_dir(out, name))
+        print(
+            f"  --store {store}: {wall_s:.2f} s, {result.extra['num_points_stored']:,} points "
+            f"stored, {size:,} bytes"
+        )
+
+
+def level_figures(space: Space, out: str) -> None:
+    """Print write time and bytes of the case's parts at each of ZSTD_LEVELS (best of 3)."""
+    for level in ZSTD_LEVELS:
+        runs = [write_times(space, out, level=level) for _ in range(3)]
+        write_s, _, size = min(runs)
+        print(f"  zstd level {level}: parts written in {write_s:.3f} s, {size:,} bytes")
+
+
+def optuna_figures(space: Space, out: str, study: str, best: float) -> None:
+    for seed in (0, 1, 2):
+        start = time.perf_counter()
+        found = run_optuna(
+            space,
+            out=out,
+            study=f"{study}-optuna-{seed}",
+            trials=OPTUNA_TRIALS,
+            seed=seed,
+            storage=":memory:",
+        )
+        wall = time.perf_counter() - start
+        cost = found.best[0]["cost_per_million_tokens"] if found.best else float("nan")
+        print(
+            f"  optuna seed {seed}: {OPTUNA_TRIALS} trials ({found.num_points:,} points) "
+            f"in {wall:.1f} s, best ${cost:.4f}: gap {100 * (cost / best - 1):+.2f}%"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=None, help="Output folder (default: a temporary one).")
     parser.add_argument("--quick", action="store_true", help="Only the first case.")
+    parser.add_argument("--no-optuna", action="store_true", help="Skip the Optuna studies.")
+    parser.add_argument(
+        "--zstd-levels", action="store_true", help=f"Parts written at zstd {ZSTD_LEVELS}."
+    )
     args = parser.parse_args()
     out = args.out or tempfile.mkdtemp(prefix="trainmem-bench-")
     gpus = load_gpus()
-    print(f"cores available: {len(os.sched_getaffinity(0))}; output {out}")
+    jobs = len(os.sched_getaffinity(0))
+    print(f"cores available: {jobs}; output {out}")
     for label, model, fleet, seq_len, gbs, options in CASES[:1] if args.quick else CASES:
         space = make_space(
             load_model(model),
@@ -61,39 +181,20 @@ def main() -> None:
             **options,
         )
         study = f"bench-{model}-{space.num_points}"
-        shutil.rmtree(os.path.join(out, "points", f"study={study}"), ignore_errors=True)
-        exact = run_exhaustive(space, out=out, study=study)
-        best = exact.best[0]["cost_per_million_tokens"] if exact.best else float("nan")
         print(f"\n{label}: {space.num_points:,} points")
-        print(
-            f"  exhaustive: {exact.elapsed_s:.2f} s, "
-            f"{space.num_points / exact.elapsed_s:,.0f} points/s (Parquet included), "
-            f"best ${best:.4f} per million tokens"
-        )
-        jobs = len(os.sched_getaffinity(0))
+        best = exhaustive_figures(space, out, study)
+        store_figures(space, out, study)
+        if args.zstd_levels:
+            level_figures(space, out)
         if jobs > 1:
-            shutil.rmtree(os.path.join(out, "points", f"study={study}-jobs"), ignore_errors=True)
+            shutil.rmtree(_store.study_dir(out, f"{study}-jobs"), ignore_errors=True)
             par = run_exhaustive(space, out=out, study=f"{study}-jobs", jobs=jobs)
             print(
                 f"  exhaustive over {jobs} processes: {par.elapsed_s:.2f} s, "
                 f"{space.num_points / par.elapsed_s:,.0f} points/s (process start included)"
             )
-        for seed in (0, 1, 2):
-            start = time.perf_counter()
-            found = run_optuna(
-                space,
-                out=out,
-                study=f"{study}-optuna-{seed}",
-                trials=OPTUNA_TRIALS,
-                seed=seed,
-                storage=":memory:",
-            )
-            wall = time.perf_counter() - start
-            cost = found.best[0]["cost_per_million_tokens"] if found.best else float("nan")
-            print(
-                f"  optuna seed {seed}: {OPTUNA_TRIALS} trials ({found.num_points:,} points) "
-                f"in {wall:.1f} s, best ${cost:.4f}: gap {100 * (cost / best - 1):+.2f}%"
-            )
+        if not args.no_optuna:
+            optuna_figures(space, out, study, best)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"\npeak resident memory: {peak_mib:,.0f} MiB")
 

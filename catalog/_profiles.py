@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING
 
-from trainmem.engine import ModelSpec, profile_model
+if TYPE_CHECKING:
+    from trainmem.engine import ModelSpec
 
 
 def load_profile(path: str | os.PathLike[str]) -> ModelSpec:
@@ -24,4 +26,6 @@ def load_profile(path: str | os.PathLike[str]) -> ModelSpec:
         raise ValueError(f"profile{where}: cannot read: {exc.strerror or exc}") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"profile{where}: not JSON: {exc.msg} (line {exc.lineno})") from None
+    from trainmem.engine import profile_model  # the profile code loads for a profile only
+
     return profile_model(data, where=where)

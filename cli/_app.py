@@ -1,5 +1,6 @@
 """The `trainmem` command line (typer): estimate, models, optimizers, trace, gpus; the others
-register from their modules (fit, sweep, points, recommend, heatmap, serve).
+register from their modules (fit, sweep, points, recommend, heatmap, serve), imported only when
+their command is named (LAZY_COMMANDS).
 
 Exit codes (every command, report.EXIT_CODES, docs/exit-codes.md): 0 the command ran; 1 with
 --check when it does not fit; 2 bad input (one line naming the field and the allowed values on
@@ -8,11 +9,15 @@ stderr, no traceback).
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Annotated, Any
 
 import typer
+import typer.main
+from typer.core import TyperGroup
 
 from trainmem.catalog import load_model, load_optimizers, model_presets
 from trainmem.engine import ATTENTION
@@ -27,7 +32,70 @@ from trainmem.report import (
 
 from ._options import command
 
+LAZY_COMMANDS = {
+    "fit": "._fit",
+    "sweep": "._sweep",
+    "points": "._sweep",
+    "recommend": "._recommend",
+    "serve": "._serve",
+    "heatmap": "._heatmap",
+}
+"""Commands built from their module (its `register(app)`) when named, after this file's own:
+`trainmem estimate` imports neither them nor what they run (polars, Optuna, FastAPI, ...)."""
+
+
+class _Commands(MutableMapping[str, Any]):
+    """A group's commands by name, in order; a LAZY_COMMANDS one is built when looked up."""
+
+    def __init__(self, built: Mapping[str, Any]) -> None:
+        self._commands: dict[str, Any] = {**built, **dict.fromkeys(LAZY_COMMANDS)}
+
+    def __getitem__(self, name: str) -> Any:
+        if self._commands[name] is None:
+            self._commands[name] = _build_command(name)
+        return self._commands[name]
+
+    def __setitem__(self, name: str, command: Any) -> None:
+        self._commands[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        del self._commands[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._commands  # without building it
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._commands)
+
+    def __len__(self) -> int:
+        return len(self._commands)
+
+
+class _LazyGroup(TyperGroup):
+    """The `trainmem` group: click's lazily loaded subcommands, on typer's group."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        self.commands = _Commands(self.commands)
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(self.commands)  # the names, without building every command
+
+
+def _build_command(name: str) -> Any:
+    """The click command `name` of LAZY_COMMANDS, as typer builds the group's own."""
+    registry = typer.Typer()
+    importlib.import_module(LAZY_COMMANDS[name], __package__).register(registry)
+    (info,) = (c for c in registry.registered_commands if c.name == name)
+    return typer.main.get_command_from_info(
+        info,
+        pretty_exceptions_short=app.pretty_exceptions_short,
+        rich_markup_mode=app.rich_markup_mode,
+    )
+
+
 app = typer.Typer(
+    cls=_LazyGroup,
     add_completion=False,
     no_args_is_help=True,
     help="Predict the per-GPU memory of a training job before it runs.",
@@ -222,17 +290,6 @@ def gpus_cmd(
             f"{r['bf16_flops'] / 1e12:>13.1f}{r['price_per_hour_usd']:>7.2f}  "
             f"{', '.join(r['aliases'])}".rstrip()
         )
-
-
-from ._heatmap import register as _register_heatmap  # noqa: E402
-from ._recommend import register as _register_recommend  # noqa: E402
-from ._serve import register as _register_serve  # noqa: E402
-from ._sweep import register as _register_sweep_commands  # noqa: E402
-
-_register_sweep_commands(app)  # fit, sweep, points (cli/_sweep.py)
-_register_recommend(app)  # recommend (cli/_recommend.py)
-_register_serve(app)  # serve (cli/_serve.py)
-_register_heatmap(app)  # heatmap (cli/_heatmap.py)
 
 
 def main(argv: list[str] | None = None) -> int:

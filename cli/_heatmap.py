@@ -18,8 +18,6 @@ from trainmem.report import (
     check_headroom,
     training_options,
 )
-from trainmem.results import heatmap_format
-from trainmem.sweep._heatmap import BOOL_AXES, CATEGORICAL, Plot, from_flags, from_points
 
 from ._options import command
 
@@ -100,6 +98,10 @@ def heatmap_cmd(
     points and each cell shows its best point (smallest peak that fits, else smallest peak);
     the configuration flags are then ignored. PNG, or SVG by extension.
     """
+    # polars and matplotlib: imported when the command runs, not when it is registered.
+    from trainmem.results import heatmap_format
+    from trainmem.sweep._heatmap import BOOL_AXES, CATEGORICAL, Plot, from_flags, from_points
+
     fmt = heatmap_format(out)
     plot = Plot(
         x=x,

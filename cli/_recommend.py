@@ -6,15 +6,7 @@ from typing import Any
 
 import typer
 
-from trainmem.plan import (
-    DEFAULT_FRAMEWORK,
-    FORMATS,
-    RECOMMEND_OPTIONS,
-    check_format,
-    recommend_report,
-    render,
-    summary,
-)
+from trainmem.plan import DEFAULT_FRAMEWORK, FORMATS, RECOMMEND_OPTIONS, check_format, render
 from trainmem.report import EXIT_CODES, choice
 
 from ._options import command
@@ -35,6 +27,8 @@ def recommend_cmd(
     closest configuration and the launch formats print nothing (a one-line note on stderr).
     Exit code 0: it ran (with --check: a plan fits); 1: --check and nothing fits; 2: bad input.
     """
+    from trainmem.plan import recommend_report, summary  # the search (polars): run time only
+
     fields = {**options, **training}
     framework = training["framework"]
     shown = "json" if as_json else fmt

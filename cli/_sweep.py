@@ -1,4 +1,4 @@
-"""The `fit`, `sweep` and `points` commands, registered on the CLI's typer app by `register`.
+"""The `sweep` and `points` commands, registered on the CLI's typer app by `register`.
 
 Bad input raises ValueError (one line); the CLI's main() prints it and exits with code 2.
 """
@@ -9,7 +9,7 @@ import functools
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -19,72 +19,12 @@ from trainmem.report import (
     EXIT_CODES,
     jsonable,
 )
-from trainmem.results import query_points
-from trainmem.sweep import (
-    FIT_OPTIONS,
-    SWEEP_OPTIONS,
-    SearchResult,
-    fit_report,
-    run_sweep,
-)
+from trainmem.sweep import SWEEP_OPTIONS
 
 from ._options import command
 
-# ---- fit ---------------------------------------------------------------------------------------
-
-
-@command(FIT_OPTIONS)
-def fit_cmd(training: dict[str, Any], *, as_json: bool, check: bool, **options: Any) -> None:
-    """The largest micro-batch that fits (or, --minimize num-gpus, the fewest GPUs)."""
-    result = fit_report(training, **options)
-    key = "min_num_gpus" if options["minimize"] == "num-gpus" else "max_micro_batch_size"
-    _print_fit(result, options["minimize"], training["seq_len"], as_json=as_json)
-    if check and result[key] is None:
-        raise typer.Exit(1)
-
-
-def _print_fit(result: dict[str, Any], minimize: str, seq_len: int, *, as_json: bool) -> None:
-    if as_json:
-        typer.echo(json.dumps(result, indent=2))
-        return
-    report = result["estimate"]
-    by_gpus = minimize == "num-gpus"
-    answer = result["min_num_gpus" if by_gpus else "max_micro_batch_size"]
-    if answer is None:
-        typer.echo(f"nothing fits on {report['gpu']['name']}{_shortfall_text(result, by_gpus)}")
-        for entry in result.get("advice", [])[:5]:
-            verdict = "fits" if entry["fits"] else "still does not fit"
-            typer.echo(
-                f"  {entry['change']}: saves {entry['saved_bytes'] / GIB:.2f} GiB, {verdict}"
-            )
-        return
-    what = "smallest GPU count" if by_gpus else "largest micro-batch size"
-    typer.echo(
-        f"{what} that fits: {answer} ({report['model']} on {report['config']['num_gpus']} x "
-        f"{report['gpu']['name']}, seq {seq_len}): peak "
-        f"{report['peak_device_bytes'] / GIB:.2f} GiB"
-    )
-
-
-def _shortfall_text(result: dict[str, Any], by_gpus: bool) -> str:
-    """``: micro-batch 1 needs 95.31 GiB, 24.04 GiB over the 71.27 GiB limit (...)`` for the
-    closest candidate, or `` (reason)`` when no candidate is a valid configuration."""
-    if "shortfall_bytes" not in result:
-        return f" ({result['reason']})"
-    report = result["estimate"]
-    peak = result["closest_peak_device_bytes"]
-    shortfall = result["shortfall_bytes"]
-    num_gpus = report["config"]["num_gpus"]
-    if by_gpus:
-        who = f"{num_gpus} GPU needs" if num_gpus == 1 else f"{num_gpus} GPUs need"
-    else:
-        who = f"micro-batch {report['config']['micro_batch_size']} needs"
-    return (
-        f": {who} {peak / GIB:.2f} GiB, {shortfall / GIB:.2f} GiB over the "
-        f"{(peak - shortfall) / GIB:.2f} GiB limit ({report['gpu']['usable_bytes'] / GIB:.2f} "
-        f"usable, {report['headroom']:.0%} headroom)"
-    )
-
+if TYPE_CHECKING:
+    from trainmem.sweep import SearchResult
 
 # ---- sweep -------------------------------------------------------------------------------------
 
@@ -162,8 +102,10 @@ def sweep_cmd(
     storage: str | None,
     study_name: str | None,
     workers: int,
+    warm_start: bool,
     jobs: int,
     out: str,
+    store: str,
     max_micro_batch_size: int,
     max_pp: int,
     max_cp: int,
@@ -175,6 +117,8 @@ def sweep_cmd(
     as_json: bool,
 ) -> None:
     """Search a fleet for the cheapest (or fastest, or smallest) configuration that fits."""
+    from trainmem.sweep import run_sweep  # the searches (polars, Optuna): run time only
+
     check_out_dir(out)
     run = functools.partial(
         run_sweep,
@@ -188,8 +132,10 @@ def sweep_cmd(
         storage=storage,
         study_name=study_name,
         workers=workers,
+        warm_start=warm_start,
         jobs=jobs,
         out=out,
+        store=store,
         max_micro_batch_size=max_micro_batch_size,
         max_pp=max_pp,
         max_cp=max_cp,
@@ -221,7 +167,7 @@ def sweep_cmd(
         return
     typer.echo(
         f"{method}: {result.num_points:,} points of {space.model.name} on {fleet} in "
-        f"{result.elapsed_s:.2f} s -> {result.parquet}"
+        f"{result.elapsed_s:.2f} s -> {result.parquet}{_stored_text(result)}"
     )
     if not result.best:
         typer.echo("nothing fits")
@@ -229,6 +175,14 @@ def sweep_cmd(
     typer.echo(_top_table(result))
     if len(objectives) > 1:
         typer.echo(f"Pareto front ({' vs '.join(objectives)}): {len(result.best)} points")
+
+
+def _stored_text(result: SearchResult) -> str:
+    """`` (stored: N fits points)`` when the parts keep only some of the points (--store)."""
+    store = result.extra.get("store", "all")
+    if store == "all":
+        return ""
+    return f" (stored: {result.extra['num_points_stored']:,} points, --store {store})"
 
 
 def _run_with_progress(run: Any, *, method: str, as_json: bool) -> Any:
@@ -282,6 +236,10 @@ def points_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of rows.")] = False,
 ) -> None:
     """Query stored points (polars): filter, sort, limit."""
+    import polars as pl
+
+    from trainmem.results import query_points
+
     frame = query_points(path, where=where, sort=sort, descending=descending, head=head)
     if columns:
         wanted = [c.strip() for c in columns.split(",") if c.strip()]
@@ -293,17 +251,10 @@ def points_cmd(
         frame = frame.select(
             [*SHOW, "peak_device_bytes", "fits", "step_time_s", "cost_per_million_tokens"]
         )
-    import polars as pl
-
-    byte_columns = [
-        name for name, dtype in frame.schema.items() if name.endswith("_bytes") and dtype.is_float()
-    ]
-    if as_json:  # byte counts stored as Float64: print whole bytes, NaN as null
-        frame = frame.with_columns(
-            pl.col(name).fill_nan(None).round(0).cast(pl.Int64) for name in byte_columns
-        )
+    if as_json:  # byte counts are whole bytes (Int64; rounded from schema 3's Float64)
         typer.echo(json.dumps(jsonable(frame.to_dicts()), indent=2))
         return
+    byte_columns = [name for name in frame.columns if name.endswith("_bytes")]
     frame = frame.select(
         (pl.col(name) / GIB).round(2).alias(name.removesuffix("_bytes") + "_gib")
         if name in byte_columns
@@ -315,7 +266,6 @@ def points_cmd(
 
 
 def register(app: typer.Typer) -> None:
-    """Add `fit`, `sweep` and `points` to the CLI app."""
-    app.command("fit", epilog=EXIT_CODES)(fit_cmd)
+    """Add `sweep` and `points` to the CLI app."""
     app.command("sweep", epilog=EXIT_CODES)(sweep_cmd)
     app.command("points", epilog=EXIT_CODES)(points_cmd)

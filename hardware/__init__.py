@@ -6,12 +6,20 @@
 79.19
 
 Built-in profiles live in ``gpus/<name>.toml``; a folder passed as ``hardware_dir`` or named by
-``$TRAINMEM_HARDWARE_DIR`` adds profiles or overrides built-ins of the same name.
+``$TRAINMEM_HARDWARE_DIR`` adds profiles or overrides built-ins of the same name. The fleet
+names (Fleet, Pool, parse_fleet) load their module when first used.
 """
 
-from ._fleet import Fleet, Pool, parse_fleet
+from typing import TYPE_CHECKING, Any
+
 from ._gpu import GIB, GpuProfile
 from ._loader import ENV_VAR, get_gpu, gpu_aliases, load_gpus
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._fleet import Fleet, Pool, parse_fleet
+
+_FLEET_NAMES = ("Fleet", "Pool", "parse_fleet")
+"""Names of hardware/_fleet.py: only the searches (sweep, recommend) need them."""
 
 __all__ = [
     "ENV_VAR",
@@ -24,3 +32,14 @@ __all__ = [
     "load_gpus",
     "parse_fleet",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The fleet names, imported from their module on first use."""
+    if name not in _FLEET_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from . import _fleet
+
+    value = getattr(_fleet, name)
+    globals()[name] = value
+    return value

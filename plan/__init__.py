@@ -2,17 +2,20 @@
 
 `recommend_report` searches the sweep's space restricted to what a framework launches;
 `render` writes a plan as a DeepSpeed config, a torchrun line, an sbatch script or an accelerate
-FSDP config.
+FSDP config. The search's names (recommend_report, REPORT_FIELDS, space_points, summary) load
+their module, and the searches behind it, when first used.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from ._launch import DEFAULT_FRAMEWORK, FORMATS, check_format, deepspeed_config, render
-from ._recommend import (
-    RECOMMEND_OPTIONS,
-    REPORT_FIELDS,
-    recommend_report,
-    space_points,
-    summary,
-)
+from ._options import RECOMMEND_OPTIONS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._recommend import REPORT_FIELDS, recommend_report, space_points, summary
+
+_RECOMMEND_NAMES = ("REPORT_FIELDS", "recommend_report", "space_points", "summary")
+"""Names of plan/_recommend.py (it imports the searches: polars)."""
 
 __all__ = [
     "RECOMMEND_OPTIONS",
@@ -26,3 +29,14 @@ __all__ = [
     "space_points",
     "summary",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The search's names, imported from their module on first use."""
+    if name not in _RECOMMEND_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from . import _recommend
+
+    value = getattr(_recommend, name)
+    globals()[name] = value
+    return value

@@ -30,34 +30,25 @@ from trainmem.engine import (
     FRAMEWORKS,
     KNOBS,
     PRECISIONS,
-    SWEEP_AXES,
     TrainingConfig,
 )
 from trainmem.hardware import GIB, Fleet, load_gpus, parse_fleet
 from trainmem.report import (
-    AS_JSON,
-    CHECK,
-    HEADROOM,
-    MODEL,
-    USER_DIRS,
-    Option,
     check_headroom,
     check_options,
     choice,
     training_config,
-    training_options,
 )
 from trainmem.sweep import (
-    FLEET,
     SEARCH_DEFAULTS,
-    SEARCH_OPTIONS,
     extra_fields,
     parse_objectives,
     run_exhaustive,
 )
 from trainmem.sweep._space import _NAMES, Space, evaluate_columns, make_space, reason_texts
 
-from ._launch import DEFAULT_FRAMEWORK, FORMATS, TIME_RE
+from ._launch import DEFAULT_FRAMEWORK, TIME_RE
+from ._options import RECOMMEND_OPTIONS
 
 LAYOUT = ("gpu", "num_gpus", "tp", "pp", "virtual_stages", "cp", "ep")
 """Columns that make two plans different layouts (the alternatives are distinct layouts)."""
@@ -147,50 +138,6 @@ MODEL_KEYS = (
 )
 """The model's shape in the report (what the launch formats need)."""
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-RECOMMEND_OPTIONS: tuple[Option, ...] = (
-    MODEL,
-    FLEET,
-    *training_options(
-        defaults=SEARCH_DEFAULTS,
-        exclude=("sequence_parallel",),
-        optional=(*SWEEP_AXES, "framework"),
-    ),
-    Option(
-        name="fmt",
-        type=str | None,
-        default=None,
-        flag="--format",
-        http=False,
-        help=" | ".join(FORMATS) + " (default: a summary).",
-    ),
-    AS_JSON,
-    CHECK,
-    Option(
-        name="num_alternatives",
-        type=int,
-        default=4,
-        ge=0,
-        le=64,
-        help="Runners-up (distinct layouts).",
-    ),
-    *SEARCH_OPTIONS,
-    HEADROOM,
-    Option(
-        name="script",
-        type=str | None,
-        default=None,
-        help="Training script of torchrun/slurm (pretrain_gpt.py, train.py).",
-    ),
-    Option(
-        name="job_name", type=str, default="trainmem", help="slurm --job-name, torchrun --rdzv-id."
-    ),
-    Option(name="time_limit", type=str, default="24:00:00", help="slurm --time."),
-    *USER_DIRS,
-)
-"""`trainmem recommend`, `POST /v1/recommend`, `trainmem.recommend`. `framework` unset: the
-launch format's (megatron for json); a searched field given pins its axis."""
 
 
 def recommend_report(

@@ -1,20 +1,44 @@
 """trainmem.results: the evaluated-points table.
 
 Schema, Parquet store and queries (the sweep issue). Imports engine only.
+
+Each name is imported from its module when first used (they all need polars, which
+`trainmem estimate` never loads).
 """
 
-from ._plot import HEATMAP_FORMATS, heatmap_format, write_heatmap
-from ._query import query_points
-from ._schema import SCHEMA, SCHEMA_VERSION
-from ._store import (
-    part_exists,
-    points_frame,
-    read_metadata,
-    scan_points,
-    study_dir,
-    tool_version,
-    write_points,
-)
+import importlib as _importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._plot import HEATMAP_FORMATS, heatmap_format, write_heatmap
+    from ._query import query_points
+    from ._schema import SCHEMA, SCHEMA_VERSION
+    from ._store import (
+        part_exists,
+        points_frame,
+        read_metadata,
+        scan_points,
+        study_dir,
+        tool_version,
+        write_points,
+    )
+
+_MODULES = {
+    "._plot": ("HEATMAP_FORMATS", "heatmap_format", "write_heatmap"),
+    "._query": ("query_points",),
+    "._schema": ("SCHEMA", "SCHEMA_VERSION"),
+    "._store": (
+        "part_exists",
+        "points_frame",
+        "read_metadata",
+        "scan_points",
+        "study_dir",
+        "tool_version",
+        "write_points",
+    ),
+}
+_MODULE_OF = {name: module for module, names in _MODULES.items() for name in names}
+"""Each public name and the module that defines it."""
 
 __all__ = [
     "HEATMAP_FORMATS",
@@ -31,3 +55,16 @@ __all__ = [
     "write_heatmap",
     "write_points",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use."""
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(_MODULE_OF[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

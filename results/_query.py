@@ -102,8 +102,8 @@ def query_points(
 
     >>> query_points("out", where="fits", sort="cost_per_million_tokens", head=10)  # doctest: +SKIP
     """
-    lf = scan_points(path)
     check_parts(path)
+    lf = scan_points(path)
     try:
         names = lf.collect_schema().names()
     except pl.exceptions.PolarsError as error:

@@ -10,33 +10,38 @@ import polars as pl
 
 from trainmem.engine import COMPONENTS, FIELD_NAMES, TYPES
 
-SCHEMA_VERSION = 3
-"""3: the fields dp_shard, recompute_every, compile, optimizer_in_backward and allocator, and the
-vocabularies' new names (recompute selective-op / selective-layer, framework torchtune, loss
-chunked-output); 2: every training field of the configuration is a column (1: the searched
-ones only)."""
+SCHEMA_VERSION = 4
+"""4: byte columns (BYTE_COLUMNS) are whole bytes, Int64 (were Float64), and the string columns
+are stored dictionary-encoded (Categorical; readers see strings); 3: the fields dp_shard,
+recompute_every, compile, optimizer_in_backward and allocator, and the vocabularies' new names
+(recompute selective-op / selective-layer, framework torchtune, loss chunked-output); 2: every
+training field of the configuration is a column (1: the searched ones only)."""
 
-_POLARS_TYPES: dict[type, type[pl.DataType]] = {
+_POLARS_TYPES: dict[type, type[pl.DataType] | pl.DataType] = {
     int: pl.Int64,
     float: pl.Float64,
     bool: pl.Boolean,
-    str: pl.String,
+    # A column of a few names repeated over every row (precision, gpu, reason): stored as a
+    # dictionary of the names and small integer codes, which polars writes without hashing
+    # every row's string again (a third of a part's write time as strings).
+    str: pl.Categorical(),
 }
 
 CONFIG_COLUMNS: dict[str, type[pl.DataType] | pl.DataType] = {
-    "gpu": pl.String,
+    "gpu": pl.Categorical(),
     **{name: _POLARS_TYPES[TYPES[name]] for name in FIELD_NAMES},
     "dp": pl.Int64,
     "grad_accum_steps": pl.Int64,
 }
 """The configuration of a point."""
 
+BYTE_COLUMNS = ("peak_device_bytes", *COMPONENTS, "peak_allocated_bytes")
+"""Bytes per device, rounded to the byte (null where the engine gives no finite number)."""
+
 PREDICTION_COLUMNS: dict[str, type[pl.DataType] | pl.DataType] = {
-    "peak_device_bytes": pl.Float64,
-    **{c: pl.Float64 for c in COMPONENTS},
-    "peak_allocated_bytes": pl.Float64,
+    **{name: pl.Int64 for name in BYTE_COLUMNS},
     "fits": pl.Boolean,
-    "reason": pl.String,
+    "reason": pl.Categorical(),
     "step_time_s": pl.Float64,
     "tokens_per_second": pl.Float64,
     "mfu": pl.Float64,
@@ -45,8 +50,8 @@ PREDICTION_COLUMNS: dict[str, type[pl.DataType] | pl.DataType] = {
 """What the engine predicts for it (bytes per device; NaN time and cost for invalid points)."""
 
 PROVENANCE_COLUMNS: dict[str, type[pl.DataType] | pl.DataType] = {
-    "model": pl.String,
-    "study": pl.String,
+    "model": pl.Categorical(),
+    "study": pl.Categorical(),
     "trial": pl.Int64,
 }
 """Where the point comes from; `trial` is null for an exhaustive sweep."""
@@ -56,4 +61,9 @@ SCHEMA: dict[str, type[pl.DataType] | pl.DataType] = {
     **PREDICTION_COLUMNS,
     **PROVENANCE_COLUMNS,
 }
-"""Every column, in file order."""
+"""Every column, in file order, as stored."""
+
+READ_SCHEMA: dict[str, type[pl.DataType] | pl.DataType] = {
+    name: pl.String if dtype == pl.Categorical else dtype for name, dtype in SCHEMA.items()
+}
+"""Every column as `scan_points` (queries, heatmaps) gives it: the categoricals as strings."""

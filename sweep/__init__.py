@@ -6,24 +6,60 @@ exhaustive and Optuna searches (`run_exhaustive`, `run_optuna`; every point stor
 
 Called, the package runs a sweep: `trainmem.sweep(model=..., fleet=..., out=None)` is
 `run_sweep(...)` (returns a SweepRun: the SearchResult, the space, the study name).
+
+Each name is imported from its module when first used: `fit_report` does not load the searches
+(polars, Optuna).
 """
 
+import importlib as _importlib
 import sys as _sys
 import types as _types
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._fit import FIT_OPTIONS, fit_report
-from ._options import FLEET, JOB_FIELDS, SEARCH_DEFAULTS, SEARCH_OPTIONS, extra_fields
-from ._run import SWEEP_OPTIONS, SweepRun, run_sweep
-from ._search import (
-    OBJECTIVES,
-    Progress,
-    SearchResult,
-    parse_objectives,
-    run_exhaustive,
-    run_optuna,
-)
-from ._space import AXES, Space, evaluate_columns, gpu_counts, make_space, reason_texts
+if TYPE_CHECKING:  # pragma: no cover
+    from ._fit import FIT_OPTIONS, fit_report
+    from ._options import (
+        FLEET,
+        JOB_FIELDS,
+        SEARCH_DEFAULTS,
+        SEARCH_OPTIONS,
+        SWEEP_OPTIONS,
+        extra_fields,
+    )
+    from ._run import SweepRun, run_sweep
+    from ._search import (
+        OBJECTIVES,
+        Progress,
+        SearchResult,
+        parse_objectives,
+        run_exhaustive,
+        run_optuna,
+    )
+    from ._space import AXES, Space, evaluate_columns, gpu_counts, make_space, reason_texts
+
+_MODULES = {
+    "._fit": ("FIT_OPTIONS", "fit_report"),
+    "._options": (
+        "FLEET",
+        "JOB_FIELDS",
+        "SEARCH_DEFAULTS",
+        "SEARCH_OPTIONS",
+        "SWEEP_OPTIONS",
+        "extra_fields",
+    ),
+    "._run": ("SweepRun", "run_sweep"),
+    "._search": (
+        "OBJECTIVES",
+        "Progress",
+        "SearchResult",
+        "parse_objectives",
+        "run_exhaustive",
+        "run_optuna",
+    ),
+    "._space": ("AXES", "Space", "evaluate_columns", "gpu_counts", "make_space", "reason_texts"),
+}
+_MODULE_OF = {name: module for module, names in _MODULES.items() for name in names}
+"""Each public name and the module that defines it."""
 
 __all__ = [
     "SWEEP_OPTIONS",
@@ -51,6 +87,19 @@ __all__ = [
 ]
 
 
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use."""
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(_MODULE_OF[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
 class _CallableSweep(_types.ModuleType):
     """`trainmem.sweep` is this package and, called, the sweep verb.
 
@@ -58,7 +107,9 @@ class _CallableSweep(_types.ModuleType):
     otherwise).
     """
 
-    def __call__(self, *args: Any, **kwargs: Any) -> SweepRun:
+    def __call__(self, *args: Any, **kwargs: Any) -> "SweepRun":
+        from ._run import run_sweep
+
         return run_sweep(*args, **kwargs)
 
 

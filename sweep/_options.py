@@ -1,12 +1,22 @@
-"""The options every search takes (sweep, recommend), declared once (trainmem.report.Option)."""
+"""The options every search takes (sweep, recommend) and `trainmem sweep`'s, declared once
+(trainmem.report.Option) in a module that imports no search: the command line lists them
+without loading polars or Optuna."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from trainmem.engine import FIELD_NAMES
-from trainmem.report import Option
+from trainmem.engine import FIELD_NAMES, SWEEP_AXES
+from trainmem.report import (
+    AS_JSON,
+    HEADROOM,
+    MODEL,
+    PROFILE_FILE,
+    USER_DIRS,
+    Option,
+    training_options,
+)
 
 SEARCH_DEFAULTS = {
     "seq_len": 4096,
@@ -53,3 +63,69 @@ def extra_fields(job: Mapping[str, Any]) -> dict[str, Any]:
     sequence_parallel: on in every search)."""
     fixed = (*JOB_FIELDS, "sequence_parallel")
     return {k: v for k, v in job.items() if k in FIELD_NAMES and k not in fixed and v is not None}
+
+
+STORE_MODES = ("all", "valid", "fits", "best-per-layout")
+"""What a sweep's parts hold of its points (metadata `trainmem_store`); anything but "all" is a
+partial table (sweep/_parts.py `stored_rows`)."""
+STORE_HELP = (
+    "What the Parquet parts keep: all (every point), valid (valid layouts, fitting or not), "
+    "fits (fitting points), best-per-layout (each layout's best fitting point by --objective; "
+    "a layout: GPU type and count, tp, pp, virtual stages, cp, ep, with dp following; ZeRO, "
+    "recompute, offload and micro-batch are chosen within it). Anything but all is a partial "
+    "table (metadata trainmem_store); a rerun with --store all rebuilds the rest."
+)
+
+
+SWEEP_OPTIONS: tuple[Option, ...] = (
+    MODEL,
+    FLEET,
+    *training_options(
+        defaults=SEARCH_DEFAULTS, exclude=("sequence_parallel",), optional=SWEEP_AXES
+    ),
+    Option(name="method", type=str, default="exhaustive", help="exhaustive|optuna"),
+    Option(name="trials", type=int, default=200, ge=1, help="Optuna: the study's total trials."),
+    Option(name="seed", type=int, default=0, help="Optuna sampler seed."),
+    Option(
+        name="objective",
+        type=str,
+        default="cost",
+        help="cost | time | gpus; two comma-separated: the Pareto front.",
+    ),
+    Option(
+        name="storage",
+        type=str | None,
+        default=None,
+        help=(
+            "Optuna storage URL (sqlite:///FILE, postgresql://...) to share a study between "
+            "processes or machines. Default: in memory, rebuilt from the points in --out on a "
+            "rerun (one process per study); with --workers > 1, or when it already holds the "
+            "study, the SQLite file OUT/optuna.db."
+        ),
+    ),
+    Option(name="study_name", type=str | None, default=None, help="Study name (default: derived)."),
+    Option(name="workers", type=int, default=1, ge=1, help="Optuna: local worker processes."),
+    Option(
+        name="warm_start",
+        type=bool,
+        default=True,
+        flag="--warm-start",
+        help=(
+            "Optuna: a new study's first trials are the best layouts of the exhaustive "
+            "search of a coarse version of the space, then of the cell around its optimum "
+            "(a few % of its points)."
+        ),
+    ),
+    Option(
+        name="jobs", type=int, default=1, ge=1, help="Exhaustive: local processes over the chunks."
+    ),
+    Option(name="out", type=str, default="out", help="Output folder (Parquet points, Optuna db)."),
+    Option(name="store", type=str, default="all", choices=STORE_MODES, help=STORE_HELP),
+    *SEARCH_OPTIONS[1:],
+    HEADROOM,
+    *USER_DIRS,
+    PROFILE_FILE,
+    AS_JSON,
+)
+"""`trainmem sweep`: the search defaults (SEARCH_DEFAULTS); a searched field given pins its
+axis, any other training field given is fixed for every point."""

@@ -17,64 +17,21 @@ from trainmem.engine import (
     FIELD_NAMES,
     FRAMEWORKS,
     PRECISIONS,
-    SWEEP_AXES,
     TrainingConfig,
 )
 from trainmem.hardware import load_gpus, parse_fleet
 from trainmem.report import (
-    AS_JSON,
-    HEADROOM,
-    MODEL,
-    PROFILE_FILE,
-    USER_DIRS,
-    Option,
     check_headroom,
     check_options,
     choice,
     model_spec,
     training_config,
-    training_options,
 )
 
-from ._options import FLEET, SEARCH_DEFAULTS, SEARCH_OPTIONS, extra_fields
+from ._options import SEARCH_DEFAULTS, SWEEP_OPTIONS, extra_fields
+from ._parts import check_store
 from ._search import Progress, SearchResult, parse_objectives, run_exhaustive, run_optuna
 from ._space import Space, make_space
-
-SWEEP_OPTIONS: tuple[Option, ...] = (
-    MODEL,
-    FLEET,
-    *training_options(
-        defaults=SEARCH_DEFAULTS, exclude=("sequence_parallel",), optional=SWEEP_AXES
-    ),
-    Option(name="method", type=str, default="exhaustive", help="exhaustive|optuna"),
-    Option(name="trials", type=int, default=200, ge=1, help="Optuna: the study's total trials."),
-    Option(name="seed", type=int, default=0, help="Optuna sampler seed."),
-    Option(
-        name="objective",
-        type=str,
-        default="cost",
-        help="cost | time | gpus; two comma-separated: the Pareto front.",
-    ),
-    Option(
-        name="storage",
-        type=str | None,
-        default=None,
-        help="Optuna RDB URL (default: sqlite file in --out).",
-    ),
-    Option(name="study_name", type=str | None, default=None, help="Study name (default: derived)."),
-    Option(name="workers", type=int, default=1, ge=1, help="Optuna: local worker processes."),
-    Option(
-        name="jobs", type=int, default=1, ge=1, help="Exhaustive: local processes over the chunks."
-    ),
-    Option(name="out", type=str, default="out", help="Output folder (Parquet points, Optuna db)."),
-    *SEARCH_OPTIONS[1:],
-    HEADROOM,
-    *USER_DIRS,
-    PROFILE_FILE,
-    AS_JSON,
-)
-"""`trainmem sweep`: the search defaults (SEARCH_DEFAULTS); a searched field given pins its
-axis, any other training field given is fixed for every point."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,8 +61,10 @@ def run_sweep(
     storage: str | None = None,
     study_name: str | None = None,
     workers: int = 1,
+    warm_start: bool = True,
     jobs: int = 1,
     out: str | None = "out",
+    store: str = "all",
     max_micro_batch_size: int = 16,
     max_pp: int = 16,
     max_cp: int = 4,
@@ -127,6 +86,7 @@ def run_sweep(
     seq_len, global_batch_size = training["seq_len"], training["global_batch_size"]
     precision, optimizer, framework = (training[k] for k in ("precision", "optimizer", "framework"))
     choice("method", method, ("exhaustive", "optuna"))
+    check_store(store)
     choice("precision", precision, PRECISIONS)
     optimizer_fields = optimizer_columns(optimizer, optimizers_dir)
     choice("framework", framework, FRAMEWORKS)
@@ -178,7 +138,9 @@ def run_sweep(
         seed=seed,
         storage=storage,
         workers=workers,
+        warm_start=warm_start,
         jobs=jobs,
+        store=store,
         progress=progress,
     )
     return SweepRun(result=result, space=space, study=study, objectives=objectives)
@@ -196,16 +158,26 @@ def _search(
     storage: str | None,
     workers: int,
     jobs: int,
+    warm_start: bool = True,
+    store: str = "all",
     progress: Progress | None = None,
 ) -> SearchResult:
     if method == "exhaustive":
         if storage or workers != 1:
             raise ValueError("--storage and --workers apply to --method optuna")
         return run_exhaustive(
-            space, out=out, study=study, objectives=objectives, jobs=jobs, progress=progress
+            space,
+            out=out,
+            study=study,
+            objectives=objectives,
+            jobs=jobs,
+            store=store,
+            progress=progress,
         )
     if jobs != 1:
         raise ValueError("--jobs applies to --method exhaustive (optuna: --workers)")
+    if store != "all":  # a study's best and top points are read back from all its points
+        raise ValueError("--store applies to --method exhaustive (optuna stores every point)")
     if out is None:  # its workers share the points through the study's folder
         raise ValueError("out: --method optuna stores its points under a folder; got None")
     return run_optuna(
@@ -217,5 +189,6 @@ def _search(
         seed=seed,
         storage=storage,
         workers=workers,
+        warm_start=warm_start,
         progress=progress,
     )

@@ -1,12 +1,14 @@
 """Search a space: exhaustive (exact optimum) or Optuna (batched ask/tell), every point stored.
 
 Both evaluate points the same way (`Space.evaluate` / `evaluate_columns`: one vectorized engine
-call per chunk or batch) and write every point, fitting or not, to the points table.
+call per chunk or batch) and write every point, fitting or not, to the points table (the
+exhaustive search: unless `store` keeps fewer, `_parts.stored_rows`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -18,20 +20,32 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import polars as pl
 
-from trainmem.results import SCHEMA_VERSION, part_exists, points_frame, study_dir, write_points
+from trainmem.engine import preload_kernel
+from trainmem.results import (
+    SCHEMA_VERSION,
+    part_exists,
+    points_frame,
+    scan_points,
+    study_dir,
+    write_points,
+)
 from trainmem.results._store import (
     HOST_TAG,
+    PendingPart,
     _pid_alive,
     clean_temporaries,
     publish_points,
+    read_view,
     staged_parts,
+    write_pending,
 )
 
+from ._parts import PublishBatches, check_store, chunk_points, part_name, stored_rows
 from ._space import _NAMES, ALL_REASONS, AXES, POINT_COLUMNS, Space, evaluate_columns
 
 OBJECTIVES = {
@@ -80,8 +94,10 @@ def parse_objectives(text: str) -> tuple[str, ...]:
 
 
 def _names(vocab: Sequence[str], codes: np.ndarray) -> pl.Series:
-    """Strings from codes, gathered in polars (no Python objects per row)."""
-    return pl.Series(list(vocab), dtype=pl.String).gather(np.asarray(codes, dtype=np.int64))
+    """Names from codes, a categorical gathered in polars: no Python object nor string per
+    row, and the part is written from the codes (no string hashed per row)."""
+    names = pl.Series(list(vocab), dtype=pl.Categorical)
+    return names.gather(np.asarray(codes, dtype=np.int64))
 
 
 def _frame(
@@ -155,6 +171,7 @@ def run_exhaustive(
     top: int | None = TOP,
     distinct: Sequence[str] = (),
     tie_break: Sequence[str] = (),
+    store: str = "all",
 ) -> SearchResult:
     """Evaluate every point of `space`, chunk by chunk, each chunk one Parquet part; `jobs` > 1
     spreads the chunks over that many joblib processes.
@@ -165,23 +182,29 @@ def run_exhaustive(
     A rerun skips the chunks already written (deterministic part names), so a killed sweep
     resumes without losing or duplicating points. Returns the exact optimum over fitting points.
     In one process a writer thread writes each part while the next chunk is evaluated; a chunk
-    is reported to `progress` once its part is on disk, and a failed write is raised.
+    is reported to `progress` once its part is written, and a failed write is raised. Parts are
+    written without an fsync each and published in batches (`_parts.PublishBatches`: at the
+    end, every PUBLISH_EVERY_S, and on an error); results/_store.py says what a crash leaves.
 
     `out` None: nothing is written (the points live in memory only; `parquet` is ""). `top`:
     the best fitting points kept (None: all); `distinct`: columns of which each combination
     keeps only its best point (e.g. the layout columns); `tie_break`: columns that order the
-    points the objectives and TIE_BREAK leave tied. `extra["closest"]`: when nothing fits, the
-    valid point nearest to fitting (lowest device peak / usable memory), else None.
+    points the objectives and TIE_BREAK leave tied. `store`: what the parts keep (STORE_MODES,
+    `_parts.stored_rows`); the result is the same whatever they keep. `extra["closest"]`: when
+    nothing fits, the valid point nearest to fitting (lowest device peak / usable memory), else
+    None; `extra["store"]`, `extra["num_points_stored"]`: the rows of the study's parts.
     """
     start = time.perf_counter()
+    check_store(store)
     total = space.num_points
-    fp = space_fingerprint(space, chunk_size=chunk_size)
+    size = chunk_points(space, chunk_size=chunk_size, store=store)
+    fp = space_fingerprint(space, chunk_size=size)
     folder = None if out is None else study_dir(out, study)
     if out is not None and study_dir(out, study).is_dir():
         clean_temporaries(out, study=study, before=PROCESS_START)
     chunks = [
-        (f"x{fp}-{c:06d}", lo, min(lo + chunk_size, total))
-        for c, lo in enumerate(range(0, total, chunk_size))
+        (part_name(fp, store=store, chunk=c), lo, min(lo + size, total))
+        for c, lo in enumerate(range(0, total, size))
     ]
     keys = [*_sort_keys(objectives), *[k for k in tie_break if k not in _sort_keys(objectives)]]
     args: dict[str, Any] = {
@@ -191,12 +214,16 @@ def run_exhaustive(
         "keys": keys,
         "top": top,
         "distinct": tuple(distinct),
+        "store": store,
+        "fingerprint": fp,
+        "owner_pid": os.getpid(),  # worker processes name their temporaries after this run
     }
     keep: list[pl.DataFrame] = []
     near: list[pl.DataFrame] = []
-    skipped = 0
+    skipped = num_stored = 0
+    batches = PublishBatches()
     # One process: a writer thread writes chunk c's part (polars, outside the GIL) while chunk
-    # c + 1 is evaluated; a chunk is reported done only once its part is on disk.
+    # c + 1 is evaluated; a chunk is reported done only once its part is written.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainmem-write") as writer:
         if jobs > 1 and len(chunks) > 1:
             from joblib import Parallel, delayed
@@ -210,43 +237,72 @@ def run_exhaustive(
                 _exhaustive_chunk(space, part=part, lo=lo, hi=hi, writer=writer, **args)
                 for part, lo, hi in chunks
             )
-        pending: tuple[int, Future[Any] | None] | None = None
-        for (_, _, hi), (best_rows, closest, was_skipped, written) in zip(
-            chunks, results, strict=True
-        ):
-            keep.append(best_rows)
-            near.append(closest)
-            skipped += was_skipped
-            if pending is not None:
-                _reported(*pending, total=total, progress=progress)
-            pending = (hi, written)
-        if pending is not None:
-            _reported(*pending, total=total, progress=progress)
+        in_flight: list[tuple[int, Written]] = []
+        try:
+            for (_, _, hi), (best_rows, closest, was_skipped, rows, written) in zip(
+                chunks, results, strict=True
+            ):
+                keep.append(best_rows)
+                near.append(closest)
+                skipped += was_skipped
+                num_stored += rows
+                in_flight.append((hi, written))
+                while len(in_flight) > 1:  # the newest part's write overlaps the next chunk
+                    batches.add(_reported(*in_flight.pop(0), total=total, progress=progress))
+            while in_flight:
+                batches.add(_reported(*in_flight.pop(0), total=total, progress=progress))
+        except BaseException:
+            _publish_after_error(batches, [w for _, w in in_flight])
+            raise
+        batches.publish()
     fitting = pl.concat(keep) if keep else _frame(space, space.evaluate(np.arange(0)), study=study)
     top_rows = _best_of(fitting, keys=keys, top=top, distinct=tuple(distinct))
     best = _pareto(fitting, objectives) if len(fitting) else fitting
     nearest = _closest(space, pl.concat(near)) if near and not len(fitting) else None
     return SearchResult(
         best=_best_rows(best),
-        top=top_rows,
+        top=read_view(top_rows),
         num_points=total,
         parquet="" if folder is None else str(folder),
         elapsed_s=time.perf_counter() - start,
         extra={
             "chunks_skipped": skipped,
             "closest": nearest.to_dicts()[0] if nearest is not None and len(nearest) else None,
+            "store": store,
+            "num_points_stored": num_stored,
         },
     )
 
 
+Written: TypeAlias = "Future[PendingPart] | PendingPart | None"
+"""A chunk's part: being written (the writer thread's), written (a worker process's, or in
+line), or none (nothing to write)."""
+
+
 def _reported(
-    hi: int, written: Future[Any] | None, *, total: int, progress: Progress | None
-) -> None:
-    """Wait for a chunk's part to be on disk (its write error raised here), then report it."""
-    if written is not None:
-        written.result()
+    hi: int, written: Written, *, total: int, progress: Progress | None
+) -> PendingPart | None:
+    """Wait for a chunk's part to be written (its write error raised here), report the chunk,
+    and return the part (to publish)."""
+    part = _part(written)
     if progress is not None:
         progress(hi, total)
+    return part
+
+
+def _part(written: Written) -> PendingPart | None:
+    return written.result() if isinstance(written, Future) else written
+
+
+def _publish_after_error(batches: PublishBatches, in_flight: list[Written]) -> None:
+    """On an error (or Ctrl-C): publish the parts written so far, those in flight once written,
+    so that a rerun skips them. A failure here leaves them to the rerun: the error raised is
+    the first one."""
+    for written in in_flight:
+        with contextlib.suppress(Exception):  # a failed write: no part
+            batches.pending.extend(p for p in [_part(written)] if p is not None)
+    with contextlib.suppress(OSError):
+        batches.publish()
 
 
 def _best_of(
@@ -262,10 +318,11 @@ def _best_of(
 def _closest(space: Space, frame: pl.DataFrame) -> pl.DataFrame:
     """The valid row (no reason) with the lowest device peak / usable memory: nearest to fit."""
     usable = {p.gpu: float(space.gpus[p.gpu].usable_bytes) for p in space.fleet.pools}
-    ratio = pl.col("peak_device_bytes") / pl.col("gpu").replace_strict(usable, default=None)
+    gpu = pl.col("gpu").cast(pl.String)
+    ratio = pl.col("peak_device_bytes") / gpu.replace_strict(usable, default=None)
     valid = frame.filter(pl.col("reason") == "")
     nearest = valid.with_columns(_ratio=ratio).sort("_ratio", nulls_last=True, maintain_order=True)
-    return nearest.head(1).drop("_ratio")
+    return read_view(nearest.head(1).drop("_ratio"))
 
 
 def _exhaustive_chunk(
@@ -280,28 +337,49 @@ def _exhaustive_chunk(
     keys: list[str],
     top: int | None,
     distinct: tuple[str, ...],
+    store: str = "all",
+    fingerprint: str = "",
+    owner_pid: int | None = None,
     writer: Executor | None = None,
-) -> tuple[pl.DataFrame, pl.DataFrame, bool, Future[Any] | None]:
-    """Evaluate and write one chunk (or read it back if a previous run wrote it; `out` None:
-    evaluate only); returns its best fitting rows (`_best_of`, and its Pareto front for two
-    objectives), its valid row nearest to fitting, whether it was already on disk and, with a
-    `writer`, the pending write (else the part is written before returning)."""
+) -> tuple[pl.DataFrame, pl.DataFrame, bool, int, Written]:
+    """Evaluate one chunk and write its part (`stored_rows` of its points); or, when a previous
+    run wrote the part, read it back (store all) or evaluate the chunk again without writing (a
+    partial part cannot give the chunk's best and closest rows); `out` None: evaluate only.
+
+    Returns its best fitting rows (`_best_of`, and its Pareto front for two objectives), its
+    valid row nearest to fitting, whether its part was on disk, the rows the part holds, and
+    the part (`write_pending`, published by the caller): being written by `writer`, else
+    written before returning.
+    """
     skipped = out is not None and part_exists(out, study=study, part=part)
-    written: Future[Any] | None = None
-    if skipped:
-        frame = pl.read_parquet(study_dir(out, study) / f"part-{part}.parquet")
+    written: Written = None
+    if skipped and store == "all":
+        frame = stored = pl.read_parquet(study_dir(out, study) / f"part-{part}.parquet")
     else:
+        preload_kernel(space.num_points)  # this process evaluates many chunks: compiled loop
         frame = _frame(space, space.evaluate(range(lo, hi), columns=POINT_COLUMNS), study=study)
-        if out is not None and writer is not None:
-            written = writer.submit(write_points, frame, out, study=study, part=part)
-        elif out is not None:
-            write_points(frame, out, study=study, part=part)
+        stored = stored_rows(frame, store=store, keys=keys)
+        if out is not None and not skipped:
+            write = functools.partial(
+                write_pending,
+                stored,
+                out,
+                study=study,
+                part=part,
+                provenance={
+                    "store": store,
+                    "space_fingerprint": fingerprint,
+                    "point_range": f"{lo}-{hi}",
+                },
+                owner_pid=owner_pid,
+            )
+            written = writer.submit(write) if writer is not None else write()
     fitting = frame.filter(pl.col("fits"))
     best = _best_of(fitting, keys=keys, top=top, distinct=distinct)
     if len(objectives) > 1:
         best = pl.concat([best, _pareto(fitting, objectives)])
-    closest = _closest(space, frame) if not len(fitting) else frame.head(0)
-    return best, closest, skipped, written
+    closest = _closest(space, frame) if not len(fitting) else read_view(frame.head(0))
+    return best, closest, skipped, 0 if out is None else len(stored), written
 
 
 # ---- Optuna ------------------------------------------------------------------------------------
@@ -326,7 +404,9 @@ def _sampler(seed: int | None, num_objectives: int) -> Any:
 
 
 _MEMORY: dict[str, Any] = {}
-"""In-process storages for `storage=":memory:"` (benchmarks, tests), one per study name."""
+"""The in-memory storage of each study running in this process (`storage=":memory:"`, the
+default for one worker), by study name; run_optuna starts each run with a new one (rebuilt from
+the points) and drops it at the end."""
 
 
 _URL_SECRET = re.compile(r"(?P<head>://[^:/@?#\s]*:)[^@/\s]*@|(?P<key>[?&]password=)[^&\s]*")
@@ -339,7 +419,8 @@ def mask_url(text: str) -> str:
 
 
 def default_storage(out: str | os.PathLike[str]) -> str:
-    """An SQLite file in the output folder."""
+    """The SQLite file OUT/optuna.db: the storage of several worker processes given no
+    --storage (one worker keeps its study in memory: `_study.resolve_storage`)."""
     Path(out).mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{Path(out).resolve() / 'optuna.db'}"
 
@@ -436,11 +517,28 @@ def _owner_dead(trial: Any, now: float) -> bool:
     return now - started > FOREIGN_TRIAL_AGE_S
 
 
-def _ask(st: Any, owner: str) -> Any:
+def _ask(st: Any, owner: str, *, pop: bool = False, storage: str = "") -> Any:
     """`study.ask()` with the owner attribute stored with the trial in one transaction (a
-    worker killed right after an ask leaves a trial that names it)."""
+    worker killed right after an ask leaves a trial that names it).
+
+    `pop`: first take an enqueued (WAITING) trial, as `study.ask()` does (Source:
+    optuna/study/study.py, Study.ask and _pop_waiting_trial_id, 5.0); its owner is set just
+    after (a worker killed in between leaves an ownerless RUNNING trial, failed after
+    FOREIGN_TRIAL_AGE_S); `storage`: the study's URL, for its queue_lock.
+    """
     import optuna
     from optuna.trial import FrozenTrial, TrialState
+
+    from ._study import queue_lock  # imported here: it builds on this module
+
+    trial_id = None
+    if pop:
+        with queue_lock(storage):
+            trial_id = st._pop_waiting_trial_id()
+    if trial_id is not None:
+        st._storage.set_trial_user_attr(trial_id, OWNER_ATTR, owner)
+        st._thread_local.cached_all_trials = None
+        return optuna.Trial(st, trial_id)
 
     template = FrozenTrial(
         number=-1,
@@ -567,7 +665,12 @@ def optuna_worker(
         }
         written = 0
         while True:
-            live = st.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+            known = st.get_trials(
+                deepcopy=False,
+                states=(TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING),
+            )
+            live = [t for t in known if t.state != TrialState.WAITING]
+            queued = len(known) - len(live)  # enqueued (warm start): asked before new ones
             done = sum(t.state == TrialState.COMPLETE for t in live)
             if progress is not None:
                 progress(min(done, trials), trials)
@@ -578,7 +681,10 @@ def optuna_worker(
                 if not recover_study(st, out=out, study=study):
                     time.sleep(POLL_S)
                 continue
-            batch = [_ask(st, owner) for _ in range(min(batch_size, free))]
+            batch = [
+                _ask(st, owner, pop=i < queued, storage=storage)
+                for i in range(min(batch_size, free))
+            ]
             batch = _within_total(st, batch, trials)
             if batch:
                 written += _run_batch(
@@ -668,29 +774,90 @@ def run_optuna(
     storage: str | None = None,
     workers: int = 1,
     batch_size: int = 8,
+    warm_start: bool = True,
     progress: Progress | None = None,
 ) -> SearchResult:
     """An Optuna study over `space` (TPE, NSGA-II for several objectives), `trials` in total.
 
     Rerunning continues the study until it holds `trials` complete trials. `workers` > 1 runs
-    that many joblib processes on the same storage (seeds seed, seed+1, ...).
+    that many joblib processes on the same storage (seeds seed, seed+1, ...). `storage` None:
+    in memory for one worker (OUT/optuna.db for several, or when it holds the study:
+    `_study.resolve_storage`); a study without trials is first rebuilt from the points stored
+    under its folder (`_study.rebuild_study`), so an in-memory study continues too.
+    `warm_start`: a new study's first trials are the best layouts of the exhaustive search of
+    a coarse version of the space (`_study.enqueue_warm_start`), stored like any trial.
+    `extra`: complete_trials, storage (password masked), rebuilt_trials, warm_start_trials.
     """
+    from . import _study  # imported here: it builds on this module
+
     if trials < 1:
         raise ValueError(f"trials: must be >= 1, got {trials}")
     if workers < 1:
         raise ValueError(f"workers: must be >= 1, got {workers}")
     start = time.perf_counter()
     out = str(out)
-    url = storage or default_storage(out)
+    url = _study.resolve_storage(out, study, storage=storage, workers=workers)
+    in_memory = url == _study.MEMORY
+    with _study.memory_lock(out, study) if in_memory else contextlib.nullcontext():
+        _MEMORY.pop(study, None)  # a new in-memory study each run: the points are the record
+        try:
+            st = _open_study(url, study, objectives, seed)  # once, before the workers race
+            rebuilt = warm = 0
+            if not st.get_trials(deepcopy=False):
+                rebuilt = _study.rebuild_study(
+                    st, space, out=out, study=study, objectives=objectives
+                )
+            if warm_start and not st.get_trials(deepcopy=False):
+                warm = _study.enqueue_warm_start(
+                    st,
+                    space,
+                    objectives,
+                    study=study,
+                    num_trials=min(_study.WARM_START_TRIALS, trials),
+                )
+            found = _run_workers(
+                space,
+                out=out,
+                study=study,
+                storage=url,
+                trials=trials,
+                objectives=tuple(objectives),
+                seed=seed,
+                workers=workers,
+                batch_size=batch_size,
+                progress=progress,
+            )
+        finally:
+            if in_memory:
+                _MEMORY.pop(study, None)
+    found.elapsed_s = time.perf_counter() - start
+    found.extra.update(rebuilt_trials=rebuilt, warm_start_trials=warm)
+    return found
+
+
+def _run_workers(
+    space: Space,
+    *,
+    out: str,
+    study: str,
+    storage: str,
+    trials: int,
+    objectives: tuple[str, ...],
+    seed: int | None,
+    workers: int,
+    batch_size: int,
+    progress: Progress | None,
+) -> SearchResult:
+    """Run the workers until the study holds `trials` complete trials; the study's best
+    point(s) and top points, read from the points of its complete trials."""
     kwargs: dict[str, Any] = {
         "out": out,
         "study": study,
-        "storage": url,
+        "storage": storage,
         "trials": trials,
-        "objectives": tuple(objectives),
+        "objectives": objectives,
         "batch_size": batch_size,
     }
-    _open_study(url, study, objectives, seed)  # create it once, before the workers race
     if workers == 1:
         optuna_worker(space, seed=seed, progress=progress, **kwargs)
     else:
@@ -700,14 +867,13 @@ def run_optuna(
             delayed(optuna_worker)(space, seed=None if seed is None else seed + w, **kwargs)
             for w in range(workers)
         )
-    st = _open_study(url, study, objectives, seed)
+    st = _open_study(storage, study, objectives, seed)
     recover_study(st, out=out, study=study)
     folder = study_dir(out, study)
     complete = [t.number for t in st.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
     # Parts written before points were staged may hold points of failed trials: not counted.
-    points = pl.scan_parquet(sorted(folder.glob("part-t*.parquet"))).filter(
-        pl.col("trial").is_in(complete)
-    )
+    # scan_points: strings, whatever the parts' schema versions (a study resumed across them).
+    points = scan_points(folder).filter(pl.col("trial").is_in(complete))
     fitting = points.filter(pl.col("fits")).collect()
     top = (
         fitting.sort(_sort_keys(objectives))
@@ -721,6 +887,6 @@ def run_optuna(
         top=top,
         num_points=int(num_points),
         parquet=str(folder),
-        elapsed_s=time.perf_counter() - start,
-        extra={"complete_trials": len(complete), "storage": mask_url(url), "study": study},
+        elapsed_s=0.0,
+        extra={"complete_trials": len(complete), "storage": mask_url(storage), "study": study},
     )

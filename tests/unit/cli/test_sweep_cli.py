@@ -84,11 +84,34 @@ def test_sweep_json_and_points(capsys, tmp_path) -> None:
     assert "points of llama-3.2-1b" in text and "$/Mtok" in text
 
 
+def test_sweep_store_fits(capsys, tmp_path) -> None:
+    """--store fits: the parts keep the fitting points only, and the outputs say so."""
+    whole = _json(capsys, [*SWEEP, "--out", str(tmp_path / "all"), "--json"])
+    assert whole["store"] == "all" and whole["num_points_stored"] == whole["num_points"]
+    fits = _json(capsys, [*SWEEP, "--store", "fits", "--out", str(tmp_path / "f"), "--json"])
+    assert fits["store"] == "fits" and 0 < fits["num_points_stored"] < fits["num_points"]
+    assert fits["best"] == whole["best"]
+    rows = _json(capsys, ["points", str(tmp_path / "f"), "--head", "100000", "--json"])
+    assert len(rows) == fits["num_points_stored"] and all(r["fits"] for r in rows)
+    assert main([*SWEEP, "--store", "fits", "--out", str(tmp_path / "f")]) == 0
+    assert f"(stored: {fits['num_points_stored']:,} points, --store fits)" in (
+        capsys.readouterr().out
+    )
+
+
 def test_sweep_optuna_and_pareto_json(capsys, tmp_path) -> None:
     out = _json(
         capsys, [*SWEEP, "--method", "optuna", "--trials", "12", "--out", str(tmp_path), "--json"]
     )
-    assert out["complete_trials"] == 12 and out["storage"].startswith("sqlite:///")
+    assert out["complete_trials"] == 12 and out["storage"] == ":memory:"
+    assert out["warm_start_trials"] == 8
+    again = _json(
+        capsys,
+        [*SWEEP, "--method", "optuna", "--trials", "14", "--out", str(tmp_path), "--json"],
+    )
+    assert again["rebuilt_trials"] == 12 and again["complete_trials"] == 14
+    cold = [*SWEEP, "--method", "optuna", "--trials", "4", "--no-warm-start", "--json"]
+    assert _json(capsys, [*cold, "--out", str(tmp_path / "cold")])["warm_start_trials"] == 0
     pareto = _json(capsys, [*SWEEP, "--objective", "cost,time", "--out", str(tmp_path), "--json"])
     assert pareto["best"] is None and len(pareto["pareto"]) >= 1
 
@@ -144,6 +167,8 @@ def test_fit_json(capsys) -> None:
         ["fit", "--minimize", "tp"],
         ["sweep", "--workers", "2"],
         ["sweep", "--method", "optuna", "--jobs", "2"],
+        ["sweep", "--store", "some"],
+        ["sweep", "--method", "optuna", "--store", "fits"],
         ["points", "/nonexistent-folder"],
     ],
 )

@@ -14,11 +14,13 @@ from trainmem.results import (
     points_frame,
     query_points,
     read_metadata,
+    scan_points,
     write_points,
 )
+from trainmem.results._schema import READ_SCHEMA
 
 SNAPSHOT = [
-    ("gpu", "String"),
+    ("gpu", "Categorical"),
     ("micro_batch_size", "Int64"),
     ("seq_len", "Int64"),
     ("num_gpus", "Int64"),
@@ -30,44 +32,44 @@ SNAPSHOT = [
     ("zero", "Int64"),
     ("dp_shard", "Int64"),
     ("sequence_parallel", "Boolean"),
-    ("precision", "String"),
-    ("optimizer", "String"),
-    ("recompute", "String"),
+    ("precision", "Categorical"),
+    ("optimizer", "Categorical"),
+    ("recompute", "Categorical"),
     ("recompute_every", "Int64"),
-    ("attention", "String"),
-    ("framework", "String"),
+    ("attention", "Categorical"),
+    ("framework", "Categorical"),
     ("ep", "Int64"),
     ("etp", "Int64"),
     ("capacity_factor", "Float64"),
-    ("offload", "String"),
+    ("offload", "Categorical"),
     ("lora_rank", "Int64"),
-    ("lora_targets", "String"),
+    ("lora_targets", "Categorical"),
     ("qlora", "Boolean"),
-    ("loss", "String"),
+    ("loss", "Categorical"),
     ("activation_offload", "Boolean"),
-    ("compile", "String"),
+    ("compile", "Categorical"),
     ("optimizer_in_backward", "Boolean"),
-    ("allocator", "String"),
+    ("allocator", "Categorical"),
     ("dp", "Int64"),
     ("grad_accum_steps", "Int64"),
-    ("peak_device_bytes", "Float64"),
-    ("parameters", "Float64"),
-    ("master_weights", "Float64"),
-    ("gradients", "Float64"),
-    ("optimizer_states", "Float64"),
-    ("activations", "Float64"),
-    ("transient", "Float64"),
-    ("framework_overhead", "Float64"),
-    ("fragmentation", "Float64"),
-    ("peak_allocated_bytes", "Float64"),
+    ("peak_device_bytes", "Int64"),
+    ("parameters", "Int64"),
+    ("master_weights", "Int64"),
+    ("gradients", "Int64"),
+    ("optimizer_states", "Int64"),
+    ("activations", "Int64"),
+    ("transient", "Int64"),
+    ("framework_overhead", "Int64"),
+    ("fragmentation", "Int64"),
+    ("peak_allocated_bytes", "Int64"),
     ("fits", "Boolean"),
-    ("reason", "String"),
+    ("reason", "Categorical"),
     ("step_time_s", "Float64"),
     ("tokens_per_second", "Float64"),
     ("mfu", "Float64"),
     ("cost_per_million_tokens", "Float64"),
-    ("model", "String"),
-    ("study", "String"),
+    ("model", "Categorical"),
+    ("study", "Categorical"),
     ("trial", "Int64"),
 ]
 """The Parquet schema, frozen: changing it means bumping SCHEMA_VERSION and this list."""
@@ -75,7 +77,7 @@ SNAPSHOT = [
 
 def test_schema_snapshot() -> None:
     assert [(k, str(v)) for k, v in SCHEMA.items()] == SNAPSHOT
-    assert SCHEMA_VERSION == 3
+    assert SCHEMA_VERSION == 4
 
 
 def _frame(n: int = 5) -> pl.DataFrame:
@@ -120,3 +122,87 @@ def test_query_where_sort_head(tmp_path) -> None:
         query_points(tmp_path, sort="nope")
     with pytest.raises(ValueError, match="no part"):
         query_points(tmp_path / "empty")
+
+
+def test_byte_columns_are_whole_bytes(tmp_path) -> None:
+    """Bytes given as floats are rounded to the byte (NaN and infinities: null), Int64."""
+    frame = points_frame(
+        {
+            "peak_device_bytes": np.array([1.4, 2.6, np.nan, np.inf, 7e10 + 0.75]),
+            "parameters": pl.Series([1.0, 2.0, 3.0, 4.0, 5.0]),
+            "step_time_s": np.array([np.nan, 1.0, 2.0, 3.0, 4.0]),
+            "study": "s",
+        }
+    )
+    assert frame["peak_device_bytes"].to_list() == [1, 3, None, None, 70_000_000_001]
+    assert frame["step_time_s"].is_nan()[0]  # other floats keep NaN (an invalid point's time)
+    assert frame["parameters"].dtype == pl.Int64
+    path = write_points(frame, tmp_path, study="s", part="b")
+    assert pl.read_parquet(path)["peak_device_bytes"].to_list() == [1, 3, None, None, 7e10 + 1]
+    assert pl.read_parquet(path)["parameters"].to_list() == [1, 2, 3, 4, 5]
+
+
+def test_schema_3_parts_read_as_schema_4(tmp_path) -> None:
+    """Parts written before schema 4 (String, Float64 bytes), alone or beside schema-4 parts,
+    read as READ_SCHEMA: strings, whole bytes (rounded)."""
+    from tests._points import rewrite_as_schema_3
+
+    write_points(_frame(), tmp_path, study="new", part="a")
+    old = write_points(
+        _frame().with_columns(pl.lit(5e9, dtype=pl.Float64).alias("peak_device_bytes")),
+        tmp_path,
+        study="old",
+        part="a",
+    )
+    rewrite_as_schema_3(old, add_bytes=0.4)
+    assert read_metadata(old)["trainmem_schema_version"] == "3"
+    assert pl.read_parquet(old)["peak_device_bytes"].dtype == pl.Float64
+    for path in (tmp_path / "points" / "study=old", tmp_path):
+        got = query_points(path, head=None)
+        assert dict(got.schema) == dict(READ_SCHEMA)
+    old_rows = query_points(tmp_path, where="peak_device_bytes IS NOT NULL", head=None)
+    assert old_rows["peak_device_bytes"].to_list() == [5_000_000_000] * 5
+    assert old_rows["gpu"].to_list() == ["h100-sxm-80gb"] * 5
+    assert query_points(tmp_path, where="gpu LIKE 'h100%'", head=None).height == 10
+
+
+def test_string_columns_are_dictionary_encoded_and_read_as_strings(tmp_path) -> None:
+    """Stored dictionary-encoded (Categorical: a dictionary of the names and small codes);
+    pyarrow, DuckDB and scan_points read strings, polars a Categorical of the same names."""
+    import pyarrow.parquet as pq
+
+    duckdb = pytest.importorskip("duckdb", reason="duckdb (the test extra) is not installed")
+    path = write_points(_frame(), tmp_path, study="s", part="d")
+    strings = [name for name, dtype in READ_SCHEMA.items() if dtype == pl.String]
+    assert {"gpu", "model", "study", "reason", "recompute", "precision"} <= set(strings)
+    chunk = pq.ParquetFile(path).metadata.row_group(0)
+    encodings = {chunk.column(i).path_in_schema: chunk.column(i).encodings for i in range(51)}
+    assert all("RLE_DICTIONARY" in encodings[name] for name in strings)
+    table = pq.read_table(path)
+    assert table.column("gpu").to_pylist() == ["h100-sxm-80gb"] * 5
+    assert all(str(table.schema.field(n).type.value_type) == "string" for n in strings)
+    described = duckdb.sql(f"DESCRIBE SELECT * FROM read_parquet('{path}')").fetchall()
+    types = {row[0]: row[1] for row in described}
+    assert all(types[name] == "VARCHAR" for name in strings)
+    assert duckdb.sql(f"SELECT DISTINCT study FROM read_parquet('{path}')").fetchall() == [("s",)]
+    assert types["peak_device_bytes"] == "BIGINT"
+    scanned = pl.scan_parquet(path).collect()
+    assert scanned["gpu"].dtype == pl.Categorical
+    assert scanned["gpu"].cast(pl.String).to_list() == ["h100-sxm-80gb"] * 5
+    assert dict(scan_points(tmp_path).collect_schema()) == dict(READ_SCHEMA)
+
+
+def test_pending_parts_are_invisible_until_published(tmp_path) -> None:
+    """write_pending leaves a temporary file (not a part); publish_pending links each once,
+    keeping a part that exists (another writer's), and leaves no temporary."""
+    from trainmem.results._store import part_exists, publish_pending, write_pending
+
+    first = write_pending(_frame(), tmp_path, study="p", part="a", provenance={"store": "fits"})
+    second = write_pending(_frame(3), tmp_path, study="p", part="a")
+    folder = tmp_path / "points" / "study=p"
+    assert not part_exists(tmp_path, study="p", part="a")
+    assert all(p.name.startswith(".tmp-") for p in folder.iterdir())
+    assert publish_pending([first, second]) == 1  # the second finds the first's part
+    assert sorted(p.name for p in folder.iterdir()) == ["part-a.parquet"]
+    assert read_metadata(first.path)["trainmem_store"] == "fits"
+    assert pl.read_parquet(first.path).height == 5

@@ -1,6 +1,7 @@
 """Kill-and-resume and concurrent runs on one folder, with real processes: no point lost, doubled
 or orphaned (every stored point's trial COMPLETE), the study holds exactly its total, no
-temporary or staged file is left."""
+temporary or staged file is left. Optuna runs both on SQLite and in memory (the default: the
+resumed study is rebuilt from the stored points)."""
 
 from __future__ import annotations
 
@@ -47,16 +48,26 @@ def kill_on(module, name, nth):
 """
 OPTUNA = (
     "_search.run_optuna(small_space(), out={out!r}, study='o', trials={trials}, seed={seed}, "
-    "batch_size={batch})"
+    "batch_size={batch}, storage={storage!r})"
 )
+STORAGES = ("memory", "sqlite")
 EXHAUSTIVE = "_search.run_exhaustive(small_space(), out={out!r}, study='x', chunk_size=400)"
 
 
-def _spawn(out: Path, *, run: str, inject: str = "", seed: int = 0) -> subprocess.Popen:
+def _url(out: Path, storage: str) -> str | None:
+    """None (the default: in memory) or the SQLite file OUT/optuna.db."""
+    return f"sqlite:///{out / 'optuna.db'}" if storage == "sqlite" else None
+
+
+def _spawn(
+    out: Path, *, run: str, inject: str = "", seed: int = 0, storage: str = "sqlite"
+) -> subprocess.Popen:
     code = CHILD.format(
         tests=TESTS,
         inject=inject,
-        run=run.format(out=str(out), trials=TRIALS, seed=seed, batch=BATCH),
+        run=run.format(
+            out=str(out), trials=TRIALS, seed=seed, batch=BATCH, storage=_url(out, storage)
+        ),
     )
     return subprocess.Popen([sys.executable, "-c", code])
 
@@ -75,19 +86,26 @@ def _leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
 
 
-def _check_optuna(out: Path, *, inner_points: int) -> None:
+def _check_optuna(out: Path, *, inner_points: int, result=None) -> None:
     """Exactly TRIALS complete trials, none running, each with its inner points stored once,
-    and no point of any other trial."""
+    and no point of any other trial (in memory: the resumed run's study, rebuilt from the
+    points, holds TRIALS complete trials)."""
     import optuna
 
-    st = optuna.load_study(study_name="o", storage=f"sqlite:///{out / 'optuna.db'}")
-    states = [t.state.name for t in st.get_trials(deepcopy=False)]
-    assert states.count("COMPLETE") == TRIALS
-    assert "RUNNING" not in states
-    complete = sorted(t.number for t in st.get_trials(deepcopy=False) if t.state.name == "COMPLETE")
     folder = out / "points" / "study=o"
     frame = pl.read_parquet(sorted(folder.glob("part-*.parquet")))
-    assert sorted(frame["trial"].unique().to_list()) == complete  # none orphaned, none lost
+    if result is None:
+        st = optuna.load_study(study_name="o", storage=f"sqlite:///{out / 'optuna.db'}")
+        states = [t.state.name for t in st.get_trials(deepcopy=False)]
+        assert states.count("COMPLETE") == TRIALS
+        assert "RUNNING" not in states
+        trials = st.get_trials(deepcopy=False)
+        complete = sorted(t.number for t in trials if t.state.name == "COMPLETE")
+        assert sorted(frame["trial"].unique().to_list()) == complete  # none orphaned, none lost
+    else:
+        assert result.extra["storage"] == ":memory:"
+        assert result.extra["complete_trials"] == TRIALS
+        assert frame["trial"].n_unique() == TRIALS
     assert len(frame) == TRIALS * inner_points
     assert frame.select("trial", *CONFIG).unique().height == len(frame)  # none doubled
     assert _leftovers(folder) == []
@@ -120,6 +138,7 @@ def _points(out: Path, study: str) -> pl.DataFrame:
     return frame.sort(CONFIG)
 
 
+@pytest.mark.parametrize("storage", STORAGES)
 @pytest.mark.parametrize(
     ("module", "name", "nth", "when"),
     [
@@ -130,22 +149,37 @@ def _points(out: Path, study: str) -> pl.DataFrame:
     ],
 )
 def test_optuna_killed_then_resumed_holds_exactly_the_total(
-    tmp_path, inner_points, module, name, nth, when
+    tmp_path, inner_points, module, name, nth, when, storage
 ) -> None:
     target = {"_search": "_search", "_store": "_search", "os": "_store.os"}.get(module, module)
     inject = f"import optuna\nkill_on({target}, {name!r}, {nth})"
-    proc = _spawn(tmp_path, run=OPTUNA, inject=inject)
+    proc = _spawn(tmp_path, run=OPTUNA, inject=inject, storage=storage)
     assert _wait(proc) == [-signal.SIGKILL], when
-    run_optuna(_small_space(), out=tmp_path, study="o", trials=TRIALS, seed=0, batch_size=BATCH)
-    _check_optuna(tmp_path, inner_points=inner_points)
+    result = _resume(tmp_path, storage)
+    _check_optuna(tmp_path, inner_points=inner_points, result=result)
 
 
-def test_optuna_killed_from_outside_then_resumed(tmp_path, inner_points) -> None:
+def _resume(out: Path, storage: str):
+    """Rerun the study to TRIALS; its result when in memory (None: check the SQLite study)."""
+    result = run_optuna(
+        _small_space(),
+        out=out,
+        study="o",
+        trials=TRIALS,
+        seed=0,
+        batch_size=BATCH,
+        storage=_url(out, storage),
+    )
+    return result if storage == "memory" else None
+
+
+@pytest.mark.parametrize("storage", STORAGES)
+def test_optuna_killed_from_outside_then_resumed(tmp_path, inner_points, storage) -> None:
     """SIGKILL at an arbitrary moment (after the first published part)."""
     import time
 
     folder = tmp_path / "points" / "study=o"
-    proc = _spawn(tmp_path, run=OPTUNA)
+    proc = _spawn(tmp_path, run=OPTUNA, storage=storage)
     try:
         deadline = time.monotonic() + 30
         while not list(folder.glob("part-*.parquet")) and time.monotonic() < deadline:
@@ -153,12 +187,13 @@ def test_optuna_killed_from_outside_then_resumed(tmp_path, inner_points) -> None
         proc.send_signal(signal.SIGKILL)
     finally:
         _wait(proc)
-    run_optuna(_small_space(), out=tmp_path, study="o", trials=TRIALS, seed=0, batch_size=BATCH)
-    _check_optuna(tmp_path, inner_points=inner_points)
+    result = _resume(tmp_path, storage)
+    _check_optuna(tmp_path, inner_points=inner_points, result=result)
 
 
 def test_two_optuna_runs_on_one_folder_hold_exactly_the_total(tmp_path, inner_points) -> None:
-    run_optuna(_small_space(), out=tmp_path, study="o", trials=1, seed=0)  # the study exists
+    url = _url(tmp_path, "sqlite")
+    run_optuna(_small_space(), out=tmp_path, study="o", trials=1, seed=0, storage=url)
     a = _spawn(tmp_path, run=OPTUNA, seed=0)
     b = _spawn(tmp_path, run=OPTUNA, seed=1)
     assert _wait(a, b) == [0, 0]
