@@ -16,6 +16,7 @@ set NUMBA_NUM_THREADS to their share).
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 from collections.abc import Sequence
 from types import ModuleType
@@ -43,14 +44,20 @@ def kernel_choice() -> str:
     return choice
 
 
+_unavailable: list[str] = []
+"""Why the compiled kernel did not load (empty: not tried, or loaded)."""
+
+
 @functools.cache
 def _compiled() -> ModuleType | None:
-    """engine/_kernel_numba, or None where numba does not import."""
+    """engine/_kernel_numba, or None where it does not load: numba missing, a numba that does
+    not support this numpy, or nowhere to cache the machine code (numba refuses cache=True
+    without a writable folder beside the module or in its user cache, NUMBA_CACHE_DIR)."""
     try:
-        from . import _kernel_numba
-    except ImportError:
+        return importlib.import_module("._kernel_numba", __package__)
+    except (ImportError, RuntimeError, OSError) as error:
+        _unavailable.append(f"{type(error).__name__}: {error}".splitlines()[0])
         return None
-    return _kernel_numba
 
 
 def compiled_for(num_rows: int) -> ModuleType | None:
@@ -77,7 +84,8 @@ def _load(*, required: bool) -> ModuleType | None:
     global _loaded
     module = _compiled()
     if module is None and required:
-        raise ValueError(f"{KERNEL_ENV}: numba is not installed (pip install numba)")
+        why = _unavailable[0] if _unavailable else "numba is not installed"
+        raise ValueError(f"{KERNEL_ENV}: numba: the compiled kernel does not load ({why})")
     _loaded = module is not None
     return module
 

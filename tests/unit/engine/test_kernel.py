@@ -147,3 +147,24 @@ def test_per_key_terms_in_blocks_equal_one_pass(monkeypatch) -> None:
     whole = estimate(m, g)
     monkeypatch.setattr(_estimate, "KEY_BLOCK", 997)
     _assert_same(whole, estimate(m, g))
+
+
+def test_a_kernel_that_does_not_load_falls_back_to_numpy(monkeypatch) -> None:
+    """numba missing, or refusing to cache (no writable folder): auto runs numpy's blocks;
+    TRAINMEM_KERNEL=numba says why in one line."""
+    import sys
+
+    _kernel._compiled.cache_clear()
+    monkeypatch.setitem(sys.modules, "trainmem.engine._kernel_numba", None)  # import fails
+    monkeypatch.setattr(_kernel, "_loaded", False)
+    monkeypatch.setattr(_kernel, "_unavailable", [])
+    try:
+        monkeypatch.setenv(_kernel.KERNEL_ENV, "auto")
+        assert _kernel.compiled_for(10**9) is None and not _kernel.preload(10**9)
+        m = load_model("gpt2")
+        assert estimate(m, make_grid(micro_batch_size=[1, 2]))["fits"].all()
+        monkeypatch.setenv(_kernel.KERNEL_ENV, "numba")
+        with pytest.raises(ValueError, match="TRAINMEM_KERNEL: numba: the compiled kernel does"):
+            _kernel.compiled_for(1)
+    finally:
+        _kernel._compiled.cache_clear()
