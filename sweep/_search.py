@@ -357,7 +357,9 @@ def _exhaustive_chunk(
         frame = stored = pl.read_parquet(study_dir(out, study) / f"part-{part}.parquet")
     else:
         preload_kernel(space.num_points)  # this process evaluates many chunks: compiled loop
-        frame = _frame(space, space.evaluate(range(lo, hi), columns=POINT_COLUMNS), study=study)
+        res = space.evaluate(range(lo, hi), columns=POINT_COLUMNS)
+        kept = _rows_needed(res, store="fits" if out is None else store)
+        frame = _frame(space, res if kept is None else _take(res, kept), study=study)
         stored = stored_rows(frame, store=store, keys=keys)
         if out is not None and not skipped:
             write = functools.partial(
@@ -380,6 +382,23 @@ def _exhaustive_chunk(
         best = pl.concat([best, _pareto(fitting, objectives)])
     closest = _closest(space, frame) if not len(fitting) else read_view(frame.head(0))
     return best, closest, skipped, 0 if out is None else len(stored), written
+
+
+def _rows_needed(res: dict[str, np.ndarray], *, store: str) -> np.ndarray | None:
+    """The points of an evaluated chunk that its frame needs (None: all): its part's
+    (`--store`), its best (the fitting ones) and, when none fits, its closest (the valid ones).
+    Building the frame of only those skips most of a chunk's conversion for a partial store or
+    an unwritten sweep (fitting points are a few % of a space)."""
+    if store == "all":
+        return None
+    fits = np.flatnonzero(res["fits"])
+    return np.flatnonzero(res["reason"] == 0) if store == "valid" or not len(fits) else fits
+
+
+def _take(res: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+    """The `rows` of an evaluated chunk's columns (constants kept as they are)."""
+    n = len(res["fits"])
+    return {k: v[rows] if isinstance(v, np.ndarray) and len(v) == n else v for k, v in res.items()}
 
 
 # ---- Optuna ------------------------------------------------------------------------------------
