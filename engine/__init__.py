@@ -5,7 +5,7 @@ shipped presets. The traced-profile names (ActivationProfile, derive_profile, pr
 validate_profile) load their module when first used.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._advice import GpuChoice, advise, neighbours, top_consumers
 from ._config import (
@@ -49,6 +49,7 @@ from ._grid import (
     make_grid,
 )
 from ._kernel import preload as preload_kernel
+from ._lazy import lazy_names
 from ._model import ModelSpec, model_from_hf_config
 from ._optimizers import OptimizerSpec, builtin_optimizers, spec_columns
 from ._overhead import Overheads, cublas_workspace_bytes_for
@@ -133,12 +134,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """The traced-profile names, imported from their module on first use."""
-    if name not in _PROFILE_NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from . import _activation_profile
-
-    value = getattr(_activation_profile, name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, dict.fromkeys(_PROFILE_NAMES, "._activation_profile"))

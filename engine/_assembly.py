@@ -130,6 +130,20 @@ def fragmentation(s, a, allocated: float, grads_at_peak: float, expandable: bool
     return maximum(consts[1] * maximum(non_persistent, 0.0), consts[3] * a[A_LARGEST_BLOCK])
 
 
+def rule_numbers(m) -> tuple[int, int, int, int, int, int]:
+    """The model's numbers reason_code reads (its `model`): attention heads, key/value heads,
+    layers, MoE (0/1), experts, expert width (0 for a dense model). Not compiled: the callers
+    pass the tuple."""
+    return (
+        m.num_attention_heads,
+        m.num_key_value_heads,
+        m.num_hidden_layers,
+        int(bool(m.is_moe)),
+        int(m.num_experts or 0),
+        int(m.moe_intermediate_size or 0),
+    )
+
+
 def reason_code(
     micro: int,
     seq_len: int,

@@ -8,7 +8,7 @@ on (see _factorize.py), the peaks are assembled over whole columns.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -459,19 +459,21 @@ def estimate(
         (n,),
     )
     outside_torch, framework_overhead = _outside_torch(ov, dp=dp, tp=tp, pp=pp, cp=cp)
-    per_row: dict[str, Any] = {
-        "ov": ov,
-        "num_micro": num_micro,
-        "limit": limit,
-        "reason": reason,
-        "outside_torch": outside_torch,
-        "framework_overhead": framework_overhead,
-    }
+    job = _Job(
+        keys,
+        terms,
+        stages,
+        g,
+        want,
+        ov,
+        num_micro,
+        limit,
+        reason,
+        outside_torch,
+        framework_overhead,
+    )
     compiled = _kernel.compiled_for(n)
-    if compiled is not None:
-        out = _compiled_columns(compiled, keys, terms, stages, g, want, **per_row)
-    else:
-        out = _numpy_columns(keys, terms, stages, g, want, **per_row)
+    out = _numpy_columns(job) if compiled is None else _compiled_columns(compiled, job)
     whole = {"dp": dp, "num_microbatches": num_micro, "reason": reason}
     for k in want - out.keys():  # no rows, or a whole-grid column
         out[k] = whole[k] if k in whole else np.empty(0, dtype=_EMPTY_DTYPES.get(k, np.float64))
@@ -580,22 +582,29 @@ def _worst_rank(
     return worst, stage
 
 
-def _numpy_columns(
-    keys: _Keys,
-    terms: tuple[list[str], list[str]],
-    stages: list[np.ndarray],
-    g: Grid,
-    want: frozenset[str],
-    *,
-    ov: Overheads,
-    num_micro: np.ndarray,
-    limit: np.ndarray,
-    reason: np.ndarray,
-    outside_torch: np.ndarray,
-    framework_overhead: np.ndarray,
-) -> dict[str, np.ndarray]:
+class _Job(NamedTuple):
+    """What the per-row assembly of a grid needs: the per-key tables and their terms, the stage
+    of each variant per row, the grid, the wanted columns, the overheads, and per row the
+    micro-batches per step, the usable limit, the layout reason and the bytes outside torch
+    (the framework overhead column too)."""
+
+    keys: _Keys
+    terms: tuple[list[str], list[str]]
+    stages: list[np.ndarray]
+    g: Grid
+    want: frozenset[str]
+    ov: Overheads
+    num_micro: np.ndarray
+    limit: np.ndarray
+    reason: np.ndarray
+    outside_torch: np.ndarray
+    framework_overhead: np.ndarray
+
+
+def _numpy_columns(job: _Job) -> dict[str, np.ndarray]:
     """The `want`ed per-row columns of every row, numpy's way: blocks of BLOCK_ROWS rows whose
     temporaries stay in the CPU cache (the reference for the compiled loop)."""
+    keys, terms, stages, g, want, ov, num_micro, limit, reason, outside_torch, overhead = job
     n, pp = len(reason), g["pp"]
     out: dict[str, np.ndarray] = {}
     for lo in range(0, n, BLOCK_ROWS):
@@ -604,7 +613,7 @@ def _numpy_columns(
         worst, stage = _worst_rank(keys, terms, [x[rows] for x in stages], rows, kw, want)
         block = _device_columns(worst, ov, outside_torch=outside_torch[rows], g=g, rows=rows)
         block.update(
-            framework_overhead=framework_overhead[rows],
+            framework_overhead=overhead[rows],
             pp_stage=stage,
             fits=(block["peak_device_bytes"] <= limit[rows]) & (reason[rows] == 0),
             headroom_bytes=limit[rows] - block["peak_device_bytes"],
@@ -616,23 +625,10 @@ def _numpy_columns(
     return out
 
 
-def _compiled_columns(
-    module,
-    keys: _Keys,
-    terms: tuple[list[str], list[str]],
-    stages: list[np.ndarray],
-    g: Grid,
-    want: frozenset[str],
-    *,
-    ov: Overheads,
-    num_micro: np.ndarray,
-    limit: np.ndarray,
-    reason: np.ndarray,
-    outside_torch: np.ndarray,
-    framework_overhead: np.ndarray,
-) -> dict[str, np.ndarray]:
+def _compiled_columns(module, job: _Job) -> dict[str, np.ndarray]:
     """The `want`ed columns of every row from the compiled loop (engine/_kernel.py): the same
     values as _worst_rank, _device_columns and the fit of the numpy blocks."""
+    keys, terms, stages, g, want, ov, num_micro, limit, reason, outside_torch, overhead = job
     n = len(reason)
     passed = [k for k in (*_OPTIONAL_TERMS, "activations_autocast_weight_copies") if k in want]
     if "host_bytes" in want:
@@ -661,7 +657,7 @@ def _compiled_columns(
     )
     named = [k for t in terms for k in passed if k in t]  # extra_out's rows: state terms first
     cols.update(zip(named, extra_out, strict=True))
-    cols["framework_overhead"] = framework_overhead
+    cols["framework_overhead"] = overhead
     if "host_bytes" in want:
         cols["host_bytes"] = cols["host_bytes"] + cols["in_flight"] * cols["activations_offloaded"]
     return {k: cols[k] for k in want if k in cols}

@@ -183,17 +183,9 @@ def layout_reason(module: ModuleType, m: Any, g: dict[str, np.ndarray]) -> np.nd
     """_estimate.layout_reason of a model without a traced profile, through the compiled loop
     (the grid's columns as they are: make_grid's dtypes, broadcast columns not copied)."""
     _threads(module)
-    model = np.array(
-        [
-            m.num_attention_heads,
-            m.num_key_value_heads,
-            m.num_hidden_layers,
-            int(bool(m.is_moe)),
-            int(m.num_experts or 0),
-            int(m.moe_intermediate_size or 0),
-        ],
-        dtype=np.int64,
-    )
+    from ._assembly import rule_numbers  # it imports _estimate, which imports this module
+
+    model = np.array(rule_numbers(m), dtype=np.int64)
     reason = np.empty(len(g["tp"]), dtype=np.int8)
     module.reason_rows(
         *(_read_only(g[k], np.int64) for k in _REASON_INTS),

@@ -79,15 +79,7 @@ def _cache_of(m: ModelSpec) -> _ModelCache:
     if cache is None or cache.model is not m:
         if len(_caches) >= 64:
             _caches.clear()
-        constants = (
-            m.num_attention_heads,
-            m.num_key_value_heads,
-            m.num_hidden_layers,
-            int(bool(m.is_moe)),
-            int(m.num_experts or 0),
-            int(m.moe_intermediate_size or 0),
-        )
-        cache = _caches[id(m)] = _ModelCache(m, constants, {}, {})
+        cache = _caches[id(m)] = _ModelCache(m, _assembly.rule_numbers(m), {}, {})
     return cache
 
 

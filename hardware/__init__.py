@@ -35,7 +35,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """The fleet names, imported from their module on first use."""
+    """The fleet names, imported from their module on first use.
+
+    As engine/_lazy.py's lazy_names, which a leaf package cannot import.
+    """
     if name not in _FLEET_NAMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from . import _fleet

@@ -6,7 +6,9 @@ FSDP config. The search's names (recommend_report, REPORT_FIELDS, space_points, 
 their module, and the searches behind it, when first used.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from trainmem.engine._lazy import lazy_names
 
 from ._launch import DEFAULT_FRAMEWORK, FORMATS, check_format, deepspeed_config, render
 from ._options import RECOMMEND_OPTIONS
@@ -31,12 +33,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """The search's names, imported from their module on first use."""
-    if name not in _RECOMMEND_NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from . import _recommend
-
-    value = getattr(_recommend, name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, dict.fromkeys(_RECOMMEND_NAMES, "._recommend"))

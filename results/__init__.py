@@ -6,8 +6,9 @@ Each name is imported from its module when first used (they all need polars, whi
 `trainmem estimate` never loads).
 """
 
-import importlib as _importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from trainmem.engine._lazy import lazy_names, modules_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._plot import HEATMAP_FORMATS, heatmap_format, write_heatmap
@@ -37,7 +38,7 @@ _MODULES = {
         "write_points",
     ),
 }
-_MODULE_OF = {name: module for module, names in _MODULES.items() for name in names}
+_MODULE_OF = modules_of(_MODULES)
 """Each public name and the module that defines it."""
 
 __all__ = [
@@ -57,13 +58,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """A public name, imported from its module on first use."""
-    if name not in _MODULE_OF:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(_importlib.import_module(_MODULE_OF[name], __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _MODULE_OF)
 
 
 def __dir__() -> list[str]:

@@ -11,10 +11,11 @@ Each name is imported from its module when first used: `fit_report` does not loa
 (polars, Optuna).
 """
 
-import importlib as _importlib
 import sys as _sys
 import types as _types
 from typing import TYPE_CHECKING, Any
+
+from trainmem.engine._lazy import lazy_names, modules_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._fit import FIT_OPTIONS, fit_report
@@ -58,7 +59,7 @@ _MODULES = {
     ),
     "._space": ("AXES", "Space", "evaluate_columns", "gpu_counts", "make_space", "reason_texts"),
 }
-_MODULE_OF = {name: module for module, names in _MODULES.items() for name in names}
+_MODULE_OF = modules_of(_MODULES)
 """Each public name and the module that defines it."""
 
 __all__ = [
@@ -87,13 +88,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """A public name, imported from its module on first use."""
-    if name not in _MODULE_OF:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(_importlib.import_module(_MODULE_OF[name], __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _MODULE_OF)
 
 
 def __dir__() -> list[str]:
