@@ -540,10 +540,8 @@ def _ask(st: Any, owner: str, *, pop: bool = False, storage: str = "") -> Any:
     """`study.ask()` with the owner attribute stored with the trial in one transaction (a
     worker killed right after an ask leaves a trial that names it).
 
-    `pop`: first take an enqueued (WAITING) trial, as `study.ask()` does (Source:
-    optuna/study/study.py, Study.ask and _pop_waiting_trial_id, 5.0); its owner is set just
-    after (a worker killed in between leaves an ownerless RUNNING trial, failed after
-    FOREIGN_TRIAL_AGE_S); `storage`: the study's URL, for its queue_lock.
+    `pop`: first take an enqueued (WAITING) trial, as `study.ask()` does (`_pop_waiting`);
+    `storage`: the study's URL, for its queue_lock.
     """
     import optuna
     from optuna.trial import FrozenTrial, TrialState
@@ -553,9 +551,8 @@ def _ask(st: Any, owner: str, *, pop: bool = False, storage: str = "") -> Any:
     trial_id = None
     if pop:
         with queue_lock(storage):
-            trial_id = st._pop_waiting_trial_id()
+            trial_id = _pop_waiting(st, owner)
     if trial_id is not None:
-        st._storage.set_trial_user_attr(trial_id, OWNER_ATTR, owner)
         st._thread_local.cached_all_trials = None
         return optuna.Trial(st, trial_id)
 
@@ -575,6 +572,32 @@ def _ask(st: Any, owner: str, *, pop: bool = False, storage: str = "") -> Any:
     trial_id = st._storage.create_new_trial(st._study_id, template_trial=template)
     st._thread_local.cached_all_trials = None  # as study.ask: the sampler sees the study anew
     return optuna.Trial(st, trial_id)
+
+
+def _pop_waiting(st: Any, owner: str) -> int | None:
+    """An enqueued (WAITING) trial, now RUNNING and naming `owner`, or None.
+
+    As Optuna's Study._pop_waiting_trial_id (optuna/study/study.py, 5.0), but the owner is set
+    before the trial runs: a worker killed at any moment leaves it WAITING (taken again by the
+    next worker) or RUNNING with a dead owner (failed by the resume at once), never RUNNING
+    without an owner, which a resume would wait FOREIGN_TRIAL_AGE_S for (seen here: a SIGKILL
+    between Optuna's pop and the owner). Set again once RUNNING: another worker may have named
+    itself in between and lost the trial.
+    """
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    waiting = st._storage.get_all_trials(st._study_id, deepcopy=False, states=(TrialState.WAITING,))
+    for trial in waiting:
+        try:
+            st._storage.set_trial_user_attr(trial._trial_id, OWNER_ATTR, owner)
+            if not st._storage.set_trial_state_values(trial._trial_id, state=TrialState.RUNNING):
+                continue  # another worker runs it
+            st._storage.set_trial_user_attr(trial._trial_id, OWNER_ATTR, owner)
+        except UpdateFinishedTrialError:  # another worker ran it to the end meanwhile
+            continue
+        return int(trial._trial_id)
+    return None
 
 
 def _fail(st: Any, trial_id: int) -> None:

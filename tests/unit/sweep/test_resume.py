@@ -263,3 +263,23 @@ def test_storage_errors_do_not_echo_the_password(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(optuna, "create_study", refuse)
     with pytest.raises(ValueError, match=r"storage: .*postgresql://user:\*\*\*@localhost/db"):
         run_optuna(_small_space(), out=tmp_path, study="e", trials=1, storage=url)
+
+
+def test_optuna_killed_while_taking_an_enqueued_trial_names_its_owner(tmp_path, inner_points):
+    """SIGKILL right after a warm-start trial is claimed (set RUNNING): the trial already names
+    its (now dead) owner, so the resume fails and reruns it at once; an ownerless RUNNING trial
+    would be waited for an hour (FOREIGN_TRIAL_AGE_S) as another machine's."""
+    import optuna
+
+    from trainmem.sweep._search import OWNER_ATTR
+
+    storage = "optuna.storages._cached_storage._CachedStorage"
+    # A claim: owner set, RUNNING, owner set again; the kill is at the second owner write.
+    inject = f"import optuna\nkill_on({storage}, 'set_trial_user_attr', 2)"
+    proc = _spawn(tmp_path, run=OPTUNA, inject=inject, storage="sqlite")
+    assert _wait(proc) == [-signal.SIGKILL]
+    st = optuna.load_study(study_name="o", storage=_url(tmp_path, "sqlite"))
+    running = [t for t in st.get_trials(deepcopy=False) if t.state.name == "RUNNING"]
+    assert running and all(OWNER_ATTR in t.user_attrs for t in running)
+    assert _resume(tmp_path, "sqlite") is None
+    _check_optuna(tmp_path, inner_points=inner_points)
