@@ -200,19 +200,22 @@ def combinations(singles: Sequence[Neighbour], *, max_changes: int) -> list[Neig
         return all(a.changes[k] == b.changes[k] for k in shared)
 
     same_gpu = [n for n in singles if n.knob != "gpu"]
+    # Pairwise compatibility and each single's base configuration, once (not per combination).
+    ok = [[compatible(a, b) for b in same_gpu] for a in same_gpu]
+    bases = [{k: v for k, v in n.config.items() if k not in n.changes} for n in same_gpu]
     for size in range(2, max_changes + 1):
-        for combo in itertools.combinations(same_gpu, size):
-            if not all(compatible(a, b) for a, b in itertools.combinations(combo, 2)):
+        for idx in itertools.combinations(range(len(same_gpu)), size):
+            if not all(ok[i][j] for i, j in itertools.combinations(idx, 2)):
                 continue
+            combo = [same_gpu[i] for i in idx]
             changes: dict[str, Any] = {}
             for n in combo:
                 changes.update(n.changes)
-            base = {k: v for k, v in combo[0].config.items() if k not in combo[0].changes}
             out.append(
                 Neighbour(
                     knob="+".join(n.knob for n in combo),
                     change=" + ".join(n.change for n in combo),
-                    config={**base, **changes},
+                    config={**bases[idx[0]], **changes},
                     gpu=combo[0].gpu,
                     changes=changes,
                 )
