@@ -6,6 +6,7 @@ name); `lora_rank` > 0 switches a row to LoRA, `qlora` quantises the base's bloc
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -56,8 +57,10 @@ QLORA_DEQUANT_BYTES_PER_WEIGHT = 2.5
 Source: bitsandbytes Linear4bit (dequantize_4bit, then a 16-bit matmul), forward and backward."""
 
 
+@functools.lru_cache(maxsize=256)
 def lora_mask(names: str) -> int:
-    """Bitmask over LORA_TARGETS for a comma-separated list of PEFT target names."""
+    """Bitmask over LORA_TARGETS for a comma-separated list of PEFT target names (cached: a
+    grid names the same few lists on every row)."""
     mask = 0
     for raw in names.split(","):
         name = raw.strip()

@@ -83,11 +83,6 @@ def _cache_of(m: ModelSpec) -> _ModelCache:
     return cache
 
 
-@functools.lru_cache(maxsize=256)
-def _mask(targets: str) -> int:
-    return lora_mask(targets)
-
-
 def encode_row(config: Mapping[str, Any]) -> dict[str, Any]:
     """A configuration (grid field names; categoricals as names or codes) as the scalar row
     make_grid would make of it: every field, Python ints / floats / bools, categorical codes.
@@ -115,7 +110,7 @@ def encode_row(config: Mapping[str, Any]) -> dict[str, Any]:
                 raise ValueError(f"{name}: must be finite numbers >= 0")
             row[name] = value
         elif name == "lora_targets":
-            row[name] = _mask(value) if isinstance(value, str) else int(value)
+            row[name] = lora_mask(value) if isinstance(value, str) else int(value)
         else:
             if isinstance(value, float) and not value.is_integer():
                 raise ValueError(f"{name}: must be whole numbers")
