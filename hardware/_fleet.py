@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._gpu import GpuProfile
+from ._gpu import GIB, GpuProfile
 from ._loader import allowed_gpus_text, resolve_gpu_name
 
 if sys.version_info >= (3, 11):
@@ -26,7 +26,7 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 _SHORTHAND_RE = re.compile(r"^(?P<count>[0-9]+)x(?P<gpu>[a-z0-9][a-z0-9.-]*)$")
-_POOL_KEYS = ("gpu", "nodes", "gpus_per_node", "price_per_hour_usd")
+_POOL_KEYS = ("gpu", "nodes", "gpus_per_node", "price_per_hour_usd", "host_memory_gib")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,6 +41,8 @@ class Pool:
     """GPUs in each node (the profile's `gpus_per_node` unless the fleet says otherwise)."""
     price_per_hour_usd: float | None = None
     """Price of one GPU for one hour, USD; None: the profile's on-demand price."""
+    host_memory_bytes: int | None = None
+    """Host RAM of one node, bytes (all its GPUs together); None: the profile's."""
 
     def __post_init__(self) -> None:
         errors = []
@@ -57,6 +59,9 @@ class Pool:
             or not (math.isfinite(price) and price >= 0)
         ):
             errors.append(f"price_per_hour_usd must be a finite number >= 0, got {price!r}")
+        host = self.host_memory_bytes
+        if host is not None and (isinstance(host, bool) or not isinstance(host, int) or host < 1):
+            errors.append(f"host_memory_bytes must be a whole number >= 1, got {host!r}")
         if errors:
             raise ValueError(f"pool {self.gpu!r}: {'; '.join(errors)}")
 
@@ -69,6 +74,12 @@ class Pool:
         if self.price_per_hour_usd is not None:
             return float(self.price_per_hour_usd)
         return profile.price_per_hour_usd
+
+    def host_memory_per_node_bytes(self, profile: GpuProfile) -> int | None:
+        """This pool's host RAM per node, else the profile's; None where neither says."""
+        if self.host_memory_bytes is not None:
+            return self.host_memory_bytes
+        return profile.host_memory_bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -191,9 +202,17 @@ def _pool_from_table(t: dict[str, Any], gpus: Mapping[str, GpuProfile], where: s
         or not (math.isfinite(price) and price >= 0)
     ):
         raise ValueError(f"{where}: price_per_hour_usd must be a finite number >= 0, got {price!r}")
+    host_gib = t.get("host_memory_gib")
+    if host_gib is not None and (
+        isinstance(host_gib, bool)
+        or not isinstance(host_gib, (int, float))
+        or not (math.isfinite(host_gib) and host_gib > 0)
+    ):
+        raise ValueError(f"{where}: host_memory_gib must be a finite number > 0, got {host_gib!r}")
     return Pool(
         gpu=profile.name,
         num_nodes=t["nodes"],
         gpus_per_node=t.get("gpus_per_node", profile.gpus_per_node),
         price_per_hour_usd=None if price is None else float(price),
+        host_memory_bytes=None if host_gib is None else max(int(round(host_gib * GIB)), 1),
     )

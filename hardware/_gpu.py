@@ -107,6 +107,11 @@ class GpuProfile:
     sources: tuple[str, ...]
     """Where each spec number came from."""
 
+    host_memory_bytes: int | None = None
+    """Host (CPU) RAM of one node of the typical deployment, all its GPUs together, bytes: what
+    the ranks of a node share for CPU-offloaded optimizer states, parameters and activations.
+    None: not documented for this card (a user file may leave it out); nothing is checked."""
+
     path: str = ""
     """File the profile was loaded from; empty when built in code."""
 
@@ -120,6 +125,11 @@ class GpuProfile:
     def memory_gib(self) -> float:
         """Marketed capacity in GiB."""
         return self.memory_bytes / GIB
+
+    @property
+    def host_memory_gib(self) -> float | None:
+        """Host RAM of one node in GiB; None where unknown."""
+        return None if self.host_memory_bytes is None else self.host_memory_bytes / GIB
 
     @property
     def usable_gib(self) -> float:
@@ -168,6 +178,9 @@ def _violations(p: GpuProfile) -> list[str]:
         bad_type.add("sources")
     if not isinstance(p.path, str):
         errors.append("path must be a string")
+    host = p.host_memory_bytes
+    if host is not None and (isinstance(host, bool) or not isinstance(host, int) or host < 1):
+        errors.append("host_memory_bytes must be an integer >= 1 (or left out: unknown)")
 
     def ok(*fields: str) -> bool:
         return not bad_type.intersection(fields)

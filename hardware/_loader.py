@@ -29,6 +29,8 @@ _ALIASES_FILE = Path(__file__).parent / "aliases.toml"
 """Short names (``h100``) for built-in profiles: one table of ``alias = "profile name"``."""
 
 _KEYS = frozenset(f.name for f in fields(GpuProfile)) - {"path"}
+_OPTIONAL_KEYS = frozenset({"host_memory_bytes"})
+"""Keys a profile file may leave out (files written before they existed keep loading)."""
 
 
 def load_gpus(hardware_dir: str | os.PathLike[str] | None = None) -> dict[str, GpuProfile]:
@@ -116,7 +118,7 @@ def _read_file(file: Path) -> GpuProfile:
         table = tomllib.loads(file.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{label}: invalid TOML: {error}") from None
-    missing = sorted(_KEYS - table.keys())
+    missing = sorted(_KEYS - _OPTIONAL_KEYS - table.keys())
     unknown = sorted(table.keys() - _KEYS)
     problems = []
     if missing:

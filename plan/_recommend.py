@@ -37,6 +37,7 @@ from trainmem.report import (
     check_headroom,
     check_options,
     choice,
+    gib_to_bytes,
     training_config,
 )
 from trainmem.sweep import (
@@ -150,6 +151,7 @@ def recommend_report(
     max_micro_batch_size: int = 16,
     max_pp: int = 16,
     max_cp: int = 4,
+    host_memory_gib: float | None = None,
     headroom: float = 0.10,
     script: str | None = None,
     job_name: str = "trainmem",
@@ -301,6 +303,7 @@ def job_space(**fields: Any) -> Space:
         headroom=f["headroom"],
         training=extra_fields(f),
         optimizer_name=f["optimizer"],
+        host_memory_bytes=gib_to_bytes(f["host_memory_gib"]),
     )
     # GPU counts a launcher can start: within one node, or whole nodes of some pool.
     counts = tuple(

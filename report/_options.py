@@ -117,6 +117,25 @@ HEADROOM = Option(
     ge=0,
     lt=1,
 )
+HOST_MEMORY_GIB = Option(
+    name="host_memory_gib",
+    type=float | None,
+    default=None,
+    gt=0,
+    le=1 << 20,
+    help=(
+        "Host RAM per node, GiB (default: the fleet pool's, else the GPU profile's). A "
+        "configuration whose ranks on one node need more host memory (CPU offload) does not fit."
+    ),
+)
+"""A node's host RAM: bounds what CPU offload may move off the GPUs (GiB at the edge)."""
+
+
+def gib_to_bytes(gib: float | None) -> int | None:
+    """A size given in GiB (2**30 bytes) at the edge as whole bytes; None stays None."""
+    return None if gib is None else max(int(round(gib * 2**30)), 1)
+
+
 HARDWARE_DIR = Option(
     name="hardware_dir",
     type=str | None,

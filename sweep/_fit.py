@@ -23,13 +23,14 @@ from trainmem.engine import (
     reason_text,
     time_inputs,
 )
-from trainmem.hardware import get_gpu
+from trainmem.hardware import GIB, get_gpu
 from trainmem.report import (
     AS_JSON,
     CHECK,
     DEFAULT_MODEL,
     GPU,
     HEADROOM,
+    HOST_MEMORY_GIB,
     MINIMIZE,
     MODEL,
     PROFILE_FILE,
@@ -39,6 +40,7 @@ from trainmem.report import (
     check_headroom,
     check_options,
     choice,
+    gib_to_bytes,
     jsonable,
     model_spec,
     row_report,
@@ -47,6 +49,8 @@ from trainmem.report import (
     training_config,
     training_options,
 )
+
+from ._space import node_host_bytes, ranks_per_node
 
 MINIMIZE_OPTIONS = (
     Option(
@@ -78,6 +82,7 @@ FIT_OPTIONS: tuple[Option, ...] = (
     GPU,
     *training_options(),
     HEADROOM,
+    HOST_MEMORY_GIB,
     *USER_DIRS,
     *MINIMIZE_OPTIONS,
     PROFILE_FILE,
@@ -93,6 +98,7 @@ def fit_report(
     model: str = DEFAULT_MODEL,
     gpu: str = "h100-sxm-80gb",
     headroom: float = 0.10,
+    host_memory_gib: float | None = None,
     hardware_dir: str | None = None,
     minimize: str = "micro-batch-size",
     max_micro_batch_size: int = 1024,
@@ -115,8 +121,12 @@ def fit_report(
     choice("minimize", minimize, MINIMIZE)
     check_headroom(headroom)
     check_options(
-        MINIMIZE_OPTIONS,
-        {"max_micro_batch_size": max_micro_batch_size, "max_num_gpus": max_num_gpus},
+        (*MINIMIZE_OPTIONS, HOST_MEMORY_GIB),
+        {
+            "max_micro_batch_size": max_micro_batch_size,
+            "max_num_gpus": max_num_gpus,
+            "host_memory_gib": host_memory_gib,
+        },
     )
     spec = model_spec(model, models_dir=models_dir, profile_file=profile_file)
     precision, recompute, attention = traced_choices(
@@ -136,7 +146,11 @@ def fit_report(
     grid = make_grid({**config, key: candidates})
     ov = Overheads(cublas_workspace_bytes=cublas_workspace_bytes_for(profile.arch))
     out = estimate(spec, grid, usable_bytes=profile.usable_bytes, headroom=headroom, overheads=ov)
-    fitting = np.flatnonzero(out["fits"])
+    host_limit = gib_to_bytes(host_memory_gib) or profile.host_memory_bytes
+    ranks = ranks_per_node(grid["num_gpus"], profile.gpus_per_node)
+    node_need = node_host_bytes(out["host_bytes"], ranks)
+    host_fits = node_need <= (np.inf if host_limit is None else host_limit)
+    fitting = np.flatnonzero(out["fits"] & host_fits)
     if len(fitting):
         row = int(fitting[-1] if key == "micro_batch_size" else fitting[0])
     else:  # nothing fits: report the closest candidate (most headroom) and why
@@ -155,13 +169,19 @@ def fit_report(
     report["time"] = time_report(timing, price_per_gpu_hour_usd=profile.price_per_hour_usd)
     answer_key = "max_micro_batch_size" if key == "micro_batch_size" else "min_num_gpus"
     answer = int(candidates[row]) if len(fitting) else None
+    reason = reason_text(out["reason"][row])
+    if not reason and not len(fitting) and not host_fits[row]:
+        reason = host_reason(float(node_need[row]), host_limit, int(ranks[row]))
     result = {
         answer_key: answer,
         "fits": bool(len(fitting)),
-        "reason": reason_text(out["reason"][row]) or ("" if len(fitting) else "does not fit"),
+        "reason": reason or ("" if len(fitting) else "does not fit"),
         "estimate": report,
+        "host_memory_per_node_bytes": host_limit,
+        "node_host_bytes": int(round(float(node_need[row]))),
+        "host_fits": bool(host_fits[row]),
     }
-    if not len(fitting) and out["reason"][row] == 0:
+    if not len(fitting) and out["reason"][row] == 0 and host_fits[row]:
         # The closest candidate's peak and how far it is over the limit (usable x (1 - headroom)).
         result["closest_peak_device_bytes"] = int(report["peak_device_bytes"])
         result["shortfall_bytes"] = int(-report["headroom_bytes"])
@@ -181,3 +201,12 @@ def fit_report(
             )
         )
     return jsonable(result)
+
+
+def host_reason(need_bytes: float, limit_bytes: float | None, ranks: int) -> str:
+    """Why a configuration that fits its GPUs does not fit its node: the host RAM its ranks
+    need (CPU offload) against what the node has."""
+    return (
+        f"host memory: the node's {ranks} ranks need {need_bytes / GIB:.2f} GiB of host memory, "
+        f"the node has {(limit_bytes or 0) / GIB:.2f} GiB"
+    )

@@ -11,6 +11,7 @@ from trainmem.engine import FIELD_NAMES, SWEEP_AXES
 from trainmem.report import (
     AS_JSON,
     HEADROOM,
+    HOST_MEMORY_GIB,
     MODEL,
     PROFILE_FILE,
     USER_DIRS,
@@ -49,6 +50,7 @@ SEARCH_OPTIONS: tuple[Option, ...] = (
         le=1024,
         help="Largest context-parallel degree tried.",
     ),
+    HOST_MEMORY_GIB,
 )
 FLEET = Option(
     name="fleet",

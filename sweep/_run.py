@@ -24,6 +24,7 @@ from trainmem.report import (
     check_headroom,
     check_options,
     choice,
+    gib_to_bytes,
     model_spec,
     training_config,
 )
@@ -68,6 +69,7 @@ def run_sweep(
     max_micro_batch_size: int = 16,
     max_pp: int = 16,
     max_cp: int = 4,
+    host_memory_gib: float | None = None,
     headroom: float = 0.10,
     hardware_dir: str | None = None,
     models_dir: str | None = None,
@@ -100,7 +102,10 @@ def run_sweep(
         "max_cp": max_cp,
         "max_micro_batch_size": max_micro_batch_size,
     }
-    check_options(SWEEP_OPTIONS, {**training, **counts, "headroom": headroom})
+    check_options(
+        SWEEP_OPTIONS,
+        {**training, **counts, "headroom": headroom, "host_memory_gib": host_memory_gib},
+    )
     gpus = load_gpus(hardware_dir)
     spec = model_spec(model, models_dir=models_dir, profile_file=profile_file)
     if spec.profile is not None and precision not in (
@@ -126,6 +131,7 @@ def run_sweep(
         headroom=headroom,
         training=extra_fields(training),
         optimizer_name=optimizer,
+        host_memory_bytes=gib_to_bytes(host_memory_gib),
     )
     study = study_name or _default_study(spec.name, fleet, seq_len, global_batch_size, method)
     result = _search(

@@ -153,6 +153,10 @@ def space_fingerprint(space: Space, *, chunk_size: int) -> str:
         "axes": {k: list(v) for k, v in space.axes.items()},
         "fixed": space.fixed,
         "headroom": space.headroom,
+        "host_memory_bytes": [
+            space.host_memory_bytes or p.host_memory_per_node_bytes(space.gpus[p.gpu])
+            for p in space.fleet.pools
+        ],
         "chunk_size": chunk_size,
         "schema_version": SCHEMA_VERSION,
     }

@@ -33,16 +33,19 @@ from trainmem.engine import (
     parallel_layout,
     time_inputs,
 )
-from trainmem.hardware import Fleet, GpuProfile
+from trainmem.hardware import Fleet, GpuProfile, Pool
 
 SWEEP_REASONS = (
     "tp crosses a node (tp > gpus per node)",
     "num_gpus exceeds the pool",
     "virtual_stages > 1 needs pp > 1",
+    "host memory: the node's ranks need more host RAM than the node has (CPU offload)",
 )
 """The sweep's own invalid-point reasons; their codes follow the engine's REASONS."""
 ALL_REASONS = REASONS + SWEEP_REASONS
-TP_CROSSES_NODE, EXCEEDS_POOL, VIRTUAL_WITHOUT_PP = range(len(REASONS), len(ALL_REASONS))
+TP_CROSSES_NODE, EXCEEDS_POOL, VIRTUAL_WITHOUT_PP, EXCEEDS_HOST_MEMORY = range(
+    len(REASONS), len(ALL_REASONS)
+)
 
 AXES = (
     "pool",
@@ -96,6 +99,8 @@ class Space:
     """Fraction of usable memory kept free."""
     labels: dict[str, Any] = field(default_factory=dict)
     """The job's training fields that are not axes, by name (the points table's columns)."""
+    host_memory_bytes: int | None = None
+    """Host RAM of one node, bytes, for every pool (None: each pool's or its profile's)."""
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -221,7 +226,7 @@ def evaluate_columns(
             usable_bytes=usable[rows],
             headroom=space.headroom,
             overheads=Overheads(cublas_workspace_bytes=float(ws)),
-            columns=None if columns is None else {*columns, "fits", "reason", "dp"},
+            columns=None if columns is None else {*columns, "fits", "reason", "dp", "host_bytes"},
             reason=engine_reason if len(rows) == len(pool) else engine_reason[rows],
         )
         for k, v in part.items():
@@ -234,6 +239,12 @@ def evaluate_columns(
         values["gpus_per_node"] = float(p.gpus_per_node)
         for k, v in values.items():
             inputs.setdefault(k, np.empty(len(profiles)))[i] = v
+    host_limit = np.array(
+        [_host_limit_bytes(space, p, g) for p, g in zip(space.fleet.pools, profiles, strict=True)]
+    )[pool]
+    need = node_host_bytes(out["host_bytes"], ranks_per_node(num_gpus, per_node))
+    reason = np.where((reason == 0) & (need > host_limit), EXCEEDS_HOST_MEMORY, reason)
+    reason = reason.astype(np.int16)
     # The sweep's own reasons too: estimate_time evaluates only the rows left valid.
     gpu_values = {k: v[0] if len(profiles) == 1 else v[pool] for k, v in inputs.items()}
     timed = ("step_time_s", "tokens_per_second", "mfu", "cost_per_million_tokens")
@@ -256,6 +267,30 @@ def evaluate_columns(
     }
 
 
+def ranks_per_node(num_gpus: np.ndarray, gpus_per_node: np.ndarray) -> np.ndarray:
+    """Ranks that share one node's host RAM: a node's GPUs, or all of them on a partial node.
+
+    Assumes: ranks fill nodes one after the other (torchrun, slurm), one rank per GPU."""
+    return np.minimum(np.asarray(num_gpus), np.asarray(gpus_per_node))
+
+
+def node_host_bytes(host_bytes: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """Host RAM one node needs: every rank's `host_bytes` (offloaded optimizer states and
+    parameters, pinned buffers, offloaded activations; the worst rank's, as the engine reports)
+    times the ranks on the node. Ignores the OS, the data loader and the framework's own host
+    memory."""
+    return np.asarray(host_bytes, dtype=np.float64) * np.asarray(ranks)
+
+
+def _host_limit_bytes(space: Space, pool: Pool, profile: GpuProfile) -> float:
+    """A node's host RAM: the space's override, else the pool's, else the profile's; no
+    limit (inf) where none is known."""
+    if space.host_memory_bytes is not None:
+        return float(space.host_memory_bytes)
+    host = pool.host_memory_per_node_bytes(profile)
+    return np.inf if host is None else float(host)
+
+
 def make_space(
     model: ModelSpec,
     fleet: Fleet,
@@ -273,6 +308,7 @@ def make_space(
     headroom: float = 0.10,
     training: Mapping[str, Any] | None = None,
     optimizer_name: str | None = None,
+    host_memory_bytes: int | None = None,
 ) -> Space:
     """The space of a job on a fleet; ValueError on bad input (one line).
 
@@ -280,6 +316,7 @@ def make_space(
     and tp = cp = 1: the rows it describes.
 
     `optimizer_name`: the optimizer's name when `optimizer` is a user optimizer's columns.
+    `host_memory_bytes`: host RAM of one node for every pool (None: each pool's or profile's).
     `training`: other training fields (engine TrainingConfig names). A searched field (AXES)
     given there pins its axis to that value; any other field that differs from its default is
     fixed for every point (a field at its default changes nothing: the space is the one without
@@ -346,6 +383,7 @@ def make_space(
         fixed=fixed,
         headroom=headroom,
         labels=labels,
+        host_memory_bytes=host_memory_bytes,
     )
 
 
