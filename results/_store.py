@@ -225,7 +225,7 @@ def write_points(
     finally:
         Path(tmp).unlink(missing_ok=True)
     if not staged:  # a staged part's name is made durable when it is published
-        _fsync_dir(folder)
+        _fsync(folder)
     return path
 
 
@@ -267,7 +267,7 @@ def publish_pending(pending: Sequence[PendingPart]) -> int:
     if not pending:
         return 0
     with ThreadPoolExecutor(max_workers=SYNC_THREADS, thread_name_prefix="trainmem-fsync") as ex:
-        list(ex.map(_fsync_file, [p.tmp for p in pending]))
+        list(ex.map(_fsync, [p.tmp for p in pending]))
     linked = 0
     for p in pending:
         try:
@@ -275,7 +275,7 @@ def publish_pending(pending: Sequence[PendingPart]) -> int:
         finally:
             Path(p.tmp).unlink(missing_ok=True)
     for folder in sorted({p.path.parent for p in pending}):
-        _fsync_dir(folder)
+        _fsync(folder)
     return linked
 
 
@@ -283,14 +283,6 @@ def discard_pending(pending: Sequence[PendingPart]) -> None:
     """Remove pending parts' temporaries (their sweep failed before publishing them)."""
     for p in pending:
         Path(p.tmp).unlink(missing_ok=True)
-
-
-def _fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _link_once(source: str | os.PathLike[str], target: Path) -> bool:
@@ -307,12 +299,13 @@ def _link_once(source: str | os.PathLike[str], target: Path) -> bool:
     return True
 
 
-def _fsync_dir(folder: Path) -> None:
-    dir_fd = os.open(folder, os.O_RDONLY)
+def _fsync(path: str | os.PathLike[str]) -> None:
+    """fsync a file, or a folder (its entries: the names linked into it)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)
+        os.fsync(fd)
     finally:
-        os.close(dir_fd)
+        os.close(fd)
 
 
 def publish_points(out: str | os.PathLike[str], *, study: str, part: str) -> Path:
@@ -323,7 +316,7 @@ def publish_points(out: str | os.PathLike[str], *, study: str, part: str) -> Pat
     if staged.exists():
         _link_once(staged, path)
         staged.unlink(missing_ok=True)
-        _fsync_dir(folder)
+        _fsync(folder)
     return path
 
 
