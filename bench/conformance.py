@@ -36,7 +36,6 @@ Run: python -m bench.conformance [--quick] [--jobs N] [--cache DIR] [--family NA
 from __future__ import annotations
 
 import argparse
-import copy
 import hashlib
 import itertools
 import json
@@ -49,9 +48,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.conformance_families import FAMILIES, family_config
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CACHE = ROOT / "out" / "conformance-cache"
-PRESETS = ROOT / "catalog" / "presets"
 DEFAULT_TIMEOUT_S = 300.0
 PERSISTENT_THRESHOLD = 0.01
 TRANSIENT_THRESHOLD = 0.02
@@ -66,126 +66,6 @@ METRICS = (
 GPU = "h100-sxm-80gb"
 OPTIMIZER = "adamw"
 
-# Tiny versions of the preset families: (preset, overrides). Each keeps the family's structure.
-_GQA = {"num_attention_heads": 4, "num_key_value_heads": 2}
-FAMILIES: dict[str, tuple[str | None, dict[str, Any]]] = {
-    "llama": (
-        "llama-3.2-1b",
-        {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "head_dim": 64}
-        | _GQA,
-    ),
-    "qwen2.5": (  # q/k/v biases, tied embeddings
-        "qwen2.5-0.5b",
-        {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2} | _GQA,
-    ),
-    "qwen3": (  # qk-norm, head_dim != hidden / heads (as Qwen3-0.6B: 1024 / 16 heads of 128)
-        None,
-        {
-            "model_type": "qwen3",
-            "architectures": ["Qwen3ForCausalLM"],
-            "hidden_size": 256,
-            "intermediate_size": 512,
-            "num_hidden_layers": 2,
-            "head_dim": 128,
-            "vocab_size": 151936,
-            "max_position_embeddings": 40960,
-            "tie_word_embeddings": True,
-            "attention_bias": False,
-            "hidden_act": "silu",
-            "rms_norm_eps": 1e-06,
-            "rope_theta": 1000000.0,
-            "use_sliding_window": False,
-            "sliding_window": None,
-        }
-        | _GQA,
-    ),
-    "gemma": (  # head_dim 256, one kv head, gelu, scaled embeddings
-        "gemma-2b",
-        {
-            "hidden_size": 256,
-            "intermediate_size": 1024,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "num_key_value_heads": 1,
-            "head_dim": 256,
-        },
-    ),
-    "mistral": (  # sliding window 128
-        "mistral-7b",
-        {
-            "hidden_size": 256,
-            "intermediate_size": 512,
-            "num_hidden_layers": 2,
-            "sliding_window": 128,
-        }
-        | _GQA,
-    ),
-    "phi3": (  # fused qkv and gate_up, sliding window 2^k - 1 as Phi-3-mini's 2047
-        "phi-3-mini",
-        {
-            "hidden_size": 256,
-            "intermediate_size": 512,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 4,
-            "sliding_window": 127,
-        },
-    ),
-    "gpt2": ("gpt2", {"n_embd": 256, "n_layer": 2, "n_head": 4}),
-    "bert": (
-        "bert-base-uncased",
-        {
-            "hidden_size": 256,
-            "intermediate_size": 1024,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-        },
-    ),
-    "mixtral": (
-        "mixtral-8x7b",
-        {
-            "hidden_size": 256,
-            "intermediate_size": 512,
-            "num_hidden_layers": 2,
-            "num_local_experts": 4,
-            "num_experts_per_tok": 2,
-        }
-        | _GQA,
-    ),
-    "qwen3-moe": (
-        "qwen3-30b-a3b",
-        {
-            "hidden_size": 256,
-            "intermediate_size": 512,
-            "moe_intermediate_size": 128,
-            "num_experts": 8,
-            "num_experts_per_tok": 2,
-            "num_hidden_layers": 2,
-            "max_window_layers": 2,
-            "head_dim": 64,
-        }
-        | _GQA,
-    ),
-    "deepseek-v2": (  # MLA (no q low rank), one dense layer then MoE with shared experts
-        "deepseek-v2-lite",
-        {
-            "hidden_size": 256,
-            "intermediate_size": 512,
-            "moe_intermediate_size": 128,
-            "n_routed_experts": 8,
-            "n_shared_experts": 1,
-            "num_experts_per_tok": 2,
-            "first_k_dense_replace": 1,
-            "num_hidden_layers": 3,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 4,
-            "kv_lora_rank": 64,
-            "qk_nope_head_dim": 32,
-            "qk_rope_head_dim": 16,
-            "v_head_dim": 32,
-        },
-    ),
-}
 SEQ_LENS: dict[str, tuple[int, ...]] = {
     # below, at and above the window where the family has one
     "mistral": (64, 128, 256),
@@ -194,16 +74,6 @@ SEQ_LENS: dict[str, tuple[int, ...]] = {
 DEFAULT_SEQ_LENS = (128, 256)
 PRECISIONS = ("fp32", "bf16", "amp-bf16")
 WORLDS = (2, 8, 64)
-
-
-def family_config(family: str) -> dict[str, Any]:
-    """The tiny config.json dict of a family (its preset with the overrides)."""
-    preset, overrides = FAMILIES[family]
-    base: dict[str, Any] = {}
-    if preset:
-        base = json.loads((PRESETS / f"{preset}.json").read_text())
-    base = {k: v for k, v in base.items() if not k.startswith("_")}
-    return {**base, **copy.deepcopy(overrides)}
 
 
 def case_name(case: dict[str, Any]) -> str:

@@ -20,52 +20,14 @@ import pytest
 pytest.importorskip("torch", reason="trainmem[trace] not installed: pip install 'trainmem[trace]'")
 pytest.importorskip("transformers", reason="trainmem[trace] not installed")
 
+from tests.conformance_families import family_config  # noqa: E402  (bench/conformance.py's)
 from trainmem.report import estimate_report  # noqa: E402
 from trainmem.trace._core import trace_step  # noqa: E402
 from trainmem.trace._fake_cuda import fake_cuda_unavailable_reason  # noqa: E402
 from trainmem.trace._report import _estimate_figures  # noqa: E402
 
-PRESETS = Path(__file__).resolve().parents[3] / "catalog" / "presets"
 PERSISTENT = ("parameters_bytes", "gradients_bytes", "optimizer_states_bytes")
 TRANSIENT = ("activations_bytes", "peak_allocated_bytes")
-_GQA = {"num_attention_heads": 4, "num_key_value_heads": 2}
-TINY: dict[str, tuple[str | None, dict[str, Any]]] = {
-    # as bench/conformance.py FAMILIES (tests do not import bench)
-    "llama": (
-        "llama-3.2-1b",
-        {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "head_dim": 64}
-        | _GQA,
-    ),
-    "mistral": (
-        "mistral-7b",
-        {
-            "hidden_size": 256,
-            "intermediate_size": 512,
-            "num_hidden_layers": 2,
-            "sliding_window": 128,
-        }
-        | _GQA,
-    ),
-    "gpt2": ("gpt2", {"n_embd": 256, "n_layer": 2, "n_head": 4}),
-    "qwen3": (
-        None,
-        {
-            "model_type": "qwen3",
-            "hidden_size": 256,
-            "intermediate_size": 512,
-            "num_hidden_layers": 2,
-            "head_dim": 128,
-            "vocab_size": 151936,
-            "max_position_embeddings": 40960,
-            "tie_word_embeddings": True,
-            "attention_bias": False,
-            "hidden_act": "silu",
-            "rms_norm_eps": 1e-06,
-            "rope_theta": 1000000.0,
-        }
-        | _GQA,
-    ),
-}
 # (family, precision, attention, recompute, seq_len, micro_batch_size, FSDP2 world)
 CELLS = [
     ("llama", "amp-bf16", "flash", "none", 128, 2, 1),
@@ -104,19 +66,13 @@ weights (fp32, amp-bf16: transformers' grouped_mm experts reject fp32 inputs), D
 under FSDP2 (its fp32 gate parameters: FSDP2's reduce-scatter needs one gradient dtype)."""
 
 
-def _config(family: str) -> dict[str, Any]:
-    preset, overrides = TINY[family]
-    base = json.loads((PRESETS / f"{preset}.json").read_text()) if preset else {}
-    return {**{k: v for k, v in base.items() if not k.startswith("_")}, **overrides}
-
-
 @pytest.mark.parametrize("cell", CELLS, ids=lambda c: "-".join(map(str, c)))
 def test_formulas_agree_with_the_trace(cell: tuple[Any, ...], tmp_path: Path) -> None:
     family, precision, attention, recompute, seq_len, mb, world = cell
     reason = fake_cuda_unavailable_reason()
     if reason:
         pytest.skip(f"no fake CUDA device here: {reason}")
-    config = _config(family)
+    config = family_config(family)
     flags = {
         "micro_batch_size": mb,
         "seq_len": seq_len,
