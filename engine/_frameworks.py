@@ -155,11 +155,11 @@ ADAPTERS_IN_PARAM_DTYPE = _table("adapters_in_param_dtype")
 FUSED_RMS_NORM = _table("fused_rms_norm")
 """Per framework code: torch's fused RMSNorm kernel."""
 FUSED_QKV = _table("fused_qkv")
+"""Per framework code: one q/k/v projection."""
 NORM_INPUT_FP32 = _table("norm_input_fp32")
 """Per framework code: its RMSNorm keeps an fp32 copy of the input."""
 GQA_KV_EXPANDED = _table("gqa_kv_expanded")
 """Per framework code: k and v expanded to the query heads before attention."""
-"""Per framework code: one q/k/v projection."""
 LOSS_PARALLEL_FP32_TENSORS = _table("loss_parallel_fp32_tensors")
 """Per framework code: extra fp32 [T, v/tp] tensors of its vocab-parallel loss."""
 FP8_WEIGHT_CACHE = _table("fp8_weight_cache")
