@@ -61,10 +61,10 @@ def small_llama_spec(dims: dict[str, int], *, tied: bool = False) -> Any:
 
 
 def estimate_one(spec: Any, **fields: Any) -> dict[str, float]:
-    """The engine's columns for one configuration, as floats."""
-    from trainmem.engine import estimate, make_grid
+    """The engine's columns for one configuration (engine.estimate_one), as floats."""
+    from trainmem.engine import estimate_one as engine_one
 
-    return {k: float(v[0]) for k, v in estimate(spec, make_grid(**fields)).items()}
+    return {k: float(v) for k, v in engine_one(spec, fields).items()}
 
 
 def estimate_torchtitan_ac(case: dict[str, Any]) -> dict[str, float]:
