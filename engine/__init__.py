@@ -26,6 +26,7 @@ from ._config import (
 from ._estimate import (
     BLOCK_ROWS,
     COMPONENTS,
+    OUTPUT_DTYPES,
     OUTPUTS,
     PHASES,
     PROFILE_MISMATCH,
@@ -100,6 +101,7 @@ __all__ = [
     "LORA_TARGETS",
     "OPTIMIZERS",
     "OUTPUTS",
+    "OUTPUT_DTYPES",
     "PHASES",
     "PRECISIONS",
     "PROFILE_MISMATCH",

@@ -476,12 +476,19 @@ def estimate(
     out = _numpy_columns(job) if compiled is None else _compiled_columns(compiled, job)
     whole = {"dp": dp, "num_microbatches": num_micro, "reason": reason}
     for k in want - out.keys():  # no rows, or a whole-grid column
-        out[k] = whole[k] if k in whole else np.empty(0, dtype=_EMPTY_DTYPES.get(k, np.float64))
+        out[k] = whole[k] if k in whole else np.empty(0, dtype=OUTPUT_DTYPES.get(k, np.float64))
     return {k: out[k] for k in OUTPUTS if k in want}
 
 
-_EMPTY_DTYPES: dict[str, type] = {"peak_phase": np.int8, "fits": bool, "pp_stage": np.int64}
-"""dtypes of the per-row columns that are not float64 (for a grid of no rows)."""
+OUTPUT_DTYPES: dict[str, type] = {
+    "peak_phase": np.int8,
+    "fits": bool,
+    "pp_stage": np.int64,
+    "dp": np.int64,
+    "reason": np.int8,
+}
+"""estimate()'s columns that are not float64, and their dtypes (every other column is float64;
+tests/unit/engine/test_scalar.py holds estimate() to it)."""
 
 
 def batch_layout(g: Grid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -22,6 +22,7 @@ from trainmem.engine import (
     DEFAULTS,
     DEFAULTS_BY_FIELD,
     FIELD_NAMES,
+    OUTPUT_DTYPES,
     PROFILE_MISMATCH,
     ModelSpec,
     Overheads,
@@ -242,16 +243,6 @@ def estimate_report(
     return report
 
 
-_ROW_DTYPES: dict[str, Any] = {
-    "peak_phase": np.int8,
-    "pp_stage": np.int64,
-    "dp": np.int64,
-    "fits": bool,
-    "reason": np.int8,
-}
-"""estimate()'s dtypes of the columns that are not float64."""
-
-
 def _one_row(values: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """estimate_one()'s scalars as estimate()'s one-row columns (the report reads those)."""
-    return {k: np.array([v], dtype=_ROW_DTYPES.get(k, np.float64)) for k, v in values.items()}
+    return {k: np.array([v], dtype=OUTPUT_DTYPES.get(k, np.float64)) for k, v in values.items()}

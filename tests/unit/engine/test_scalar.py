@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from trainmem.catalog import load_model, load_profile
-from trainmem.engine import OUTPUTS, Overheads, estimate, make_grid
+from trainmem.engine import OUTPUT_DTYPES, OUTPUTS, Overheads, estimate, make_grid
 from trainmem.engine._scalar import _caches, encode_row, estimate_one
 
 RECORDING = Path(__file__).parent / "data" / "engine_recording.npz"
@@ -68,6 +68,8 @@ def test_estimate_one_equals_estimate(case) -> None:
             _same(got, stage, i, label + " stage")
             _same(estimate_one(m, row, columns=subset), few, i, label + " subset")
     assert set(worst) == set(OUTPUTS)
+    for k, column in worst.items():  # the dtypes the report's one-row columns are given
+        assert column.dtype == OUTPUT_DTYPES.get(k, np.float64), k
 
 
 def test_encode_row_checks_like_make_grid() -> None:
