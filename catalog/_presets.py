@@ -43,16 +43,16 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 @functools.cache
-def _load_cached(name_or_path: str) -> ModelSpec:
+def _load_cached(name_or_path: str, family: str | None = None) -> ModelSpec:
     path = Path(name_or_path)
     if name_or_path in preset_names():
         return model_from_hf_config(
-            _read_json(PRESET_DIR / f"{name_or_path}.json"), name=name_or_path
+            _read_json(PRESET_DIR / f"{name_or_path}.json"), name=name_or_path, family=family
         )
     if path.is_dir() and (path / "config.json").is_file():
         path = path / "config.json"
     if path.is_file():
-        return model_from_hf_config(_read_json(path), name=os.fspath(name_or_path))
+        return model_from_hf_config(_read_json(path), name=os.fspath(name_or_path), family=family)
     raise ValueError(
         f"model: unknown model '{name_or_path}'; {did_you_mean(name_or_path, preset_names())}"
         f"give a path to a Hugging Face config.json or one of: {', '.join(preset_names())}"
@@ -83,21 +83,25 @@ def model_presets(models_dir: str | os.PathLike[str] | None = None) -> dict[str,
     return dict(sorted(found.items()))
 
 
-def _load_user(path: str, name: str) -> ModelSpec:
-    return model_from_hf_config(_read_json(Path(path)), name=name)
+def _load_user(path: str, name: str, family: str | None = None) -> ModelSpec:
+    return model_from_hf_config(_read_json(Path(path)), name=name, family=family)
 
 
 def load_model(
-    name_or_path: str | os.PathLike[str], *, models_dir: str | os.PathLike[str] | None = None
+    name_or_path: str | os.PathLike[str],
+    *,
+    models_dir: str | os.PathLike[str] | None = None,
+    family: str | None = None,
 ) -> ModelSpec:
     """A preset by name (user folder first, see `model_presets`), or any Hugging Face
-    config.json (file or folder) by local path."""
+    config.json (file or folder) by local path. `family` (engine FAMILIES) reads a config.json
+    whose model_type trainmem does not know with that family's layout (`--family`)."""
     key = os.fspath(name_or_path)
     source = model_presets(models_dir).get(key) if "/" not in key else None
     if source is not None and source != BUILTIN:
-        return _load_user(source, key)
+        return _load_user(source, key, family)
     try:
-        return _load_cached(key)
+        return _load_cached(key, family)
     except ValueError as exc:
         if "unknown model" not in str(exc):
             raise

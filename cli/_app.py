@@ -244,8 +244,12 @@ def trace_cmd(
     from trainmem.report import command_defaults
     from trainmem.trace import trace_report, trace_text
 
+    from ._progress import spinner
+
     try:
-        report = trace_report(**fields, estimate_defaults=command_defaults(estimate_cmd))
+        what = fields["module"] or fields["model"]
+        with spinner(f"tracing {what} on fake tensors", as_json=as_json):
+            report = trace_report(**fields, estimate_defaults=command_defaults(estimate_cmd))
     except (RuntimeError, AssertionError, NotImplementedError, TypeError) as exc:
         # A model code path the fake device cannot run: one line, not torch's traceback.
         first = (str(exc).strip().splitlines() or [""])[0][:300]

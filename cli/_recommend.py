@@ -22,9 +22,10 @@ def recommend_cmd(
     are data parallel only) and prints a summary, or --format json (the plan's gpu, num_gpus,
     num_nodes, gpus_per_node, tp, pp, dp, cp, ep, zero, recompute, micro_batch_size,
     grad_accum_steps, peak_device_bytes, headroom_bytes, step_time_s, cost_per_million_tokens,
-    estimate_command and alternatives), a DeepSpeed config, a torchrun line, an sbatch script
-    or an accelerate FSDP config. When nothing fits, the JSON and the summary describe the
-    closest configuration and the launch formats print nothing (a one-line note on stderr).
+    estimate_command and alternatives), a DeepSpeed config, a torchrun line, an sbatch script,
+    an accelerate FSDP config or a torchtitan launch line. When nothing fits, the JSON and the
+    summary describe the closest configuration and the launch formats print nothing (a one-line
+    note on stderr).
     Exit code 0: it ran (with --check: a plan fits); 1: --check and nothing fits; 2: bad input.
     """
     from trainmem.plan import recommend_report, summary  # the search (polars): run time only

@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -22,6 +21,7 @@ from trainmem.report import (
 from trainmem.sweep import SWEEP_OPTIONS
 
 from ._options import command
+from ._progress import progress_bar
 
 if TYPE_CHECKING:
     from trainmem.sweep import SearchResult
@@ -104,21 +104,27 @@ def sweep_cmd(
     workers: int,
     warm_start: bool,
     jobs: int,
+    scheduler: str | None,
     out: str,
     store: str,
     max_micro_batch_size: int,
     max_pp: int,
     max_cp: int,
     host_memory_gib: float | None,
+    min_gpus: int,
+    use_all_gpus: bool,
+    max_step_time_s: float | None,
     headroom: float,
     hardware_dir: str | None,
     models_dir: str | None,
     optimizers_dir: str | None,
     profile_file: str | None,
+    family: str | None,
     as_json: bool,
 ) -> None:
     """Search a fleet for the cheapest (or fastest, or smallest) configuration that fits."""
     from trainmem.sweep import run_sweep  # the searches (polars, Optuna): run time only
+    from trainmem.sweep._why import why_lines
 
     check_out_dir(out)
     run = functools.partial(
@@ -135,17 +141,22 @@ def sweep_cmd(
         workers=workers,
         warm_start=warm_start,
         jobs=jobs,
+        scheduler=scheduler,
         out=out,
         store=store,
         max_micro_batch_size=max_micro_batch_size,
         max_pp=max_pp,
         max_cp=max_cp,
         host_memory_gib=host_memory_gib,
+        min_gpus=min_gpus,
+        use_all_gpus=use_all_gpus,
+        max_step_time_s=max_step_time_s,
         headroom=headroom,
         hardware_dir=hardware_dir,
         models_dir=models_dir,
         optimizers_dir=optimizers_dir,
         profile_file=profile_file,
+        family=family,
     )
     try:
         done = _run_with_progress(run, method=method, as_json=as_json)
@@ -157,6 +168,8 @@ def sweep_cmd(
         "method": method,
         "objective": list(objectives),
         "best": _best_json(result.best[0]) if len(result.best) == 1 else None,
+        "top": [_best_json(row) for row in result.top.iter_rows(named=True)],
+        "why": done.why,
         "num_points": result.num_points,
         "parquet": result.parquet,
         "elapsed_s": round(result.elapsed_s, 3),
@@ -168,15 +181,40 @@ def sweep_cmd(
         typer.echo(json.dumps(jsonable(payload), indent=2))
         return
     typer.echo(
-        f"{method}: {result.num_points:,} points of {space.model.name} on {fleet} in "
-        f"{result.elapsed_s:.2f} s -> {result.parquet}{_stored_text(result)}"
+        f"{method}: {result.num_points:,} points of {space.model.name} on {fleet} "
+        f"({_job_text(space)}) in {result.elapsed_s:.2f} s -> {result.parquet}"
+        f"{_stored_text(result)}"
     )
     if not result.best:
-        typer.echo("nothing fits")
+        typer.echo(_nothing_fits(result))
         return
     typer.echo(_top_table(result))
     if len(objectives) > 1:
         typer.echo(f"Pareto front ({' vs '.join(objectives)}): {len(result.best)} points")
+    if done.why is not None:
+        typer.echo("\n".join(why_lines(done.why)))
+
+
+def _job_text(space: Any) -> str:
+    """``megatron, mixed-bf16, seq 4096, global batch 256``: the job's fixed fields."""
+    f = space.fixed
+    return (
+        f"{f['framework']}, {f['precision']}, seq {f['seq_len']}, "
+        f"global batch {f['global_batch_size']}"
+    )
+
+
+def _nothing_fits(result: SearchResult) -> str:
+    """``nothing fits`` and, when a valid point exists, the one nearest to fitting."""
+    near = result.extra.get("closest")
+    if not near:
+        return "nothing fits (no valid layout: see the reasons with `trainmem points`)"
+    layout = " ".join(f"{k} {near[k]}" for k in SHOW if k not in ("gpu", "num_gpus"))
+    over = -near["headroom_bytes"] / GIB
+    return (
+        f"nothing fits; closest: {near['num_gpus']} x {near['gpu']}, {layout}: peak "
+        f"{near['peak_device_bytes'] / GIB:.2f} GiB, {over:.2f} GiB over the limit"
+    )
 
 
 def _stored_text(result: SearchResult) -> str:
@@ -188,26 +226,21 @@ def _stored_text(result: SearchResult) -> str:
 
 
 def _run_with_progress(run: Any, *, method: str, as_json: bool) -> Any:
-    """run() (with a progress bar unless the output is JSON)."""
-    if as_json:
-        return run()
-    from rich.progress import Progress as ProgressBar
-
+    """run() with a progress bar on stderr when it is a terminal and the output not JSON."""
     unit = "points" if method == "exhaustive" else "trials"
-    with ProgressBar(transient=True) as bar:
-        task = bar.add_task(f"{method}: {unit}", total=None)
-
-        def progress(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-
-        done = run(progress=progress)
-    return done
+    with progress_bar(f"{method}: {unit}", as_json=as_json) as report:
+        return run() if report is None else run(progress=report)
 
 
 def check_out_dir(out: str) -> None:
     """ValueError ("out: ...") when the output folder names a file or cannot be created or
-    written (checked before any point is computed)."""
-    path = Path(out)
+    written (checked before any point is computed). A URL (s3://...) is checked by its store
+    when the first part is written; file:// is a path."""
+    from trainmem.results._store import is_url, local_path
+
+    if is_url(out):
+        return
+    path = local_path(out)
     if path.exists() and not path.is_dir():
         raise ValueError(f"out: {out!r} is a file, not a folder")
     existing = path

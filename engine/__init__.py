@@ -51,7 +51,8 @@ from ._grid import (
 )
 from ._kernel import preload as preload_kernel
 from ._lazy import lazy_names
-from ._model import ModelSpec, model_from_hf_config
+from ._model import FAMILIES, ModelSpec, model_from_hf_config
+from ._offload import node_host_bytes, ranks_per_node
 from ._optimizers import OptimizerSpec, builtin_optimizers, spec_columns
 from ._overhead import Overheads, cublas_workspace_bytes_for
 from ._scalar import estimate_one
@@ -72,6 +73,7 @@ _PROFILE_NAMES = ("ActivationProfile", "derive_profile", "profile_model", "valid
 """Names of engine/_activation_profile.py: only `--profile` and `trace` need them."""
 
 __all__ = [
+    "FAMILIES",
     "preload_kernel",
     "estimate_one",
     "builtin_optimizers",
@@ -125,6 +127,8 @@ __all__ = [
     "lora_mask",
     "lora_num_parameters",
     "make_grid",
+    "node_host_bytes",
+    "ranks_per_node",
     "model_from_hf_config",
     "neighbours",
     "model_flops_per_token",

@@ -449,9 +449,28 @@ _REQUIRED = {
 }
 
 
-def _reader_of(config: dict[str, Any], *, name: str) -> str:
+FAMILIES = {
+    "llama": "decoder",
+    "gpt-neox": "gpt_neox",
+    "falcon": "falcon",
+    "gpt2": "gpt2",
+    "bert": "bert",
+}
+"""Families a user may force on a config.json whose model_type no reader knows (`--family`):
+the name -> the reader that builds it. Forcing reads the config with that family's layout and
+field names (a Llama-style decoder: RMSNorm, gated MLP, rotary, untied unless the config ties);
+what the architecture does differently is not counted (the user's assumption, said in the
+error that proposes it)."""
+
+
+def _reader_of(config: dict[str, Any], *, name: str, family: str | None = None) -> str:
     """Which reader builds the spec: "decoder" (Llama-style), "gpt_neox", "falcon", "gpt2" or
-    "bert"; a one-line ValueError for a model_type none of them knows (or none at all)."""
+    "bert" (`family`, a FAMILIES name, forces one); a one-line ValueError for a model_type none
+    of them knows (or none at all) and no family forced."""
+    if family is not None:
+        if family not in FAMILIES:
+            raise ValueError(f"family: unknown value '{family}'; allowed: {', '.join(FAMILIES)}")
+        return FAMILIES[family]
     raw = config.get("model_type")
     model_type = str(raw).lower() if isinstance(raw, str) else ""
     if model_type in _GPT2_TYPES:
@@ -466,7 +485,8 @@ def _reader_of(config: dict[str, Any], *, name: str) -> str:
     what = f"model_type {raw!r} is not supported" if raw is not None else "model_type is missing"
     raise ValueError(
         f"model: {name}: {what} (its layout would be guessed); supported model_types: "
-        f"{supported}; for another architecture trace a profile (trainmem trace)"
+        f"{supported}; force a family with --family {'|'.join(FAMILIES)} if the layout is "
+        f"one of them, or trace a profile (trainmem trace)"
     )
 
 
@@ -587,15 +607,19 @@ def check_hf_fields(config: dict[str, Any], *, name: str) -> None:
         )
 
 
-def model_from_hf_config(config: dict[str, Any], *, name: str) -> ModelSpec:
+def model_from_hf_config(
+    config: dict[str, Any], *, name: str, family: str | None = None
+) -> ModelSpec:
     """Build a ModelSpec from a Hugging Face config.json's fields.
 
     The reader is chosen by `model_type` (SUPPORTED_MODEL_TYPES): Llama-style decoders, GPT-NeoX,
     Falcon, GPT-2/3 and BERT. Any other model_type, or none, raises a one-line ValueError listing
-    the supported ones: a layout is never guessed. Missing fields raise one ValueError naming all
-    of them.
+    the supported ones: a layout is never guessed, unless `family` (FAMILIES) forces a reader.
+    Missing fields raise one ValueError naming all of them.
     """
-    reader = _reader_of(config, name=name)
+    reader = _reader_of(config, name=name, family=family)
+    if family is not None and not isinstance(config.get("model_type"), str):
+        config = {**config, "model_type": family.replace("-", "_")}
     if reader == "falcon" and config.get("hidden_size") is None and "n_embed" in config:
         config = {**config, "hidden_size": config["n_embed"]}  # FalconConfig's old name
     missing = [k for k in _REQUIRED[reader] if config.get(k) is None]

@@ -109,3 +109,18 @@ def offload_time_s(
     return np.where(offload >= OFFLOAD_OPTIMIZER, host_step, 0.0) + np.where(
         offload == OFFLOAD_PARAMS, streamed * num_micro, 0.0
     )
+
+
+def ranks_per_node(num_gpus: np.ndarray, gpus_per_node: np.ndarray) -> np.ndarray:
+    """Ranks that share one node's host RAM: a node's GPUs, or all of them on a partial node.
+
+    Assumes: ranks fill nodes one after the other (torchrun, slurm), one rank per GPU."""
+    return np.minimum(np.asarray(num_gpus), np.asarray(gpus_per_node))
+
+
+def node_host_bytes(host_bytes: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """Host RAM one node needs: every rank's `host_bytes` (offloaded optimizer states and
+    parameters, pinned buffers, offloaded activations; the worst rank's, as the engine reports)
+    times the ranks on the node. Ignores the OS, the data loader and the framework's own host
+    memory."""
+    return np.asarray(host_bytes, dtype=np.float64) * np.asarray(ranks)

@@ -1,5 +1,6 @@
 """Launch configs of a recommended plan: a DeepSpeed JSON config, a torchrun line, an sbatch
-script and an accelerate FSDP config, each rendered from the `recommend --json` report alone.
+script, an accelerate FSDP config and a torchtitan launch line, each rendered from the
+`recommend --json` report alone.
 
 Each format launches some frameworks only (FORMAT_FRAMEWORKS); `recommend` restricts its search
 to what the framework can launch (`_recommend.LAUNCHABLE`), so a rendered plan is the plan that
@@ -10,29 +11,33 @@ are the user's, so they are placeholders or left to `$EXTRA_ARGS`.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 from typing import Any
 
 from trainmem.engine import FRAMEWORKS
 
-FORMATS = ("json", "deepspeed", "torchrun", "slurm", "accelerate")
+FORMATS = ("json", "deepspeed", "torchrun", "slurm", "accelerate", "torchtitan")
 FORMAT_FRAMEWORKS: dict[str, tuple[str, ...]] = {
     "json": FRAMEWORKS,
     "deepspeed": ("deepspeed",),
     "torchrun": ("megatron", "deepspeed"),
     "slurm": ("megatron", "deepspeed"),
     "accelerate": ("hf",),
+    "torchtitan": ("torchtitan",),
 }
 """Frameworks each format launches: DeepSpeed configs DeepSpeed; accelerate's FSDP config is the
 `hf` framework (FSDP2 for ZeRO-3, README "Concepts"); torchrun and sbatch start Megatron-LM's
-pretrain_gpt.py or a Hugging Face Trainer script with `--deepspeed`."""
+pretrain_gpt.py or a Hugging Face Trainer script with `--deepspeed`; torchtitan is a torchrun
+line of `torchtitan.train` with its config overrides."""
 DEFAULT_FRAMEWORK = {
     "json": "megatron",
     "deepspeed": "deepspeed",
     "torchrun": "megatron",
     "slurm": "megatron",
     "accelerate": "hf",
+    "torchtitan": "torchtitan",
 }
 MASTER_PORT = 29500
 """torchrun's default rendezvous port (torch/distributed/run.py `--master-port`)."""
@@ -64,6 +69,8 @@ def render(report: dict[str, Any], fmt: str) -> str:
         return json.dumps(deepspeed_config(report), indent=2)
     if fmt == "accelerate":
         return accelerate_config(report)
+    if fmt == "torchtitan":
+        return torchtitan_script(report)
     return slurm_script(report) if fmt == "slurm" else torchrun_script(report)
 
 
@@ -226,8 +233,19 @@ def megatron_args(plan: dict[str, Any]) -> list[list[str]]:
         max(plan["seq_len"], m["max_position_embeddings"]),
         "--position-embedding-type",
         "rope" if m["rotary"] else "learned_absolute",
+        *(megatron_rope_args(m) if m["rotary"] else []),
         "--normalization",
         "RMSNorm" if m["norm"] == "rms" else "LayerNorm",
+    ]
+    if m.get("norm_epsilon") is not None:
+        shape += ["--norm-epsilon", m["norm_epsilon"]]
+    if m.get("qk_norm"):
+        shape.append("--qk-layernorm")
+    shape += [
+        "--vocab-size",
+        m["vocab_size"],
+        "--make-vocab-size-divisible-by",
+        vocab_divisor(m["vocab_size"], plan["tp"]),
     ]
     if m["gated_mlp"]:
         shape.append("--swiglu")
@@ -312,6 +330,67 @@ def megatron_args(plan: dict[str, Any]) -> list[list[str]]:
     return [
         [str(a) for a in group] for group in (parallel, batch, shape, memory, numerics) if group
     ]
+
+
+MEGATRON_LLAMA3_ROPE = {
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+"""The Llama 3.x rope scaling constants Megatron-core applies under --use-rope-scaling (only the
+factor is an argument): megatron/core/models/common/embeddings/rotary_pos_embedding.py
+RotaryEmbedding._apply_scaling."""
+MEGATRON_YARN_DEFAULTS = {"original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1}
+"""YaRN values of megatron-core's MLATransformerConfig that Megatron-LM sets no flag for
+(megatron/core/transformer/transformer_config.py)."""
+MEGATRON_VOCAB_DIVISOR = 128
+"""Megatron-LM's --make-vocab-size-divisible-by default (megatron/training/arguments.py)."""
+
+
+def megatron_rope_args(m: dict[str, Any]) -> list[Any]:
+    """The rotary arguments of a model (Megatron-LM megatron/training/arguments.py: --rotary-base,
+    an int, default 10000; --rotary-percent; --use-rope-scaling with --rope-scaling-factor for
+    Llama 3.x; YaRN under multi-latent attention: --rotary-scaling-factor, --mscale,
+    --mscale-all-dim, read into MLATransformerConfig by core_transformer_config_from_args).
+    ValueError (one line) for a scaling Megatron-LM cannot express."""
+    theta = m.get("rope_theta") or 10000
+    out: list[Any] = ["--rotary-base", int(theta)]
+    if m.get("partial_rotary_factor", 1.0) != 1.0:
+        out += ["--rotary-percent", m["partial_rotary_factor"]]
+    scaling = m.get("rope_scaling") or {}
+    kind = scaling.get("rope_type")
+    if kind is None:
+        return out
+    if kind == "llama3" and all(scaling.get(k, v) == v for k, v in MEGATRON_LLAMA3_ROPE.items()):
+        return [*out, "--use-rope-scaling", "--rope-scaling-factor", scaling["factor"]]
+    if (
+        kind == "yarn"
+        and m["kv_lora_rank"]
+        and all(scaling.get(k, v) == v for k, v in MEGATRON_YARN_DEFAULTS.items())
+    ):
+        return [
+            *out,
+            "--rotary-scaling-factor",
+            scaling["factor"],
+            "--mscale",
+            scaling.get("mscale", 1.0),
+            "--mscale-all-dim",
+            scaling.get("mscale_all_dim", 0.0),
+        ]
+    raise ValueError(
+        f"rope_scaling: Megatron-LM's flags express Llama 3.x scaling ({MEGATRON_LLAMA3_ROPE}) "
+        f"and YaRN under multi-latent attention, not {scaling}"
+    )
+
+
+def vocab_divisor(vocab_size: int, tp: int) -> int:
+    """--make-vocab-size-divisible-by that keeps the vocabulary unpadded: Megatron-LM pads it to
+    a multiple of divisor x tp (megatron/training/tokenizer _vocab_size_with_padding); the
+    largest divisor <= 128 with vocab_size % (divisor x tp) == 0, else the default (padding is
+    unavoidable when tp does not divide the vocabulary)."""
+    if vocab_size % tp:
+        return MEGATRON_VOCAB_DIVISOR
+    return math.gcd(vocab_size // tp, MEGATRON_VOCAB_DIVISOR)
 
 
 MEGATRON_PRECISIONS: dict[str, list[Any]] = {
@@ -562,3 +641,153 @@ def _yaml(mapping: dict[str, Any], indent: str = "") -> list[str]:
         else:
             out.append(f"{indent}{key}: {value}")
     return out
+
+
+# ---- torchtitan --------------------------------------------------------------------------------
+
+TORCHTITAN_CONFIGS: dict[str, tuple[str, str]] = {
+    "llama-3.1-8b": ("llama3", "llama3_8b"),
+    "llama-3.1-70b": ("llama3", "llama3_70b"),
+    "llama-3.1-405b": ("llama3", "llama3_405b"),
+    "qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b"),
+    "deepseek-v2-lite": ("deepseek_v3", "deepseek_v3_16b"),
+    "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b"),
+}
+"""trainmem model -> torchtitan 0.3.0 (--module, --config): the config_registry functions of
+torchtitan/models/<module>/config_registry.py whose model has the preset's parameter count
+(flavors 8B, 70B, 405B, 30B-A3B, 16B (DeepSeek-V2-Lite's shape), 671B)."""
+TORCHTITAN_NOTES = {
+    "llama3_405b": "llama3_405b converts the Linear layers to Float8 in its config function "
+    "(not a command-line setting): for a bf16 run write your own config function",
+}
+TORCHTITAN_AC = {
+    "none": "none",
+    "full": "full",
+    "selective": "selective",
+    "selective-op": "selective",
+}
+"""trainmem recompute -> torchtitan's activation_checkpoint subcommand (SelectiveAC is per-op
+SAC in 0.3.0: torchtitan/distributed/activation_checkpoint.py)."""
+TORCHTITAN_PRECISIONS = {"mixed-bf16": "bfloat16", "fp32": "float32"}
+"""training.mixed_precision_param of each precision (FSDP2 MixedPrecisionPolicy; the sharded
+master parameters stay training.dtype float32)."""
+TORCHTITAN_COMPILE = {"blocks": "model", "blocks+loss": "model,loss"}
+
+
+def torchtitan_args(plan: dict[str, Any]) -> list[list[str]]:
+    """torchtitan 0.3.0 `torchtitan.train` overrides (torchtitan/config/manager.py ConfigManager:
+    --section.field flags over the --module/--config function's Trainer.Config), grouped by
+    line: parallelism, batch, precision and compile. Batch: without pipelining the local batch is
+    the micro-batch and torchtitan accumulates global / (local x dp) steps; with pipelining the
+    local batch is micro-batch x accumulation, split into pipeline micro-batches."""
+    zero, dp = int(plan["zero"]), plan["dp"]
+    if zero not in (0, 3):
+        raise ValueError(f"zero: torchtitan runs FSDP2 (zero 3) or DDP (zero 0), not {zero}")
+    precision = TORCHTITAN_PRECISIONS.get(plan["precision"])
+    if precision is None:
+        raise ValueError(
+            f"precision: torchtitan's command line sets {'|'.join(TORCHTITAN_PRECISIONS)} "
+            f"(Float8 is a converter in the config function), not {plan['precision']}"
+        )
+    pp, mb = plan["pp"], plan["micro_batch_size"]
+    parallel: list[Any] = [
+        "--parallelism.data_parallel_replicate_degree",
+        dp if zero == 0 else 1,
+        "--parallelism.data_parallel_shard_degree",
+        dp if zero == 3 else 1,
+        "--parallelism.tensor_parallel_degree",
+        plan["tp"],
+        "--parallelism.pipeline_parallel_degree",
+        pp,
+        "--parallelism.context_parallel_degree",
+        plan["cp"],
+        "--parallelism.expert_parallel_degree",
+        plan["ep"],
+    ]
+    if plan["tp"] > 1:
+        parallel.append(
+            "--parallelism.enable_sequence_parallel"
+            if plan["sequence_parallel"]
+            else "--parallelism.no-enable-sequence-parallel"
+        )
+    local = mb * plan["grad_accum_steps"] if pp > 1 else mb
+    if pp > 1:
+        parallel += ["--parallelism.pipeline_parallel_microbatch_size", mb]
+        if plan["virtual_stages"] > 1:
+            layers = plan["architecture"]["num_hidden_layers"]
+            parallel += [
+                "--parallelism.pipeline_parallel_schedule",
+                "Interleaved1F1B",
+                "--parallelism.pipeline_parallel_layers_per_stage",
+                layers // (pp * plan["virtual_stages"]),
+            ]
+        else:
+            parallel += ["--parallelism.pipeline_parallel_schedule", "1F1B"]
+    batch: list[Any] = [
+        "--training.local_batch_size",
+        local,
+        "--training.global_batch_size",
+        mb * plan["grad_accum_steps"] * dp,
+        "--training.seq_len",
+        plan["seq_len"],
+    ]
+    numerics: list[Any] = ["--training.mixed_precision_param", precision]
+    if pp > 1:  # CUDA graphs do not run pipelines (Trainer.Config._validate_cuda_graphs)
+        numerics.append("--training.disable_cuda_graphs")
+    components = TORCHTITAN_COMPILE.get(plan.get("compile", "none"))
+    numerics += (
+        ["--compile.enable", "--compile.components", components]
+        if components
+        else ["--compile.no-enable"]
+    )
+    return [[str(a) for a in group] for group in (parallel, batch, numerics)]
+
+
+def torchtitan_script(plan: dict[str, Any]) -> str:
+    """A torchrun line of torchtitan 0.3.0's trainer (run it on every node). torchtitan 0.3.0
+    reads no TOML: `torchtitan.train` takes --module/--config (a Python config function) and
+    --section.field overrides, then the activation-checkpoint subcommand. A model without a
+    torchtitan config function gets shell variables to set and a note."""
+    recompute = TORCHTITAN_AC.get(plan["recompute"])
+    if recompute is None:
+        raise ValueError(
+            f"recompute: torchtitan checkpoints {'|'.join(TORCHTITAN_AC)}, not {plan['recompute']}"
+        )
+    known = TORCHTITAN_CONFIGS.get(plan["model"])
+    if known:
+        module, config = known
+        model = f"--module {module} --config {config}"
+        notes = [f"# model: torchtitan {module} config {config}"]
+        if config in TORCHTITAN_NOTES:
+            notes.append(f"# note: {TORCHTITAN_NOTES[config]}")
+    else:
+        model = (
+            '--module "${TORCHTITAN_MODULE:?your config_registry module}" '
+            '--config "${TORCHTITAN_CONFIG:?its function}"'
+        )
+        notes = [
+            f"# note: {plan['model']} is not a torchtitan 0.3.0 model: write a config function "
+            "returning Trainer.Config with its model_spec (as torchtitan/models/llama3/"
+            "config_registry.py does) and set TORCHTITAN_MODULE and TORCHTITAN_CONFIG"
+        ]
+    head = (
+        f"torchrun --nnodes={plan['num_nodes']} --nproc-per-node={plan['gpus_per_node']} "
+        f"--rdzv-backend=c10d --rdzv-endpoint=${{MASTER_ADDR:-localhost}}:{MASTER_PORT} "
+        f"--rdzv-id={shlex.quote(plan['launch']['job_name'])} -m torchtitan.train {model}"
+    )
+    comments = [
+        f"# trainmem recommend: {_summary(plan)}",
+        *notes,
+        "# $EXTRA_ARGS: --hf_assets_path (tokenizer), --dataloader.dataset, --training.steps, "
+        "--optimizer.lr ...; the activation-checkpoint subcommand comes last",
+    ]
+    if plan["num_nodes"] > 1:
+        comments.append(
+            f"# run on each of the {plan['num_nodes']} nodes with MASTER_ADDR set to "
+            "the first node's address"
+        )
+    tail = f"$EXTRA_ARGS activation-checkpoint:{recompute}"
+    return (
+        "\n".join([*comments, *_environment(plan), _lines(head, torchtitan_args(plan), tail)])
+        + "\n"
+    )

@@ -4,13 +4,23 @@
 from __future__ import annotations
 
 from trainmem.engine import SWEEP_AXES
-from trainmem.report import AS_JSON, CHECK, HEADROOM, MODEL, USER_DIRS, Option, training_options
+from trainmem.report import (
+    AS_JSON,
+    CHECK,
+    FAMILY,
+    HEADROOM,
+    MODEL,
+    USER_DIRS,
+    Option,
+    training_options,
+)
 from trainmem.sweep import FLEET, SEARCH_DEFAULTS, SEARCH_OPTIONS
 
 from ._launch import FORMATS
 
 RECOMMEND_OPTIONS: tuple[Option, ...] = (
     MODEL,
+    FAMILY,
     FLEET,
     *training_options(
         defaults=SEARCH_DEFAULTS,

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from trainmem.catalog import load_model, optimizer_columns
+from trainmem.catalog import load_model, model_config_dict, optimizer_columns
 from trainmem.engine import (
     COMPONENTS,
     DEFAULTS,
@@ -136,8 +136,11 @@ MODEL_KEYS = (
     "qk_nope_head_dim",
     "qk_rope_head_dim",
     "v_head_dim",
+    "qk_norm",
+    "partial_rotary_factor",
 )
-"""The model's shape in the report (what the launch formats need)."""
+"""The model's shape in the report (what the launch formats need); `rope_architecture` adds
+the rotary base and scaling and the norm epsilon from the model's config."""
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -152,6 +155,9 @@ def recommend_report(
     max_pp: int = 16,
     max_cp: int = 4,
     host_memory_gib: float | None = None,
+    min_gpus: int = 1,
+    use_all_gpus: bool = False,
+    max_step_time_s: float | None = None,
     headroom: float = 0.10,
     script: str | None = None,
     job_name: str = "trainmem",
@@ -159,6 +165,7 @@ def recommend_report(
     hardware_dir: str | None = None,
     models_dir: str | None = None,
     optimizers_dir: str | None = None,
+    family: str | None = None,
     **fields: Any,
 ) -> dict[str, Any]:
     """The best plan (CONTRACT keys at the top level, and more) and `alternatives`: the next
@@ -195,7 +202,10 @@ def recommend_report(
     context = {
         "model": spec.name,
         "num_parameters": spec.num_parameters,
-        "architecture": {k: getattr(spec, k) for k in MODEL_KEYS},
+        "architecture": {
+            **{k: getattr(spec, k) for k in MODEL_KEYS},
+            **rope_architecture(model, models_dir=models_dir),
+        },
         "fleet": fleet,
         "objective": objectives[0],
         "framework": framework,
@@ -224,6 +234,8 @@ def recommend_report(
             models_dir=models_dir,
             optimizers_dir=optimizers_dir,
             extra=extra_fields(job),
+            family=family,
+            host_memory_gib=host_memory_gib,
         )
     best = plans[0] if plans else dict.fromkeys(CONTRACT)
     fits = bool(rows)
@@ -243,6 +255,23 @@ def recommend_report(
         "num_fitting_layouts": len(rows),
         "alternatives": plans[1:],
         "units": "bytes per device (worst rank); GiB = 2**30 in the human output",
+    }
+
+
+def rope_architecture(model: str, *, models_dir: str | None = None) -> dict[str, Any]:
+    """The rotary base (`rope_theta`, None: the framework's default 10000), the scaling block
+    (`rope_scaling`, None when absent) and `norm_epsilon` of a model's Hugging Face config: the
+    launch formats write them (Megatron-LM --rotary-base, --use-rope-scaling, --norm-epsilon).
+    transformers 5 nests theta and scaling in `rope_parameters`; older configs have both keys."""
+    config = model_config_dict(model, models_dir=models_dir)
+    params = config.get("rope_parameters") or {}
+    scaling = config.get("rope_scaling") or {k: v for k, v in params.items() if k != "rope_theta"}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    eps = config.get("rms_norm_eps", config.get("layer_norm_eps", config.get("layer_norm_epsilon")))
+    return {
+        "rope_theta": config.get("rope_theta", params.get("rope_theta")),
+        "rope_scaling": {**scaling, "rope_type": kind} if kind != "default" else None,
+        "norm_epsilon": eps,
     }
 
 
@@ -289,7 +318,7 @@ def job_space(**fields: Any) -> Space:
         raise ValueError("script: must not be empty")
     gpus = load_gpus(f["hardware_dir"])
     space = make_space(
-        load_model(f["model"], models_dir=f["models_dir"]),
+        load_model(f["model"], models_dir=f["models_dir"], family=f["family"]),
         parse_fleet(f["fleet"], gpus),
         gpus,
         seq_len=f["seq_len"],
@@ -304,6 +333,9 @@ def job_space(**fields: Any) -> Space:
         training=extra_fields(f),
         optimizer_name=f["optimizer"],
         host_memory_bytes=gib_to_bytes(f["host_memory_gib"]),
+        min_gpus=f["min_gpus"],
+        use_all_gpus=f["use_all_gpus"],
+        max_step_time_s=f["max_step_time_s"],
     )
     # GPU counts a launcher can start: within one node, or whole nodes of some pool.
     counts = tuple(
@@ -476,10 +508,14 @@ def estimate_command(
     models_dir: str | None = None,
     optimizers_dir: str | None = None,
     extra: Mapping[str, Any] | None = None,
+    family: str | None = None,
+    host_memory_gib: float | None = None,
 ) -> str:
     """The `trainmem estimate` line of the plan's configuration (same engine row); `extra`:
     the job's other training fields (written where they differ from estimate's defaults)."""
     args = ["trainmem", "estimate", "--model", model, "--gpu", plan["gpu"]]
+    if family is not None:
+        args += ["--family", family]
     for key in (
         "num_gpus",
         "seq_len",
@@ -507,6 +543,8 @@ def estimate_command(
         flag = KNOBS[key].flag or "--" + key.replace("_", "-")
         args += [flag] if isinstance(value, bool) else [flag, str(value)]
     args += ["--headroom", repr(float(headroom))]
+    if host_memory_gib is not None:
+        args += ["--host-memory-gib", repr(float(host_memory_gib))]
     for flag, value in (
         ("--hardware-dir", hardware_dir),
         ("--models-dir", models_dir),

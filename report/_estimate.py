@@ -34,12 +34,15 @@ from trainmem.engine import (
     estimate_time,
     layout_reason,
     make_grid,
+    node_host_bytes,
+    ranks_per_node,
     reason_text,
     time_inputs,
 )
-from trainmem.hardware import get_gpu
+from trainmem.hardware import GIB, GpuProfile, get_gpu
 
 from ._advice import advice_report
+from ._options import gib_to_bytes
 from ._row import row_report, stage_summary, time_report
 from ._validate import check_choices, check_headroom
 
@@ -51,14 +54,21 @@ DEFAULT_MODEL = "llama-3.1-8b"
 """The commands' --model default: with --profile, --model is left at it or names the profile."""
 
 
-def model_spec(model: str, *, models_dir: str | None, profile_file: str | None) -> ModelSpec:
-    """The model a command estimates: a preset or config.json, or a traced profile file.
+def model_spec(
+    model: str, *, models_dir: str | None, profile_file: str | None, family: str | None = None
+) -> ModelSpec:
+    """The model a command estimates: a preset or config.json (`family`: read with that
+    family's layout, `--family`), or a traced profile file.
 
     With `profile_file` (--profile), `model` must be left at its default or equal the profile's
     name.
     """
     if profile_file is None:
-        return load_model(model, models_dir=models_dir)
+        return load_model(model, models_dir=models_dir, family=family)
+    if family is not None:
+        raise ValueError(
+            f"family: --family applies to a config.json, not to --profile {profile_file}"
+        )
     spec = load_profile(profile_file)
     if model not in (DEFAULT_MODEL, spec.name):
         raise ValueError(
@@ -175,6 +185,8 @@ def estimate_report(
     tokens: float | None = None,
     time_param: list[str] | None = None,
     profile_file: str | None = None,
+    host_memory_gib: float | None = None,
+    family: str | None = None,
     **fields: Any,
 ) -> dict[str, Any]:
     """`trainmem estimate --json`: the per-device breakdown, phase peaks, fit, time and advice.
@@ -188,7 +200,7 @@ def estimate_report(
     optimizer_fields = optimizer_columns(optimizer, optimizers_dir)
     config_ = TrainingConfig.from_fields(values)
     check_headroom(headroom)
-    spec = model_spec(model, models_dir=models_dir, profile_file=profile_file)
+    spec = model_spec(model, models_dir=models_dir, profile_file=profile_file, family=family)
     precision, recompute, attention = traced_choices(
         spec, config_.precision, config_.recompute, config_.attention
     )
@@ -207,6 +219,8 @@ def estimate_report(
         )
     )
     report = row_report(spec, out, gpu=profile, config=config, headroom=headroom)
+    report.update(host_fit(out["host_bytes"][0], config["num_gpus"], profile, host_memory_gib))
+    report["fits"] = report["fits"] and report["host_fits"]
     if tokens is not None and not (tokens > 0 and np.isfinite(tokens)):
         raise ValueError(f"tokens: must be a number > 0, got {tokens}")
     time_params = TimeParams().with_overrides(
@@ -241,6 +255,32 @@ def estimate_report(
         )
         report["stages"] = [stage_summary(by_stage, row=k) for k in range(pp)]
     return report
+
+
+def host_fit(
+    host_bytes: float, num_gpus: int, profile: GpuProfile, host_memory_gib: float | None
+) -> dict[str, Any]:
+    """Whether the ranks on one node fit its host RAM (what CPU offload moves there): the
+    keys `fit --json` has too. `host_memory_gib` overrides the profile's node RAM; no limit
+    known: fits. `fits` of a report is its GPU fit and this."""
+    limit = gib_to_bytes(host_memory_gib) or profile.host_memory_bytes
+    ranks = int(ranks_per_node(np.array([num_gpus]), np.array([profile.gpus_per_node]))[0])
+    need = float(node_host_bytes(np.array([host_bytes]), np.array([ranks]))[0])
+    return {
+        "host_memory_per_node_bytes": limit,
+        "node_host_bytes": int(round(need)),
+        "ranks_per_node": ranks,
+        "host_fits": limit is None or need <= limit,
+    }
+
+
+def host_reason(need_bytes: float, limit_bytes: float | None, ranks: int) -> str:
+    """Why a configuration that fits its GPUs does not fit its node: the host RAM its ranks
+    need (CPU offload) against what the node has."""
+    return (
+        f"host memory: the node's {ranks} ranks need {need_bytes / GIB:.2f} GiB of host memory, "
+        f"the node has {(limit_bytes or 0) / GIB:.2f} GiB"
+    )
 
 
 def _one_row(values: Mapping[str, Any]) -> dict[str, np.ndarray]:

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainmem.engine import FIELDS, KNOBS, TYPES
+from trainmem.engine import FAMILIES, FIELDS, KNOBS, TYPES
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,6 +40,20 @@ class Option:
 
     def with_default(self, default: Any) -> Option:
         return dataclasses.replace(self, default=default)
+
+
+DEFAULTS_NOTE = {
+    "precision": (
+        " (default: amp-bf16 for one job: estimate, fit, heatmap; mixed-bf16 for a search: "
+        "sweep, recommend)"
+    ),
+    "framework": (
+        " (default: hf for one job: estimate, fit, heatmap; megatron for a search: sweep, "
+        "recommend, whose tp/pp/cp layouts are Megatron's)"
+    ),
+}
+"""Said in every command's --help: the one job's defaults (a Hugging Face run) and a search's
+(Megatron's mixed bf16), so that no command differs from another silently."""
 
 
 def training_options(
@@ -67,7 +81,7 @@ def training_options(
                 name=f.name,
                 type=kind,
                 default=default,
-                help=k.help,
+                help=k.help + DEFAULTS_NOTE.get(f.name, ""),
                 flag=k.flag,
                 choices=None if k.open_choices else k.choices,
                 ge=k.ge,
@@ -106,6 +120,17 @@ EXIT_CODES = (
 MODEL = Option(
     name="model", type=str, default="llama-3.1-8b", help="Preset name or path to a HF config.json."
 )
+FAMILY = Option(
+    name="family",
+    type=str | None,
+    default=None,
+    choices=tuple(FAMILIES),
+    help=(
+        "Read a config.json whose model_type trainmem does not know with this family's layout "
+        "(what the architecture does differently is then not counted)."
+    ),
+)
+"""Forces a reader on an unknown model_type (engine FAMILIES); unset: the model_type decides."""
 GPU = Option(
     name="gpu", type=str, default="h100-sxm-80gb", help="GPU profile name (see `trainmem gpus`)."
 )
@@ -169,9 +194,11 @@ USER_DIRS = (HARDWARE_DIR, MODELS_DIR, OPTIMIZERS_DIR)
 
 ESTIMATE_OPTIONS: tuple[Option, ...] = (
     MODEL,
+    FAMILY,
     GPU,
     *training_options(),
     HEADROOM,
+    HOST_MEMORY_GIB,
     *USER_DIRS,
     Option(
         name="overhead",

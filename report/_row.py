@@ -195,6 +195,21 @@ def _knobs(c: dict[str, Any]) -> str:
     return "".join(f", {w}" for w in words)
 
 
+def host_lines(report: dict[str, Any]) -> list[str]:
+    """The node's host RAM line, when the job keeps anything in host memory (CPU offload)."""
+    need = report.get("node_host_bytes", 0)
+    if not need:
+        return []
+    limit = report.get("host_memory_per_node_bytes")
+    of = "no host RAM known" if limit is None else f"of {limit / GIB:,.0f} GiB"
+    verdict = "fits" if report.get("host_fits", True) else "DOES NOT FIT the node"
+    return [
+        f"  host RAM per node (CPU offload): {report['ranks_per_node']} "
+        f"rank{'s' if report['ranks_per_node'] != 1 else ''} x "
+        f"{report['host_bytes'] / GIB:.2f} GiB = {need / GIB:.2f} GiB {of}: {verdict}"
+    ]
+
+
 def human_table(report: dict[str, Any]) -> str:
     """Plain-text table: per-component GiB at the peak, phases, verdict."""
     c = report["config"]
@@ -230,11 +245,13 @@ def human_table(report: dict[str, Any]) -> str:
             f"{s['activations'] / GIB:.2f} GiB, peak in {s['peak_phase']}"
         )
     usable = report["gpu"]["usable_bytes"]
-    verdict = "FITS" if report["fits"] else "DOES NOT FIT"
+    gpu_fits = report["headroom_bytes"] >= 0
+    verdict = "FITS" if gpu_fits else "DOES NOT FIT"
     lines.append(
         f"  {verdict} on {report['gpu']['name']} ({usable / GIB:.2f} GiB usable, "
         f"{report['headroom']:.0%} headroom): margin {report['headroom_bytes'] / GIB:+.2f} GiB"
     )
+    lines += host_lines(report)
     if "time" in report:
         lines.append(time_line(report["time"]))
     lines += advice_lines(report)

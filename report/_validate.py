@@ -50,8 +50,10 @@ def check_options(options: Sequence[Option], values: Mapping[str, Any]) -> None:
     for o in options:
         if o.name in given:
             reason = bound_reason(given[o.name], ge=o.ge, le=o.le, gt=o.gt, lt=o.lt)
-            if reason:
-                raise ValueError(f"{o.name}: {reason}")
+            if reason:  # a flag spelled unlike the name is named too (--max-step-time)
+                dashed = "--" + o.name.replace("_", "-")
+                also = f" ({o.flag})" if o.flag and o.flag != dashed else ""
+                raise ValueError(f"{o.name}{also}: {reason}")
     reason = cross_field_reason({k: v for k, v in given.items() if k in KNOBS})
     if reason:
         raise ValueError(reason)

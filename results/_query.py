@@ -12,11 +12,10 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from pathlib import Path
 
 import polars as pl
 
-from ._store import scan_points
+from ._store import open_part, part_files, scan_points
 
 WHERE_KEYWORDS = frozenset(
     {"and", "or", "not", "in", "between", "is", "null", "like", "ilike", "true", "false"}
@@ -73,10 +72,12 @@ def check_where(where: str, columns: Sequence[str]) -> None:
 
 
 def check_parts(path: str | os.PathLike[str]) -> None:
-    """ValueError ("points: FILE: not a Parquet file") for a part without Parquet's magic."""
-    for part in sorted(Path(path).rglob("part-*.parquet")):
+    """ValueError ("points: FILE: not a Parquet file") for a part without Parquet's magic
+    (under a folder or a URL)."""
+    fs, parts = part_files(path)
+    for part in parts:
         try:
-            with part.open("rb") as f:
+            with open_part(fs, part) as f:
                 head = f.read(4)
                 f.seek(0, os.SEEK_END)
                 size = f.tell()

@@ -24,16 +24,36 @@ Two ways to write a part:
       be gone (that chunk is evaluated again); temporaries may be torn, and are removed.
   Either way no visible part is partial or corrupt, and the loss is the unpublished batch's
   evaluation time, never a point of the table.
+
+OUT may also be a URL (`is_url`: s3://, gs://, hdfs://, abfs://, any fsspec protocol; file://
+is a local path, written as above), opened with pyarrow's filesystems (`url_filesystem`). The
+processes that evaluate a sweep's chunks (a cluster's workers) then write its parts themselves:
+
+- on an object store (ATOMIC_PUT_SCHEMES) a part is put under its name in one request (one PUT,
+  or a multipart upload that the store completes on close): an object appears whole or not at
+  all, so there is no temporary file, no rename and no fsync, and nothing to publish. A worker
+  killed mid-write leaves no object (an unfinished multipart upload is invisible; the bucket's
+  lifecycle rule drops it); a rerun evaluates that chunk again. Two writers of one part put the
+  same bytes (deterministic names and points): the last PUT wins, equal to the first.
+- elsewhere (hdfs://, ...) a part is written as a temporary (`.tmp-HOST-PID-*.parquet`, the
+  owning run's host and pid) and moved to its name, skipped if the name exists meanwhile.
+
+Either way a visible part is whole, and a rerun skips it (`part_exists` asks the store).
 """
 
 from __future__ import annotations
 
+import fnmatch
+import functools
 import hashlib
+import io
 import os
 import re
 import socket
 import tempfile
 import time
+import urllib.parse
+import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -83,10 +103,130 @@ def tool_version() -> str:
 
 
 def study_dir(out: str | os.PathLike[str], study: str) -> Path:
-    """OUT/points/study=NAME (the study partition)."""
+    """OUT/points/study=NAME (the study partition) of a folder (file:// URLs as paths);
+    ValueError for another URL (`study_location`)."""
+    if is_url(out):
+        raise ValueError(f"out: {os.fspath(out)!r} is a URL; this needs a folder (local or shared)")
+    return local_path(out) / "points" / f"study={_checked(study)}"
+
+
+def _checked(study: str) -> str:
     if not _NAME_RE.match(study):
         raise ValueError(f"study: bad name {study!r}; use letters, digits, '.', '_' and '-'")
-    return Path(out) / "points" / f"study={study}"
+    return study
+
+
+def study_location(out: str | os.PathLike[str], study: str) -> str:
+    """OUT/points/study=NAME as text: a folder's path, or a URL under OUT's URL."""
+    if is_url(out):
+        return f"{os.fspath(out).rstrip('/')}/points/study={_checked(study)}"
+    return str(study_dir(out, study))
+
+
+# ---- URLs: object stores and other remote filesystems ------------------------------------------
+
+_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+ATOMIC_PUT_SCHEMES = ("s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "memory")
+"""URL schemes of object stores, where a written object appears whole or not at all: a part is
+put under its name directly (no temporary, no rename). memory:// is fsspec's in-memory store
+(tests)."""
+
+
+def is_url(out: str | os.PathLike[str]) -> bool:
+    """Whether `out` is a URL of a filesystem other than the local one (file:// is a path)."""
+    text = os.fspath(out)
+    return bool(_URL_RE.match(text)) and not text.startswith("file://")
+
+
+def local_path(out: str | os.PathLike[str]) -> Path:
+    """`out` as a local path: a file:// URL's path (file:///shared/x -> /shared/x)."""
+    text = os.fspath(out)
+    if text.startswith("file://"):
+        return Path(urllib.parse.unquote(urllib.parse.urlsplit(text).path))
+    return Path(text)
+
+
+@functools.lru_cache(maxsize=16)
+def url_filesystem(url: str) -> tuple[Any, str]:
+    """The pyarrow filesystem of a URL and the path in it: pyarrow's own (s3://, gs://,
+    hdfs://, abfs://), else fsspec's (memory://, az://, ...) through pyarrow's FSSpecHandler.
+    ValueError ("out: ...") when neither opens it. Cached: a worker resolves a store once."""
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+
+    try:
+        fs, path = pafs.FileSystem.from_uri(url)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:  # a scheme pyarrow lacks
+        try:
+            import fsspec
+
+            spec_fs, path = fsspec.core.url_to_fs(url)
+        except (ImportError, ValueError) as spec_error:
+            message = " ".join(f"{error}; fsspec: {spec_error}".split())[:200]
+            raise ValueError(f"out: cannot open {url!r}: {message}") from None
+        fs = pafs.PyFileSystem(pafs.FSSpecHandler(spec_fs))
+    except OSError as error:  # e.g. a store that cannot be reached or authenticated
+        message = " ".join(str(error).split())[:200]
+        raise ValueError(f"out: cannot open {url!r}: {message}") from None
+    return fs, path if path in ("", "/") else path.rstrip("/")
+
+
+def _under(root: str, relative: str) -> str:
+    """`relative` under a filesystem path `root` ("": the store's top, as mock:// gives)."""
+    return f"{root}{relative}" if root.endswith("/") or not root else f"{root}/{relative}"
+
+
+def _url_scheme(url: str) -> str:
+    return url.split("://", 1)[0].lower()
+
+
+def _url_study(out: str | os.PathLike[str], study: str) -> tuple[Any, str]:
+    """The filesystem and the study folder's path in it of a URL OUT."""
+    fs, root = url_filesystem(os.fspath(out).rstrip("/"))
+    return fs, _under(root, f"points/study={_checked(study)}")
+
+
+def _url_files(fs: Any, folder: str, pattern: str, *, recursive: bool) -> list[Any]:
+    """The files (pyarrow FileInfo) under `folder` whose name matches `pattern`, by path."""
+    import pyarrow.fs as pafs
+
+    selector = pafs.FileSelector(folder, recursive=recursive, allow_not_found=True)
+    infos = fs.get_file_info(selector)
+    found = [i for i in infos if i.type == pafs.FileType.File]
+    return sorted((i for i in found if fnmatch.fnmatch(i.base_name, pattern)), key=_info_path)
+
+
+def _info_path(info: Any) -> str:
+    return str(info.path)
+
+
+def _put_url(data: bytes, out: str, *, study: str, name: str, owner: str) -> None:
+    """Store one part's bytes under its name on a URL store: in place on an object store
+    (ATOMIC_PUT_SCHEMES: one PUT), else as a temporary named after `owner` (HOST-PID) moved to
+    its name unless the name exists meanwhile (another writer's: the same points)."""
+    fs, folder = _url_study(out, study)
+    target = f"{folder}/{name}"
+    if _url_scheme(out) in ATOMIC_PUT_SCHEMES:
+        with fs.open_output_stream(target, compression=None) as fh:
+            fh.write(data)
+        return
+    import pyarrow.fs as pafs
+
+    fs.create_dir(folder, recursive=True)
+    tmp = f"{folder}/.tmp-{owner}-{uuid.uuid4().hex[:12]}.parquet"
+    try:
+        with fs.open_output_stream(tmp, compression=None) as fh:
+            fh.write(data)
+        if fs.get_file_info(target).type == pafs.FileType.NotFound:
+            fs.move(tmp, target)
+    finally:
+        if fs.get_file_info(tmp).type != pafs.FileType.NotFound:
+            fs.delete_file(tmp)
+
+
+def _read_url(fs: Any, path: str) -> bytes:
+    with fs.open_input_file(path) as fh:
+        return bytes(fh.readall())
 
 
 def points_frame(columns: Mapping[str, Any]) -> pl.DataFrame:
@@ -170,25 +310,33 @@ def _metadata(study: str, trial: str, provenance: Mapping[str, str] | None) -> d
     return meta
 
 
+def _write_parquet(frame: pl.DataFrame, fh: Any, meta: dict[str, str]) -> None:
+    """Write `frame` as one part's Parquet (SCHEMA's dtypes, zstd, `meta`) to a binary file."""
+    # No column statistics: a part is one chunk of a sweep, read whole by queries, and min/max/
+    # null counts of ~46 columns cost a fifth of the write (and a third of the bytes) of every
+    # part.
+    stored_frame(frame).write_parquet(
+        fh, compression="zstd", compression_level=ZSTD_LEVEL, metadata=meta, statistics=False
+    )
+
+
 def _write_temporary(
-    frame: pl.DataFrame, folder: Path, meta: dict[str, str], *, owner_pid: int, sync: bool
+    frame: pl.DataFrame,
+    folder: Path,
+    meta: dict[str, str],
+    *,
+    owner_pid: int,
+    sync: bool,
+    owner_host: str = HOST_TAG,
 ) -> str:
-    """Write `frame` to a new temporary file in `folder` named after `owner_pid`; fsync it
-    when `sync`. Returns its path (removed again if the write fails)."""
-    prefix = f".tmp-{HOST_TAG}-{owner_pid}-"
+    """Write `frame` to a new temporary file in `folder` named after its owner (`owner_host`,
+    `owner_pid`: the run that publishes it); fsync it when `sync`. Returns its path (removed
+    again if the write fails)."""
+    prefix = f".tmp-{owner_host}-{owner_pid}-"
     fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".parquet", dir=folder)
     try:
         with os.fdopen(fd, "wb") as fh:
-            # No column statistics: a part is one chunk of a sweep, read whole by queries, and
-            # min/max/null counts of ~46 columns cost a fifth of the write (and a third of the
-            # bytes) of every part.
-            stored_frame(frame).write_parquet(
-                fh,
-                compression="zstd",
-                compression_level=ZSTD_LEVEL,
-                metadata=meta,
-                statistics=False,
-            )
+            _write_parquet(frame, fh, meta)
             if sync:
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -247,16 +395,32 @@ def write_pending(
     part: str,
     provenance: Mapping[str, str] | None = None,
     owner_pid: int | None = None,
-) -> PendingPart:
+    owner_host: str | None = None,
+) -> PendingPart | None:
     """Write one part to a temporary file, without an fsync; it is invisible to readers until
-    `publish_pending`. `owner_pid`: the run that publishes it (default: this process; a worker
-    process gives its parent's, so the file is not taken for a dead writer's while the run
-    lives)."""
-    folder = study_dir(out, study)
-    folder.mkdir(parents=True, exist_ok=True)
+    `publish_pending`. `owner_pid`, `owner_host`: the run that publishes it (default: this
+    process on this host; a worker process gives its parent's, a cluster's worker its
+    coordinator's, so the file is not taken for a dead writer's while the run lives).
+
+    A URL OUT (`is_url`): the part is stored under its name at once (`_put_url`: visible and
+    whole on return) and None is returned: nothing to publish."""
     meta = _metadata(study, "", provenance)
     owner = os.getpid() if owner_pid is None else owner_pid
-    tmp = _write_temporary(frame, folder, meta, owner_pid=owner, sync=False)
+    host = HOST_TAG if owner_host is None else owner_host
+    if is_url(out):
+        data = io.BytesIO()
+        _write_parquet(frame, data, meta)
+        _put_url(
+            data.getvalue(),
+            os.fspath(out),
+            study=study,
+            name=f"part-{part}.parquet",
+            owner=f"{host}-{owner}",
+        )
+        return None
+    folder = study_dir(out, study)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = _write_temporary(frame, folder, meta, owner_pid=owner, sync=False, owner_host=host)
     return PendingPart(tmp=tmp, path=folder / f"part-{part}.parquet")
 
 
@@ -347,22 +511,16 @@ def clean_temporaries(
 
     Owned by a dead process of this host: removed; of another host: removed once older than
     FOREIGN_TMP_AGE_S; unnamed (written before names carried the pid): removed when last
-    modified before `before` (a time.time(); default: now).
+    modified before `before` (a time.time(); default: now). A missing folder has none; so has
+    a study on an object store (parts are put in place).
     """
-    folder = study_dir(out, study)
     now = time.time()
+    if is_url(out):
+        return _clean_url_temporaries(out, study=study, now=now, before=before)
     removed = 0
-    for path in folder.glob(".tmp-*.parquet"):
-        match = _TMP_RE.match(path.name)
+    for path in study_dir(out, study).glob(".tmp-*.parquet"):
         try:
-            age_s = now - path.stat().st_mtime
-            if match is None:
-                stale = path.stat().st_mtime < (now if before is None else before)
-            elif match.group(1) == HOST_TAG:
-                stale = int(match.group(2)) != os.getpid() and not _pid_alive(int(match.group(2)))
-            else:
-                stale = age_s > FOREIGN_TMP_AGE_S
-            if stale:
+            if _stale(path.name, path.stat().st_mtime, now=now, before=before):
                 path.unlink()
                 removed += 1
         except FileNotFoundError:  # removed meanwhile by its writer or another cleaner
@@ -370,40 +528,130 @@ def clean_temporaries(
     return removed
 
 
+def _stale(name: str, mtime: float, *, now: float, before: float | None) -> bool:
+    """Whether the temporary file `name` (last modified at `mtime`) has no live writer
+    (`clean_temporaries`)."""
+    match = _TMP_RE.match(name)
+    if match is None:
+        return mtime < (now if before is None else before)
+    if match.group(1) == HOST_TAG:
+        pid = int(match.group(2))
+        return pid != os.getpid() and not _pid_alive(pid)
+    return now - mtime > FOREIGN_TMP_AGE_S
+
+
+def _clean_url_temporaries(
+    out: str | os.PathLike[str], *, study: str, now: float, before: float | None
+) -> int:
+    """`clean_temporaries` on a URL store (its listing's modification times; none known: new)."""
+    if _url_scheme(os.fspath(out)) in ATOMIC_PUT_SCHEMES:
+        return 0
+    fs, folder = _url_study(out, study)
+    removed = 0
+    for info in _url_files(fs, folder, ".tmp-*.parquet", recursive=False):
+        mtime = info.mtime.timestamp() if info.mtime is not None else now
+        if _stale(info.base_name, mtime, now=now, before=before):
+            try:
+                fs.delete_file(info.path)
+            except FileNotFoundError:  # removed meanwhile
+                continue
+            removed += 1
+    return removed
+
+
 def part_exists(out: str | os.PathLike[str], *, study: str, part: str) -> bool:
     """Whether OUT/points/study=STUDY holds part PART (a resumed sweep skips it)."""
+    if is_url(out):
+        import pyarrow.fs as pafs
+
+        fs, folder = _url_study(out, study)
+        info = fs.get_file_info(f"{folder}/part-{part}.parquet")
+        return bool(info.type != pafs.FileType.NotFound)
     return (study_dir(out, study) / f"part-{part}.parquet").exists()
 
 
+def read_part(out: str | os.PathLike[str], *, study: str, part: str) -> pl.DataFrame:
+    """Part PART of OUT/points/study=STUDY as stored (a folder's or a URL's)."""
+    if is_url(out):
+        fs, folder = _url_study(out, study)
+        return pl.read_parquet(_read_url(fs, f"{folder}/part-{part}.parquet"))
+    return pl.read_parquet(study_dir(out, study) / f"part-{part}.parquet")
+
+
+def part_files(path: str | os.PathLike[str]) -> tuple[Any, list[str]]:
+    """The part files (`part-*.parquet`) under a folder or URL, by path, and the pyarrow
+    filesystem that holds them (None: the local one)."""
+    if is_url(path):
+        fs, root = url_filesystem(os.fspath(path).rstrip("/"))
+        return fs, [i.path for i in _url_files(fs, root, "part-*.parquet", recursive=True)]
+    return None, [str(f) for f in sorted(local_path(path).rglob("part-*.parquet"))]
+
+
+def open_part(fs: Any, file: str) -> Any:
+    """One part file opened for binary reading (a context manager; `fs` None: local)."""
+    return open(file, "rb") if fs is None else fs.open_input_file(file)
+
+
 def scan_points(path: str | os.PathLike[str]) -> pl.LazyFrame:
-    """Every stored point under a folder (OUT, OUT/points or one study's folder), lazily, as
-    readers see them (`read_view`: strings, Int64 bytes, whatever the parts' schema version)."""
-    root = Path(path)
-    files = sorted(root.rglob("part-*.parquet"))
+    """Every stored point under a folder or URL (OUT, OUT/points or one study's folder),
+    lazily, as readers see them (`read_view`: strings, Int64 bytes, whatever the parts' schema
+    version)."""
+    fs, files = part_files(path)
     if not files:
-        raise ValueError(f"points: no part-*.parquet files under {str(root)!r}")
-    return scan_parts(files)
+        shown = os.fspath(path) if is_url(path) else str(local_path(path))
+        raise ValueError(f"points: no part-*.parquet files under {shown!r}")
+    return scan_parts(files, filesystem=fs)
 
 
-def scan_parts(files: Sequence[str | os.PathLike[str]]) -> pl.LazyFrame:
+def scan_parts(files: Sequence[str | os.PathLike[str]], *, filesystem: Any = None) -> pl.LazyFrame:
     """The points of part files, lazily, as readers see them (`read_view`). Parts of one
     schema are scanned together; parts of several (a folder written before and after a
-    schema change) are each brought to READ_SCHEMA's dtypes, then concatenated."""
-    groups: dict[tuple[tuple[str, str], ...], list[Path]] = {}
-    for f in map(Path, files):
+    schema change) are each brought to READ_SCHEMA's dtypes, then concatenated.
+    `filesystem`: the pyarrow filesystem of the files (`part_files`; None: local paths)."""
+    groups: dict[tuple[tuple[str, str], ...], list[str]] = {}
+    for f in (os.fspath(file) for file in files):
         try:
-            schema = pl.read_parquet_schema(f)
+            schema = _part_schema(f, filesystem)
         except (OSError, pl.exceptions.PolarsError) as error:
             message = " ".join(str(error).split())[:200]
             raise ValueError(f"points: {f}: unreadable part: {message}") from None
         groups.setdefault(tuple((k, str(v)) for k, v in schema.items()), []).append(f)
-    frames = [read_view(pl.scan_parquet(group)) for group in groups.values()]
+    frames = [read_view(_scan_group(group, filesystem)) for group in groups.values()]
     return frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical")
 
 
+def _part_schema(file: str, filesystem: Any) -> Mapping[str, Any]:
+    """A part's polars schema (a URL's from its footer only)."""
+    if filesystem is None:
+        return pl.read_parquet_schema(Path(file))
+    import pyarrow.lib
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(file, filesystem=filesystem)
+    except pyarrow.lib.ArrowInvalid as error:  # not Parquet
+        raise OSError(str(error)) from None
+    return pl.from_arrow(schema.empty_table()).schema  # type: ignore[union-attr]
+
+
+def _scan_group(files: list[str], filesystem: Any) -> pl.LazyFrame:
+    """Parts of one schema, lazily: polars' scan of local paths; a pyarrow dataset on a
+    URL's filesystem (any store pyarrow or fsspec opens, with its own credentials)."""
+    if filesystem is None:
+        return pl.scan_parquet(files)
+    import pyarrow.dataset as ds
+
+    return pl.scan_pyarrow_dataset(ds.dataset(files, filesystem=filesystem, format="parquet"))
+
+
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
-    """The key-value metadata of one part: trainmem_version, trainmem_schema_version,
-    trainmem_study, trainmem_trial, trainmem_store (what the part holds of the points it
-    covers: sweep/_options.py STORE_MODES; absent before schema 4: all) and, for a sweep's part,
-    trainmem_space_fingerprint and trainmem_point_range (its chunk: flat indices LO-HI)."""
-    return pl.read_parquet_metadata(Path(path))
+    """The key-value metadata of one part (a path or a URL): trainmem_version,
+    trainmem_schema_version, trainmem_study, trainmem_trial, trainmem_store (what the part holds
+    of the points it covers: sweep/_options.py STORE_MODES; absent before schema 4: all) and,
+    for a sweep's part, trainmem_space_fingerprint and trainmem_point_range (its chunk: flat
+    indices LO-HI)."""
+    if is_url(path):
+        fs, file = url_filesystem(os.fspath(path))
+        with fs.open_input_file(file) as fh:
+            return pl.read_parquet_metadata(io.BytesIO(fh.readall()))
+    return pl.read_parquet_metadata(local_path(path))

@@ -20,14 +20,17 @@ from trainmem.engine import (
     estimate,
     estimate_time,
     make_grid,
+    node_host_bytes,
+    ranks_per_node,
     reason_text,
     time_inputs,
 )
-from trainmem.hardware import GIB, get_gpu
+from trainmem.hardware import get_gpu
 from trainmem.report import (
     AS_JSON,
     CHECK,
     DEFAULT_MODEL,
+    FAMILY,
     GPU,
     HEADROOM,
     HOST_MEMORY_GIB,
@@ -41,6 +44,7 @@ from trainmem.report import (
     check_options,
     choice,
     gib_to_bytes,
+    host_reason,
     jsonable,
     model_spec,
     row_report,
@@ -49,8 +53,6 @@ from trainmem.report import (
     training_config,
     training_options,
 )
-
-from ._space import node_host_bytes, ranks_per_node
 
 MINIMIZE_OPTIONS = (
     Option(
@@ -79,6 +81,7 @@ MINIMIZE_OPTIONS = (
 )
 FIT_OPTIONS: tuple[Option, ...] = (
     MODEL,
+    FAMILY,
     GPU,
     *training_options(),
     HEADROOM,
@@ -106,6 +109,7 @@ def fit_report(
     models_dir: str | None = None,
     optimizers_dir: str | None = None,
     profile_file: str | None = None,
+    family: str | None = None,
     **fields: Any,
 ) -> dict[str, Any]:
     """`trainmem fit --json`: the largest micro-batch (or fewest GPUs) that fits, its estimate,
@@ -128,7 +132,7 @@ def fit_report(
             "host_memory_gib": host_memory_gib,
         },
     )
-    spec = model_spec(model, models_dir=models_dir, profile_file=profile_file)
+    spec = model_spec(model, models_dir=models_dir, profile_file=profile_file, family=family)
     precision, recompute, attention = traced_choices(
         spec, config_.precision, config_.recompute, config_.attention
     )
@@ -201,12 +205,3 @@ def fit_report(
             )
         )
     return jsonable(result)
-
-
-def host_reason(need_bytes: float, limit_bytes: float | None, ranks: int) -> str:
-    """Why a configuration that fits its GPUs does not fit its node: the host RAM its ranks
-    need (CPU offload) against what the node has."""
-    return (
-        f"host memory: the node's {ranks} ranks need {need_bytes / GIB:.2f} GiB of host memory, "
-        f"the node has {(limit_bytes or 0) / GIB:.2f} GiB"
-    )

@@ -10,6 +10,7 @@ from typing import Any
 from trainmem.engine import FIELD_NAMES, SWEEP_AXES
 from trainmem.report import (
     AS_JSON,
+    FAMILY,
     HEADROOM,
     HOST_MEMORY_GIB,
     MODEL,
@@ -51,6 +52,32 @@ SEARCH_OPTIONS: tuple[Option, ...] = (
         help="Largest context-parallel degree tried.",
     ),
     HOST_MEMORY_GIB,
+    Option(
+        name="min_gpus",
+        type=int,
+        default=1,
+        ge=1,
+        le=1 << 24,
+        help="Fewest GPUs a configuration may take (the GPU counts tried start there).",
+    ),
+    Option(
+        name="use_all_gpus",
+        type=bool,
+        default=False,
+        flag="--use-all-gpus",
+        help="Only configurations that take a whole pool of the fleet.",
+    ),
+    Option(
+        name="max_step_time_s",
+        type=float | None,
+        default=None,
+        gt=0,
+        flag="--max-step-time",
+        help=(
+            "Slowest step allowed, seconds: a slower configuration does not qualify "
+            "(reason: step time above --max-step-time)."
+        ),
+    ),
 )
 FLEET = Option(
     name="fleet",
@@ -81,6 +108,7 @@ STORE_HELP = (
 
 SWEEP_OPTIONS: tuple[Option, ...] = (
     MODEL,
+    FAMILY,
     FLEET,
     *training_options(
         defaults=SEARCH_DEFAULTS, exclude=("sequence_parallel",), optional=SWEEP_AXES
@@ -120,6 +148,18 @@ SWEEP_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         name="jobs", type=int, default=1, ge=1, help="Exhaustive: local processes over the chunks."
+    ),
+    Option(
+        name="scheduler",
+        type=str | None,
+        default=None,
+        help=(
+            "Where the work runs: local (default: this machine, --jobs processes) or a Dask "
+            "scheduler, tcp://HOST:PORT (dask://, tls:// too), whose workers evaluate the "
+            "exhaustive search's chunks and write them to --out (a folder every node sees, or "
+            "an s3://, gs://, hdfs:// URL), or run Optuna's --workers (with a "
+            "postgresql:// or mysql:// --storage). Workers: pip install 'trainmem[distributed]'."
+        ),
     ),
     Option(name="out", type=str, default="out", help="Output folder (Parquet points, Optuna db)."),
     Option(name="store", type=str, default="all", choices=STORE_MODES, help=STORE_HELP),

@@ -33,6 +33,7 @@ from ._options import SEARCH_DEFAULTS, SWEEP_OPTIONS, extra_fields
 from ._parts import check_store
 from ._search import Progress, SearchResult, parse_objectives, run_exhaustive, run_optuna
 from ._space import Space, make_space
+from ._why import why
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,6 +44,9 @@ class SweepRun:
     space: Space
     study: str
     objectives: tuple[str, ...]
+    why: dict[str, Any] | None = None
+    """The best point's step-time parts next to the best conventional layout's (`_why.why`);
+    None for a Pareto front or when nothing fits."""
 
 
 def _default_study(model: str, fleet: str, seq_len: int, gbs: int, method: str) -> str:
@@ -64,17 +68,22 @@ def run_sweep(
     workers: int = 1,
     warm_start: bool = True,
     jobs: int = 1,
+    scheduler: str | None = None,
     out: str | None = "out",
     store: str = "all",
     max_micro_batch_size: int = 16,
     max_pp: int = 16,
     max_cp: int = 4,
     host_memory_gib: float | None = None,
+    min_gpus: int = 1,
+    use_all_gpus: bool = False,
+    max_step_time_s: float | None = None,
     headroom: float = 0.10,
     hardware_dir: str | None = None,
     models_dir: str | None = None,
     optimizers_dir: str | None = None,
     profile_file: str | None = None,
+    family: str | None = None,
     progress: Progress | None = None,
     **fields: Any,
 ) -> SweepRun:
@@ -104,10 +113,17 @@ def run_sweep(
     }
     check_options(
         SWEEP_OPTIONS,
-        {**training, **counts, "headroom": headroom, "host_memory_gib": host_memory_gib},
+        {
+            **training,
+            **counts,
+            "headroom": headroom,
+            "host_memory_gib": host_memory_gib,
+            "min_gpus": min_gpus,
+            "max_step_time_s": max_step_time_s,
+        },
     )
     gpus = load_gpus(hardware_dir)
-    spec = model_spec(model, models_dir=models_dir, profile_file=profile_file)
+    spec = model_spec(model, models_dir=models_dir, profile_file=profile_file, family=family)
     if spec.profile is not None and precision not in (
         SEARCH_DEFAULTS["precision"],
         spec.profile.precision,
@@ -132,6 +148,9 @@ def run_sweep(
         training=extra_fields(training),
         optimizer_name=optimizer,
         host_memory_bytes=gib_to_bytes(host_memory_gib),
+        min_gpus=min_gpus,
+        use_all_gpus=use_all_gpus,
+        max_step_time_s=max_step_time_s,
     )
     study = study_name or _default_study(spec.name, fleet, seq_len, global_batch_size, method)
     result = _search(
@@ -148,8 +167,12 @@ def run_sweep(
         jobs=jobs,
         store=store,
         progress=progress,
+        scheduler=scheduler,
     )
-    return SweepRun(result=result, space=space, study=study, objectives=objectives)
+    explained = None
+    if len(objectives) == 1 and len(result.best) == 1:
+        explained = why(space, result.best[0], objectives)
+    return SweepRun(result=result, space=space, study=study, objectives=objectives, why=explained)
 
 
 def _search(
@@ -167,6 +190,7 @@ def _search(
     warm_start: bool = True,
     store: str = "all",
     progress: Progress | None = None,
+    scheduler: str | None = None,
 ) -> SearchResult:
     if method == "exhaustive":
         if storage or workers != 1:
@@ -179,6 +203,7 @@ def _search(
             jobs=jobs,
             store=store,
             progress=progress,
+            scheduler=scheduler,
         )
     if jobs != 1:
         raise ValueError("--jobs applies to --method exhaustive (optuna: --workers)")
@@ -197,4 +222,5 @@ def _search(
         workers=workers,
         warm_start=warm_start,
         progress=progress,
+        scheduler=scheduler,
     )

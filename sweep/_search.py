@@ -15,6 +15,7 @@ import os
 import re
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -39,12 +40,16 @@ from trainmem.results._store import (
     PendingPart,
     _pid_alive,
     clean_temporaries,
+    is_url,
     publish_points,
+    read_part,
     read_view,
     staged_parts,
+    study_location,
     write_pending,
 )
 
+from ._cluster import check_cluster_storage, executor, parse_scheduler, shared_out
 from ._parts import PublishBatches, check_store, chunk_points, part_name, stored_rows
 from ._space import _NAMES, ALL_REASONS, AXES, POINT_COLUMNS, Space, evaluate_columns
 
@@ -128,10 +133,10 @@ def _pareto(frame: pl.DataFrame, objectives: Sequence[str]) -> pl.DataFrame:
     second), one row per distinct objective pair."""
     keys = [OBJECTIVES[o] for o in objectives]
     if len(keys) == 1:
-        return frame.sort(_sort_keys(objectives)).head(1)
+        return frame.sort(_sort_keys(objectives), maintain_order=True).head(1)
     if len(keys) != 2:
         raise ValueError("objective: at most two objectives for a Pareto front")
-    f = frame.sort([*keys, *[k for k in TIE_BREAK if k not in keys]])
+    f = frame.sort([*keys, *[k for k in TIE_BREAK if k not in keys]], maintain_order=True)
     f = f.unique(subset=keys, keep="first", maintain_order=True)
     second = f[keys[1]].to_numpy()
     prev_min = np.minimum.accumulate(np.concatenate([[np.inf], second[:-1]]))
@@ -160,6 +165,12 @@ def space_fingerprint(space: Space, *, chunk_size: int) -> str:
         "chunk_size": chunk_size,
         "schema_version": SCHEMA_VERSION,
     }
+    # Constraints that only mark points (the GPU-count axis carries --min-gpus), named only
+    # when set: a sweep without them keeps the parts (and part names) it always had.
+    if space.use_all_gpus:
+        desc["use_all_gpus"] = True
+    if space.max_step_time_s is not None:
+        desc["max_step_time_s"] = space.max_step_time_s
     return hashlib.sha256(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
@@ -176,9 +187,13 @@ def run_exhaustive(
     distinct: Sequence[str] = (),
     tie_break: Sequence[str] = (),
     store: str = "all",
+    scheduler: str | None = None,
 ) -> SearchResult:
     """Evaluate every point of `space`, chunk by chunk, each chunk one Parquet part; `jobs` > 1
-    spreads the chunks over that many joblib processes.
+    spreads the chunks over that many joblib processes, `scheduler` (a Dask scheduler's
+    address, `_cluster.parse_scheduler`) over a cluster's workers, which write the parts to
+    `out` themselves: a folder every worker sees at the same path, or a URL
+    (results/_store.py).
 
     `chunk_size` 100,000: on a 2-core machine the engine runs ~2x faster per point on 100,000
     rows than on 1,000,000 (its temporaries stay in cache).
@@ -200,11 +215,15 @@ def run_exhaustive(
     """
     start = time.perf_counter()
     check_store(store)
+    address = parse_scheduler(scheduler)
+    if address is not None and jobs != 1:
+        raise ValueError(f"scheduler: --jobs {jobs} is for local processes; drop it with a cluster")
+    out = shared_out(out, address)
     total = space.num_points
     size = chunk_points(space, chunk_size=chunk_size, store=store)
     fp = space_fingerprint(space, chunk_size=size)
-    folder = None if out is None else study_dir(out, study)
-    if out is not None and study_dir(out, study).is_dir():
+    folder = None if out is None else study_location(out, study)
+    if out is not None and (is_url(out) or study_dir(out, study).is_dir()):
         clean_temporaries(out, study=study, before=PROCESS_START)
     chunks = [
         (part_name(fp, store=store, chunk=c), lo, min(lo + size, total))
@@ -221,6 +240,7 @@ def run_exhaustive(
         "store": store,
         "fingerprint": fp,
         "owner_pid": os.getpid(),  # worker processes name their temporaries after this run
+        "owner_host": HOST_TAG,  # ... and a cluster's workers after its host
     }
     keep: list[pl.DataFrame] = []
     near: list[pl.DataFrame] = []
@@ -228,11 +248,17 @@ def run_exhaustive(
     batches = PublishBatches()
     # One process: a writer thread writes chunk c's part (polars, outside the GIL) while chunk
     # c + 1 is evaluated; a chunk is reported done only once its part is written.
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainmem-write") as writer:
-        if jobs > 1 and len(chunks) > 1:
-            from joblib import Parallel, delayed
+    # Several processes (local, or a cluster's: `_cluster.executor`) each write the parts of
+    # the chunks they evaluate; their results come back in chunk order.
+    parallel = address is not None or (jobs > 1 and len(chunks) > 1)
+    with (
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainmem-write") as writer,
+        executor(address, n_jobs=jobs) if parallel else contextlib.nullcontext() as pool,
+    ):
+        if pool is not None:
+            from joblib import delayed
 
-            results: Any = Parallel(n_jobs=jobs, backend="loky", return_as="generator")(
+            results: Any = pool(
                 delayed(_exhaustive_chunk)(space, part=part, lo=lo, hi=hi, **args)
                 for part, lo, hi in chunks
             )
@@ -267,7 +293,7 @@ def run_exhaustive(
         best=_best_rows(best),
         top=read_view(top_rows),
         num_points=total,
-        parquet="" if folder is None else str(folder),
+        parquet="" if folder is None else folder,
         elapsed_s=time.perf_counter() - start,
         extra={
             "chunks_skipped": skipped,
@@ -278,9 +304,9 @@ def run_exhaustive(
     )
 
 
-Written: TypeAlias = "Future[PendingPart] | PendingPart | None"
+Written: TypeAlias = "Future[PendingPart | None] | PendingPart | None"
 """A chunk's part: being written (the writer thread's), written (a worker process's, or in
-line), or none (nothing to write)."""
+line), or none (nothing to write, or put in place on an object store: nothing to publish)."""
 
 
 def _reported(
@@ -309,13 +335,38 @@ def _publish_after_error(batches: PublishBatches, in_flight: list[Written]) -> N
         batches.publish()
 
 
+SAME_BUT_ZERO = (
+    "gpu",
+    "num_gpus",
+    "tp",
+    "pp",
+    "virtual_stages",
+    "cp",
+    "ep",
+    "recompute",
+    "offload",
+    "micro_batch_size",
+    "peak_device_bytes",
+    "step_time_s",
+    "cost_per_million_tokens",
+)
+"""Rows equal on these columns differ only in a ZeRO stage that changes nothing (its shard
+group is one rank, or the stages agree): a table shows them once, the lowest stage."""
+NUM_ZERO_STAGES = 4
+
+
 def _best_of(
     frame: pl.DataFrame, *, keys: list[str], top: int | None, distinct: tuple[str, ...]
 ) -> pl.DataFrame:
-    """The best rows by `keys`: one per distinct combination of `distinct`, `top` at most."""
+    """The best rows by `keys`: one per distinct combination of `distinct`, rows that differ
+    only in an ineffective ZeRO stage once (SAME_BUT_ZERO: the first, the lowest stage in the
+    space's order), `top` at most."""
     frame = frame.sort(keys, maintain_order=True)
     if distinct:
         frame = frame.unique(subset=list(distinct), keep="first", maintain_order=True)
+    if top is not None:  # each kept row stands for at most NUM_ZERO_STAGES equal rows
+        frame = frame.head(top * NUM_ZERO_STAGES)
+    frame = frame.unique(subset=list(SAME_BUT_ZERO), keep="first", maintain_order=True)
     return frame if top is None else frame.head(top)
 
 
@@ -344,6 +395,7 @@ def _exhaustive_chunk(
     store: str = "all",
     fingerprint: str = "",
     owner_pid: int | None = None,
+    owner_host: str | None = None,
     writer: Executor | None = None,
 ) -> tuple[pl.DataFrame, pl.DataFrame, bool, int, Written]:
     """Evaluate one chunk and write its part (`stored_rows` of its points); or, when a previous
@@ -358,7 +410,7 @@ def _exhaustive_chunk(
     skipped = out is not None and part_exists(out, study=study, part=part)
     written: Written = None
     if skipped and store == "all":
-        frame = stored = pl.read_parquet(study_dir(out, study) / f"part-{part}.parquet")
+        frame = stored = read_part(out, study=study, part=part)
     else:
         preload_kernel(space.num_points)  # this process evaluates many chunks: compiled loop
         res = space.evaluate(range(lo, hi), columns=POINT_COLUMNS)
@@ -378,6 +430,7 @@ def _exhaustive_chunk(
                     "point_range": f"{lo}-{hi}",
                 },
                 owner_pid=owner_pid,
+                owner_host=owner_host,
             )
             written = writer.submit(write) if writer is not None else write()
     fitting = frame.filter(pl.col("fits"))
@@ -458,13 +511,18 @@ def _open_study(storage: str, study: str, objectives: Sequence[str], seed: int |
     try:
         if storage.startswith("sqlite:"):
             store = _sqlite_storage(storage)
-        return optuna.create_study(
+        opened = optuna.create_study(
             storage=store,
             study_name=study,
             sampler=_sampler(seed, len(objectives)),
             directions=["minimize"] * len(objectives),
             load_if_exists=True,
         )
+        if opened.metric_names is None:  # optuna-dashboard labels its plots with these
+            with warnings.catch_warnings():  # experimental since Optuna 3.2, still in 5.0
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                opened.set_metric_names([OBJECTIVES[o] for o in objectives])
+        return opened
     except (ImportError, ModuleNotFoundError) as error:  # e.g. no PostgreSQL driver
         raise ValueError(f"storage: {mask_url(str(error))}") from None
     except Exception as error:
@@ -822,6 +880,7 @@ def run_optuna(
     batch_size: int = 8,
     warm_start: bool = True,
     progress: Progress | None = None,
+    scheduler: str | None = None,
 ) -> SearchResult:
     """An Optuna study over `space` (TPE, NSGA-II for several objectives), `trials` in total.
 
@@ -833,6 +892,9 @@ def run_optuna(
     `warm_start`: a new study's first trials are the best layouts of the exhaustive search of
     a coarse version of the space (`_study.enqueue_warm_start`), stored like any trial.
     `extra`: complete_trials, storage (password masked), rebuilt_trials, warm_start_trials.
+    `scheduler`: a Dask scheduler's address (`_cluster.parse_scheduler`): the `workers` run on
+    the cluster, sharing the study through `storage` (a database server's URL) and the points
+    through `out` (a folder every node sees at the same path).
     """
     from . import _study  # imported here: it builds on this module
 
@@ -841,7 +903,12 @@ def run_optuna(
     if workers < 1:
         raise ValueError(f"workers: must be >= 1, got {workers}")
     start = time.perf_counter()
-    out = str(out)
+    address = parse_scheduler(scheduler)
+    if is_url(out):  # staged parts are published by a link: a folder's
+        raise ValueError(f"out: --method optuna stores its points in a folder, not a URL ({out})")
+    if address is not None:
+        check_cluster_storage(storage)
+    out = str(shared_out(out, address))
     url = _study.resolve_storage(out, study, storage=storage, workers=workers)
     in_memory = url == _study.MEMORY
     with _study.memory_lock(out, study) if in_memory else contextlib.nullcontext():
@@ -872,6 +939,7 @@ def run_optuna(
                 workers=workers,
                 batch_size=batch_size,
                 progress=progress,
+                scheduler=address,
             )
         finally:
             if in_memory:
@@ -893,9 +961,11 @@ def _run_workers(
     workers: int,
     batch_size: int,
     progress: Progress | None,
+    scheduler: str | None = None,
 ) -> SearchResult:
-    """Run the workers until the study holds `trials` complete trials; the study's best
-    point(s) and top points, read from the points of its complete trials."""
+    """Run the workers (here, local processes, or a cluster's: `scheduler`) until the study
+    holds `trials` complete trials; the study's best point(s) and top points, read from the
+    points of its complete trials."""
     kwargs: dict[str, Any] = {
         "out": out,
         "study": study,
@@ -904,15 +974,17 @@ def _run_workers(
         "objectives": objectives,
         "batch_size": batch_size,
     }
-    if workers == 1:
+    if workers == 1 and scheduler is None:
         optuna_worker(space, seed=seed, progress=progress, **kwargs)
     else:
-        from joblib import Parallel, delayed
+        from joblib import delayed
 
-        Parallel(n_jobs=workers, backend="loky")(
-            delayed(optuna_worker)(space, seed=None if seed is None else seed + w, **kwargs)
-            for w in range(workers)
-        )
+        with executor(scheduler, n_jobs=workers, batch_size=1) as pool:
+            for _ in pool(
+                delayed(optuna_worker)(space, seed=None if seed is None else seed + w, **kwargs)
+                for w in range(workers)
+            ):
+                pass
     st = _open_study(storage, study, objectives, seed)
     recover_study(st, out=out, study=study)
     folder = study_dir(out, study)
@@ -921,11 +993,9 @@ def _run_workers(
     # scan_points: strings, whatever the parts' schema versions (a study resumed across them).
     points = scan_points(folder).filter(pl.col("trial").is_in(complete))
     fitting = points.filter(pl.col("fits")).collect()
-    top = (
-        fitting.sort(_sort_keys(objectives))
-        .unique(subset=list(AXES[1:]) + ["gpu"], keep="first", maintain_order=True)
-        .head(TOP)
-    )
+    fitting = fitting.sort(_sort_keys(objectives), maintain_order=True)
+    distinct = fitting.unique(subset=list(AXES[1:]) + ["gpu"], keep="first", maintain_order=True)
+    top = _best_of(distinct, keys=_sort_keys(objectives), top=TOP, distinct=())
     best = _pareto(fitting, objectives) if len(fitting) else fitting
     num_points = points.select(pl.len()).collect().item()
     return SearchResult(

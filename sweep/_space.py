@@ -30,7 +30,9 @@ from trainmem.engine import (
     grid_columns,
     layout_reason,
     make_grid,
+    node_host_bytes,
     parallel_layout,
+    ranks_per_node,
     time_inputs,
 )
 from trainmem.hardware import Fleet, GpuProfile, Pool
@@ -40,12 +42,20 @@ SWEEP_REASONS = (
     "num_gpus exceeds the pool",
     "virtual_stages > 1 needs pp > 1",
     "host memory: the node's ranks need more host RAM than the node has (CPU offload)",
+    "num_gpus is not the whole pool (--use-all-gpus)",
+    "step time above --max-step-time",
 )
-"""The sweep's own invalid-point reasons; their codes follow the engine's REASONS."""
+"""The sweep's own invalid-point reasons; their codes follow the engine's REASONS (new ones are
+appended: a stored point's reason is its text, a code only lives in memory)."""
 ALL_REASONS = REASONS + SWEEP_REASONS
-TP_CROSSES_NODE, EXCEEDS_POOL, VIRTUAL_WITHOUT_PP, EXCEEDS_HOST_MEMORY = range(
-    len(REASONS), len(ALL_REASONS)
-)
+(
+    TP_CROSSES_NODE,
+    EXCEEDS_POOL,
+    VIRTUAL_WITHOUT_PP,
+    EXCEEDS_HOST_MEMORY,
+    PART_OF_POOL,
+    SLOWER_THAN_MAX,
+) = range(len(REASONS), len(ALL_REASONS))
 
 AXES = (
     "pool",
@@ -101,6 +111,10 @@ class Space:
     """The job's training fields that are not axes, by name (the points table's columns)."""
     host_memory_bytes: int | None = None
     """Host RAM of one node, bytes, for every pool (None: each pool's or its profile's)."""
+    use_all_gpus: bool = False
+    """Only points that take their whole pool are valid (others: PART_OF_POOL)."""
+    max_step_time_s: float | None = None
+    """Points slower than this (step time, s) are not valid (SLOWER_THAN_MAX); None: any."""
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -175,6 +189,8 @@ def _codes(axis: str, values: np.ndarray) -> np.ndarray:
 
 
 POINT_COLUMNS = (*COMPONENTS, "peak_allocated_bytes", "peak_device_bytes", "headroom_bytes")
+TIMED_COLUMNS = ("step_time_s", "tokens_per_second", "mfu", "cost_per_million_tokens")
+"""The estimate_time() columns every evaluated point gets."""
 """The estimate() columns a search keeps (`evaluate_columns(columns=...)`), besides the fit,
 reason and dp it always gets."""
 
@@ -185,12 +201,14 @@ def evaluate_columns(
     *,
     time_params: TimeParams | None = None,
     columns: Collection[str] | None = None,
+    time_columns: Collection[str] = (),
 ) -> dict[str, np.ndarray]:
     """Evaluate AXES columns (plus the space's fixed fields): inputs and outputs as columns.
 
     Name-valued axes (recompute, offload) may come as names or codes; they go out as codes
     (see `_NAMES`), the GPU as the pool index (`pool`). `columns`: the estimate() columns
-    wanted (None: all; fits, reason and dp always).
+    wanted (None: all; fits, reason and dp always); `time_columns`: estimate_time() columns
+    wanted besides TIMED_COLUMNS (e.g. the step's parts, engine TIME_COLUMNS).
     """
     pool = cols["pool"].astype(np.int64)
     num_gpus = cols["num_gpus"].astype(np.int64)
@@ -210,6 +228,8 @@ def evaluate_columns(
     own = np.where(pp == 1, np.where(grid["virtual_stages"] > 1, VIRTUAL_WITHOUT_PP, own), own)
     own = np.where(num_gpus > pool_size, EXCEEDS_POOL, own)
     own = np.where(tp > per_node, TP_CROSSES_NODE, own)
+    if space.use_all_gpus:
+        own = np.where((own == 0) & (num_gpus != pool_size), PART_OF_POOL, own)
     reason = np.where(reason == 0, own, reason).astype(np.int16)
 
     # One estimate per distinct cuBLAS workspace (by GPU architecture): usually one call.
@@ -247,8 +267,11 @@ def evaluate_columns(
     reason = reason.astype(np.int16)
     # The sweep's own reasons too: estimate_time evaluates only the rows left valid.
     gpu_values = {k: v[0] if len(profiles) == 1 else v[pool] for k, v in inputs.items()}
-    timed = ("step_time_s", "tokens_per_second", "mfu", "cost_per_million_tokens")
+    timed = tuple(dict.fromkeys((*TIMED_COLUMNS, *time_columns)))
     timing = estimate_time(m, grid, params=time_params, reason=reason, columns=timed, **gpu_values)
+    if space.max_step_time_s is not None:  # timed first: a slow point keeps its step time
+        slow = (reason == 0) & (timing["step_time_s"] > space.max_step_time_s)
+        reason = np.where(slow, SLOWER_THAN_MAX, reason).astype(np.int16)
     valid = reason == 0
     dp = out["dp"]
     return {
@@ -265,21 +288,6 @@ def evaluate_columns(
         "reason": reason,
         **timing,  # NaN where the point is invalid
     }
-
-
-def ranks_per_node(num_gpus: np.ndarray, gpus_per_node: np.ndarray) -> np.ndarray:
-    """Ranks that share one node's host RAM: a node's GPUs, or all of them on a partial node.
-
-    Assumes: ranks fill nodes one after the other (torchrun, slurm), one rank per GPU."""
-    return np.minimum(np.asarray(num_gpus), np.asarray(gpus_per_node))
-
-
-def node_host_bytes(host_bytes: np.ndarray, ranks: np.ndarray) -> np.ndarray:
-    """Host RAM one node needs: every rank's `host_bytes` (offloaded optimizer states and
-    parameters, pinned buffers, offloaded activations; the worst rank's, as the engine reports)
-    times the ranks on the node. Ignores the OS, the data loader and the framework's own host
-    memory."""
-    return np.asarray(host_bytes, dtype=np.float64) * np.asarray(ranks)
 
 
 def _host_limit_bytes(space: Space, pool: Pool, profile: GpuProfile) -> float:
@@ -309,6 +317,9 @@ def make_space(
     training: Mapping[str, Any] | None = None,
     optimizer_name: str | None = None,
     host_memory_bytes: int | None = None,
+    min_gpus: int = 1,
+    use_all_gpus: bool = False,
+    max_step_time_s: float | None = None,
 ) -> Space:
     """The space of a job on a fleet; ValueError on bad input (one line).
 
@@ -317,6 +328,10 @@ def make_space(
 
     `optimizer_name`: the optimizer's name when `optimizer` is a user optimizer's columns.
     `host_memory_bytes`: host RAM of one node for every pool (None: each pool's or profile's).
+    `min_gpus`: the fewest GPUs a point takes (the GPU-count axis starts there);
+    `use_all_gpus`: a point takes its whole pool (`gpu_counts` keeps the pool sizes; a point
+    of a smaller pool's size on a larger pool is invalid, PART_OF_POOL); `max_step_time_s`: a
+    slower point is invalid (SLOWER_THAN_MAX), its step time kept.
     `training`: other training fields (engine TrainingConfig names). A searched field (AXES)
     given there pins its axis to that value; any other field that differs from its default is
     fixed for every point (a field at its default changes nothing: the space is the one without
@@ -331,6 +346,7 @@ def make_space(
         errors.append(f"max micro-batch size must be >= 1, got {max_micro_batch_size}")
     if errors:
         raise ValueError("; ".join(errors))
+    counts = _gpu_counts(fleet, min_gpus=min_gpus, use_all_gpus=use_all_gpus, training=training)
     max_per_node = max(p.gpus_per_node for p in fleet.pools)
     layers = model.num_hidden_layers
     pps = [d for d in range(1, min(layers, max_pp) + 1) if layers % d == 0]
@@ -344,7 +360,7 @@ def make_space(
         precision, recomputes, cps = traced.precision, (traced.recompute,), [1]
     axes: dict[str, tuple[Any, ...]] = {
         "pool": tuple(range(len(fleet.pools))),
-        "num_gpus": tuple(gpu_counts(fleet)),
+        "num_gpus": counts,
         "tp": (1,) if traced is not None else tuple(_powers_of_two(max_per_node)),
         "pp": tuple(pps),
         "virtual_stages": tuple(virtual_stages),
@@ -384,7 +400,27 @@ def make_space(
         headroom=headroom,
         labels=labels,
         host_memory_bytes=host_memory_bytes,
+        use_all_gpus=use_all_gpus,
+        max_step_time_s=max_step_time_s,
     )
+
+
+def _gpu_counts(
+    fleet: Fleet, *, min_gpus: int, use_all_gpus: bool, training: Mapping[str, Any] | None
+) -> tuple[int, ...]:
+    """The GPU-count axis: `gpu_counts` from `min_gpus` up (only the pools' sizes with
+    `use_all_gpus`); ValueError (one line) when `min_gpus` exceeds every pool or a pinned
+    --num-gpus contradicts the constraint."""
+    sizes = sorted({p.num_gpus for p in fleet.pools})
+    if not 1 <= min_gpus <= sizes[-1]:
+        raise ValueError(f"min-gpus: must be 1-{sizes[-1]} (the largest pool), got {min_gpus}")
+    pinned = (training or {}).get("num_gpus")
+    if pinned is not None and pinned < min_gpus:
+        raise ValueError(f"num-gpus: {pinned} is below --min-gpus {min_gpus}")
+    if pinned is not None and use_all_gpus and pinned not in sizes:
+        allowed = ", ".join(map(str, sizes))
+        raise ValueError(f"num-gpus: {pinned} with --use-all-gpus must be a pool's size: {allowed}")
+    return tuple(c for c in gpu_counts(fleet) if c >= min_gpus and (not use_all_gpus or c in sizes))
 
 
 THINNED_AXES = ("num_gpus", "tp", "pp", "cp", "ep", "micro_batch_size")

@@ -1,6 +1,6 @@
 """`trainmem recommend`: plans equal `estimate`, the JSON contract, and each launch format valid
-for its tool (documented keys and flags shipped in tests/data with their sources; the tools
-themselves when importable)."""
+for its tool against the documented keys and flags shipped in tests/data with their sources (a
+cheap second check: test_launch_tools.py has the tools themselves read every format)."""
 
 from __future__ import annotations
 
