@@ -24,10 +24,10 @@ is never cached (the formulas are what is under test). Cells run in fresh worker
 by $TRAINMEM_TRACE_TIMEOUT seconds (default here 300) and, if set, the worker's address space by
 $TRAINMEM_TRACE_MAX_MEMORY_GB.
 
-Grid: 1848 cells (one GPU: every precision x attention x recompute x length x micro-batch 1, 2,
-4; the efficient and cudnn SDPA kernels at bf16 and amp-bf16; FSDP2 over 2, 8 and 64 ranks at
-micro-batch 1 and 2 and the longest length), about 6 minutes with --jobs 2 on two cores and 30 s
-from the cache; --quick: 25 cells, about 10 s.
+Grid: 3058 cells, 160 per family (90 for the eager-only gemma2) (one GPU: every precision x attention x recompute x length x
+micro-batch 1, 2, 4; the efficient and cudnn SDPA kernels at bf16 and amp-bf16; FSDP2 over 2, 8
+and 64 ranks at micro-batch 1 and 2 and the longest length), about 3 minutes per 4 families with
+--jobs 2 on two cores and 40 s from the cache; --quick: 39 cells, about 20 s.
 
 Run: python -m bench.conformance [--quick] [--jobs N] [--cache DIR] [--family NAME ...]
      [--limit N] [--all-rows] [--json FILE]
@@ -70,8 +70,12 @@ SEQ_LENS: dict[str, tuple[int, ...]] = {
     # below, at and above the window where the family has one
     "mistral": (64, 128, 256),
     "phi3": (64, 127, 256),
+    "gemma2": (64, 128, 256),
 }
 DEFAULT_SEQ_LENS = (128, 256)
+EAGER_ONLY = ("gemma2",)
+"""Families whose transformers model has no SDPA path (Gemma2ForCausalLM: _supports_sdpa is
+False): eager cells only."""
 PRECISIONS = ("fp32", "bf16", "amp-bf16")
 WORLDS = (2, 8, 64)
 
@@ -109,26 +113,29 @@ def grid(*, quick: bool, families: list[str] | None = None) -> list[dict[str, An
     if quick:
         for fam in names:
             s = SEQ_LENS.get(fam, DEFAULT_SEQ_LENS)[-1 if fam in SEQ_LENS else 0]
-            cells.append(_case(fam, "amp-bf16", "flash", "flash", "none", s, 2, 1))
+            quick_attention = "eager" if fam in EAGER_ONLY else "flash"
+            cells.append(_case(fam, "amp-bf16", quick_attention, "flash", "none", s, 2, 1))
             cells.append(_case(fam, "bf16", "eager", "flash", "full", s, 1, 1))
         for fam in names[:3]:
             cells.append(_case(fam, "amp-bf16", "flash", "flash", "none", 128, 2, 8))
         return _unique(cells)
     for fam in names:
         lens = SEQ_LENS.get(fam, DEFAULT_SEQ_LENS)
+        attentions = ("eager",) if fam in EAGER_ONLY else ("flash", "eager")
         # one GPU: every precision x attention x recompute x length x micro-batch
         for p, a, r, s, mb in itertools.product(
-            PRECISIONS, ("flash", "eager"), ("none", "full"), lens, (1, 2, 4)
+            PRECISIONS, attentions, ("none", "full"), lens, (1, 2, 4)
         ):
             cells.append(_case(fam, p, a, "flash", r, s, mb, 1))
         # the other SDPA kernels (the formulas have no kernel flag: they assume the GPU's pick)
         for k, p, r, s in itertools.product(
             ("efficient", "cudnn"), ("bf16", "amp-bf16"), ("none", "full"), lens
         ):
-            cells.append(_case(fam, p, "flash", k, r, s, 2, 1))
+            if fam not in EAGER_ONLY:
+                cells.append(_case(fam, p, "flash", k, r, s, 2, 1))
         # FSDP2: every world x precision x recompute x attention, one length, micro-batch 1, 2
         for w, p, r, a, mb in itertools.product(
-            WORLDS, PRECISIONS, ("none", "full"), ("flash", "eager"), (1, 2)
+            WORLDS, PRECISIONS, ("none", "full"), attentions, (1, 2)
         ):
             cells.append(_case(fam, p, a, "flash", r, lens[-1], mb, w))
     return _unique(cells)
@@ -496,7 +503,7 @@ def print_report(rows: list[dict[str, Any]], *, all_rows: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a small subset (about 25 cells)")
+    parser.add_argument("--quick", action="store_true", help="a small subset (about 40 cells)")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument("--cache", default=str(DEFAULT_CACHE), help="trace cache folder")
     parser.add_argument("--family", action="append", choices=list(FAMILIES), help="only these")

@@ -44,6 +44,8 @@ def hf_norm_bytes(
     linear_in = np.where(amp, num_consumers * 2.0 * Th, e * Th)
     if m.norm == "layernorm":
         own = (r * Th + 8.0 * T) / sp_div  # input + mean, rstd (fp32 [T, 1])
+    elif m.norm == "olmo2_rms":
+        own = olmo2_rms_norm_bytes(T=T, width=h) / sp_div
     elif m.norm == "gemma_rms":
         own = (4.0 * Th + 4.0 * T + 4.0 * Th) / sp_div  # fp32 copy, rsqrt, normalised fp32
     else:
@@ -53,12 +55,25 @@ def hf_norm_bytes(
     return own + linear_in
 
 
+def olmo2_rms_norm_bytes(*, T, width) -> np.ndarray:
+    """Bytes one Olmo2RMSNorm over `width` features saves, whatever the dtypes.
+
+    Source: transformers modeling_olmo2.py Olmo2RMSNorm.forward (x.to(float32); x *
+    rsqrt(mean(x^2) + eps); (weight * x).to(input_dtype)): the fp32 input (a copy, or the input
+    itself when it is fp32), the fp32 rsqrt [T, 1] and the normalised fp32 tensor (the weight
+    multiplies in fp32). Its consumers (the residual add; the lm_head for the final norm) are
+    counted by the caller.
+    """
+    return 8.0 * T * width + 4.0 * T
+
+
 def hf_attention_bytes(m: ModelSpec, *, T, s, e, tp, eager) -> np.ndarray:
     """Bytes the attention block saves (projections' outputs, kernel saves), per layer.
 
     Source: transformers LlamaAttention / GPT2Attention with `sdpa_attention_forward` (SDPA flash
     saves q, k, v, out, an fp32 logsumexp [b, a, s] and philox seed/offset; GQA via enable_gqa,
-    no repeat) or `eager_attention_forward` (repeat_kv copies; fp32 softmax output; its cast to
+    no repeat) or `eager_attention_forward` (repeat_kv copies, a view with one k/v head per rank;
+    fp32 softmax output; its cast to
     the compute dtype saved by the second matmul; with attention dropout the bool mask and the
     dropout output instead; a contiguous copy of the output for o_proj).
     Assumes: rotary embeddings produce new q and k tensors; fused q/k/v projections (GPT-2 c_attn,
@@ -69,7 +84,10 @@ def hf_attention_bytes(m: ModelSpec, *, T, s, e, tp, eager) -> np.ndarray:
     qd_r = m.q_dim / tp
     kvd_r = m.kv_dim / tp
     gqa = m.num_key_value_heads < m.num_attention_heads
-    kv_saved = np.where(eager & gqa, qd_r, kvd_r)  # repeat_kv copies in eager
+    # repeat_kv copies in eager; with one k/v head on the rank (multi-query, or kv heads = tp)
+    # its expand + reshape is a view (the size-1 head dim merges into the stride-0 repeat dim)
+    copied = eager & gqa & (m.num_key_value_heads / tp > 1)
+    kv_saved = np.where(copied, qd_r, kvd_r)
     if m.fused_qkv:
         qkv = e * T * (qd_r + 2 * kvd_r)
         qkv = qkv + (e * T * (qd_r + kvd_r) if m.rotary else 0.0)
@@ -79,13 +97,51 @@ def hf_attention_bytes(m: ModelSpec, *, T, s, e, tp, eager) -> np.ndarray:
         qkv = np.where(eager & gqa, qkv + 2 * e * T * (qd_r - kvd_r), qkv)
     out = e * T * qd_r
     flash_extra = 4.0 * a_r * T + 2 * SMALL_TENSOR_BYTES
-    scores_per_elem = np.where(
-        m.attention_dropout > 0,
-        4.0 + 1.0 + e,  # softmax fp32 + dropout mask + dropout output
-        4.0 + np.where(e < 4, e, 0.0),  # softmax fp32 (+ its cast, saved by matmul)
-    )
-    eager_extra = scores_per_elem * a_r * s * T
+    eager_extra = attention_score_bytes_per_elem(m, e) * a_r * s * T
+    eager_extra = eager_extra + softcap_scores_bytes(m, T=T, s=s, e=e, tp=tp)
     return qkv + out + np.where(eager, eager_extra, flash_extra)
+
+
+def softcap_scores_bytes(m: ModelSpec, *, T, s, e, tp) -> np.ndarray:
+    """What eager attention with logit soft-capping saves beyond plain eager, per layer: the
+    tanh output [b, a/t, s, s] in the compute dtype (tanh's backward reads its output; the
+    division and multiplication by the cap are by a Python scalar and save nothing).
+
+    Source: transformers modeling_gemma2.py eager_attention_forward (scores / softcap, tanh,
+    * softcap before the mask and the fp32 softmax). Traced: `trainmem trace` of a 2-layer
+    Gemma-2 config (eager; bf16 and fp32; s 32 and 128).
+    Ignores: FlashAttention-2's softcap (in-kernel, saves nothing more).
+    """
+    if m.attn_logit_softcapping <= 0:
+        return np.zeros_like(np.asarray(T, dtype=np.float64))
+    return e * (m.num_attention_heads / tp) * s * T
+
+
+def sandwich_post_norm_bytes(m: ModelSpec, *, T, sp_div) -> np.ndarray:
+    """Bytes the two post-norms of a Gemma-2 block save (post_attention_layernorm after
+    o_proj, post_feedforward_layernorm after down_proj), per layer: each keeps its fp32 input
+    (a copy of the 16-bit projection output, or that output itself in fp32), the fp32 rsqrt
+    [T, 1] and the normalised fp32 tensor that (1 + weight) multiplies; its output feeds the
+    residual add, which saves nothing.
+
+    Source: transformers modeling_gemma2.py Gemma2RMSNorm.forward (self._norm(x.float()) *
+    (1.0 + self.weight.float())).type_as(x)) and Gemma2DecoderLayer.forward (sandwich norms).
+    """
+    if m.num_norms_per_layer != 4:
+        return np.zeros_like(np.asarray(T, dtype=np.float64))
+    return 2.0 * olmo2_rms_norm_bytes(T=T, width=m.hidden_size) / sp_div
+
+
+def final_softcap_bytes(m: ModelSpec, *, T, e, loss_tp_div) -> np.ndarray:
+    """What final logit soft-capping saves: the tanh output [T, v] in the logits' dtype.
+
+    Source: transformers modeling_gemma2.py Gemma2ForCausalLM.forward (logits / cap, tanh,
+    * cap before the loss). Traced as softcap_scores_bytes: the outside-layer bytes differ from
+    the formula without it by exactly T x v x the compute dtype's bytes.
+    """
+    if m.final_logit_softcapping <= 0:
+        return np.zeros_like(np.asarray(T, dtype=np.float64))
+    return e * T * m.vocab_size / loss_tp_div
 
 
 def sliding_window_masked(m: ModelSpec, *, s) -> np.ndarray:
@@ -98,7 +154,7 @@ def sliding_window_masked(m: ModelSpec, *, s) -> np.ndarray:
     return (m.sliding_window > 0) & (np.asarray(s) >= max(m.sliding_window, 1))
 
 
-def hf_sdpa_kernel_delta_bytes(m: ModelSpec, *, T, s, e, tp, eager) -> np.ndarray:
+def hf_sdpa_kernel_delta_bytes(m: ModelSpec, *, T, s, e, tp, eager, enable_gqa=True) -> np.ndarray:
     """Change of a layer's saved bytes when SDPA's inputs do not run the flash kernel that
     hf_attention_bytes assumes, or run it with q in another layout, per layer.
 
@@ -112,6 +168,8 @@ def hf_sdpa_kernel_delta_bytes(m: ModelSpec, *, T, s, e, tp, eager) -> np.ndarra
     Assumes: SDPA (not eager); an unpadded batch (the bool mask is [1, 1, s, s], its float copy
     [b, 1, s, s]); s a multiple of 32 (the efficient kernel pads its logsumexp to 32; 0.2%
     of the mask when s = 200).
+    `enable_gqa` (rows): the model passes k and v with their own heads (transformers'
+    use_gqa_in_sdpa on CUDA without a mask); false where the framework's attention does not.
     Ignores: transformers' other masks (padding, packed sequences, Gemma-2/3 and Qwen2
     use_sliding_window layers).
     """
@@ -132,7 +190,42 @@ def hf_sdpa_kernel_delta_bytes(m: ModelSpec, *, T, s, e, tp, eager) -> np.ndarra
     additive_mask = np.where(s_pad == s, e * T * s, e * T * s_pad * m.num_attention_heads / tp)
     flash = ~masked & (np.asarray(e) < 4)  # flash takes 16-bit inputs only
     out_copy = np.where(flash & m.rotary_cat, e * T * qd_r, 0.0)
-    return np.where(eager, 0.0, np.where(masked, additive_mask + repeat, out_copy))
+    # fp32 without a mask and with fewer k/v heads: neither flash nor efficient (equal heads
+    # only) takes it, so SDPA's math fallback runs (sdpa_math_fallback_bytes).
+    math = ~masked & (np.asarray(e) >= 4) & gqa & enable_gqa
+    math_extra = sdpa_math_fallback_bytes(m, T=T, s=s, e=e, tp=tp) + repeat
+    unmasked = np.where(math, math_extra, out_copy)
+    return np.where(eager, 0.0, np.where(masked, additive_mask + repeat, unmasked))
+
+
+def sdpa_math_fallback_bytes(m: ModelSpec, *, T, s, e, tp) -> np.ndarray:
+    """What SDPA's math fallback saves beyond the flash kernel's saves, per layer (the k/v
+    repeat is added by the caller).
+
+    Source: torch 2.13 attention.cpp _scaled_dot_product_attention_math (enable_gqa:
+    repeat_interleave of k and v; scores materialised: the fp32 softmax output, with attention
+    dropout the fused dropout's bool mask and its output, saved by the matmul with v), run when
+    sdp_utils.cpp rules out flash (fp32) and the memory-efficient kernel (unequal q / kv heads);
+    trace/_sdpa.py picks it the same way. Traced on the conformance matrix's Llama, OLMo 2 and
+    Granite fp32 cells.
+    Assumes: as eager's scores (hf_attention_bytes), without flash's logsumexp and rng state.
+    """
+    a_r = m.num_attention_heads / tp
+    flash_extra = 4.0 * a_r * T + 2 * SMALL_TENSOR_BYTES
+    return attention_score_bytes_per_elem(m, e) * a_r * s * T - flash_extra
+
+
+def attention_score_bytes_per_elem(m: ModelSpec, e) -> np.ndarray:
+    """Bytes saved per attention score element when the scores are materialised (eager or
+    SDPA's math fallback): the fp32 softmax output and its cast to the compute dtype, saved by
+    the matmul with v; with attention dropout the bool mask and the dropout output instead.
+    Source: transformers eager_attention_forward (softmax(dtype=float32).to(query.dtype), then
+    dropout)."""
+    return np.where(
+        m.attention_dropout > 0,
+        4.0 + 1.0 + e,  # softmax fp32 + dropout mask + dropout output
+        4.0 + np.where(e < 4, e, 0.0),  # softmax fp32 (+ its cast, saved by matmul)
+    )
 
 
 def hf_checkpointed_mask_bytes(m: ModelSpec, *, T, s, r, eager) -> np.ndarray:
@@ -168,43 +261,53 @@ def hf_mlp_bytes(m: ModelSpec, *, T, e, amp, tp) -> np.ndarray:
 
 
 def hf_layer_bytes(
-    m: ModelSpec, *, T, s, e, r, amp, tp, sp, eager, fused_norm=False, norm_fp32_input=False
+    m: ModelSpec,
+    *,
+    T,
+    s,
+    e,
+    r,
+    amp,
+    tp,
+    sp,
+    eager,
+    fused_norm=False,
+    norm_fp32_input=False,
+    enable_gqa=True,
 ) -> np.ndarray:
     """Everything one transformer block saves for backward without recomputation
-    (`fused_norm`: see hf_norm_bytes)."""
+    (`fused_norm`: see hf_norm_bytes; `enable_gqa`: see hf_sdpa_kernel_delta_bytes)."""
     sp_div = np.where(sp, tp, 1)
     num_qkv_linears = 1 if m.fused_qkv else 3
     num_up_linears = 1 if (m.fused_gate_up or not m.gated_mlp) else 2
-    norms = hf_norm_bytes(
-        m,
-        T=T,
-        e=e,
-        r=r,
-        amp=amp,
-        sp_div=sp_div,
-        num_consumers=num_qkv_linears,
-        fused=fused_norm,
-        fp32_input=norm_fp32_input,
-    )
-    norms = norms + hf_norm_bytes(
-        m,
-        T=T,
-        e=e,
-        r=r,
-        amp=amp,
-        sp_div=sp_div,
-        num_consumers=num_up_linears,
-        fused=fused_norm,
-        fp32_input=norm_fp32_input,
-    )
+    norm = {"T": T, "e": e, "r": r, "amp": amp, "sp_div": sp_div, "fused": fused_norm}
+    norm["fp32_input"] = norm_fp32_input
+    if m.num_norms_per_layer == 1:
+        norms = block_single_norm_bytes(m, norm, num_qkv_linears + num_up_linears)
+    else:
+        norms = hf_norm_bytes(m, **norm, num_consumers=num_qkv_linears)
+        norms = norms + hf_norm_bytes(m, **norm, num_consumers=num_up_linears)
     dropout_masks = 2.0 * T * m.hidden_size / sp_div if m.dropout > 0 else 0.0
+    norms = norms + sandwich_post_norm_bytes(m, T=T, sp_div=sp_div)
     return (
         norms
         + hf_attention_bytes(m, T=T, s=s, e=e, tp=tp, eager=eager)
-        + hf_sdpa_kernel_delta_bytes(m, T=T, s=s, e=e, tp=tp, eager=eager)
+        + hf_sdpa_kernel_delta_bytes(m, T=T, s=s, e=e, tp=tp, eager=eager, enable_gqa=enable_gqa)
         + hf_mlp_bytes(m, T=T, e=e, amp=amp, tp=tp)
         + dropout_masks
     )
+
+
+def block_single_norm_bytes(m: ModelSpec, norm: dict, num_consumers: int) -> np.ndarray:
+    """A parallel block's one norm, read by attention's and the MLP's input linears.
+
+    Source: transformers modeling_phi.py PhiDecoderLayer (input_layernorm feeds self_attn and
+    mlp), modeling_falcon.py FalconDecoderLayer (parallel_attn with one input_layernorm:
+    mlp_layernorm_out = attention_layernorm_out), modeling_stablelm.py with
+    use_parallel_residual: the norm saves its own tensors once; under autocast each consuming
+    linear saves its own 16-bit cast (hf_norm_bytes), without autocast they share the output.
+    """
+    return hf_norm_bytes(m, **norm, num_consumers=num_consumers)
 
 
 def hf_checkpointed_layer_bytes(m: ModelSpec, *, T, r, tp, sp) -> np.ndarray:
@@ -243,6 +346,7 @@ def hf_outside_bytes(
     h, v = m.hidden_size, m.vocab_size
     sp_div = np.where(sp, tp, 1)
     out = 4.0 * T * v / loss_tp_div  # log_softmax output, fp32
+    out = out + final_softcap_bytes(m, T=T, e=e, loss_tp_div=loss_tp_div)
     out = out + 8.0 * T + 3 * SMALL_TENSOR_BYTES  # shifted labels, loss, weights
     if m.family == "bert":
         # MLM head transform: dense -> gelu -> LayerNorm -> decoder.
@@ -263,7 +367,8 @@ def hf_outside_bytes(
         head_input = np.where(amp, 2.0, e) * T * h
         out = out - np.where(head_trainable, 0.0, head_input)
     if m.rotary:
-        out = out + 2.0 * s * m.head_dim * r
+        # cos/sin [1, s, rotated width] (partial rotary: rotary_dim; MLA kept at head_dim)
+        out = out + 2.0 * s * (m.head_dim if m.is_mla else m.rotary_dim) * r
     if m.family in ("gpt2", "bert"):
         out = out + 8.0 * s  # position ids (int64)
         if m.dropout > 0:
@@ -334,11 +439,16 @@ def hf_qk_norm_bytes(m: ModelSpec, *, T, r, tp) -> np.ndarray:
 
     Source: transformers Qwen3Attention: q_norm(q_proj(x).view(..., head_dim)) is an RMSNorm
     (fp32 copy, rsqrt per head, normalised tensor saved by the weight multiply); its output feeds
-    rotary, which saves nothing (cos/sin need no grad).
+    rotary, which saves nothing (cos/sin need no grad). OLMo 2 (modeling_olmo2.py): one
+    Olmo2RMSNorm over the whole q_proj / k_proj output (olmo2_rms_norm_bytes; with tensor
+    parallelism counted on the rank's share, as if the norm were split).
+    Ignores: the LayerNorm layouts (Phi, StableLM qk_layernorm), counted as Qwen3's.
     """
     if not m.qk_norm:
         return np.zeros_like(np.asarray(T, dtype=np.float64))
     width = (m.q_dim + m.kv_dim) / tp
+    if m.qk_norm_layout == "full":
+        return olmo2_rms_norm_bytes(T=T, width=width) + 4.0 * T  # q_norm and k_norm
     heads = (m.num_attention_heads + m.num_key_value_heads) / tp
     return (4.0 + r) * T * width + 4.0 * T * heads
 

@@ -16,8 +16,13 @@ if TYPE_CHECKING:
     from ._activation_profile import ActivationProfile
 
 Family = Literal["decoder", "gpt2", "bert", "profile"]
-NormKind = Literal["rms", "gemma_rms", "layernorm"]
+NormKind = Literal["rms", "gemma_rms", "olmo2_rms", "layernorm"]
 MlpAct = Literal["silu", "gelu", "gelu_new", "relu"]
+QkNormLayout = Literal["head", "full", "head_ln", "per_head_ln"]
+"""Where q/k normalisation sits: head = one RMSNorm(head_dim) shared by the heads (Qwen3); full =
+one RMSNorm over the whole q / k projection width (OLMo 2); head_ln = one LayerNorm(head_dim) with
+bias shared by the heads (Phi qk_layernorm); per_head_ln = a bias-free LayerNorm(head_dim) per
+head (StableLM qk_layernorm)."""
 TpSplit = Literal["col", "row", "vocab", "rep"]
 Group = Literal["embed", "layer", "mlp", "moe", "final", "head"]
 """embed/final/head once; layer (attention + norms) in every block; mlp in dense blocks only;
@@ -99,7 +104,12 @@ class ModelSpec:
     embed_scale: bool = False
     """Gemma multiplies the embedding output by sqrt(hidden_size) (a new tensor)."""
     qk_norm: bool = False
-    """Per-head RMSNorm on q and k before rotary (Qwen3: q_norm, k_norm)."""
+    """Normalisation of q and k before rotary (Qwen3, OLMo 2: q_norm, k_norm; `qk_norm_layout`)."""
+    qk_norm_layout: QkNormLayout = "head"
+    lm_head_bias: bool = False
+    """The output head has a bias (Phi: lm_head = Linear(hidden, vocab, bias=True))."""
+    logits_scaling: float = 0.0
+    """Granite: the logits are divided by this (a second [tokens, vocab] tensor); 0: none."""
     num_experts: int = 0
     """Routed experts per MoE block (0: a dense model)."""
     num_experts_per_tok: int = 0
@@ -131,7 +141,8 @@ class ModelSpec:
     """Normalisation layers per block: 2 (pre-attention, pre-MLP; Llama, GPT-NeoX, Falcon-40B's
     ln_attn / ln_mlp), 1 (Falcon-7B: one input_layernorm feeds attention and MLP), 4 (Gemma 2's
     sandwich: pre/post attention, pre/post feedforward). The parameter inventory is exact; the
-    activation formulas (_activations.py) count two norms per block whatever this says."""
+    activation formulas count the one norm of a parallel block (block_single_norm_bytes) and
+    Gemma 2's two post-norms (sandwich_post_norm_bytes)."""
     parallel_residual: bool = False
     """Attention and MLP both read the block input and add to one residual (GPT-NeoX
     use_parallel_residual, Falcon parallel_attn); parameters are unchanged, activations are
@@ -139,17 +150,29 @@ class ModelSpec:
     partial_rotary_factor: float = 1.0
     """Fraction of head_dim that rotary rotates (GPT-NeoX rotary_pct, 0.25 in Pythia)."""
     attn_logit_softcapping: float = 0.0
-    """Gemma 2: attention scores pass through cap * tanh(scores / cap) (0: none; not modelled by
-    the activation formulas)."""
+    """Gemma 2: attention scores pass through cap * tanh(scores / cap) (0: none; eager saves the
+    tanh output, _activations.softcap_scores_bytes)."""
     final_logit_softcapping: float = 0.0
-    """Gemma 2: logits pass through cap * tanh(logits / cap) (0: none; not modelled by the
-    activation formulas)."""
+    """Gemma 2: logits pass through cap * tanh(logits / cap) (0: none; the tanh output [T, v] is
+    saved, _activations.final_softcap_bytes)."""
     query_pre_attn_scalar: float = 0.0
     """Gemma 2: queries are scaled by query_pre_attn_scalar**-0.5 (0: head_dim**-0.5)."""
     alternating_sliding_window: int = 0
     """Gemma 2: every other layer (layer_types "sliding_attention") attends over this many
     tokens; the other layers are global. `sliding_window` stays 0 (its formulas assume every
-    layer is windowed), so the window's masks are not modelled."""
+    layer is windowed). Eager attention (transformers' only path for Gemma 2 besides
+    FlashAttention-2) builds the window's mask once per step and saves none of it per layer:
+    traced at lengths below, at and above the window (bench/conformance.py, family gemma2), the
+    layer bytes do not change with it."""
+
+    @property
+    def rotary_dim(self) -> int:
+        """Width of the rotary cos/sin tables: the rotated part of a head (partial rotary:
+        int(head_dim * partial_rotary_factor), as transformers' rotary embeddings build them;
+        MLA: qk_rope_head_dim)."""
+        if self.is_mla:
+            return self.qk_rope_head_dim
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @property
     def is_moe(self) -> bool:
@@ -318,8 +341,7 @@ def _add_attention_block(inv: _Inventory, m: ModelSpec) -> None:
             if m.attention_bias:
                 add(f"{proj}.bias", (dim,), "layer", "col")
     if m.qk_norm:
-        add("q_norm.weight", (m.head_dim,), "layer", "rep")
-        add("k_norm.weight", (m.head_dim,), "layer", "rep")
+        _add_qk_norms(inv, m)
     add("o_proj.weight", (h, m.o_dim), "layer", "row", ("o_proj",))
     if m.o_proj_bias:
         add("o_proj.bias", (h,), "layer", "rep")
@@ -333,8 +355,30 @@ def _add_attention_block(inv: _Inventory, m: ModelSpec) -> None:
         inv.add_norm("output.LayerNorm", "layer")
 
 
+def _add_qk_norms(inv: _Inventory, m: ModelSpec) -> None:
+    """q/k normalisation (QkNormLayout): Qwen3 q_norm / k_norm RMSNorm(head_dim); OLMo 2
+    RMSNorm(q_dim) / RMSNorm(kv_dim); Phi q_layernorm / k_layernorm LayerNorm(head_dim) with bias;
+    StableLM StableLmLayerNormPerHead: one bias-free LayerNorm(head_dim) per q / kv head."""
+    d, add = m.head_dim, inv.add
+    if m.qk_norm_layout == "full":
+        add("q_norm.weight", (m.q_dim,), "layer", "rep")
+        add("k_norm.weight", (m.kv_dim,), "layer", "rep")
+    elif m.qk_norm_layout == "per_head_ln":  # one tensor per head, as the ModuleList holds them
+        for name, heads in (("q", m.num_attention_heads), ("k", m.num_key_value_heads)):
+            for i in range(heads):
+                add(f"{name}_layernorm.norms.{i}.weight", (d,), "layer", "rep")
+    else:
+        for name in ("q_norm", "k_norm"):
+            add(f"{name}.weight", (d,), "layer", "rep")
+            if m.qk_norm_layout == "head_ln":
+                add(f"{name}.bias", (d,), "layer", "rep")
+
+
 def _decoder_norm_names(m: ModelSpec) -> tuple[str, ...]:
-    """A decoder block's norms, as transformers names them; the first precedes q/k/v."""
+    """A decoder block's norms, as transformers names them; the first precedes q/k/v (OLMo 2:
+    none does, both norm a sublayer's output)."""
+    if m.model_type == "olmo2":
+        return ("post_attention_layernorm", "post_feedforward_layernorm")
     if m.num_norms_per_layer == 1:
         return ("input_layernorm",)
     if m.num_norms_per_layer == 4:
@@ -393,6 +437,8 @@ def _add_head(inv: _Inventory, m: ModelSpec) -> None:
         inv.add("cls.decoder.bias", (v,), "head", "vocab")
     if not m.tie_word_embeddings:
         inv.add("lm_head.weight", (v, h), "head", "vocab")
+    if m.lm_head_bias:
+        inv.add("lm_head.bias", (v,), "head", "vocab")
 
 
 _LLAMA_STYLE = (
@@ -408,15 +454,19 @@ _LLAMA_STYLE = (
     "gemma",
     "gemma2",
     "phi3",
+    "olmo2",
+    "granite",
 )
 """model_types read by _decoder_spec (Llama-style layout, with their known variations)."""
+_OWN_READERS = ("gpt_neox", "falcon", "stablelm", "phi")
+"""Decoders whose model_type names their own reader (a layout of their own)."""
 _GPT2_TYPES = ("gpt2", "gpt3")
 _BERT_TYPES = ("bert", "roberta")
 """openai-gpt (no ln_f, post-LN), electra (embedding_size projection) and distilbert (other field
 names) were once read by these families; their counts differed from PyTorch's, so they are now
 refused like any other unknown model_type."""
 SUPPORTED_MODEL_TYPES: dict[str, tuple[str, ...]] = {
-    "decoder": (*_LLAMA_STYLE, "gpt_neox", "falcon"),
+    "decoder": (*_LLAMA_STYLE, "gpt_neox", "falcon", "stablelm", "phi"),
     "gpt2": _GPT2_TYPES,
     "bert": _BERT_TYPES,
 }
@@ -431,6 +481,20 @@ _REQUIRED = {
         "vocab_size",
     ),
     "falcon": ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"),
+    "stablelm": (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "vocab_size",
+    ),
+    "phi": (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "vocab_size",
+    ),
     "decoder": (
         "hidden_size",
         "intermediate_size",
@@ -479,7 +543,7 @@ def _reader_of(config: dict[str, Any], *, name: str, family: str | None = None) 
         return "bert"
     if model_type in _LLAMA_STYLE:
         return "decoder"
-    if model_type in ("gpt_neox", "falcon"):
+    if model_type in _OWN_READERS:
         return model_type
     supported = "; ".join(f"{fam}: {', '.join(t)}" for fam, t in SUPPORTED_MODEL_TYPES.items())
     what = f"model_type {raw!r} is not supported" if raw is not None else "model_type is missing"
@@ -537,6 +601,8 @@ _BOOLS = (
     "new_decoder_architecture",
     "bias",
     "alibi",
+    "use_qkv_bias",
+    "qk_layernorm",
 )
 _PROBABILITIES = (
     "attention_dropout",
@@ -635,6 +701,8 @@ def model_from_hf_config(
         return _gpt_neox_spec(config, name=name)
     if reader == "falcon":
         return _falcon_spec(config, name=name)
+    if reader in ("stablelm", "phi"):
+        return _stablelm_or_phi_spec(config, name=name, model_type=reader)
     return _decoder_spec(config, name=name, model_type=model_type)
 
 
@@ -715,14 +783,17 @@ def _decoder_spec(config: dict[str, Any], *, name: str, model_type: str) -> Mode
     is_phi3 = model_type == "phi3"
     is_gemma = model_type.startswith("gemma")
     attention_bias = bool(config.get("attention_bias", False))
-    gemma2 = _gemma2_fields(config, name=name) if model_type == "gemma2" else {}
+    variant = {
+        "qk_norm": model_type in ("qwen3", "qwen3_moe"),
+        "norm": "gemma_rms" if is_gemma else "rms",
+        **_variant_fields(config, model_type, name=name),
+    }
     moe = _moe_fields(config, model_type)
     mla = _mla_fields(config)
     return ModelSpec(
         **moe,
         **mla,
-        **gemma2,
-        qk_norm=model_type in ("qwen3", "qwen3_moe"),
+        **variant,
         name=name,
         family="decoder",
         model_type=model_type,
@@ -738,7 +809,6 @@ def _decoder_spec(config: dict[str, Any], *, name: str, model_type: str) -> Mode
         tie_word_embeddings=bool(config.get("tie_word_embeddings", is_gemma)),
         mlp_act=_act(act_name),
         gated_mlp=True,
-        norm="gemma_rms" if is_gemma else "rms",
         # Qwen2 always has q/k/v biases (modeling_qwen2.py: bias=True), no o_proj bias.
         attention_bias=attention_bias or is_qwen2,
         o_proj_bias=attention_bias and not is_qwen2,
@@ -756,6 +826,25 @@ def _decoder_spec(config: dict[str, Any], *, name: str, model_type: str) -> Mode
         else 0,
         rotary_cat=is_phi3,
     )
+
+
+def _variant_fields(config: dict[str, Any], model_type: str, *, name: str) -> dict[str, Any]:
+    """What sets Gemma 2, OLMo 2 and Granite apart from the Llama layout (ModelSpec fields).
+
+    OLMo 2 (modeling_olmo2.py): no pre-norms; post_attention_layernorm and
+    post_feedforward_layernorm norm the sublayers' outputs before the residual add, with
+    Olmo2RMSNorm (weight applied in fp32, then cast: "olmo2_rms"); q_norm / k_norm are RMSNorms
+    over the whole q / k projection width. Granite (modeling_granite.py): Llama with scalar
+    multipliers (embedding_multiplier, residual_multiplier, attention_multiplier: no new saved
+    tensors) and logits divided by logits_scaling.
+    """
+    if model_type == "gemma2":
+        return _gemma2_fields(config, name=name)
+    if model_type == "olmo2":
+        return {"norm": "olmo2_rms", "qk_norm": True, "qk_norm_layout": "full"}
+    if model_type == "granite":
+        return {"logits_scaling": _float_field(config, "logits_scaling", name=name)}
+    return {}
 
 
 def _gemma2_fields(config: dict[str, Any], *, name: str) -> dict[str, Any]:
@@ -835,6 +924,78 @@ def _gpt_neox_spec(config: dict[str, Any], *, name: str) -> ModelSpec:
         rotary_cat=True,
         parallel_residual=bool(config.get("use_parallel_residual", True)),
         partial_rotary_factor=float(partial),
+    )
+
+
+def _partial_rotary(config: dict[str, Any], *, name: str, default: float) -> float:
+    """The rotated fraction of a head: rope_parameters / rope_scaling partial_rotary_factor
+    (transformers 5), else the top-level partial_rotary_factor or rotary_pct, else `default`."""
+    rope = config.get("rope_parameters") or config.get("rope_scaling")
+    partial = rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
+    for key in ("partial_rotary_factor", "rotary_pct"):
+        if partial is None:
+            partial = config.get(key)
+    partial = default if partial is None else partial
+    if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
+        raise ValueError(
+            f"model: {name}: partial_rotary_factor must be a number in (0, 1], got {partial!r}"
+        )
+    return float(partial)
+
+
+def _stablelm_or_phi_spec(config: dict[str, Any], *, name: str, model_type: str) -> ModelSpec:
+    """StableLM (modeling_stablelm.py) and Phi-1/2 (modeling_phi.py): LayerNorm with bias,
+    q/k/v and o projections, partial rotary rebuilt with torch.cat, untied lm_head.
+
+    StableLM: q/k/v bias if use_qkv_bias, o_proj without; gated SiLU MLP without biases;
+    input_layernorm, plus post_attention_layernorm unless use_parallel_residual (then attention
+    and MLP share the one norm); hidden_dropout after the MLP; qk_layernorm: a bias-free
+    LayerNorm(head_dim) per head. Phi: every linear with a bias (lm_head included); one
+    input_layernorm feeding attention and the fc1/fc2 GeLU MLP in parallel; resid_dropout on
+    both outputs; qk_layernorm: one LayerNorm(head_dim) with bias shared by the heads.
+    Ignores (activations): the q/k LayerNorms (no preset has them), Phi's embd_pdrop mask,
+    StableLM's hidden_dropout is counted as two masks per block (it is one).
+    """
+    phi = model_type == "phi"
+    h = int(config["hidden_size"])
+    a = int(config["num_attention_heads"])
+    kv = config.get("num_key_value_heads")
+    parallel = phi or bool(config.get("use_parallel_residual", False))
+    qkv_bias = phi or bool(config.get("use_qkv_bias", False))
+    default_act = "gelu_new" if phi else "silu"
+    drop = config.get("resid_pdrop" if phi else "hidden_dropout")
+    return ModelSpec(
+        name=name,
+        family="decoder",
+        model_type=model_type,
+        hidden_size=h,
+        intermediate_size=int(config["intermediate_size"]),
+        num_hidden_layers=int(config["num_hidden_layers"]),
+        num_attention_heads=a,
+        # StableLmConfig defaults to 32 k/v heads, PhiConfig to num_attention_heads.
+        num_key_value_heads=int(kv) if kv else (a if phi else 32),
+        head_dim=h // a,
+        vocab_size=int(config["vocab_size"]),
+        max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        mlp_act=_act(str(config.get("hidden_act", default_act))),
+        gated_mlp=not phi,
+        norm="layernorm",
+        attention_bias=qkv_bias,
+        o_proj_bias=phi,
+        mlp_bias=phi,
+        rotary=True,
+        fused_qkv=False,
+        fused_gate_up=False,
+        dropout=float(drop or 0.0),
+        attention_dropout=float(config.get("attention_dropout", 0.0) or 0.0),
+        rotary_cat=True,
+        num_norms_per_layer=1 if parallel else 2,
+        parallel_residual=parallel,
+        partial_rotary_factor=_partial_rotary(config, name=name, default=0.5 if phi else 0.25),
+        qk_norm=bool(config.get("qk_layernorm", False)),
+        qk_norm_layout="head_ln" if phi else "per_head_ln",
+        lm_head_bias=phi,
     )
 
 

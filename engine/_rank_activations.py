@@ -16,7 +16,9 @@ from . import _activations as act
 from ._codes import (
     COMPILE_BLOCKS_AND_LOSS,
     COMPILE_NONE,
+    DEEPSPEED,
     EAGER,
+    HF,
     LOSS_CHUNKED,
     LOSS_CHUNKED_OUTPUT,
     MEGATRON,
@@ -292,6 +294,8 @@ def _dense_block(m: ModelSpec, x: MicroBatch) -> np.ndarray:
         eager=x.eager,
         fused_norm=x.fused_norm,
         norm_fp32_input=x.norm_fp32_input,
+        # transformers' SDPA path (HF Trainer, DeepSpeed on HF models) passes unequal heads
+        enable_gqa=(x.fw == HF) | (x.fw == DEEPSPEED),
     )
     expanded = 2.0 * e * T * (m.q_dim - m.kv_dim) / tp
     return block + np.where(x.gqa_kv_expanded & ~x.eager, expanded, 0.0)
@@ -394,7 +398,7 @@ def _outside(m: ModelSpec, x: MicroBatch, layers: dict[str, np.ndarray]) -> dict
     """
     T, s, e, r, pp, full = x.T, x.s, x.e, x.r, x.pp, x.rc == RECOMPUTE_FULL
     checkpointing = (x.num_checkpointed > 0) | (x.rc == RECOMPUTE_SELECTIVE_OP)
-    rope = 2.0 * s * (m.qk_rope_head_dim if m.is_mla else m.head_dim) * r if m.rotary else 0.0
+    rope = 2.0 * s * m.rotary_dim * r if m.rotary else 0.0
     outside_all, chunk_transient = outside_layers_bytes(
         m,
         T=T,

@@ -131,6 +131,65 @@ FAMILIES: dict[str, tuple[str | None, dict[str, Any]]] = {
             "v_head_dim": 32,
         },
     ),
+    # Issue 14's families with readers of their own.
+    "pythia": (  # GPT-NeoX: fused qkv with biases, parallel residual, rotary on a quarter
+        "pythia-2.8b",
+        {
+            "hidden_size": 256,
+            "intermediate_size": 1024,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+        },
+    ),
+    "falcon": (  # Falcon-7B: multi-query fused qkv, one LayerNorm feeding attention and MLP
+        "falcon-7b",
+        {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4},
+    ),
+    "falcon-40b": (  # new decoder architecture: k/v groups, ln_attn + ln_mlp
+        "falcon-40b",
+        {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 8, "num_kv_heads": 2},
+    ),
+    "olmo2": (  # post-norm blocks, q/k RMSNorm over the whole projection, untied
+        "olmo-2-7b",
+        {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2} | _GQA,
+    ),
+    "granite": (  # Llama layout, muP multipliers, logits / logits_scaling, attention dropout
+        "granite-3.1-8b",
+        {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2} | _GQA,
+    ),
+    "stablelm": (  # LayerNorm with bias, q/k/v biases, rotary on a quarter of each head
+        "stablelm-2-1.6b",
+        {
+            "hidden_size": 256,
+            "intermediate_size": 512,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+        },
+    ),
+    "phi2": (  # parallel attention + GeLU MLP off one LayerNorm, biases, partial rotary 0.4,
+        # resid_pdrop 0.1; 8 heads of 32 keep an even rotated width (12)
+        "phi-2",
+        {
+            "hidden_size": 256,
+            "intermediate_size": 1024,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 8,
+        },
+    ),
+    "gemma2": (  # sandwich norms, attention and final logit soft-capping, alternating 128-token
+        # windows, GQA; transformers runs it eager only (no SDPA for Gemma2)
+        "gemma-2-2b",
+        {
+            "hidden_size": 256,
+            "intermediate_size": 512,
+            "num_hidden_layers": 2,
+            "head_dim": 128,
+            "sliding_window": 128,
+        }
+        | _GQA,
+    ),
 }
 
 

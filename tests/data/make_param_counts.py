@@ -48,6 +48,8 @@ from transformers import (
     BertForMaskedLM,
     BertModel,
     GPT2LMHeadModel,
+    RobertaForMaskedLM,
+    RobertaModel,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,13 +72,21 @@ ANCHORS = {
     # @604d5664 in a public model inventory.
     "qwen3-30b-a3b": 30_532_122_624,
     "deepseek-v2-lite": 15_706_484_224,
+    # Published totals of the families added for issue 14 (model cards, the Pythia paper).
+    "pythia-2.8b": 2_775_208_960,
+    "pythia-6.9b": 6_857_302_016,
+    "gemma-2-2b": 2_614_341_888,
+    "gemma-2-9b": 9_241_705_984,
+    "phi-2": 2_779_683_840,
+    "stablelm-2-1.6b": 1_644_515_328,
 }
 
 METHOD = (
     "config = AutoConfig.for_model(model_type, **preset_fields) (keys starting with '_' dropped); "
     "model built under `with torch.device('meta'):` with AutoModelForCausalLM.from_config "
     "(GPT2LMHeadModel(config) for model_type gpt2; "
-    "BertForMaskedLM(config) and BertModel(config) for bert); "
+    "BertForMaskedLM(config) and BertModel(config) for bert, RobertaForMaskedLM / RobertaModel "
+    "for roberta); "
     "num_parameters = sum(p.numel() for p in model.parameters()), so tied embeddings count once. "
     "embedding = all nn.Embedding weights (token + learned position + token-type); "
     "lm_head = parameters of the output head that are not shared with the input embedding "
@@ -378,9 +388,13 @@ def main() -> int:
     for path in sorted(PRESETS.glob("*.json")):
         name = path.stem
         model_type, fields = load_preset(path)
-        if model_type == "bert":
-            entry = describe(build(model_type, fields, BertForMaskedLM))
-            base = describe(build(model_type, fields, BertModel))
+        if model_type in ("bert", "roberta"):
+            mlm, bare = {
+                "bert": (BertForMaskedLM, BertModel),
+                "roberta": (RobertaForMaskedLM, RobertaModel),
+            }[model_type]
+            entry = describe(build(model_type, fields, mlm))
+            base = describe(build(model_type, fields, bare))
             entry["bert_model"] = base  # encoder only, with pooler, no MLM head
         elif model_type == "gpt2":
             entry = describe(build(model_type, fields, GPT2LMHeadModel))

@@ -275,7 +275,17 @@ def test_recompute_never_adds_activations(data: st.DataObject) -> None:
     m = data.draw(_models())
     row = data.draw(_rows(m))
     full, selective, none = _activations_by_recompute(m, row, data.draw(_stages(row["pp"])))
-    assert full <= selective <= none, (full, selective, none, row)
+    assert full <= selective, (full, selective, none, row)
+    # Selective recompute of a flash core saves only its logsumexp per layer (the core keeps no
+    # scores; its output is the o-projection's input anyway), and the backward brings one
+    # layer's core back (output + logsumexp). With few layers on a stage that can outweigh the
+    # saving: BERT-base, Megatron, fp32, seq 128, pp 2, stage 0: 6 x 6,144 B saved, 399,360 B
+    # recomputed (selective 20,453,376 B > none 20,090,880 B). Bounded by one core's working set.
+    core = 0.0
+    if row.get("attention", "flash") == "flash":
+        tokens = row["micro_batch_size"] * row["seq_len"] / row.get("cp", 1)
+        core = tokens * (m.num_attention_heads * m.head_dim + m.num_attention_heads) * 4.0
+    assert selective <= none + core, (full, selective, none, row)
 
 
 KNOWN_RECOMPUTE_PP_EAGER = {
