@@ -24,9 +24,10 @@ is never cached (the formulas are what is under test). Cells run in fresh worker
 by $TRAINMEM_TRACE_TIMEOUT seconds (default here 300) and, if set, the worker's address space by
 $TRAINMEM_TRACE_MAX_MEMORY_GB.
 
-Grid: 3058 cells, 160 per family (90 for the eager-only gemma2) (one GPU: every precision x attention x recompute x length x
-micro-batch 1, 2, 4; the efficient and cudnn SDPA kernels at bf16 and amp-bf16; FSDP2 over 2, 8
-and 64 ranks at micro-batch 1 and 2 and the longest length), about 3 minutes per 4 families with
+Grid: 3058 cells, 160 per family, 90 for the eager-only gemma2 (one GPU: every precision x
+attention x recompute x length x micro-batch 1, 2, 4; the efficient and cudnn SDPA kernels at
+bf16 and amp-bf16; FSDP2 over 2, 8 and 64 ranks at micro-batch 1 and 2 and the longest length),
+about 3 minutes per 4 families with
 --jobs 2 on two cores and 40 s from the cache; --quick: 39 cells, about 20 s.
 
 Run: python -m bench.conformance [--quick] [--jobs N] [--cache DIR] [--family NAME ...]
