@@ -222,6 +222,15 @@ def trace_cmd(
     ] = "cuda",
     num_gpus: Annotated[int, typer.Option(help="Ranks of the job (one rank is traced).")] = 1,
     zero: Annotated[int, typer.Option(help="3: FSDP2 fully_shard over num-gpus ranks.")] = 0,
+    tp: Annotated[
+        int, typer.Option(help="Tensor parallel degree (HF tp_plan layout; --num-gpus = tp).")
+    ] = 1,
+    sequence_parallel: Annotated[
+        bool,
+        typer.Option(
+            "--sequence-parallel", help="With --tp: norms and residuals split over the sequence."
+        ),
+    ] = False,
     gpu: Annotated[str, typer.Option(help="GPU profile of the estimate it is compared with.")] = (
         "h100-sxm-80gb"
     ),

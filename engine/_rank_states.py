@@ -50,7 +50,11 @@ from ._optimizers import (
 from ._pipeline import block_counts, stage_flags
 from ._precision import IS_AMP, IS_FP8, IS_MIXED, PARAM_BYTES, STATE_BYTES
 from ._states import LocalTensor, group_numel, layer_numel, local_tensors, rank_bytes, total_numel
-from ._tensor_parallel import hf_embedding_gradient_bytes, hf_replicated_group_numel
+from ._tensor_parallel import (
+    hf_embedding_gradient_bytes,
+    hf_replicated_group_numel,
+    hf_tied_embedding_backward_bytes,
+)
 
 STATE_KEYS = (
     "tp",
@@ -169,7 +173,14 @@ def _gradient_bytes(
     adapters' gradients only (in the adapters' dtype)."""
     sharded = x.zero >= ZERO_GRADIENTS
     gradients = rank_bytes(x.full, x.part, grad_e, sharded) + hf_embedding_gradient_bytes(
-        m, x.full, fw=x.fw, tp=x.tp, grads_sharded=sharded, first=x.first, grad_e=grad_e
+        m,
+        x.full,
+        fw=x.fw,
+        tp=x.tp,
+        grads_sharded=sharded,
+        first=x.first,
+        grad_e=grad_e,
+        last=x.counts["head"] > 0,
     )
     return np.where(x.lora, x.adapter_e * adapters.kept(sharded), gradients)
 
@@ -331,8 +342,9 @@ def _tied_embedding_grad(m: ModelSpec, x: RankLayout, grad_e, *, single_stage) -
     LoRA, embedding."""
     if not m.tie_word_embeddings:
         return np.zeros_like(x.dp)
-    embed = group_numel(x.full, "embed")
-    return np.where(single_stage & ~x.lora, TIED_GRAD_COPIES * embed * grad_e, 0.0)
+    embed = group_numel(x.full, "embed") * TIED_GRAD_COPIES * grad_e
+    embed = embed + hf_tied_embedding_backward_bytes(m, x.full, fw=x.fw, tp=x.tp, grad_e=grad_e)
+    return np.where(single_stage & ~x.lora, embed, 0.0)
 
 
 def _grad_buffer(x: RankLayout, gradients, grads_end, grads_top, *, in_backward) -> tuple:

@@ -65,19 +65,40 @@ def loss_tp_divisor(fw, tp) -> np.ndarray:
 
 
 def hf_embedding_gradient_bytes(
-    m: ModelSpec, full: Sequence[LocalTensor], *, fw, tp, grads_sharded, first, grad_e
+    m: ModelSpec, full: Sequence[LocalTensor], *, fw, tp, grads_sharded, first, grad_e, last=False
 ) -> np.ndarray:
-    """Extra gradient bytes of HF tensor parallelism (tp_plan): the embedding's gradient comes
-    out full size on every rank of the first stage (unless ZeRO-2+ shards gradients).
+    """Extra gradient bytes of HF tensor parallelism: a vocab-sharded embedding's gradient
+    comes out full size on every rank of the first stage (unless ZeRO-2+ shards gradients),
+    except where a tied head on the same rank (`last`) already holds the sharded gradient.
 
-    Source: transformers tensor parallelism (tp_plan): the embedding's gradient comes out full
-    size on every rank.
+    Source: torch/distributed/tensor/_ops/_embedding_ops.py (the embedding backward's gradient
+    is replicated, the Shard(0) gradient a view of it: its storage is the whole table); a tied
+    weight's gradient is accumulated into the head's, already sharded
+    (torch/csrc/autograd/functions/accumulate_grad.h). Traced: bench/conformance_tp.py (tied
+    llama tp=2 sp: the sharded size).
     """
     emb_local = sum((t.numel for t in full if t.tensor.group == "embed"), np.zeros(1))
     return np.where(
-        (fw == HF) & (tp > 1) & ~grads_sharded & first,
+        (fw == HF) & (tp > 1) & ~grads_sharded & first & ~(m.tie_word_embeddings & last),
         (m.num_parameters_in("embed") - emb_local) * grad_e,
         0.0,
+    )
+
+
+def hf_tied_embedding_backward_bytes(m: ModelSpec, full: Sequence[LocalTensor], *, fw, tp, grad_e):
+    """What a vocab-sharded, tied embedding's backward holds beyond the two local-size copies
+    that _rank_states.TIED_GRAD_COPIES counts: the embedding's gradient is computed full size,
+    then its Shard(0) slice copied out (local) and added into the head's (local).
+
+    Source: torch/distributed/tensor/_ops/_embedding_ops.py (replicated embedding gradient,
+    redistributed to Shard(0)); traced: bench/conformance_tp.py (tied llama, tp 2 and 4,
+    sequence parallel: embedding_dense_backward of the whole table, then a clone and an add of
+    the local shard).
+    """
+    whole = m.num_parameters_in("embed")
+    emb_local = sum((t.numel for t in full if t.tensor.group == "embed"), np.zeros(1))
+    return np.where(
+        (fw == HF) & (tp > 1) & m.tie_word_embeddings & (emb_local < whole), whole * grad_e, 0.0
     )
 
 

@@ -26,17 +26,25 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ._tp import FRAMEWORK as TP_FRAMEWORK
+from ._tp import check_tp, tp_precisions
+
 FSDP_PRECISIONS = ("mixed-bf16", "fp32", "bf16")
 
 
 def check_parallel(
     *, num_gpus: int, zero: int, tp: int, sequence_parallel: bool, module: str | None
 ) -> None:
-    """One-line ValueErrors for the layouts the multi-GPU trace does not run."""
+    """One-line ValueErrors for the layouts the multi-GPU trace does not run: FSDP2 (--zero 3)
+    over num-gpus ranks, or tensor parallelism over num-gpus = tp ranks (trace/_tp.py); never
+    pipeline or context parallelism (no flag reaches here)."""
     if module:
         raise ValueError("num-gpus: --module traces one GPU; a multi-GPU trace needs --model")
-    if tp > 1 or sequence_parallel:
-        raise ValueError("tp: the multi-GPU trace runs FSDP2 (--zero 3); tp is not traced")
+    if sequence_parallel and tp < 2:
+        raise ValueError("sequence-parallel: needs --tp >= 2 (it splits the norms over tp ranks)")
+    if tp > 1:
+        check_tp(num_gpus=num_gpus, zero=zero, tp=tp)
+        return
     if zero != 3 or num_gpus < 2:
         raise ValueError(
             f"zero: a multi-GPU trace is FSDP2: --zero 3 with --num-gpus >= 2 (got zero {zero}, "
@@ -215,9 +223,11 @@ def trace_parallel(
     check_parallel(
         num_gpus=num_gpus, zero=zero, tp=tp, sequence_parallel=sequence_parallel, module=None
     )
-    if precision not in FSDP_PRECISIONS:
+    precisions = FSDP_PRECISIONS if tp == 1 else tp_precisions(num_gpus=num_gpus, tp=tp)
+    if precision not in precisions:
+        what = "FSDP2" if tp == 1 else "TP"
         raise ValueError(
-            f"precision: the FSDP2 trace supports {', '.join(FSDP_PRECISIONS)}; got '{precision}'"
+            f"precision: the {what} trace supports {', '.join(precisions)}; got '{precision}'"
         )
     if recompute not in ("none", "full"):
         raise ValueError(f"recompute: trace supports none, full; got '{recompute}'")
@@ -244,15 +254,31 @@ def trace_parallel(
     device_type, contexts, note = step_contexts(device="cuda", fake=True, sdpa_kernel=sdpa_kernel)
     if device_type != "cuda":
         raise ValueError(f"num-gpus: the multi-GPU trace needs the fake cuda device ({note})")
-    build = fsdp_job(
-        config,
-        num_gpus=num_gpus,
-        micro_batch_size=micro_batch_size,
-        seq_len=seq_len,
-        precision=precision,
-        recompute=recompute,
-        attention=attention,
-    )
+    if tp > 1:
+        from ._tp import tp_job
+
+        build = tp_job(
+            config,
+            num_gpus=num_gpus,
+            tp=tp,
+            zero=zero,
+            sequence_parallel=sequence_parallel,
+            micro_batch_size=micro_batch_size,
+            seq_len=seq_len,
+            precision=precision,
+            recompute=recompute,
+            attention=attention,
+        )
+    else:
+        build = fsdp_job(
+            config,
+            num_gpus=num_gpus,
+            micro_batch_size=micro_batch_size,
+            seq_len=seq_len,
+            precision=precision,
+            recompute=recompute,
+            attention=attention,
+        )
     out = run_step(
         build,
         precision=precision,
@@ -275,4 +301,6 @@ def trace_parallel(
         zero=zero,
         rank=0,
     )
+    if tp > 1:
+        out.update(tp=tp, sequence_parallel=sequence_parallel, framework=TP_FRAMEWORK)
     return out

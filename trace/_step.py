@@ -233,13 +233,30 @@ def checkpoint_blocks(blocks: list[Any]) -> None:
         block.forward = partial(checkpoint, block.forward, use_reentrant=False)
 
 
+def _param_groups(params: list[Any]) -> list[Any]:
+    """The parameters as one list, or one group per device mesh (plain tensors apart) where
+    DTensors of a mesh sit next to other tensors (tensor parallelism keeps norms plain): one
+    foreach or fused call cannot mix them.
+
+    Source: transformers/trainer.py create_optimizer (has_mixed_dtensor: a param group per
+    mesh), transformers 5.24."""
+    meshes: dict[Any, list[Any]] = {}
+    for p in params:
+        mesh = p.device_mesh if DTensor is not None and isinstance(p, DTensor) else None
+        meshes.setdefault(mesh, []).append(p)
+    if len(meshes) < 2:
+        return params
+    return [{"params": group} for group in meshes.values()]
+
+
 def _make_optimizer(params: list[Any], optimizer: str) -> Any:
     """AdamW foreach (the CUDA default) or fused; SGD with or without momentum 0.9."""
+    groups = _param_groups(params)
     if optimizer.startswith("adamw"):
         fused = optimizer == "adamw-fused"
-        return torch.optim.AdamW(params, foreach=not fused, fused=fused)
+        return torch.optim.AdamW(groups, foreach=not fused, fused=fused)
     momentum = 0.9 if optimizer == "sgd-momentum" else 0.0
-    return torch.optim.SGD(params, lr=0.01, momentum=momentum, foreach=True)
+    return torch.optim.SGD(groups, lr=0.01, momentum=momentum, foreach=True)
 
 
 def run_step(
