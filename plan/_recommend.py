@@ -46,7 +46,14 @@ from trainmem.sweep import (
     parse_objectives,
     run_exhaustive,
 )
-from trainmem.sweep._space import _NAMES, Space, evaluate_columns, make_space, reason_texts
+from trainmem.sweep._space import (
+    _NAMES,
+    Space,
+    evaluate_columns,
+    make_space,
+    reason_texts,
+    rows_on_pools,
+)
 
 from ._launch import DEFAULT_FRAMEWORK, TIME_RE
 from ._options import RECOMMEND_OPTIONS
@@ -405,30 +412,9 @@ def _pick(
 def _evaluate(space: Space, picked: list[tuple[dict[str, Any], str]]) -> list[dict[str, Any]]:
     """Each picked row evaluated again, in one call, on each pool of its GPU type that can hold
     it; the best of those (fitting, then lowest cost) is the plan."""
-    pools = space.fleet.pools
-    cand = [
-        (k, i)
-        for k, (row, _) in enumerate(picked)
-        for i, p in enumerate(pools)
-        if p.gpu == row["gpu"] and row["num_gpus"] <= p.num_gpus
-    ]
+    cand, cols = rows_on_pools(space, [row for row, _ in picked])
     if not cand:
         return []
-    cols: dict[str, np.ndarray] = {"pool": np.array([i for _, i in cand], dtype=np.int64)}
-    for axis in (
-        "num_gpus",
-        "tp",
-        "pp",
-        "virtual_stages",
-        "cp",
-        "ep",
-        "zero",
-        "micro_batch_size",
-        "recompute",
-        "offload",
-    ):
-        values = [picked[k][0][axis] for k, _ in cand]
-        cols[axis] = np.array(values, dtype=object if axis in _NAMES else np.int64)
     res = evaluate_columns(space, cols)
     plans = []
     for k, (_, note) in enumerate(picked):

@@ -9,7 +9,7 @@ sweep's own (SWEEP_REASONS), never exceptions.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -288,6 +288,25 @@ def evaluate_columns(
         "reason": reason,
         **timing,  # NaN where the point is invalid
     }
+
+
+def rows_on_pools(
+    space: Space, rows: Sequence[Mapping[str, Any]]
+) -> tuple[list[tuple[int, int]], dict[str, np.ndarray]]:
+    """Each row (a point as a table has it: its GPU by name, name-valued axes by name) on each
+    pool of its GPU type that can hold it: the (row, pool) pairs and their AXES columns, ready
+    for `evaluate_columns` (a table's row does not say which pool of its GPU type it ran on)."""
+    pairs = [
+        (k, i)
+        for k, row in enumerate(rows)
+        for i, p in enumerate(space.fleet.pools)
+        if p.gpu == row["gpu"] and row["num_gpus"] <= p.num_gpus
+    ]
+    cols: dict[str, np.ndarray] = {"pool": np.array([i for _, i in pairs], dtype=np.int64)}
+    for axis in AXES[1:]:
+        values = [rows[k][axis] for k, _ in pairs]
+        cols[axis] = np.array(values, dtype=object if axis in _NAMES else np.int64)
+    return pairs, cols
 
 
 def _host_limit_bytes(space: Space, pool: Pool, profile: GpuProfile) -> float:

@@ -21,7 +21,7 @@ import numpy as np
 from trainmem.hardware import GIB
 
 from ._search import run_exhaustive
-from ._space import _NAMES, Space, evaluate_columns
+from ._space import AXES, Space, evaluate_columns, rows_on_pools
 
 CONVENTIONAL = "tp = a node's GPUs, cp 1, no CPU offload"
 """The conventional layout, in words (the JSON's `why.conventional_rule` adds which GPUs)."""
@@ -53,19 +53,8 @@ TIME_PART_COLUMNS = (
     "offload_s",
     "expert_s",
 )
-LAYOUT_FIELDS = (
-    "num_gpus",
-    "tp",
-    "pp",
-    "virtual_stages",
-    "cp",
-    "ep",
-    "zero",
-    "recompute",
-    "offload",
-    "micro_batch_size",
-)
-"""The fields that name a point (besides its GPU)."""
+LAYOUT_FIELDS = AXES[1:]
+"""The fields that name a point (besides its GPU): the swept axes after the pool."""
 MIN_SHOWN_S = 0.05
 """Differences smaller than this share of the conventional step are not named (noise-level
 parts); the two largest are always named."""
@@ -126,17 +115,7 @@ def best_conventional(
 def step_parts(space: Space, rows: list[Mapping[str, Any]]) -> list[dict[str, float]]:
     """Each row's step-time parts (STEP_PARTS keys, seconds) and step_time_s, evaluated again
     in one call on the first pool of its GPU type that holds it and gives its step time."""
-    pools = space.fleet.pools
-    cand = [
-        (k, i)
-        for k, row in enumerate(rows)
-        for i, p in enumerate(pools)
-        if p.gpu == row["gpu"] and row["num_gpus"] <= p.num_gpus
-    ]
-    cols: dict[str, np.ndarray] = {"pool": np.array([i for _, i in cand], dtype=np.int64)}
-    for axis in LAYOUT_FIELDS:
-        values = [rows[k][axis] for k, _ in cand]
-        cols[axis] = np.array(values, dtype=object if axis in _NAMES else np.int64)
+    cand, cols = rows_on_pools(space, rows)
     res = evaluate_columns(space, cols, columns=("fits",), time_columns=TIME_PART_COLUMNS)
     out = []
     for k, row in enumerate(rows):
