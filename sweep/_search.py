@@ -337,15 +337,7 @@ def _publish_after_error(batches: PublishBatches, in_flight: list[Written]) -> N
 
 SAME_BUT_ZERO = (
     "gpu",
-    "num_gpus",
-    "tp",
-    "pp",
-    "virtual_stages",
-    "cp",
-    "ep",
-    "recompute",
-    "offload",
-    "micro_batch_size",
+    *(axis for axis in AXES[1:] if axis != "zero"),
     "peak_device_bytes",
     "step_time_s",
     "cost_per_million_tokens",
