@@ -67,7 +67,7 @@ def olmo2_rms_norm_bytes(*, T, width) -> np.ndarray:
     return 8.0 * T * width + 4.0 * T
 
 
-def hf_attention_bytes(m: ModelSpec, *, T, s, e, tp, eager) -> np.ndarray:
+def hf_attention_bytes(m: ModelSpec, *, T, s, e, tp, eager, amp=False) -> np.ndarray:
     """Bytes the attention block saves (projections' outputs, kernel saves), per layer.
 
     Source: transformers LlamaAttention / GPT2Attention with `sdpa_attention_forward` (SDPA flash
@@ -80,6 +80,11 @@ def hf_attention_bytes(m: ModelSpec, *, T, s, e, tp, eager) -> np.ndarray:
     Phi-3 qkv_proj) keep their whole output alive through the views of v (and of q, k without
     rotary). FlashAttention's logsumexp is unpadded.
     """
+    if m.model_type == "falcon":
+        flash = hf_falcon_flash_bytes(m, T=T, e=e, tp=tp)
+        return np.where(
+            eager, falcon_eager_attention_bytes(m, T=T, s=s, e=e, tp=tp, amp=amp), flash
+        )
     a_r = m.num_attention_heads / tp
     qd_r = m.q_dim / tp
     kvd_r = m.kv_dim / tp
@@ -100,6 +105,37 @@ def hf_attention_bytes(m: ModelSpec, *, T, s, e, tp, eager) -> np.ndarray:
     eager_extra = attention_score_bytes_per_elem(m, e) * a_r * s * T
     eager_extra = eager_extra + softcap_scores_bytes(m, T=T, s=s, e=e, tp=tp)
     return qkv + out + np.where(eager, eager_extra, flash_extra)
+
+
+def falcon_eager_attention_bytes(m: ModelSpec, *, T, s, e, tp, amp) -> np.ndarray:
+    """Falcon's eager attention, per layer: the rotated q and k, v, the attention
+    probabilities and the merged output copy for `dense`.
+
+    Source: transformers modeling_falcon.py FalconAttention.forward (no alibi): _split_heads
+    slices the fused output (k and v indexed with [-2] / [-1]: copies; new_decoder_architecture
+    broadcasts them to every query head and flattens: copies at the query width), transpose +
+    reshape to [b, heads, s, d], apply_rotary_pos_emb (new q, k), `query @ key^T` (a one-head k
+    broadcasts, no repeat), an in-place scale, `softmax(scores + mask, dtype=hidden dtype)` (its
+    output saved in the hidden states' dtype: fp32 under autocast, whose matmul with v then
+    saves a 16-bit cast too), `probs @ value`, `_merge_heads`-style reshape copied for dense.
+    The fused projection output is not kept (only slices of it are read). Traced: a 2-layer
+    Falcon-7B-shaped config, bf16, 128 tokens (trace 952,320 B per layer, this 951,296 B).
+    """
+    a_r = m.num_attention_heads / tp
+    qd_r = m.q_dim / tp
+    kv_r = qd_r if m.falcon_kv_expanded else m.kv_dim / tp
+    probs = np.where(amp, 4.0 + e, e) * a_r * s * T
+    return e * T * (qd_r + 2.0 * kv_r) + probs + e * T * qd_r
+
+
+def hf_falcon_flash_bytes(m: ModelSpec, *, T, e, tp) -> np.ndarray:
+    """Falcon under SDPA: the decoder formula's fused-q/k/v terms (approximate: what SDPA's
+    kernel choice saves for a one-head k/v is not modelled; docs/accuracy.md lists the gap)."""
+    qd_r = m.q_dim / tp
+    kvd_r = m.kv_dim / tp
+    qkv = e * T * (qd_r + 2 * kvd_r) + (e * T * (qd_r + kvd_r) if m.rotary else 0.0)
+    a_r = m.num_attention_heads / tp
+    return qkv + e * T * qd_r + 4.0 * a_r * T + 2 * SMALL_TENSOR_BYTES
 
 
 def softcap_scores_bytes(m: ModelSpec, *, T, s, e, tp) -> np.ndarray:
@@ -291,7 +327,7 @@ def hf_layer_bytes(
     norms = norms + sandwich_post_norm_bytes(m, T=T, sp_div=sp_div)
     return (
         norms
-        + hf_attention_bytes(m, T=T, s=s, e=e, tp=tp, eager=eager)
+        + hf_attention_bytes(m, T=T, s=s, e=e, tp=tp, eager=eager, amp=amp)
         + hf_sdpa_kernel_delta_bytes(m, T=T, s=s, e=e, tp=tp, eager=eager, enable_gqa=enable_gqa)
         + hf_mlp_bytes(m, T=T, e=e, amp=amp, tp=tp)
         + dropout_masks

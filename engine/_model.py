@@ -143,6 +143,10 @@ class ModelSpec:
     sandwich: pre/post attention, pre/post feedforward). The parameter inventory is exact; the
     activation formulas count the one norm of a parallel block (block_single_norm_bytes) and
     Gemma 2's two post-norms (sandwich_post_norm_bytes)."""
+    falcon_kv_expanded: bool = False
+    """Falcon's new_decoder_architecture (Falcon-40B): _split_heads broadcasts each k/v group to
+    its query heads and flattens them (copies) before the kernel, so k and v are saved at every
+    query head (_activations.falcon_eager_attention_bytes)."""
     parallel_residual: bool = False
     """Attention and MLP both read the block input and add to one residual (GPT-NeoX
     use_parallel_residual, Falcon parallel_attn); parameters are unchanged, activations are
@@ -1055,6 +1059,7 @@ def _falcon_spec(config: dict[str, Any], *, name: str) -> ModelSpec:
         attention_dropout=float(config.get("attention_dropout", 0.0) or 0.0),
         num_norms_per_layer=norms,
         parallel_residual=parallel,
+        falcon_kv_expanded=new_arch,
     )
 
 

@@ -1,4 +1,5 @@
-"""Gemma 2's activation terms and eager multi-query attention, against the project's own trace
+"""Gemma 2's activation terms, eager multi-query attention and Falcon's eager attention, against
+the project's own trace
 (`trainmem trace --attention eager --json`, fake CUDA device, torch 2.13, transformers 5.24,
 2026-12-01) of 2-layer models built from the presets with hidden 256, 2 heads of 128, one k/v
 head and a 256,000-token vocabulary (issue 14).
@@ -40,6 +41,19 @@ TRACED: list[tuple[str, dict[str, Any], str, int, tuple[int, int, int, int]]] = 
      (134_288_384, 1_442_816, 131_402_752, 796_734_464)),
     ("gemma-2b", {}, "bf16", 128, (134_621_184, 1_575_936, 131_469_312, 797_067_776)),
 ]  # fmt: skip
+FALCON_7B_TINY = {  # tests/conformance_families.py "falcon": multi-query, parallel attention
+    "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 65024,
+}  # fmt: skip
+
+
+def test_falcon_eager_attention_agrees_with_the_trace() -> None:
+    # Falcon's own eager path: probabilities in the hidden dtype only, a one-head k broadcast
+    # by the matmul (no repeat), k and v copied out of the fused output (which is not kept).
+    config = {**model_config_dict("falcon-7b"), **FALCON_7B_TINY}
+    m = model_from_hf_config(config, name="tiny-falcon")
+    grid = make_grid(seq_len=128, precision="bf16", attention="eager")
+    out = estimate(m, grid)
+    assert out["activations_per_layer"][0] == pytest.approx(952_320, rel=2e-3)  # traced
 
 
 @pytest.mark.parametrize(("preset", "overrides", "precision", "seq_len", "traced"), TRACED)
