@@ -14,8 +14,9 @@ Thresholds: 1% on the persistent bytes (parameters, gradients, optimizer states)
 activations and the peak. Prints every cell sorted by its worst error, the worst cell per metric
 and the number of cells over the thresholds.
 
-Not in the grid: tensor parallelism (trace_parallel traces FSDP2 only), amp-bf16 under FSDP2
-(its traced analogue is mixed-bf16: bf16 all-gathered copies of fp32 shards).
+Not in the grid: tensor parallelism (bench/conformance_tp.py), amp-bf16 under FSDP2 (its traced
+analogue is mixed-bf16: bf16 all-gathered copies of fp32 shards), QLoRA (the trace refuses it:
+bitsandbytes' NF4 kernels need CUDA).
 
 Traces are cached as JSON keyed by a hash of the case (model config, flags, torch and
 transformers versions, the trace package's source), so a rerun only re-estimates; the estimate
@@ -24,14 +25,19 @@ is never cached (the formulas are what is under test). Cells run in fresh worker
 by $TRAINMEM_TRACE_TIMEOUT seconds (default here 300) and, if set, the worker's address space by
 $TRAINMEM_TRACE_MAX_MEMORY_GB.
 
-Grid: 3058 cells, 160 per family, 90 for the eager-only gemma2 (one GPU: every precision x
-attention x recompute x length x micro-batch 1, 2, 4; the efficient and cudnn SDPA kernels at
-bf16 and amp-bf16; FSDP2 over 2, 8 and 64 ranks at micro-batch 1 and 2 and the longest length),
-about 3 minutes per 4 families with
---jobs 2 on two cores and 40 s from the cache; --quick: 39 cells, about 20 s.
+Grid: 3490 cells: 3058 as before, 160 per family, 90 for the eager-only gemma2 (one GPU: every
+precision x attention x recompute x length x micro-batch 1, 2, 4; the efficient and cudnn SDPA
+kernels at bf16 and amp-bf16; FSDP2 over 2, 8 and 64 ranks at micro-batch 1 and 2 and the
+longest length); FSDP2 over 512 ranks for the 16 dense families (precision x recompute x
+micro-batch 1, 2 at the longest length: 192 cells, about 8 minutes with --jobs 2); peft LoRA
+(trace/_lora.py, needs peft) for llama, qwen2.5 (tied), mistral and gemma2: precision x
+recompute x rank 8, 16 x targets all-linear, q_proj,v_proj x micro-batch 1, 2 on one GPU and
+precision x recompute x micro-batch on 8 FSDP2 ranks (240 cells, about 1 minute). About 3
+minutes per 4 families with --jobs 2 on two cores and 40 s from the cache; --quick: 39 cells,
+about 20 s; --only lora|fsdp512 runs the new slices alone.
 
 Run: python -m bench.conformance [--quick] [--jobs N] [--cache DIR] [--family NAME ...]
-     [--limit N] [--all-rows] [--json FILE]
+     [--only lora|fsdp512] [--limit N] [--all-rows] [--json FILE]
 """
 
 from __future__ import annotations
@@ -79,22 +85,33 @@ EAGER_ONLY = ("gemma2",)
 False): eager cells only."""
 PRECISIONS = ("fp32", "bf16", "amp-bf16")
 WORLDS = (2, 8, 64)
+WIDE_WORLD = 512
+"""FSDP2's widest world: the dense families only, on a slice (wide_fsdp_cells)."""
+MOE_FAMILIES = ("mixtral", "qwen3-moe", "deepseek-v2")
+LORA_FAMILIES = ("llama", "qwen2.5", "mistral", "gemma2")
+"""LoRA cells: GQA, a tied embedding with q/k/v biases (qwen2.5), a sliding window, the
+eager-only Gemma 2 (sandwich norms, soft-capping)."""
+LORA_RANKS = (8, 16)
+LORA_TARGETS = ("all-linear", "q_proj,v_proj")
 
 
 def case_name(case: dict[str, Any]) -> str:
     kernel = case["attention"] if case["attention"] == "eager" else f"sdpa-{case['sdpa_kernel']}"
+    lora = f" lora={case['lora_rank']}/{case['lora_targets']}" if case.get("lora_rank") else ""
     return (
-        f"{case['family']} {case['precision']} {kernel} rc={case['recompute']} "
+        f"{case['family']} {case['precision']} {kernel} rc={case['recompute']}{lora} "
         f"s={case['seq_len']} mb={case['micro_batch_size']} fsdp={case['num_gpus']}"
     )
 
 
-def _case(*fields: Any) -> dict[str, Any]:
+def _case(*fields: Any, lora: tuple[int, str] | None = None) -> dict[str, Any]:
     """A cell from (family, precision, attention, sdpa kernel, recompute, seq_len, micro-batch,
-    world)."""
+    world); `lora`: (rank, targets) of peft LoRA adapters (keys only LoRA cells have, so the
+    other cells keep their cache keys)."""
     family, precision, attention, kernel, recompute, s, mb, world = fields
     if world > 1 and precision == "amp-bf16":
         precision = "mixed-bf16"  # FSDP2's mixed precision: the traced analogue of amp
+    extra = {"lora_rank": lora[0], "lora_targets": lora[1]} if lora else {}
     return {
         "family": family,
         "precision": precision,
@@ -104,7 +121,36 @@ def _case(*fields: Any) -> dict[str, Any]:
         "seq_len": s,
         "micro_batch_size": mb,
         "num_gpus": world,
+        **extra,
     }
+
+
+def lora_cells(names: list[str]) -> list[dict[str, Any]]:
+    """peft LoRA on one GPU: precision x recompute x rank x targets x micro-batch at the longest
+    length; FSDP2 over 8 ranks on a slice (all-linear, rank 8)."""
+    cells = []
+    for fam in (f for f in LORA_FAMILIES if f in names):
+        s = SEQ_LENS.get(fam, DEFAULT_SEQ_LENS)[-1]
+        a = "eager" if fam in EAGER_ONLY else "flash"
+        for p, r, rank, targets, mb in itertools.product(
+            PRECISIONS, ("none", "full"), LORA_RANKS, LORA_TARGETS, (1, 2)
+        ):
+            cells.append(_case(fam, p, a, "flash", r, s, mb, 1, lora=(rank, targets)))
+        for p, r, mb in itertools.product(PRECISIONS, ("none", "full"), (1, 2)):
+            cells.append(_case(fam, p, a, "flash", r, s, mb, 8, lora=(8, "all-linear")))
+    return cells
+
+
+def wide_fsdp_cells(names: list[str]) -> list[dict[str, Any]]:
+    """FSDP2 over WIDE_WORLD ranks: dense families, precision x recompute x micro-batch 1, 2 at
+    the longest length."""
+    cells = []
+    for fam in (f for f in names if f not in MOE_FAMILIES):
+        s = SEQ_LENS.get(fam, DEFAULT_SEQ_LENS)[-1]
+        a = "eager" if fam in EAGER_ONLY else "flash"
+        for p, r, mb in itertools.product(PRECISIONS, ("none", "full"), (1, 2)):
+            cells.append(_case(fam, p, a, "flash", r, s, mb, WIDE_WORLD))
+    return cells
 
 
 def grid(*, quick: bool, families: list[str] | None = None) -> list[dict[str, Any]]:
@@ -139,6 +185,7 @@ def grid(*, quick: bool, families: list[str] | None = None) -> list[dict[str, An
             WORLDS, PRECISIONS, ("none", "full"), attentions, (1, 2)
         ):
             cells.append(_case(fam, p, a, "flash", r, lens[-1], mb, w))
+    cells += wide_fsdp_cells(names) + lora_cells(names)
     return _unique(cells)
 
 
@@ -199,6 +246,8 @@ def trace_case(case: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         "optimizer": OPTIMIZER,
         "sdpa_kernel": case["sdpa_kernel"],
     }
+    if case.get("lora_rank"):
+        flags.update(lora_rank=case["lora_rank"], lora_targets=case["lora_targets"])
     start = time.time()
     signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, timeout_s)
@@ -260,6 +309,8 @@ def estimate_case(case: dict[str, Any], config_path: str) -> dict[str, Any]:
         zero=3 if world > 1 else 0,
         tp=1,
         sequence_parallel=False,
+        lora_rank=case.get("lora_rank", 0),
+        lora_targets=case.get("lora_targets", "all-linear"),
     )
     return _estimate_figures(report)
 
@@ -508,6 +559,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument("--cache", default=str(DEFAULT_CACHE), help="trace cache folder")
     parser.add_argument("--family", action="append", choices=list(FAMILIES), help="only these")
+    parser.add_argument(
+        "--only", choices=("lora", "fsdp512"), help="only the LoRA cells or the 512-rank ones"
+    )
     parser.add_argument("--limit", type=int, default=0, help="only the first N cells")
     parser.add_argument("--all-rows", action="store_true", help="print every cell's row")
     parser.add_argument("--json", help="also write the rows to this file")
@@ -517,6 +571,10 @@ def main(argv: list[str] | None = None) -> int:
         worker_main()
         return 0
     cases = grid(quick=args.quick, families=args.family)
+    if args.only == "lora":
+        cases = [c for c in cases if c.get("lora_rank")]
+    elif args.only == "fsdp512":
+        cases = [c for c in cases if c["num_gpus"] == WIDE_WORLD]
     if args.limit:
         cases = cases[: args.limit]
     raw_timeout = os.environ.get("TRAINMEM_TRACE_TIMEOUT", "").strip()

@@ -246,6 +246,15 @@ def trace_cmd(
         bool,
         typer.Option("--real-gpu", help="Also run the step on this machine's CUDA device."),
     ] = False,
+    lora_rank: Annotated[
+        int, typer.Option(help="peft LoRA rank (0: full fine-tuning; needs peft).")
+    ] = 0,
+    lora_targets: Annotated[
+        str, typer.Option(help="LoRA target modules: all-linear or q_proj,v_proj,...")
+    ] = "all-linear",
+    qlora: Annotated[
+        bool, typer.Option("--qlora", help="Refused: QLoRA needs bitsandbytes' CUDA kernels.")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Measure one training step on fake tensors next to the estimate (needs the trace extra)."""

@@ -267,3 +267,49 @@ def qlora_dequant_traffic_bytes_per_weight(qlora, *, full) -> np.ndarray:
     """HBM bytes per NF4 weight and micro-batch: dequantised before the forward and backward
     use (and the recomputed forward, `full`). Source: QLORA_DEQUANT_BYTES_PER_WEIGHT."""
     return np.where(qlora, QLORA_DEQUANT_BYTES_PER_WEIGHT * (2.0 + full), 0.0)
+
+
+def lora_first_layer_unsaved_copy_bytes(m: ModelSpec, *, frozen_amp, first, full, tp) -> np.ndarray:
+    """The 16-bit copies of layer 0's q, k and v weights that a frozen LoRA base under autocast
+    does not save: their input (the normed output of the frozen embedding) needs no gradient, so
+    their matmuls keep no weight for backward (less than autocast_weight_copy_bytes counts).
+
+    Source: tools/autograd/derivatives.yaml (mm: `self` gradient needs `mat2`, saved only when
+    `self` requires grad), aten/src/ATen/autocast_mode.cpp cached_cast (a frozen weight's cast is
+    not cached: each matmul saves its own copy while its input requires grad).
+    Assumes: an attention projection (q, k or v) is adapted, so everything after layer 0's
+    attention requires grad; no recompute (`full`: the layers' copies are not kept anyway).
+    """
+    qkv = sum(
+        p.numel
+        for p in m.param_tensors()
+        if p.group == "layer" and len(p.shape) == 2 and p.lora_targets
+        and set(p.lora_targets) <= {"q_proj", "k_proj", "v_proj"}
+    )  # fmt: skip
+    return np.where(frozen_amp & first & ~full, 2.0 * qkv / tp, 0.0)
+
+
+def lora_frozen_norm_bytes(m: ModelSpec, *, T, r, fused_norm, num_norms) -> np.ndarray:
+    """Bytes a frozen Llama-style RMSNorm no longer saves, `num_norms` of them: the normalised
+    [T, h] tensor its weight's gradient would need (`weight * x_normed`; a frozen weight needs
+    none), in the residual dtype.
+
+    Source: transformers/models/llama/modeling_llama.py LlamaRMSNorm.forward
+    (`self.weight * hidden_states.to(input_dtype)`), tools/autograd/derivatives.yaml (mul: each
+    operand saved only for the other's gradient).
+    Assumes: Python RMSNorms of the `rms` kind (not fused; Gemma's and OLMo 2's left as they are).
+    """
+    if m.norm != "rms":
+        return np.zeros_like(np.asarray(T, dtype=np.float64))
+    return np.where(fused_norm, 0.0, num_norms * r * T * m.hidden_size)
+
+
+def lora_unadapted_o_proj_bytes(m: ModelSpec, *, T, e, tp, o_adapted) -> np.ndarray:
+    """Bytes a frozen, unadapted o_proj no longer saves: its input, the attention output made
+    contiguous ([T, o_dim / tp], compute dtype), which nothing else keeps.
+
+    Source: transformers/integrations/sdpa_attention.py (`attn_output.transpose(1, 2)
+    .contiguous()`), modeling_llama.py LlamaAttention.forward (reshape, then o_proj); a frozen
+    linear saves no input (derivatives.yaml mm: `self` saved for `mat2`'s gradient only).
+    """
+    return np.where(o_adapted, 0.0, e * T * m.o_dim / tp)

@@ -41,7 +41,13 @@ from ._frameworks import (
     NORM_INPUT_FP32,
     recompute_policy,
 )
-from ._lora import lora_activation_delta_bytes, target_bits
+from ._lora import (
+    lora_activation_delta_bytes,
+    lora_first_layer_unsaved_copy_bytes,
+    lora_frozen_norm_bytes,
+    lora_unadapted_o_proj_bytes,
+    target_bits,
+)
 from ._loss import (
     largest_loss_block_bytes,
     loss_forward_extra_bytes,
@@ -104,6 +110,7 @@ ACT_KEYS = (
     "stage_pos",
     "lora_rank",
     "lora_targets",
+    "qlora",
     "loss",
     "activation_offload",
 )
@@ -151,6 +158,7 @@ class MicroBatch:
     loss_tp_div: np.ndarray
     rank: np.ndarray
     lora: np.ndarray
+    qlora: np.ndarray
     bits: dict[str, np.ndarray]
     chunked: np.ndarray
     chunked_output: np.ndarray
@@ -208,6 +216,7 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         loss_tp_div=loss_tp_divisor(fw, tp),
         rank=rank,
         lora=rank > 0,
+        qlora=c["qlora"] & (rank > 0),
         bits=target_bits(c["lora_targets"]),
         chunked=c["loss"] == LOSS_CHUNKED,
         chunked_output=c["loss"] == LOSS_CHUNKED_OUTPUT,
@@ -266,6 +275,7 @@ def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool):
         adapted_bits=x.bits,
         in_param_dtype=x.adapters_in_param_dtype,
     )
+    delta = delta - _lora_frozen_saves_less(m, x)
     block = np.where(x.lora, block + delta, block)
     if m.is_mla or moe:
         return block, core, mlp, block
@@ -275,6 +285,15 @@ def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool):
     op_saved = np.where(x.lora, op_saved + delta, op_saved)
     block, op_saved = _compiled(m, x, block, op_saved)
     return block, core, mlp, op_saved
+
+
+def _lora_frozen_saves_less(m: ModelSpec, x: MicroBatch) -> np.ndarray:
+    """A LoRA block's frozen norms and unadapted o_proj: what they no longer save."""
+    norms = lora_frozen_norm_bytes(
+        m, T=x.T, r=x.r, fused_norm=x.fused_norm, num_norms=m.num_norms_per_layer
+    )
+    o_proj = lora_unadapted_o_proj_bytes(m, T=x.T, e=x.e, tp=x.tp, o_adapted=x.bits["o_proj"])
+    return norms + o_proj
 
 
 def _dense_block(m: ModelSpec, x: MicroBatch) -> np.ndarray:
@@ -420,6 +439,8 @@ def _outside(m: ModelSpec, x: MicroBatch, layers: dict[str, np.ndarray]) -> dict
     logits_held = held_logits_bytes(
         m, T=T, e=e, pp=pp, chunked=x.chunked, loss_tp_div=x.loss_tp_div
     )
+    final_norm = lora_frozen_norm_bytes(m, T=T, r=r, fused_norm=x.fused_norm, num_norms=1)
+    outside_all = outside_all - np.where(x.lora, final_norm, 0.0)
     outside = np.where(x.last, outside_all + logits_held, rope)
     ckpt_mask = act.hf_checkpointed_mask_bytes(m, T=T, s=s / x.cp, r=r, eager=x.eager)
     outside = outside + np.where(checkpointing & (x.fw != MEGATRON), ckpt_mask, 0.0)
@@ -491,15 +512,20 @@ def _copies_and_loss(
     """Autocast's weight copies (all, and those in the layers), the loss's forward extra and its
     gradients, for the rows of `x` (`out`: _outside's terms)."""
     T, e, pp, last, counts = x.T, x.e, x.pp, x.last, x.counts
+    # frozen LoRA base: cast per use, yet saved by each matmul whose input needs a gradient
+    frozen_amp = x.amp & x.lora & ~x.qlora
     copies, copies_layers = autocast_weight_copy_bytes(
         m,
-        amp=x.amp & ~x.lora,  # frozen weights: cast per use, nothing cached
+        amp=(x.amp & ~x.lora) | frozen_amp,
         last=last,
         tp=x.tp,
         num_layers=counts["layer"],
         num_mlp=counts["mlp"],
         num_moe=counts["moe"],
         full_recompute=full,
+    )
+    copies = copies - lora_first_layer_unsaved_copy_bytes(
+        m, frozen_amp=frozen_amp, first=x.first, full=full, tp=x.tp
     )
     loss_extra = loss_forward_extra_bytes(
         m,

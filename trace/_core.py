@@ -190,6 +190,17 @@ def hf_job(
     return build
 
 
+def lora_flags(*, lora_rank: int, lora_targets: str, qlora: bool, tp: int = 1) -> dict[str, Any]:
+    """The LoRA flags to pass on ({} without LoRA: the plain step's calls stay as they were),
+    checked (trace/_lora.py check_lora)."""
+    if not lora_rank and not qlora:
+        return {}
+    from ._lora import check_lora
+
+    check_lora(lora_rank=lora_rank, lora_targets=lora_targets, qlora=qlora, tp=tp)
+    return {"lora_rank": lora_rank, "lora_targets": lora_targets}
+
+
 def trace_step(
     config: dict[str, Any],
     *,
@@ -203,6 +214,9 @@ def trace_step(
     sdpa_kernel: str = "flash",
     fake: bool = True,
     on_phase_end: Callable[[str], None] | None = None,
+    lora_rank: int = 0,
+    lora_targets: str = "all-linear",
+    qlora: bool = False,
 ) -> dict[str, Any]:
     """One measured step of a Hugging Face causal LM built from `config` (a config.json dict).
 
@@ -223,10 +237,12 @@ def trace_step(
     attention kernel a GPU would run (flash, efficient, cudnn, math; see _trace_sdpa.py).
     `fake=False` runs the same step on real tensors: bench/cpu_trace.py uses it on the CPU,
     --real-gpu on a CUDA device (on_phase_end then reads the allocator's statistics, see
-    _trace_step.run_step).
+    _trace_step.run_step). lora_rank > 0: peft LoRA adapters on `lora_targets` (trace/_lora.py);
+    qlora is refused.
     """
     import_torch()
     check_flags(precision=precision, recompute=recompute, optimizer=optimizer, device=device)
+    lora = lora_flags(lora_rank=lora_rank, lora_targets=lora_targets, qlora=qlora)
     if device == "cuda" and fake and on_phase_end is None:
         flags = {
             "micro_batch_size": micro_batch_size,
@@ -236,6 +252,7 @@ def trace_step(
             "attention": attention,
             "optimizer": optimizer,
             "sdpa_kernel": sdpa_kernel,
+            **lora,
         }
         done = in_child_if_needed("trace_step", {"config": config, **flags})
         if done is not None:
@@ -251,6 +268,10 @@ def trace_step(
         attention=attention,
         device_type=device_type,
     )
+    if lora:
+        from ._lora import with_lora
+
+        build = with_lora(build, precision=precision, **lora)
     out = run_step(
         build,
         precision=precision,

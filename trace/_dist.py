@@ -150,8 +150,10 @@ def fsdp_job(
     precision: str,
     recompute: str,
     attention: str,
+    lora: dict[str, Any] | None = None,
 ) -> Callable[[], Any]:
-    """A builder of the FSDP2 step (see the module docstring)."""
+    """A builder of the FSDP2 step (see the module docstring); `lora`: peft LoRA adapters
+    wrapped before fully_shard (trace/_lora.py with_lora's flags)."""
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.distributed.device_mesh import init_device_mesh
@@ -168,6 +170,10 @@ def fsdp_job(
         attention=attention,
         device_type="cuda",
     )
+    if lora:
+        from ._lora import with_lora
+
+        plain = with_lora(plain, precision=precision, **lora)
 
     def build() -> Any:
         job = plain()
@@ -190,6 +196,7 @@ def fsdp_job(
             loss=job.loss,
             enable_recompute=lambda m: None,
             full_warm_up=True,
+            dtypes_set=job.dtypes_set,
         )
 
     return build
@@ -210,14 +217,17 @@ def trace_parallel(
     attention: str,
     sdpa_kernel: str = "flash",
     device: str = "cuda",
+    lora_rank: int = 0,
+    lora_targets: str = "all-linear",
+    qlora: bool = False,
 ) -> dict[str, Any]:
     """One rank's measured step of an FSDP2 job (keys as trace_step's; bytes per rank).
 
     parameters_bytes are the rank's fp32 shards (the master weights under mixed-bf16),
     gradients_bytes its gradient shards, optimizer_states_bytes its states; the unsharded bf16
     copies count in the peaks and, while alive at the end of forward, in the activations (the
-    root's, which FSDP2 keeps)."""
-    from ._core import import_torch, in_child_if_needed, step_contexts, unpacked_batches
+    root's, which FSDP2 keeps). lora_rank > 0: peft LoRA adapters (FSDP2 only, trace/_lora.py)."""
+    from ._core import import_torch, in_child_if_needed, lora_flags, step_contexts, unpacked_batches
 
     import_torch()
     check_parallel(
@@ -233,6 +243,7 @@ def trace_parallel(
         raise ValueError(f"recompute: trace supports none, full; got '{recompute}'")
     if device != "cuda":
         raise ValueError("device: the multi-GPU trace runs on the fake cuda device")
+    lora = lora_flags(lora_rank=lora_rank, lora_targets=lora_targets, qlora=qlora, tp=tp)
     flags = {
         "num_gpus": num_gpus,
         "zero": zero,
@@ -245,6 +256,7 @@ def trace_parallel(
         "optimizer": optimizer,
         "attention": attention,
         "sdpa_kernel": sdpa_kernel,
+        **lora,
     }
     done = in_child_if_needed("trace_parallel", {"config": config, **flags})
     if done is not None:
@@ -278,6 +290,7 @@ def trace_parallel(
             precision=precision,
             recompute=recompute,
             attention=attention,
+            lora=lora,
         )
     out = run_step(
         build,

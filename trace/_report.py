@@ -97,6 +97,9 @@ def trace_report(
     profile_name: str | None,
     real_gpu: bool,
     estimate_defaults: dict[str, Any],
+    lora_rank: int = 0,
+    lora_targets: str = "all-linear",
+    qlora: bool = False,
 ) -> dict[str, Any]:
     """Trace the step (and optionally a second length, a real GPU) and compare with the
     estimate."""
@@ -132,6 +135,17 @@ def trace_report(
         "recompute": recompute,
         "optimizer": optimizer,
     }
+    lora: dict[str, Any] = {}
+    if lora_rank or qlora:  # trace/_lora.py; the plain trace's calls stay as they were
+        from ._lora import check_lora
+
+        check_lora(lora_rank=lora_rank, lora_targets=lora_targets, qlora=qlora, tp=tp)
+        if module or save_profile or real_gpu:
+            raise ValueError(
+                "lora-rank: traces --model on fake devices only (no --module, "
+                "--save-profile or --real-gpu)"
+            )
+        lora = {"lora_rank": lora_rank, "lora_targets": lora_targets}
 
     def run(length: int, real_hook: Any = None) -> dict[str, Any]:
         """The step at `length` tokens: on the fake device, or (real_hook) on the real GPU."""
@@ -153,10 +167,10 @@ def trace_report(
         if num_gpus > 1:
             from ._dist import trace_parallel
 
-            return trace_parallel(config, attention=attention, **parallel, **flags)
+            return trace_parallel(config, attention=attention, **parallel, **flags, **lora)
         from ._core import trace_step
 
-        return trace_step(config, attention=attention, **flags)
+        return trace_step(config, attention=attention, **flags, **lora)
 
     def estimate_for(profile_file: str | None) -> dict[str, Any]:
         fields = {
@@ -170,6 +184,7 @@ def trace_report(
             "recompute": recompute,
             "attention": attention,
             "framework": "hf",
+            **lora,
         }
         if profile_file:
             fields.update(profile_file=profile_file, model=estimate_defaults["model"])
@@ -237,6 +252,7 @@ def trace_report(
             "attention": attention,
             "sdpa_kernel": sdpa_kernel,
             **parallel,
+            **lora,
         },
         "device": measured.get("device"),
         "note": measured.get("note", ""),

@@ -71,6 +71,9 @@ class StepJob:
     full_warm_up: bool = False
     """Warm up with a whole step (FSDP2 initialises itself in its first forward); else only an
     optimizer step on zero gradients, which leaves the same state behind at half the cost."""
+    dtypes_set: bool = False
+    """The builder set every tensor's dtype (LoRA: fp32 adapters on a bf16 base, trace/_lora.py);
+    else run_step casts the model to bf16 for precision bf16."""
 
 
 class Tracker(TorchDispatchMode):
@@ -296,7 +299,7 @@ def run_step(
         with torch.device(device_type):
             job = build()
         model = job.model
-        if precision == "bf16":
+        if precision == "bf16" and not job.dtypes_set:
             cast_floating(model, torch.bfloat16)
         block_path, blocks = find_blocks(model)
         if recompute == "full":
