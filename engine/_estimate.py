@@ -18,6 +18,7 @@ from ._config import parallel_layout
 from ._data_parallel import ZERO_PARAMETERS, ZERO_STATES
 from ._factorize import factorize
 from ._grid import ATTENTION, PRECISIONS, RECOMPUTE, Grid
+from ._lora import lora_zero3
 from ._model import ModelSpec
 from ._overhead import Overheads, num_communicators
 from ._pipeline import STAGE_LAST, STAGE_ONLY, micro_batches_in_flight, stage_position
@@ -453,7 +454,8 @@ def estimate(
     dp, _, num_micro = batch_layout(g)
     sp = g["sequence_parallel"] & (tp > 1)
     terms = _wanted_terms(want)
-    stages, keys = _stage_variants(m, {**g, "dp": dp, "sp": sp}, pp, pp_stage, terms)
+    derived = {"dp": dp, "sp": sp, "lora_zero3": lora_zero3(g["zero"], g["lora_rank"])}
+    stages, keys = _stage_variants(m, {**g, **derived}, pp, pp_stage, terms)
     limit = np.broadcast_to(
         np.asarray(usable_bytes, dtype=np.float64) * (1.0 - np.asarray(headroom, dtype=np.float64)),
         (n,),

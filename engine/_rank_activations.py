@@ -42,10 +42,12 @@ from ._frameworks import (
     recompute_policy,
 )
 from ._lora import (
+    adapters_in_compute_dtype,
     lora_activation_delta_bytes,
     lora_first_layer_unsaved_copy_bytes,
     lora_frozen_norm_bytes,
     lora_unadapted_o_proj_bytes,
+    lora_zero3,
     target_bits,
 )
 from ._loss import (
@@ -60,6 +62,7 @@ from ._pipeline import block_counts, held_logits_bytes, receive_buffer_bytes, st
 from ._precision import (
     COMPUTE_BYTES,
     IS_AMP,
+    IS_MIXED,
     PARAM_BYTES,
     RESIDUAL_BYTES,
     autocast_weight_copy_bytes,
@@ -111,6 +114,7 @@ ACT_KEYS = (
     "lora_rank",
     "lora_targets",
     "qlora",
+    "lora_zero3",
     "loss",
     "activation_offload",
 )
@@ -205,7 +209,8 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         fused_qkv=FUSED_QKV[fw],
         norm_fp32_input=NORM_INPUT_FP32[fw] & (c["compile"] == COMPILE_NONE),
         gqa_kv_expanded=GQA_KV_EXPANDED[fw],
-        adapters_in_param_dtype=ADAPTERS_IN_PARAM_DTYPE[fw],
+        adapters_in_param_dtype=ADAPTERS_IN_PARAM_DTYPE[fw]
+        | adapters_in_compute_dtype(fw, _lora_zero3_of(c), IS_MIXED[prec], hf_code=HF),
         compiled=c["compile"] != COMPILE_NONE,
         compiled_loss=c["compile"] == COMPILE_BLOCKS_AND_LOSS,
         fp32_logits_in=LOGITS_UPCAST_IN_MODEL[fw] & (c["loss"] != LOSS_CHUNKED_OUTPUT),
@@ -224,6 +229,11 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         activation_offload=c["activation_offload"],
         zero_col=np.zeros_like(T),
     )
+
+
+def _lora_zero3_of(c: dict[str, np.ndarray]) -> np.ndarray:
+    """The rows' lora_zero3 key (estimate's per-key columns carry it; a full grid derives it)."""
+    return c["lora_zero3"] if "lora_zero3" in c else lora_zero3(c["zero"], c["lora_rank"])
 
 
 def megatron_score_buffer_bytes(m: ModelSpec, x: MicroBatch) -> np.ndarray:

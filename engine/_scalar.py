@@ -31,7 +31,7 @@ from ._estimate import (
     layout_reason,
 )
 from ._grid import BOOL_FIELDS, CATEGORICAL, DEFAULTS, FLOAT_FIELDS, make_grid
-from ._lora import lora_mask
+from ._lora import lora_mask, lora_zero3
 from ._model import ModelSpec
 from ._overhead import Overheads
 from ._pipeline import STAGE_FIRST, STAGE_LAST, STAGE_MIDDLE, STAGE_ONLY
@@ -149,6 +149,7 @@ def _evaluate_terms(
     g = make_grid({k: v for k, v in row.items() if k in DEFAULTS})
     dp, _, _ = batch_layout(g)
     cols = {**g, "dp": dp, "sp": g["sequence_parallel"] & (g["tp"] > 1)}
+    cols["lora_zero3"] = lora_zero3(g["zero"], g["lora_rank"])
     cols["stage_pos"] = np.full(1, stage_pos, dtype=np.int8)
     _, _, (tables,) = _key_tables(m, cols, [None], _TERMS)
     return tuple(tables.state[:, 0].tolist()), tuple(tables.activation[:, 0].tolist())
@@ -176,6 +177,7 @@ def estimate_one(
     micro, given = row["micro_batch_size"], row["global_batch_size"]
     num_micro = float(max(given // max(micro * dp, 1) if given > 0 else 1, 1))
     row["dp"], row["sp"] = dp, row["sequence_parallel"] and tp > 1
+    row["lora_zero3"] = bool(lora_zero3(row["zero"], row["lora_rank"]))
     reason = _reason(m, cache, row)
     peaks, s, a, stage = _worst_rank(m, cache, row, pp_stage, num_micro)
     allocated = peaks[_assembly.ALLOCATED]
