@@ -49,6 +49,18 @@ class SweepRun:
     None for a Pareto front or when nothing fits."""
 
 
+def _constraints_text(min_gpus: int, use_all_gpus: bool, max_step_time_s: float | None) -> str:
+    """``-min32-all-max20s``: the constraints a default study name carries when set, so that a
+    sweep under other constraints is another study (an Optuna study rebuilt from its points
+    would otherwise mix points judged under both)."""
+    parts = [f"min{min_gpus}"] if min_gpus > 1 else []
+    if use_all_gpus:
+        parts.append("all")
+    if max_step_time_s is not None:
+        parts.append(f"max{max_step_time_s:g}s")
+    return "".join(f"-{p}" for p in parts)
+
+
 def _default_study(model: str, fleet: str, seq_len: int, gbs: int, method: str) -> str:
     name = f"{model}-{fleet}-s{seq_len}-g{gbs}-{method}"
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_.-")[:120] or "study"
@@ -152,7 +164,13 @@ def run_sweep(
         use_all_gpus=use_all_gpus,
         max_step_time_s=max_step_time_s,
     )
-    study = study_name or _default_study(spec.name, fleet, seq_len, global_batch_size, method)
+    study = study_name or _default_study(
+        spec.name,
+        fleet,
+        seq_len,
+        global_batch_size,
+        method + _constraints_text(min_gpus, use_all_gpus, max_step_time_s),
+    )
     result = _search(
         space,
         method=method,

@@ -233,3 +233,17 @@ def test_the_table_prints_the_why_block(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["sweep", *QUESTION, "--out", str(tmp_path / "o")]) == 0
     out = capsys.readouterr().out
     assert "why this one: " in out and "exposed tensor-parallel communication" in out
+
+
+def test_a_constrained_sweep_is_its_own_study(tmp_path: Path) -> None:
+    # An Optuna study rebuilt from its stored points must not mix points judged under other
+    # constraints: the default study name carries them (unset: the name it always had).
+    free = run_sweep(model="llama-3.2-1b", out=str(tmp_path), method="optuna", trials=12)
+    capped = run_sweep(
+        model="llama-3.2-1b", out=str(tmp_path), method="optuna", trials=12,
+        max_step_time_s=5.0, min_gpus=2, use_all_gpus=True,
+    )  # fmt: skip
+    assert free.study == "llama-3.2-1b-8xh100-sxm-80gb-s4096-g256-optuna"
+    assert capped.study == f"{free.study}-min2-all-max5s"
+    assert capped.result.best and capped.result.best[0]["step_time_s"] <= 5.0
+    assert capped.result.best[0]["num_gpus"] == 8
