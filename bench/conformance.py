@@ -52,6 +52,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -212,15 +213,40 @@ def _trace_fingerprint() -> str:
     return h.hexdigest()
 
 
-def case_key(case: dict[str, Any], fingerprint: str) -> str:
-    """The cache key: the traced job (config and flags), not the family's name."""
+def job_key(config: dict[str, Any], case: dict[str, Any], fingerprint: str) -> str:
+    """The cache key of a cell: the traced job (its config and flags), not the family's name."""
     what = {
-        "config": family_config(case["family"]),
+        "config": config,
         **{k: v for k, v in case.items() if k != "family"},
         "optimizer": OPTIMIZER,
         "trace": fingerprint,
     }
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def case_key(case: dict[str, Any], fingerprint: str) -> str:
+    """The cache key of a family cell (job_key)."""
+    return job_key(family_config(case["family"]), case, fingerprint)
+
+
+def read_cached(cache: Path, key: str) -> dict[str, Any] | None:
+    """A cell's cached trace result, None when absent or unreadable (traced again)."""
+    path = cache / f"{key}.json"
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+
+
+def write_cached(cache: Path, key: str, result: dict[str, Any]) -> None:
+    """Cache a cell's trace result (atomically), unless it is transient (a timeout, a dead
+    worker: traced again next time)."""
+    if not result.get("transient"):
+        tmp = cache / f"{key}.json.tmp"
+        tmp.write_text(json.dumps(result))
+        tmp.replace(cache / f"{key}.json")
 
 
 # ---- worker side (a fresh process: the fake device exists before autograd starts) ----
@@ -248,20 +274,29 @@ def trace_case(case: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     }
     if case.get("lora_rank"):
         flags.update(lora_rank=case["lora_rank"], lora_targets=case["lora_targets"])
+
+    def run() -> dict[str, Any]:
+        if case["num_gpus"] > 1:
+            from trainmem.trace._dist import trace_parallel
+
+            return trace_parallel(
+                config, num_gpus=case["num_gpus"], zero=3, tp=1, sequence_parallel=False, **flags
+            )
+        from trainmem.trace._core import trace_step
+
+        return trace_step(config, **flags)
+
+    return guarded_trace(run, timeout_s)
+
+
+def guarded_trace(run: Callable[[], dict[str, Any]], timeout_s: float) -> dict[str, Any]:
+    """{"measured": run()'s trace, "trace_s"} or {"error": one line} (with "transient": True
+    for a timeout or an out-of-memory: traced again next time), within `timeout_s` (SIGALRM)."""
     start = time.time()
     signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:
-        if case["num_gpus"] > 1:
-            from trainmem.trace._dist import trace_parallel
-
-            measured = trace_parallel(
-                config, num_gpus=case["num_gpus"], zero=3, tp=1, sequence_parallel=False, **flags
-            )
-        else:
-            from trainmem.trace._core import trace_step
-
-            measured = trace_step(config, **flags)
+        measured = run()
     except _Timeout:
         return {"error": f"trace ran past {timeout_s:g} s", "transient": True}
     except MemoryError:
@@ -281,9 +316,13 @@ def trace_case(case: dict[str, Any], timeout_s: float) -> dict[str, Any]:
 
 def config_file(family: str, folder: Path) -> str:
     """The family's tiny config.json (the estimate reads a path)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{family}.json"
-    text = json.dumps(family_config(family), indent=1, sort_keys=True)
+    return write_config(family_config(family), folder / f"{family}.json")
+
+
+def write_config(config: dict[str, Any], path: Path) -> str:
+    """`config` as a config.json at `path`, rewritten only when it changed; its path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(config, indent=1, sort_keys=True)
     if not path.exists() or path.read_text() != text:
         path.write_text(text)
     return str(path)
@@ -389,14 +428,11 @@ def run_traces(
     cache.mkdir(parents=True, exist_ok=True)
     for case in cases:
         key = case_key(case, fingerprint)
-        path = cache / f"{key}.json"
-        if path.exists():
-            try:
-                results[key] = json.loads(path.read_text())
-                continue
-            except json.JSONDecodeError:
-                pass
-        todo.append((key, case))
+        cached = read_cached(cache, key)
+        if cached is not None:
+            results[key] = cached
+        else:
+            todo.append((key, case))
     print(f"{len(cases)} cells: {len(cases) - len(todo)} cached, {len(todo)} to trace", flush=True)
     if not todo:
         return results
@@ -409,10 +445,7 @@ def run_traces(
         nonlocal done
         result["case"] = case
         results[key] = result
-        if not result.get("transient"):
-            tmp = cache / f"{key}.json.tmp"
-            tmp.write_text(json.dumps(result))
-            tmp.replace(cache / f"{key}.json")
+        write_cached(cache, key, result)
         done += 1
         if done % 25 == 0 or done == len(todo):
             print(f"  traced {done}/{len(todo)} in {time.time() - start:.0f} s", flush=True)

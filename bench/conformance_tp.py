@@ -32,11 +32,9 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import hashlib
 import itertools
 import json
 import multiprocessing
-import signal
 import sys
 import time
 from pathlib import Path
@@ -51,6 +49,11 @@ from bench.conformance import (
     TRANSIENT_THRESHOLD,
     _trace_fingerprint,
     compare,
+    guarded_trace,
+    job_key,
+    read_cached,
+    write_cached,
+    write_config,
 )
 from tests.conformance_families import family_config
 
@@ -123,22 +126,8 @@ def grid(*, quick: bool, families: list[str] | None = None) -> list[dict[str, An
 
 
 def case_key(case: dict[str, Any], fingerprint: str) -> str:
-    """The cache key: the traced job (config and flags), not the family's name."""
-    what = {
-        "config": variant_config(case["family"]),
-        **{k: v for k, v in case.items() if k != "family"},
-        "optimizer": OPTIMIZER,
-        "trace": fingerprint,
-    }
-    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
-
-
-class _Timeout(Exception):
-    pass
-
-
-def _on_alarm(signum: int, frame: Any) -> None:
-    raise _Timeout
+    """The cache key of a TP cell (bench/conformance.py job_key on the variant's config)."""
+    return job_key(variant_config(case["family"]), case, fingerprint)
 
 
 def trace_case(case: dict[str, Any], timeout_s: float) -> dict[str, Any]:
@@ -155,15 +144,13 @@ def trace_case(case: dict[str, Any], timeout_s: float) -> dict[str, Any]:
             "sdpa_kernel",
         )
     }
-    start = time.time()
-    signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, timeout_s)
-    try:
+
+    def run() -> dict[str, Any]:
         if case["num_gpus"] > 1:
             from trainmem.trace._dist import trace_parallel
 
             tp, world = case["tp"], case["num_gpus"]
-            measured = trace_parallel(
+            return trace_parallel(
                 config,
                 num_gpus=world,
                 zero=3 if world > tp else 0,
@@ -172,19 +159,11 @@ def trace_case(case: dict[str, Any], timeout_s: float) -> dict[str, Any]:
                 optimizer=OPTIMIZER,
                 **flags,
             )
-        else:
-            from trainmem.trace._core import trace_step
+        from trainmem.trace._core import trace_step
 
-            measured = trace_step(config, optimizer=OPTIMIZER, **flags)
-    except _Timeout:
-        return {"error": f"trace ran past {timeout_s:g} s", "transient": True}
-    except Exception as exc:  # a cell the trace cannot run: recorded, not fatal
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
-        return {"error": f"{type(exc).__name__}: {first}"}
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-    measured.pop("activations_by_layer_bytes", None)
-    return {"measured": measured, "trace_s": time.time() - start}
+        return trace_step(config, optimizer=OPTIMIZER, **flags)
+
+    return guarded_trace(run, timeout_s)
 
 
 def run_traces(
@@ -197,9 +176,9 @@ def run_traces(
     cache.mkdir(parents=True, exist_ok=True)
     for case in cases:
         key = case_key(case, fingerprint)
-        path = cache / f"{key}.json"
-        if path.exists():
-            results[key] = json.loads(path.read_text())
+        cached = read_cached(cache, key)
+        if cached is not None:
+            results[key] = cached
         else:
             todo[key] = case
     print(f"{len(cases)} cells: {len(cases) - len(todo)} cached, {len(todo)} to trace", flush=True)
@@ -218,10 +197,7 @@ def run_traces(
                 result = {"error": f"worker: {type(exc).__name__}", "transient": True}
             result["case"] = todo[key]
             results[key] = result
-            if not result.get("transient"):
-                tmp = cache / f"{key}.json.tmp"
-                tmp.write_text(json.dumps(result))
-                tmp.replace(cache / f"{key}.json")
+            write_cached(cache, key, result)
             if done % 25 == 0 or done == len(todo):
                 print(f"  traced {done}/{len(todo)} in {time.time() - start:.0f} s", flush=True)
     return results
@@ -253,12 +229,7 @@ def estimate_case(case: dict[str, Any], config_path: str) -> dict[str, Any]:
 
 def config_file(family: str, folder: Path) -> str:
     """The grid family's tiny config.json (the estimate reads a path)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"tp-{family}.json"
-    text = json.dumps(variant_config(family), indent=1, sort_keys=True)
-    if not path.exists() or path.read_text() != text:
-        path.write_text(text)
-    return str(path)
+    return write_config(variant_config(family), folder / f"tp-{family}.json")
 
 
 def evaluate(
