@@ -141,6 +141,39 @@ def fake_process_group(world_size: int) -> Iterator[None]:
         dist.destroy_process_group()
 
 
+def rank_base_job(
+    config: dict[str, Any], *, micro_batch_size: int, seq_len: int, precision: str, attention: str
+) -> Callable[[], Any]:
+    """The HF step one rank of a multi-GPU trace starts from, on the fake cuda device: fp32
+    weights (a bf16 model only for `bf16`; mixed-bf16 and amp-bf16 get their 16-bit compute from
+    the parallel wrapper or autocast)."""
+    from ._core import hf_job
+
+    return hf_job(
+        config,
+        micro_batch_size=micro_batch_size,
+        seq_len=seq_len,
+        precision="bf16" if precision == "bf16" else "fp32",
+        attention=attention,
+        device_type="cuda",
+    )
+
+
+def wrapped_step(job: Any, model: Any) -> Any:
+    """The StepJob of a model already laid out over ranks (its recompute already enabled):
+    the step enables nothing more and warms up the whole step."""
+    from ._step import StepJob
+
+    return StepJob(
+        model=model,
+        batch=job.batch,
+        loss=job.loss,
+        enable_recompute=lambda m: None,
+        full_warm_up=True,
+        dtypes_set=job.dtypes_set,
+    )
+
+
 def fsdp_job(
     config: dict[str, Any],
     *,
@@ -159,16 +192,14 @@ def fsdp_job(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from ._core import hf_job
-    from ._step import StepJob, find_blocks
+    from ._step import find_blocks
 
-    plain = hf_job(
+    plain = rank_base_job(
         config,
         micro_batch_size=micro_batch_size,
         seq_len=seq_len,
-        precision="bf16" if precision == "bf16" else "fp32",
+        precision=precision,
         attention=attention,
-        device_type="cuda",
     )
     if lora:
         from ._lora import with_lora
@@ -190,14 +221,7 @@ def fsdp_job(
         for block in find_blocks(model)[1]:
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
-        return StepJob(
-            model=model,
-            batch=job.batch,
-            loss=job.loss,
-            enable_recompute=lambda m: None,
-            full_warm_up=True,
-            dtypes_set=job.dtypes_set,
-        )
+        return wrapped_step(job, model)
 
     return build
 

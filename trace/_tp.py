@@ -176,16 +176,14 @@ def tp_job(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from ._core import hf_job
-    from ._step import StepJob
+    from ._dist import rank_base_job, wrapped_step
 
-    plain = hf_job(
+    plain = rank_base_job(
         config,
         micro_batch_size=micro_batch_size,
         seq_len=seq_len,
-        precision="bf16" if precision == "bf16" else "fp32",
+        precision=precision,
         attention=attention,
-        device_type="cuda",
     )
 
     def build() -> Any:
@@ -202,12 +200,6 @@ def tp_job(
             model.get_output_embeddings().weight = model.get_input_embeddings().weight
         if recompute == "full" and job.enable_recompute is not None:
             job.enable_recompute(model)  # after the layout, as the HF Trainer does
-        return StepJob(
-            model=model,
-            batch=job.batch,
-            loss=job.loss,
-            enable_recompute=lambda m: None,
-            full_warm_up=True,
-        )
+        return wrapped_step(job, model)
 
     return build
