@@ -47,7 +47,6 @@ from ._lora import (
     lora_first_layer_unsaved_copy_bytes,
     lora_frozen_norm_bytes,
     lora_unadapted_o_proj_bytes,
-    lora_zero3,
     target_bits,
 )
 from ._loss import (
@@ -210,7 +209,7 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         norm_fp32_input=NORM_INPUT_FP32[fw] & (c["compile"] == COMPILE_NONE),
         gqa_kv_expanded=GQA_KV_EXPANDED[fw],
         adapters_in_param_dtype=ADAPTERS_IN_PARAM_DTYPE[fw]
-        | adapters_in_compute_dtype(fw, _lora_zero3_of(c), IS_MIXED[prec], hf_code=HF),
+        | adapters_in_compute_dtype(fw, c["lora_zero3"], IS_MIXED[prec], hf_code=HF),
         compiled=c["compile"] != COMPILE_NONE,
         compiled_loss=c["compile"] == COMPILE_BLOCKS_AND_LOSS,
         fp32_logits_in=LOGITS_UPCAST_IN_MODEL[fw] & (c["loss"] != LOSS_CHUNKED_OUTPUT),
@@ -229,11 +228,6 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         activation_offload=c["activation_offload"],
         zero_col=np.zeros_like(T),
     )
-
-
-def _lora_zero3_of(c: dict[str, np.ndarray]) -> np.ndarray:
-    """The rows' lora_zero3 key (estimate's per-key columns carry it; a full grid derives it)."""
-    return c["lora_zero3"] if "lora_zero3" in c else lora_zero3(c["zero"], c["lora_rank"])
 
 
 def megatron_score_buffer_bytes(m: ModelSpec, x: MicroBatch) -> np.ndarray:

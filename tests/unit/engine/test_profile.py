@@ -150,6 +150,7 @@ def _trace_like(m, s: int, precision: str, recompute: str) -> dict:
         **g,
         "dp": np.array([1]),
         "sp": np.array([False]),
+        "lora_zero3": np.array([False]),
         "stage_pos": np.array([0], dtype=np.int8),
         "stage_index": np.array([0]),
     }
