@@ -18,6 +18,7 @@ from ._estimate import (
     jsonable,
     key_numbers,
     model_spec,
+    node_host,
     traced_choices,
     training_config,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "gib_to_bytes",
     "host_fit",
     "host_reason",
+    "node_host",
     "option_defaults",
     "training_options",
     "training_config",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -257,20 +257,41 @@ def estimate_report(
     return report
 
 
+class NodeHost(NamedTuple):
+    """The host RAM of rows on one GPU type's nodes (columns, one value per row; limit one)."""
+
+    limit_bytes: int | None
+    """A node's host RAM: `--host-memory-gib`, else the profile's; None when unknown."""
+    ranks: np.ndarray
+    """Ranks on one node (ranks_per_node)."""
+    need_bytes: np.ndarray
+    """Host RAM the node's ranks need (node_host_bytes)."""
+    fits: np.ndarray
+    """need <= limit (no limit known: fits)."""
+
+
+def node_host(
+    host_bytes: Any, num_gpus: Any, profile: GpuProfile, host_memory_gib: float | None
+) -> NodeHost:
+    """Whether the ranks on one node fit its host RAM (what CPU offload moves there), per row:
+    fit's candidates and estimate's one row alike."""
+    limit = gib_to_bytes(host_memory_gib) or profile.host_memory_bytes
+    ranks = ranks_per_node(np.asarray(num_gpus), profile.gpus_per_node)
+    need = node_host_bytes(np.asarray(host_bytes), ranks)
+    return NodeHost(limit, ranks, need, need <= (np.inf if limit is None else limit))
+
+
 def host_fit(
     host_bytes: float, num_gpus: int, profile: GpuProfile, host_memory_gib: float | None
 ) -> dict[str, Any]:
-    """Whether the ranks on one node fit its host RAM (what CPU offload moves there): the
-    keys `fit --json` has too. `host_memory_gib` overrides the profile's node RAM; no limit
-    known: fits. `fits` of a report is its GPU fit and this."""
-    limit = gib_to_bytes(host_memory_gib) or profile.host_memory_bytes
-    ranks = int(ranks_per_node(np.array([num_gpus]), np.array([profile.gpus_per_node]))[0])
-    need = float(node_host_bytes(np.array([host_bytes]), np.array([ranks]))[0])
+    """node_host of one configuration as the keys `fit --json` has too. `fits` of a report is
+    its GPU fit and this."""
+    host = node_host(host_bytes, num_gpus, profile, host_memory_gib)
     return {
-        "host_memory_per_node_bytes": limit,
-        "node_host_bytes": int(round(need)),
-        "ranks_per_node": ranks,
-        "host_fits": limit is None or need <= limit,
+        "host_memory_per_node_bytes": host.limit_bytes,
+        "node_host_bytes": int(round(float(host.need_bytes))),
+        "ranks_per_node": int(host.ranks),
+        "host_fits": bool(host.fits),
     }
 
 

@@ -20,8 +20,6 @@ from trainmem.engine import (
     estimate,
     estimate_time,
     make_grid,
-    node_host_bytes,
-    ranks_per_node,
     reason_text,
     time_inputs,
 )
@@ -43,10 +41,10 @@ from trainmem.report import (
     check_headroom,
     check_options,
     choice,
-    gib_to_bytes,
     host_reason,
     jsonable,
     model_spec,
+    node_host,
     row_report,
     time_report,
     traced_choices,
@@ -150,10 +148,9 @@ def fit_report(
     grid = make_grid({**config, key: candidates})
     ov = Overheads(cublas_workspace_bytes=cublas_workspace_bytes_for(profile.arch))
     out = estimate(spec, grid, usable_bytes=profile.usable_bytes, headroom=headroom, overheads=ov)
-    host_limit = gib_to_bytes(host_memory_gib) or profile.host_memory_bytes
-    ranks = ranks_per_node(grid["num_gpus"], profile.gpus_per_node)
-    node_need = node_host_bytes(out["host_bytes"], ranks)
-    host_fits = node_need <= (np.inf if host_limit is None else host_limit)
+    host_limit, ranks, node_need, host_fits = node_host(
+        out["host_bytes"], grid["num_gpus"], profile, host_memory_gib
+    )
     fitting = np.flatnonzero(out["fits"] & host_fits)
     if len(fitting):
         row = int(fitting[-1] if key == "micro_batch_size" else fitting[0])
