@@ -80,11 +80,6 @@ def hf_attention_bytes(m: ModelSpec, *, T, s, e, tp, eager, amp=False) -> np.nda
     Phi-3 qkv_proj) keep their whole output alive through the views of v (and of q, k without
     rotary). FlashAttention's logsumexp is unpadded.
     """
-    if m.model_type == "falcon":
-        flash = hf_falcon_flash_bytes(m, T=T, e=e, tp=tp)
-        return np.where(
-            eager, falcon_eager_attention_bytes(m, T=T, s=s, e=e, tp=tp, amp=amp), flash
-        )
     a_r = m.num_attention_heads / tp
     qd_r = m.q_dim / tp
     kvd_r = m.kv_dim / tp
@@ -104,7 +99,11 @@ def hf_attention_bytes(m: ModelSpec, *, T, s, e, tp, eager, amp=False) -> np.nda
     flash_extra = 4.0 * a_r * T + 2 * SMALL_TENSOR_BYTES
     eager_extra = attention_score_bytes_per_elem(m, e) * a_r * s * T
     eager_extra = eager_extra + softcap_scores_bytes(m, T=T, s=s, e=e, tp=tp)
-    return qkv + out + np.where(eager, eager_extra, flash_extra)
+    saved = qkv + out + np.where(eager, eager_extra, flash_extra)
+    if m.model_type == "falcon":  # its own eager path; under SDPA the terms above (approximate)
+        falcon = falcon_eager_attention_bytes(m, T=T, s=s, e=e, tp=tp, amp=amp)
+        return np.where(eager, falcon, saved)
+    return saved
 
 
 def falcon_eager_attention_bytes(m: ModelSpec, *, T, s, e, tp, amp) -> np.ndarray:
@@ -126,16 +125,6 @@ def falcon_eager_attention_bytes(m: ModelSpec, *, T, s, e, tp, amp) -> np.ndarra
     kv_r = qd_r if m.falcon_kv_expanded else m.kv_dim / tp
     probs = np.where(amp, 4.0 + e, e) * a_r * s * T
     return e * T * (qd_r + 2.0 * kv_r) + probs + e * T * qd_r
-
-
-def hf_falcon_flash_bytes(m: ModelSpec, *, T, e, tp) -> np.ndarray:
-    """Falcon under SDPA: the decoder formula's fused-q/k/v terms (approximate: what SDPA's
-    kernel choice saves for a one-head k/v is not modelled; docs/accuracy.md lists the gap)."""
-    qd_r = m.q_dim / tp
-    kvd_r = m.kv_dim / tp
-    qkv = e * T * (qd_r + 2 * kvd_r) + (e * T * (qd_r + kvd_r) if m.rotary else 0.0)
-    a_r = m.num_attention_heads / tp
-    return qkv + e * T * qd_r + 4.0 * a_r * T + 2 * SMALL_TENSOR_BYTES
 
 
 def softcap_scores_bytes(m: ModelSpec, *, T, s, e, tp) -> np.ndarray:
