@@ -344,12 +344,17 @@ def layout_reason(m: ModelSpec, g: Grid) -> np.ndarray:
 
 
 def _block_reason(m: ModelSpec, g: Grid) -> np.ndarray:
-    """layout_reason of a block of rows."""
+    """layout_reason of a block of rows. A column that is one value broadcast (make_grid's
+    scalars: the fixed fields of a sweep) enters as that one value, so that its rules are
+    evaluated once, not per row; every rule is broadcast to the rows where it is applied."""
+    n = len(g["tp"])
+    g = {k: _one_value(v) for k, v in g.items()}
     tp, pp, cp = g["tp"], g["pp"], g["cp"]
     par = tp * pp * cp
     safe_par = np.maximum(par, 1)
     safe_tp = np.maximum(tp, 1)
-    dp = parallel_layout(g)["dp"]
+    layout = parallel_layout(g)
+    dp = layout["dp"]
     gbs = g["global_batch_size"]
     rules = [
         (g["micro_batch_size"] < 1)
@@ -380,20 +385,35 @@ def _block_reason(m: ModelSpec, g: Grid) -> np.ndarray:
         | ((g["offload"] == OFFLOAD_PARAMS) & (g["zero"] < ZERO_PARAMETERS)),
         g["qlora"] & (g["lora_rank"] < 1),
     ]
-    reason = np.zeros(len(tp), dtype=np.int8)
+    reason = np.zeros(n, dtype=np.int8)
     # Source: torchtune/training/memory.py register_optim_in_bwd_hooks (each parameter steps and
     # drops its gradient in backward; the recipes refuse gradient accumulation with it).
-    in_backward = g["optimizer_in_backward"] & (
-        (pp > 1) | (parallel_layout(g)["grad_accum_steps"] > 1)
-    )
-    np.putmask(reason, in_backward, OPTIMIZER_IN_BACKWARD_LAYOUT)
+    in_backward = g["optimizer_in_backward"] & ((pp > 1) | (layout["grad_accum_steps"] > 1))
+    _mark(reason, in_backward, OPTIMIZER_IN_BACKWARD_LAYOUT)
     shard = g["dp_shard"]
-    np.putmask(reason, (shard > 0) & (dp % np.maximum(shard, 1) != 0), DP_SHARD_LAYOUT)
+    _mark(reason, (shard > 0) & (dp % np.maximum(shard, 1) != 0), DP_SHARD_LAYOUT)
     for code in range(len(rules), 0, -1):  # the first broken rule wins
-        np.putmask(reason, np.broadcast_to(rules[code - 1], reason.shape), code)
+        _mark(reason, rules[code - 1], code)
     if m.profile is not None:  # a traced profile: its own rule first
         reason = np.where(profile_mismatch(m, g), PROFILE_MISMATCH, reason).astype(np.int8)
     return reason
+
+
+def _mark(reason: np.ndarray, broken: np.ndarray, code: int) -> None:
+    """reason = code where a rule is `broken`: per row, or one value for every row."""
+    if np.size(broken) == 1 and len(reason) != 1:
+        if np.any(broken):
+            reason[:] = code
+    else:
+        np.putmask(reason, broken, code)
+
+
+def _one_value(column: np.ndarray) -> np.ndarray:
+    """A column that is one value broadcast over its rows (stride 0) as that one value (a
+    one-row array); any other column as it is."""
+    if column.ndim == 1 and len(column) > 1 and column.strides[0] == 0:
+        return column[:1]
+    return column
 
 
 def profile_mismatch(m: ModelSpec, g: Grid) -> np.ndarray:

@@ -249,6 +249,9 @@ def evaluate_columns(
             columns=None if columns is None else {*columns, "fits", "reason", "dp", "host_bytes"},
             reason=engine_reason if len(rows) == len(pool) else engine_reason[rows],
         )
+        if len(rows) == len(pool):  # one call for every row: its columns as they are
+            out = part
+            break
         for k, v in part.items():
             if k not in out:
                 out[k] = np.empty(len(pool), dtype=np.asarray(v).dtype)

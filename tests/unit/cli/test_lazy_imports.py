@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from trainmem.cli._app import LAZY_COMMANDS
+
 HEAVY = ("polars", "pyarrow", "matplotlib", "fastapi", "uvicorn", "optuna", "joblib", "numba")
 """Libraries of the searches, the points table, the plots and the HTTP service (and the compiled
 engine kernel, for large grids only): each costs tens to hundreds of milliseconds to import."""
@@ -25,18 +27,19 @@ codes = []
 with contextlib.redirect_stdout(io.StringIO()) as out:
     for argv in json.loads(sys.argv[1]):
         codes.append(main(argv))
-loaded = sorted({name.split(".")[0] for name in sys.modules} & set(json.loads(sys.argv[2])))
+named = set(json.loads(sys.argv[2]))
+loaded = sorted(n for n in sys.modules if n in named or n.split(".")[0] in named)
 print(json.dumps({"codes": codes, "output": out.getvalue(), "loaded": loaded}))
 """
 """Runs CLI steps (argv lists) in process, then prints their exit codes, their output and which
-of the named libraries are loaded."""
+of the named modules (or packages, with their submodules) are loaded."""
 
 
-def _run_cli(steps: list[list[str]], cwd: Path) -> dict:
+def _run_cli(steps: list[list[str]], cwd: Path, names: tuple[str, ...] = HEAVY) -> dict:
     # No user settings (TRAINMEM_KERNEL=numba would load numba on purpose).
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINMEM_")}
     result = subprocess.run(
-        [sys.executable, "-c", RUN, json.dumps(steps), json.dumps(HEAVY)],
+        [sys.executable, "-c", RUN, json.dumps(steps), json.dumps(names)],
         capture_output=True,
         text=True,
         cwd=cwd,
@@ -59,6 +62,28 @@ def test_estimate_and_fit_import_nothing_heavy(argv: list[str], tmp_path: Path) 
     assert run["codes"] == [0]
     assert "h100-sxm-80gb" in run["output"]  # the default GPU
     assert run["loaded"] == []
+
+
+OTHER_COMMANDS = tuple(f"trainmem.cli.{module[1:]}" for module in set(LAZY_COMMANDS.values()))
+"""The modules of every command but estimate: `trainmem estimate` neither imports them nor has
+typer build their options (typer reads every registered command's signature)."""
+
+
+def test_estimate_builds_no_other_command(tmp_path: Path) -> None:
+    run = _run_cli([["estimate", "--model", "llama-2-7b"]], tmp_path, names=OTHER_COMMANDS)
+    assert run["codes"] == [0]
+    assert run["loaded"] == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [(["models"], "llama-2-7b"), (["optimizers"], "adamw"), (["gpus"], "h100-sxm-80gb")],
+)
+def test_listings_still_run_when_named(argv: list[str], expected: str, tmp_path: Path) -> None:
+    run = _run_cli([argv], tmp_path, names=OTHER_COMMANDS)
+    assert run["codes"] == [0]
+    assert expected in run["output"]
+    assert run["loaded"] == ["trainmem.cli._lists"]
 
 
 def test_help_imports_nothing_heavy(tmp_path: Path) -> None:

@@ -1,0 +1,132 @@
+"""`trainmem models`, `optimizers` and `gpus`: the catalogue's listings (presets, optimizer
+files, GPU profiles), built only when named (cli/_app.py's LAZY_COMMANDS).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from trainmem.catalog import load_model, load_optimizers, model_presets
+from trainmem.hardware import GIB, gpu_aliases, load_gpus
+from trainmem.report import EXIT_CODES
+
+
+def models_cmd(
+    models_dir: Annotated[
+        str | None,
+        typer.Option(help="Folder of extra model presets, NAME.json (or TRAINMEM_MODELS_DIR)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """The model presets (built-in and user) with their exact parameter counts and source."""
+    rows = []
+    for name, source in model_presets(models_dir).items():
+        m = load_model(name, models_dir=models_dir)
+        rows.append(
+            {
+                "name": name,
+                "family": m.family,
+                "num_parameters": m.num_parameters,
+                "hidden_size": m.hidden_size,
+                "num_hidden_layers": m.num_hidden_layers,
+                "num_attention_heads": m.num_attention_heads,
+                "num_key_value_heads": m.num_key_value_heads,
+                "vocab_size": m.vocab_size,
+                "source": source,
+            }
+        )
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    typer.echo(f"{'name':<20}{'family':<9}{'parameters':>18}{'layers':>8}{'hidden':>8}{'heads':>7}")
+    for r in rows:
+        typer.echo(
+            f"{r['name']:<20}{r['family']:<9}{r['num_parameters']:>18,}"
+            f"{r['num_hidden_layers']:>8}{r['hidden_size']:>8}"
+            f"{r['num_attention_heads']:>4}/{r['num_key_value_heads']:<3}"
+            + ("" if r["source"] == "built-in" else f"  {r['source']}")
+        )
+
+
+def optimizers_cmd(
+    optimizers_dir: Annotated[
+        str | None,
+        typer.Option(help="Folder of user optimizers, NAME.toml (or TRAINMEM_OPTIMIZERS_DIR)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """The optimizers (built-in and user files): states per parameter, step temporaries, source."""
+    rows = [
+        {
+            "name": o.name,
+            "num_states": o.num_states,
+            "state_bytes": o.state_bytes,
+            "step_temp_states": o.step_temp_states,
+            "eight_bit_blockwise": o.eight_bit_blockwise,
+            "step_bytes_per_parameter": o.step_bytes_per_parameter,
+            "description": o.description,
+            "source": o.path,
+        }
+        for o in load_optimizers(optimizers_dir).values()
+    ]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    typer.echo(f"{'name':<14}{'states':>7}{'dtype':>12}{'temps':>6}  source")
+    for r in rows:
+        dtype = (
+            "8-bit block"
+            if r["eight_bit_blockwise"]
+            else (f"{r['state_bytes']:g} B" if r["state_bytes"] else "param dtype")
+        )
+        typer.echo(
+            f"{r['name']:<14}{r['num_states']:>7g}{dtype:>12}{r['step_temp_states']:>6g}  "
+            f"{r['source']}"
+        )
+    typer.echo("(adafactor keeps factored moments; adamw-fused adds a device step per tensor)")
+
+
+def gpus_cmd(
+    hardware_dir: Annotated[
+        str | None, typer.Option(help="Folder of extra GPU TOML files.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """The GPU profiles: memory, usable memory, dense bf16 throughput, price."""
+    gpus = load_gpus(hardware_dir)
+    aliases = gpu_aliases(gpus)
+    rows = [
+        {
+            "name": g.name,
+            "memory_bytes": g.memory_bytes,
+            "usable_bytes": g.usable_bytes,
+            "bf16_flops": g.bf16_flops,
+            "price_per_hour_usd": g.price_per_hour_usd,
+            "price_date": g.price_date,
+            "path": g.path,
+            "aliases": [alias for alias, target in aliases.items() if target == g.name],
+        }
+        for g in sorted(gpus.values(), key=lambda g: g.name)
+    ]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    typer.echo(
+        f"{'name':<18}{'memory GiB':>11}{'usable GiB':>11}{'bf16 TFLOP/s':>13}{'$/h':>7}  aliases"
+    )
+    for r in rows:
+        typer.echo(
+            f"{r['name']:<18}{r['memory_bytes'] / GIB:>11.2f}{r['usable_bytes'] / GIB:>11.2f}"
+            f"{r['bf16_flops'] / 1e12:>13.1f}{r['price_per_hour_usd']:>7.2f}  "
+            f"{', '.join(r['aliases'])}".rstrip()
+        )
+
+
+def register(app: typer.Typer) -> None:
+    """Add `models`, `optimizers` and `gpus` to the CLI app."""
+    app.command("models", epilog=EXIT_CODES)(models_cmd)
+    app.command("optimizers", epilog=EXIT_CODES)(optimizers_cmd)
+    app.command("gpus", epilog=EXIT_CODES)(gpus_cmd)
