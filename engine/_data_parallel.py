@@ -96,23 +96,38 @@ def deepspeed_buffer_bytes(m: ModelSpec, *, fw, zero, dp, layer_numel) -> np.nda
 
 
 def fsdp2_buffer_bytes(
-    *, active, root_numel, layer_numel, layers_in_flight=1.0, element_bytes=2.0, reduce_bytes=4.0
+    *,
+    active,
+    root_numel,
+    layer_numel,
+    root_grad_numel=None,
+    layers_in_flight=1.0,
+    element_bytes=2.0,
+    reduce_bytes=4.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(forward, end of backward) bytes of FSDP2's unsharded buffers, gathered in
     `element_bytes` per element (16-bit under mixed precision).
 
     Forward: the root's unsharded copy (`root_numel`: what stays unsharded from forward to the
-    end of backward) and `layers_in_flight` blocks' all-gather outputs. End of backward: two
-    layers unsharded (current + prefetch), the reduce-scatter input of one layer (in
-    `reduce_bytes`: fp32 under mixed precision's reduce_dtype, else the parameters' dtype), the
-    root's unsharded gradients before their reduce.
+    end of backward) and `layers_in_flight` blocks' all-gather outputs. End of backward (in
+    the blocks' backward): two layers unsharded (current + prefetch), the reduce-scatter input
+    of one layer (in `reduce_bytes`: fp32 under mixed precision's reduce_dtype, else the
+    parameters' dtype), and the root's unsharded gradients that exist by then
+    (`root_grad_numel`, default all of the root: the head's and final norm's, not an untied
+    embedding's, whose backward comes after every block's).
     Source: torch.distributed.fsdp.fully_shard (FSDP2: reshard_after_forward, prefetching of
-    the next block's all-gather); the traced torchtitan 8B steps (no block gathered at the loss).
+    the next block's all-gather; _fsdp_param_group.py post_backward keeps one reduce-scatter
+    input in flight); the traced torchtitan 8B steps (no block gathered at the loss); the
+    conformance matrix (HF Mixtral at 64 ranks: the layers' buffers, the root's parameters and
+    the head's gradient at the backward peak, not the embedding's).
     """
     e = element_bytes
+    root_grad_numel = root_numel if root_grad_numel is None else root_grad_numel
     fwd = np.where(active, e * root_numel + e * layers_in_flight * layer_numel, 0.0)
     bwd = np.where(
-        active, e * root_numel * 2.0 + 2.0 * e * layer_numel + reduce_bytes * layer_numel, 0.0
+        active,
+        e * (root_numel + root_grad_numel) + 2.0 * e * layer_numel + reduce_bytes * layer_numel,
+        0.0,
     )
     return fwd, bwd
 

@@ -49,7 +49,15 @@ from ._optimizers import (
 )
 from ._pipeline import block_counts, stage_flags
 from ._precision import IS_AMP, IS_FP8, IS_MIXED, PARAM_BYTES, STATE_BYTES
-from ._states import LocalTensor, group_numel, layer_numel, local_tensors, rank_bytes, total_numel
+from ._states import (
+    LocalTensor,
+    group_numel,
+    largest_layer_numel,
+    layer_numel,
+    local_tensors,
+    rank_bytes,
+    total_numel,
+)
 from ._tensor_parallel import (
     hf_embedding_gradient_bytes,
     hf_replicated_group_numel,
@@ -291,7 +299,7 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     )
     fp8_cache = _fp8_cache(x)
     fsdp_active = x.fsdp2 & (x.dp > 1)
-    fsdp_fwd, fsdp_bwd = _fsdp2_buffers(x, layer, active=fsdp_active)
+    fsdp_fwd, fsdp_bwd = _fsdp2_buffers(m, x, layer, active=fsdp_active, single_stage=c["pp"] <= 1)
     ds_buffers = deepspeed_buffer_bytes(m, fw=x.fw, zero=x.zero, dp=x.dp, layer_numel=layer)
     dequant = qlora_dequant_bytes(x.full, qlora=x.qlora, dp=x.dp)
     grads_end, grads_top = _end_of_backward_gradients(m, x, grad_e, s["gradients"], fsdp_active)
@@ -361,7 +369,9 @@ def _grad_buffer(x: RankLayout, gradients, grads_end, grads_top, *, in_backward)
     )
 
 
-def _fsdp2_buffers(x: RankLayout, layer: np.ndarray, *, active) -> tuple[np.ndarray, ...]:
+def _fsdp2_buffers(
+    m: ModelSpec, x: RankLayout, layer: np.ndarray, *, active, single_stage
+) -> tuple[np.ndarray, ...]:
     """FSDP2's unsharded buffers (fsdp2_buffer_bytes) with the framework's units: torchtitan
     wraps the embedding apart, resharded after forward, and gathers no block at the loss
     (FrameworkSpec.fsdp2_embedding_unit); elsewhere the root holds embedding, norm and head.
@@ -373,8 +383,15 @@ def _fsdp2_buffers(x: RankLayout, layer: np.ndarray, *, active) -> tuple[np.ndar
     conformance matrix (bench/conformance.py: fp32 FSDP2 and 64-rank MoE cells)."""
     own_unit = FSDP2_EMBEDDING_UNIT[x.fw]
     gathered = x.dp  # the shards of `part` times the ranks that hold them
-    root_numel = group_numel(x.part, "final") + group_numel(x.part, "head")
-    root_numel = (root_numel + np.where(own_unit, 0.0, group_numel(x.part, "embed"))) * gathered
+    head_numel = group_numel(x.part, "final") + group_numel(x.part, "head")
+    embed_numel = np.where(own_unit, 0.0, group_numel(x.part, "embed"))
+    root_numel = (head_numel + embed_numel) * gathered
+    # In the blocks' backward the root holds the head's gradients (a tied embedding's is the
+    # head's where one stage holds both); an embedding's own comes last, and a LoRA job's
+    # frozen root has none.
+    head_uses_embed = m.tie_word_embeddings & single_stage
+    grad_numel = head_numel + np.where(head_uses_embed, embed_numel, 0.0)
+    root_grad_numel = np.where(x.lora, 0.0, grad_numel * gathered)
     # Mixed precision (and autocast, which FSDP2 runs with the same MixedPrecisionPolicy: the
     # tracer's and accelerate's reading) gathers 16 bits and reduces in fp32.
     policy = x.mixed | IS_AMP[x.prec]
@@ -382,7 +399,8 @@ def _fsdp2_buffers(x: RankLayout, layer: np.ndarray, *, active) -> tuple[np.ndar
     return fsdp2_buffer_bytes(
         active=active,
         root_numel=root_numel,
-        layer_numel=layer_numel(x.part, x.counts) * gathered,
+        root_grad_numel=root_grad_numel,
+        layer_numel=largest_layer_numel(x.part, x.counts) * gathered,
         layers_in_flight=np.where(own_unit, 0.0, 1.0),
         element_bytes=gather_e,
         reduce_bytes=np.where(policy, 4.0, PARAM_BYTES[x.prec]),

@@ -82,6 +82,15 @@ def layer_numel(items: list[LocalTensor], counts: dict[str, np.ndarray]) -> np.n
     )
 
 
+def largest_layer_numel(items: list[LocalTensor], counts: dict[str, np.ndarray]) -> np.ndarray:
+    """Local elements of the stage's largest block: attention and norms, and the larger of its
+    dense MLP and its MoE block among those the stage holds (DeepSeek's first dense blocks
+    beside its MoE ones: the MoE block's buffers are the ones alive at the peak)."""
+    mlp = np.where(counts["mlp"] > 0, group_numel(items, "mlp"), 0.0)
+    moe = np.where(counts["moe"] > 0, group_numel(items, "moe"), 0.0)
+    return group_numel(items, "layer") + np.maximum(mlp, moe)
+
+
 def rounded_bytes(items: list[LocalTensor], elem_bytes, *, where=None) -> np.ndarray:
     """Sum of per-tensor bytes, each rounded to the allocator block (what memory_allocated sees).
 
