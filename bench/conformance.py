@@ -25,15 +25,16 @@ is never cached (the formulas are what is under test). Cells run in fresh worker
 by $TRAINMEM_TRACE_TIMEOUT seconds (default here 300) and, if set, the worker's address space by
 $TRAINMEM_TRACE_MAX_MEMORY_GB.
 
-Grid: 3490 cells: 3058 as before, 160 per family, 90 for the eager-only gemma2 (one GPU: every
+Grid: 3766 cells: 3058 as before, 160 per family, 90 for the eager-only gemma2, 204 for gemma3
+(three lengths around its window; SDPA and eager) (one GPU: every
 precision x attention x recompute x length x micro-batch 1, 2, 4; the efficient and cudnn SDPA
 kernels at bf16 and amp-bf16; FSDP2 over 2, 8 and 64 ranks at micro-batch 1 and 2 and the
-longest length); FSDP2 over 512 ranks for the 16 dense families (precision x recompute x
-micro-batch 1, 2 at the longest length: 192 cells, about 8 minutes with --jobs 2); peft LoRA
-(trace/_lora.py, needs peft) for llama, qwen2.5 (tied), mistral and gemma2: precision x
+longest length); FSDP2 over 512 ranks for the 17 dense families (precision x recompute x
+micro-batch 1, 2 at the longest length: 204 cells, about 8 minutes with --jobs 2); peft LoRA
+(trace/_lora.py, needs peft) for llama, qwen2.5 (tied), mistral, gemma2 and gemma3: precision x
 recompute x rank 8, 16 x targets all-linear, q_proj,v_proj x micro-batch 1, 2 on one GPU and
-precision x recompute x micro-batch on 8 FSDP2 ranks (240 cells, about 1 minute). About 3
-minutes per 4 families with --jobs 2 on two cores and 40 s from the cache; --quick: 39 cells,
+precision x recompute x micro-batch on 8 FSDP2 ranks (300 cells, about 1 minute). About 3
+minutes per 4 families with --jobs 2 on two cores and 40 s from the cache; --quick: 43 cells,
 about 20 s; --only lora|fsdp512 runs the new slices alone.
 
 Run: python -m bench.conformance [--quick] [--jobs N] [--cache DIR] [--family NAME ...]
@@ -79,6 +80,7 @@ SEQ_LENS: dict[str, tuple[int, ...]] = {
     "mistral": (64, 128, 256),
     "phi3": (64, 127, 256),
     "gemma2": (64, 128, 256),
+    "gemma3": (64, 128, 256),
 }
 DEFAULT_SEQ_LENS = (128, 256)
 EAGER_ONLY = ("gemma2",)
@@ -89,9 +91,9 @@ WORLDS = (2, 8, 64)
 WIDE_WORLD = 512
 """FSDP2's widest world: the dense families only, on a slice (wide_fsdp_cells)."""
 MOE_FAMILIES = ("mixtral", "qwen3-moe", "deepseek-v2")
-LORA_FAMILIES = ("llama", "qwen2.5", "mistral", "gemma2")
+LORA_FAMILIES = ("llama", "qwen2.5", "mistral", "gemma2", "gemma3")
 """LoRA cells: GQA, a tied embedding with q/k/v biases (qwen2.5), a sliding window, the
-eager-only Gemma 2 (sandwich norms, soft-capping)."""
+eager-only Gemma 2 (sandwich norms, soft-capping), Gemma 3 (frozen q/k norms)."""
 LORA_RANKS = (8, 16)
 LORA_TARGETS = ("all-linear", "q_proj,v_proj")
 

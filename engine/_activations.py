@@ -11,6 +11,8 @@ Korthikanti et al. 2022.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ._codes import RECOMPUTE_FULL, RECOMPUTE_SELECTIVE
@@ -67,7 +69,9 @@ def olmo2_rms_norm_bytes(*, T, width) -> np.ndarray:
     return 8.0 * T * width + 4.0 * T
 
 
-def hf_attention_bytes(m: ModelSpec, *, T, s, e, tp, eager, amp=False) -> np.ndarray:
+def hf_attention_bytes(
+    m: ModelSpec, *, T, s, e, tp, eager, amp=False, transformers=False
+) -> np.ndarray:
     """Bytes the attention block saves (projections' outputs, kernel saves), per layer.
 
     Source: transformers LlamaAttention / GPT2Attention with `sdpa_attention_forward` (SDPA flash
@@ -77,8 +81,12 @@ def hf_attention_bytes(m: ModelSpec, *, T, s, e, tp, eager, amp=False) -> np.nda
     the compute dtype saved by the second matmul; with attention dropout the bool mask and the
     dropout output instead; a contiguous copy of the output for o_proj).
     Assumes: rotary embeddings produce new q and k tensors; fused q/k/v projections (GPT-2 c_attn,
-    Phi-3 qkv_proj) keep their whole output alive through the views of v (and of q, k without
-    rotary). FlashAttention's logsumexp is unpadded.
+    Phi-3 qkv_proj) keep their whole output alive through the views SDPA saves (v, and q, k
+    without rotary); for more than one sequence eager's torch.matmul copies v's view (at::matmul
+    reshapes [b, a, s, d] to [b * a, s, d], a view only for b = 1), so the rotated q, k and that
+    copy are what it saves (traced: GPT-NeoX and Phi-3, eager, bf16 and fp32, micro-batch 1 and
+    2: the fused output was counted on top for b > 1, +14% of a layer). FlashAttention's
+    logsumexp is unpadded.
     """
     a_r = m.num_attention_heads / tp
     qd_r = m.q_dim / tp
@@ -90,20 +98,74 @@ def hf_attention_bytes(m: ModelSpec, *, T, s, e, tp, eager, amp=False) -> np.nda
     kv_saved = np.where(copied, qd_r, kvd_r)
     if m.fused_qkv:
         qkv = e * T * (qd_r + 2 * kvd_r)
-        qkv = qkv + (e * T * (qd_r + kvd_r) if m.rotary else 0.0)
+        # SDPA keeps the fused output (v's view) and the rotated q, k; eager's matmuls do too
+        # for one sequence, and for b > 1 save a copy of v instead (its view does not fold into
+        # a batch of b * heads matrices)
+        copies_v = eager & (np.asarray(T) > np.asarray(s))
+        qkv = qkv + (np.where(copies_v, 0.0, e * T * (qd_r + kvd_r)) if m.rotary else 0.0)
     else:
         qkv = e * T * (qd_r + 2 * kv_saved)
     if m.fused_qkv and m.rotary:
         qkv = np.where(eager & gqa, qkv + 2 * e * T * (qd_r - kvd_r), qkv)
     out = e * T * qd_r
     flash_extra = 4.0 * a_r * T + 2 * SMALL_TENSOR_BYTES
-    eager_extra = attention_score_bytes_per_elem(m, e) * a_r * s * T
+    eager_extra = attention_score_bytes_per_elem(m, e, amp, transformers) * a_r * s * T
     eager_extra = eager_extra + softcap_scores_bytes(m, T=T, s=s, e=e, tp=tp)
     saved = qkv + out + np.where(eager, eager_extra, flash_extra)
-    if m.model_type == "falcon":  # its own eager path; under SDPA the terms above (approximate)
+    if m.model_type == "falcon":  # its own eager and SDPA paths
         falcon = falcon_eager_attention_bytes(m, T=T, s=s, e=e, tp=tp, amp=amp)
-        return np.where(eager, falcon, saved)
+        return np.where(eager, falcon, falcon_sdpa_attention_bytes(m, T=T, s=s, e=e, tp=tp))
     return saved
+
+
+def _falcon_kv_width(m: ModelSpec, *, T, s, tp) -> tuple[np.ndarray, np.ndarray]:
+    """(the k / v width per rank as Falcon's attention reads them, the width its matmuls save
+    them at): new_decoder_architecture broadcasts k and v to every query head (copies); a
+    one-head k / v (multi-query) broadcast by a batched matmul is copied to every head when
+    the micro-batch holds more than one sequence, and stays a view for one (the expanded
+    [b, a, ...] folds into [b * a, ...] without a copy only when b = 1).
+
+    Source: transformers modeling_falcon.py FalconAttention._split_heads and forward; torch
+    at::matmul (expand, then reshape of the batch dims). Traced: the conformance matrix's
+    Falcon-7B-shaped cells at micro-batch 1 and 2.
+    """
+    qd_r = m.q_dim / tp
+    kv_r = qd_r if m.falcon_kv_expanded else m.kv_dim / tp
+    one_head = (not m.falcon_kv_expanded) & (np.asarray(m.num_key_value_heads / tp) == 1)
+    broadcast = one_head & (np.asarray(m.num_attention_heads / tp) > 1)
+    saved = np.where(broadcast & (np.asarray(T) > np.asarray(s)), qd_r, kv_r)
+    return np.asarray(kv_r), saved
+
+
+def falcon_sdpa_attention_bytes(m: ModelSpec, *, T, s, e, tp) -> np.ndarray:
+    """Falcon's SDPA attention, per layer, with the kernel its inputs get.
+
+    Falcon always passes a materialised causal mask (allow_is_causal_skip=False), which rules
+    out the flash kernel. With equal q and k / v heads (new_decoder_architecture broadcasts
+    them) the memory-efficient kernel runs and saves q, k, v, the output (the input of
+    `dense`, a view), a logsumexp [b, a, 32 ceil(s / 32)] fp32 and the mask converted to q's
+    dtype ([b, 1, s, s]); with one k / v head and no enable_gqa only the math fallback takes
+    them: it upcasts q, k, v to fp32 (16-bit inputs) and saves the scaled q, the scaled k and v
+    (copied per head by the matmuls' broadcast for b > 1: _falcon_kv_width), the fp32 softmax
+    output, and `dense` saves the merged output's copy.
+    Source: transformers modeling_falcon.py (FalconModel.forward create_causal_mask with
+    allow_is_causal_skip=False; FalconAttention.forward); torch 2.13 attention.cpp
+    (convert_boolean_attn_mask, _scaled_dot_product_attention_math: query_acc / key_acc /
+    value_acc upcast, `attn.add_(mask)`, _safe_softmax) and sdp_utils.cpp (flash: no mask;
+    efficient: equal heads without enable_gqa); trace/_sdpa.py picks the kernel the same way.
+    Traced: the conformance matrix's falcon and falcon-40b cells (bf16, amp-bf16, fp32).
+    Assumes: an unpadded batch; no alibi (Falcon-7B/40B use rotary).
+    """
+    a_r = m.num_attention_heads / tp
+    qd_r = m.q_dim / tp
+    kv_r, kv_saved = _falcon_kv_width(m, T=T, s=s, tp=tp)
+    s_arr = np.asarray(s, dtype=np.float64)
+    lse = 4.0 * a_r * T * (32.0 * np.ceil(s_arr / 32.0)) / s_arr
+    s_pad = MASK_ALIGNMENT * np.ceil(s_arr / MASK_ALIGNMENT)
+    mask = np.where(s_pad == s_arr, e * T * s_arr, e * T * s_pad * a_r)
+    efficient = e * T * (qd_r + 2.0 * kv_r) + e * T * qd_r + lse + mask
+    math = 4.0 * T * (qd_r + 2.0 * kv_saved) + 4.0 * a_r * s_arr * T + e * T * qd_r
+    return np.where(kv_r == qd_r, efficient, math) + 2 * SMALL_TENSOR_BYTES
 
 
 def falcon_eager_attention_bytes(m: ModelSpec, *, T, s, e, tp, amp) -> np.ndarray:
@@ -122,9 +184,9 @@ def falcon_eager_attention_bytes(m: ModelSpec, *, T, s, e, tp, amp) -> np.ndarra
     """
     a_r = m.num_attention_heads / tp
     qd_r = m.q_dim / tp
-    kv_r = qd_r if m.falcon_kv_expanded else m.kv_dim / tp
+    _, kv_saved = _falcon_kv_width(m, T=T, s=s, tp=tp)
     probs = np.where(amp, 4.0 + e, e) * a_r * s * T
-    return e * T * (qd_r + 2.0 * kv_r) + probs + e * T * qd_r
+    return e * T * (qd_r + 2.0 * kv_saved) + probs + e * T * qd_r
 
 
 def softcap_scores_bytes(m: ModelSpec, *, T, s, e, tp) -> np.ndarray:
@@ -179,6 +241,60 @@ def sliding_window_masked(m: ModelSpec, *, s) -> np.ndarray:
     return (m.sliding_window > 0) & (np.asarray(s) >= max(m.sliding_window, 1))
 
 
+def alternating_window_sdpa_delta_bytes(
+    m: ModelSpec, *, T, s, e, tp, eager, enable_gqa=True
+) -> np.ndarray:
+    """What Gemma 3's sliding-window layers save under SDPA beyond the unmasked kernels that
+    hf_sdpa_kernel_delta_bytes assumes for them, per layer (averaged over the blocks): from the
+    window's length on, a sliding layer gets a bool mask, so its k and v are repeated to every
+    head and the memory-efficient kernel saves the additive mask (hf_sdpa_kernel_delta_bytes
+    with the window set); the global layers run unmasked.
+
+    Source: transformers modeling_gemma3.py Gemma3TextModel.forward (create_causal_mask for
+    full_attention layers, create_sliding_window_causal_mask for sliding_attention ones; SDPA
+    skips either mask while the kv length is below its window); traced: bench/conformance.py
+    family gemma3 (two sliding layers and one global, window 128, s 64 / 128 / 256).
+    Assumes: the stage holds sliding layers in the model's proportion (num_sliding_layers / L).
+    """
+    if not m.num_sliding_layers:
+        return np.zeros_like(np.asarray(T, dtype=np.float64))
+    windowed = replace(m, sliding_window=m.alternating_sliding_window)
+    kernel = {"T": T, "s": s, "e": e, "tp": tp, "eager": eager, "enable_gqa": enable_gqa}
+    masked = hf_sdpa_kernel_delta_bytes(windowed, **kernel) - hf_sdpa_kernel_delta_bytes(
+        m, **kernel
+    )
+    return masked * m.num_sliding_layers / m.num_hidden_layers
+
+
+def alternating_window_checkpointed_mask_bytes(m: ModelSpec, *, T, s, r, eager) -> np.ndarray:
+    """The masks Gemma 3's checkpointed blocks keep for their backward: SDPA, the sliding
+    layers' bool [1, 1, s, s] mask from the window's length on (the global layers' causal mask
+    is skipped); eager, both additive [b, 1, s, s] masks in the embeddings' dtype (sliding and
+    causal, built at every length).
+
+    Source: torch.utils.checkpoint (non-reentrant: each block's attention_mask argument stays
+    alive until its recomputation) and transformers modeling_gemma3.py (one mask per layer type,
+    masking_utils.py sdpa_mask / eager_mask); traced: bench/conformance.py family gemma3.
+    """
+    if not m.num_sliding_layers:
+        return np.zeros_like(np.asarray(T, dtype=np.float64))
+    windowed = np.asarray(s) >= m.alternating_sliding_window
+    sdpa = np.where(windowed, np.asarray(s, dtype=np.float64) ** 2, 0.0)
+    return np.where(eager, 2.0 * r * T * s, sdpa)
+
+
+def rope_table_bytes(m: ModelSpec, *, s, r) -> np.ndarray:
+    """The rotary cos/sin tables [1, s, rotated width] in the residual dtype, for every table
+    pair the model builds (Gemma 3: a local and a global one; MLA kept at head_dim).
+
+    Source: transformers LlamaRotaryEmbedding.forward (cos, sin cast to x.dtype), saved by
+    apply_rotary_pos_emb's multiplications; modeling_gemma3.py (one rotary_emb call per layer
+    type present).
+    """
+    width = m.head_dim if m.is_mla else m.rotary_dim
+    return 2.0 * s * width * r * m.num_rotary_tables if m.rotary else 0.0 * np.asarray(s)
+
+
 def hf_sdpa_kernel_delta_bytes(m: ModelSpec, *, T, s, e, tp, eager, enable_gqa=True) -> np.ndarray:
     """Change of a layer's saved bytes when SDPA's inputs do not run the flash kernel that
     hf_attention_bytes assumes, or run it with q in another layout, per layer.
@@ -196,8 +312,10 @@ def hf_sdpa_kernel_delta_bytes(m: ModelSpec, *, T, s, e, tp, eager, enable_gqa=T
     `enable_gqa` (rows): the model passes k and v with their own heads (transformers'
     use_gqa_in_sdpa on CUDA without a mask); false where the framework's attention does not.
     Ignores: transformers' other masks (padding, packed sequences, Gemma-2/3 and Qwen2
-    use_sliding_window layers).
+    use_sliding_window layers). Falcon has its own SDPA path (falcon_sdpa_attention_bytes).
     """
+    if m.model_type == "falcon":
+        return np.zeros_like(np.asarray(T, dtype=np.float64))
     qd_r = m.q_dim / tp
     kvd_r = m.kv_dim / tp
     masked = sliding_window_masked(m, s=s)
@@ -240,16 +358,26 @@ def sdpa_math_fallback_bytes(m: ModelSpec, *, T, s, e, tp) -> np.ndarray:
     return attention_score_bytes_per_elem(m, e) * a_r * s * T - flash_extra
 
 
-def attention_score_bytes_per_elem(m: ModelSpec, e) -> np.ndarray:
+def attention_score_bytes_per_elem(m: ModelSpec, e, amp=False, transformers=False) -> np.ndarray:
     """Bytes saved per attention score element when the scores are materialised (eager or
-    SDPA's math fallback): the fp32 softmax output and its cast to the compute dtype, saved by
-    the matmul with v; with attention dropout the bool mask and the dropout output instead.
-    Source: transformers eager_attention_forward (softmax(dtype=float32).to(query.dtype), then
-    dropout)."""
+    SDPA's math fallback): the softmax output and its cast to the compute dtype, saved by the
+    matmul with v; with attention dropout the bool mask and the dropout output instead.
+
+    The softmax is fp32 where the model asks for it (Llama-style eager_attention_forward:
+    softmax(dtype=float32).to(query.dtype)) or autocast runs it (softmax is an fp32 autocast
+    op); transformers' GPT-2 and BERT eager attention (`transformers`: rows run by
+    transformers' modeling code) call softmax in the scores' own dtype, so without autocast it
+    saves 16 bits there.
+    Source: transformers modeling_llama.py / modeling_gpt2.py / modeling_bert.py
+    eager_attention_forward; torch autocast's fp32 op list (softmax). Traced: the conformance
+    matrix's gpt2 bf16 eager cells (were +0.9% to +1.7%, 2 bytes per score high; now exact).
+    """
+    own_dtype = (m.family in ("gpt2", "bert")) & np.asarray(transformers, dtype=bool)
+    softmax = np.where(own_dtype & ~np.asarray(amp, dtype=bool), e, 4.0)
     return np.where(
         m.attention_dropout > 0,
-        4.0 + 1.0 + e,  # softmax fp32 + dropout mask + dropout output
-        4.0 + np.where(e < 4, e, 0.0),  # softmax fp32 (+ its cast, saved by matmul)
+        softmax + 1.0 + e,  # softmax + dropout mask + dropout output
+        softmax + np.where(softmax > e, e, 0.0),  # softmax (+ its cast, saved by matmul)
     )
 
 
@@ -264,7 +392,8 @@ def hf_checkpointed_mask_bytes(m: ModelSpec, *, T, s, r, eager) -> np.ndarray:
     Ignores: eager's plain causal mask, kept the same way without a window (every family).
     """
     size = np.where(eager, r * T * s, np.asarray(s, dtype=np.float64) ** 2)
-    return np.where(sliding_window_masked(m, s=s), size, 0.0)
+    windowed = np.where(sliding_window_masked(m, s=s), size, 0.0)
+    return windowed + alternating_window_checkpointed_mask_bytes(m, T=T, s=s, r=r, eager=eager)
 
 
 def hf_mlp_bytes(m: ModelSpec, *, T, e, amp, tp) -> np.ndarray:
@@ -299,9 +428,11 @@ def hf_layer_bytes(
     fused_norm=False,
     norm_fp32_input=False,
     enable_gqa=True,
+    transformers=False,
 ) -> np.ndarray:
     """Everything one transformer block saves for backward without recomputation
-    (`fused_norm`: see hf_norm_bytes; `enable_gqa`: see hf_sdpa_kernel_delta_bytes)."""
+    (`fused_norm`: see hf_norm_bytes; `enable_gqa`: see hf_sdpa_kernel_delta_bytes;
+    `transformers`: see attention_score_bytes_per_elem)."""
     sp_div = np.where(sp, tp, 1)
     num_qkv_linears = 1 if m.fused_qkv else 3
     num_up_linears = 1 if (m.fused_gate_up or not m.gated_mlp) else 2
@@ -312,15 +443,37 @@ def hf_layer_bytes(
     else:
         norms = hf_norm_bytes(m, **norm, num_consumers=num_qkv_linears)
         norms = norms + hf_norm_bytes(m, **norm, num_consumers=num_up_linears)
+        norms = norms - shared_norm_input_bytes(m, T=T, r=r, sp_div=sp_div)
     dropout_masks = 2.0 * T * m.hidden_size / sp_div if m.dropout > 0 else 0.0
     norms = norms + sandwich_post_norm_bytes(m, T=T, sp_div=sp_div)
     return (
         norms
-        + hf_attention_bytes(m, T=T, s=s, e=e, tp=tp, eager=eager, amp=amp)
+        + hf_attention_bytes(
+            m, T=T, s=s, e=e, tp=tp, eager=eager, amp=amp, transformers=transformers
+        )
         + hf_sdpa_kernel_delta_bytes(m, T=T, s=s, e=e, tp=tp, eager=eager, enable_gqa=enable_gqa)
+        + alternating_window_sdpa_delta_bytes(
+            m, T=T, s=s, e=e, tp=tp, eager=eager, enable_gqa=enable_gqa
+        )
         + hf_mlp_bytes(m, T=T, e=e, amp=amp, tp=tp)
         + dropout_masks
     )
+
+
+def shared_norm_input_bytes(m: ModelSpec, *, T, r, sp_div) -> np.ndarray:
+    """The input two norms of a parallel block share (saved once, not by each): Falcon's new
+    decoder architecture normalises the same hidden states with ln_attn and ln_mlp, GPT-NeoX's
+    parallel residual with input_layernorm and post_attention_layernorm.
+
+    Source: transformers modeling_falcon.py FalconDecoderLayer.forward (new_decoder_architecture
+    with num_ln_in_parallel_attn == 2: ln_attn(hidden_states), ln_mlp(hidden_states)),
+    modeling_gpt_neox.py GPTNeoXLayer.forward (use_parallel_residual). Traced: the conformance
+    matrix's falcon-40b and pythia cells (one [T, h] residual-dtype tensor per layer counted
+    twice: +0.36% to +0.68% of the falcon-40b cells' activations before).
+    """
+    if m.num_norms_per_layer != 2 or not m.parallel_residual:
+        return np.zeros_like(np.asarray(T, dtype=np.float64))
+    return r * T * m.hidden_size / sp_div
 
 
 def block_single_norm_bytes(m: ModelSpec, norm: dict, num_consumers: int) -> np.ndarray:
@@ -391,9 +544,7 @@ def hf_outside_bytes(
         # A frozen head (LoRA) keeps no input: its gradient needs only the weight.
         head_input = np.where(amp, 2.0, e) * T * h
         out = out - np.where(head_trainable, 0.0, head_input)
-    if m.rotary:
-        # cos/sin [1, s, rotated width] (partial rotary: rotary_dim; MLA kept at head_dim)
-        out = out + 2.0 * s * (m.head_dim if m.is_mla else m.rotary_dim) * r
+    out = out + rope_table_bytes(m, s=s, r=r)
     if m.family in ("gpt2", "bert"):
         out = out + 8.0 * s  # position ids (int64)
         if m.dropout > 0:
@@ -466,7 +617,9 @@ def hf_qk_norm_bytes(m: ModelSpec, *, T, r, tp) -> np.ndarray:
     (fp32 copy, rsqrt per head, normalised tensor saved by the weight multiply); its output feeds
     rotary, which saves nothing (cos/sin need no grad). OLMo 2 (modeling_olmo2.py): one
     Olmo2RMSNorm over the whole q_proj / k_proj output (olmo2_rms_norm_bytes; with tensor
-    parallelism counted on the rank's share, as if the norm were split).
+    parallelism counted on the rank's share, as if the norm were split). Gemma 3
+    (modeling_gemma3.py Gemma3RMSNorm over head_dim): the fp32 input (a copy, or the fp32 input
+    itself) and the normalised fp32 tensor that (1 + weight) multiplies, in every precision.
     Ignores: the LayerNorm layouts (Phi, StableLM qk_layernorm), counted as Qwen3's.
     """
     if not m.qk_norm:
@@ -475,6 +628,8 @@ def hf_qk_norm_bytes(m: ModelSpec, *, T, r, tp) -> np.ndarray:
     if m.qk_norm_layout == "full":
         return olmo2_rms_norm_bytes(T=T, width=width) + 4.0 * T  # q_norm and k_norm
     heads = (m.num_attention_heads + m.num_key_value_heads) / tp
+    if m.norm == "gemma_rms":  # Gemma3RMSNorm: fp32 input and normalised fp32, whatever r
+        return 8.0 * T * width + 4.0 * T * heads
     return (4.0 + r) * T * width + 4.0 * T * heads
 
 

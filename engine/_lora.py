@@ -296,12 +296,30 @@ def lora_frozen_norm_bytes(m: ModelSpec, *, T, r, fused_norm, num_norms) -> np.n
 
     Source: transformers/models/llama/modeling_llama.py LlamaRMSNorm.forward
     (`self.weight * hidden_states.to(input_dtype)`), tools/autograd/derivatives.yaml (mul: each
-    operand saved only for the other's gradient).
-    Assumes: Python RMSNorms of the `rms` kind (not fused; Gemma's and OLMo 2's left as they are).
+    operand saved only for the other's gradient); Gemma's RMSNorm (modeling_gemma3.py
+    Gemma3RMSNorm: `output * (1.0 + self.weight.float())`) keeps the normalised fp32 tensor
+    for its weight's gradient only. Traced: bench/conformance.py LoRA cells of gemma2, gemma3.
+    Assumes: Python RMSNorms of the `rms` or `gemma_rms` kind (not fused; OLMo 2's left as they
+    are).
     """
+    if m.norm == "gemma_rms":
+        return np.where(fused_norm, 0.0, num_norms * 4.0 * T * m.hidden_size)
     if m.norm != "rms":
         return np.zeros_like(np.asarray(T, dtype=np.float64))
     return np.where(fused_norm, 0.0, num_norms * r * T * m.hidden_size)
+
+
+def lora_frozen_qk_norm_bytes(m: ModelSpec, *, T, tp) -> np.ndarray:
+    """Bytes Gemma 3's frozen q_norm and k_norm no longer save: the normalised fp32 [T, q + kv]
+    their weights' gradients would need (as lora_frozen_norm_bytes), per layer.
+
+    Source: transformers modeling_gemma3.py Gemma3Attention (q_norm, k_norm: Gemma3RMSNorm over
+    head_dim). Traced: bench/conformance.py LoRA cells of gemma3.
+    Ignores: Qwen3's and OLMo 2's q/k norms (no LoRA cells trace them).
+    """
+    if not (m.qk_norm and m.norm == "gemma_rms"):
+        return np.zeros_like(np.asarray(T, dtype=np.float64))
+    return 4.0 * T * (m.q_dim + m.kv_dim) / tp
 
 
 def lora_unadapted_o_proj_bytes(m: ModelSpec, *, T, e, tp, o_adapted) -> np.ndarray:

@@ -71,11 +71,11 @@ class ModelSpec:
     """Preset name or the config file's path."""
     family: Family
     """decoder: rotary decoders without learned positions: Llama-style (Llama, Mistral, Qwen2/3,
-    Gemma, Gemma 2, Phi-3, Mixtral, Qwen-MoE, DeepSeek-V2/V3) and GPT-NeoX / Falcon (fused
-    query_key_value, LayerNorm with bias, non-gated GeLU MLP, parallel residual); gpt2: GPT-2/3
-    (Conv1D, learned positions, LayerNorm with bias); bert: encoder-only BERT with an MLM head;
-    profile: an architecture known only by its traced activation profile (`profile`, see
-    _profile.py). `model_type` tells the decoders apart; `SUPPORTED_MODEL_TYPES` lists them."""
+    Gemma, Gemma 2, Gemma 3, Phi-3, Mixtral, Qwen-MoE, DeepSeek-V2/V3) and GPT-NeoX / Falcon
+    (fused query_key_value, LayerNorm with bias, non-gated GeLU MLP, parallel residual); gpt2:
+    GPT-2/3 (Conv1D, learned positions, LayerNorm with bias); bert: encoder-only BERT with an
+    MLM head; profile: an architecture known only by its traced activation profile (`profile`,
+    see _profile.py). `model_type` tells the decoders apart; `SUPPORTED_MODEL_TYPES` lists them."""
     model_type: str
     hidden_size: int
     intermediate_size: int
@@ -162,12 +162,20 @@ class ModelSpec:
     query_pre_attn_scalar: float = 0.0
     """Gemma 2: queries are scaled by query_pre_attn_scalar**-0.5 (0: head_dim**-0.5)."""
     alternating_sliding_window: int = 0
-    """Gemma 2: every other layer (layer_types "sliding_attention") attends over this many
-    tokens; the other layers are global. `sliding_window` stays 0 (its formulas assume every
-    layer is windowed). Eager attention (transformers' only path for Gemma 2 besides
-    FlashAttention-2) builds the window's mask once per step and saves none of it per layer:
-    traced at lengths below, at and above the window (bench/conformance.py, family gemma2), the
-    layer bytes do not change with it."""
+    """Gemma 2 / 3: the layers layer_types marks "sliding_attention" (every other layer in Gemma
+    2, `num_sliding_layers` of them in Gemma 3) attend over this many tokens; the other layers
+    are global. `sliding_window` stays 0 (its formulas assume every layer is windowed). Eager
+    attention (transformers' only path for Gemma 2 besides FlashAttention-2) builds the window's
+    mask once per step and saves none of it per layer: traced at lengths below, at and above the
+    window (bench/conformance.py, families gemma2 and gemma3), the layer bytes do not change
+    with it; under SDPA the windowed layers take a mask from the window's length on
+    (_activations.alternating_window_sdpa_delta_bytes)."""
+    num_sliding_layers: int = 0
+    """Gemma 3: how many blocks are sliding-window layers (layer_types, or every layer but each
+    sliding_window_pattern-th: 5 of 6); 0 for Gemma 2 (every other layer, eager only)."""
+    num_rotary_tables: int = 1
+    """cos/sin table pairs the model builds per step: 2 for Gemma 3 with both layer types (a
+    local rope for the sliding layers, a global, scaled one for the others)."""
 
     @property
     def rotary_dim(self) -> int:
@@ -457,6 +465,8 @@ _LLAMA_STYLE = (
     "deepseek_v3",
     "gemma",
     "gemma2",
+    "gemma3_text",
+    "gemma3",
     "phi3",
     "olmo2",
     "granite",
@@ -692,6 +702,8 @@ def model_from_hf_config(
         config = {**config, "model_type": family.replace("-", "_")}
     if reader == "falcon" and config.get("hidden_size") is None and "n_embed" in config:
         config = {**config, "hidden_size": config["n_embed"]}  # FalconConfig's old name
+    if reader == "decoder" and str(config.get("model_type")).lower() in ("gemma3", "gemma3_text"):
+        config = _gemma3_text_config(config, name=name)
     missing = [k for k in _REQUIRED[reader] if config.get(k) is None]
     if missing:
         raise ValueError(f"{name}: config is missing required field(s): {', '.join(missing)}")
@@ -844,6 +856,8 @@ def _variant_fields(config: dict[str, Any], model_type: str, *, name: str) -> di
     """
     if model_type == "gemma2":
         return _gemma2_fields(config, name=name)
+    if model_type in ("gemma3", "gemma3_text"):
+        return _gemma3_fields(config, name=name)
     if model_type == "olmo2":
         return {"norm": "olmo2_rms", "qk_norm": True, "qk_norm_layout": "full"}
     if model_type == "granite":
@@ -868,6 +882,95 @@ def _gemma2_fields(config: dict[str, Any], *, name: str) -> dict[str, Any]:
         "query_pre_attn_scalar": _float_field(config, "query_pre_attn_scalar", name=name),
         "alternating_sliding_window": int(window) if window else 0,
     }
+
+
+_GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 262_208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131_072,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "final_logit_softcapping": None,
+    "attn_logit_softcapping": None,
+}
+"""Gemma3TextConfig's defaults (transformers 5.24 configuration_gemma3.py), which the published
+multimodal checkpoints rely on: their text_config lists only what differs (gemma-3-4b: hidden,
+intermediate, layers, sliding window and rope scaling)."""
+
+
+def _gemma3_text_config(config: dict[str, Any], *, name: str) -> dict[str, Any]:
+    """The language model's config.json fields of a Gemma 3 checkpoint, with Gemma3TextConfig's
+    defaults where a field is absent. A multimodal "gemma3" config (Gemma3ForConditionalGeneration)
+    is read through its text_config; its SigLIP vision tower and multi-modal projector are not
+    counted (parameters nor activations: a text-only model of the language part, as fine-tuning
+    on text runs it). use_bidirectional_attention (EmbeddingGemma) is refused: not a causal LM."""
+    if str(config.get("model_type")).lower() == "gemma3":
+        text = config.get("text_config") or {}
+        if not isinstance(text, dict):
+            raise ValueError(f"model: {name}: text_config must be an object, got {text!r}")
+        tie = config.get("tie_word_embeddings", True)  # Gemma3Config's own flag ties lm_head
+        config = {**text, "model_type": "gemma3", "tie_word_embeddings": tie}
+    if config.get("use_bidirectional_attention"):
+        raise ValueError(
+            f"model: {name}: use_bidirectional_attention (an encoder such as EmbeddingGemma) is "
+            "not supported; Gemma 3 causal LMs are"
+        )
+    return {**_GEMMA3_TEXT_DEFAULTS, **config}
+
+
+def _gemma3_fields(config: dict[str, Any], *, name: str) -> dict[str, Any]:
+    """Gemma 3 (modeling_gemma3.py): Gemma 2's sandwich norms and query_pre_attn_scalar, plus
+    q_norm / k_norm (one Gemma3RMSNorm over head_dim each, shared by the heads, before rotary),
+    sliding-window attention on the layers layer_types marks sliding_attention (default: all but
+    every sliding_window_pattern-th, 6), and two rotary embeddings (local base for the sliding
+    layers, global with rope scaling): cos/sin tables for each layer type present.
+
+    Gemma3Attention never passes attn_logit_softcapping to the attention function (the value is
+    ignored, as transformers ignores it); final_logit_softcapping applies when set (null in every
+    published config).
+    """
+    num_layers = int(config["num_hidden_layers"])
+    num_sliding = _num_sliding_layers(config, num_layers, name=name)
+    window = _integer(config.get("sliding_window")) or 0
+    return {
+        "num_norms_per_layer": 4,
+        "qk_norm": True,
+        "final_logit_softcapping": _float_field(config, "final_logit_softcapping", name=name),
+        "query_pre_attn_scalar": _float_field(config, "query_pre_attn_scalar", name=name),
+        "alternating_sliding_window": window if num_sliding else 0,
+        "num_sliding_layers": num_sliding if window else 0,
+        "num_rotary_tables": int(num_sliding > 0) + int(num_sliding < num_layers),
+    }
+
+
+def _num_sliding_layers(config: dict[str, Any], num_layers: int, *, name: str) -> int:
+    """How many blocks layer_types marks "sliding_attention"; without layer_types, Gemma 3's
+    rule: block i slides unless (i + 1) is a multiple of sliding_window_pattern (default 6)."""
+    types = config.get("layer_types")
+    if types is not None:
+        allowed = {"sliding_attention", "full_attention"}
+        if not isinstance(types, list) or len(types) != num_layers or set(types) - allowed:
+            raise ValueError(
+                f"model: {name}: layer_types must list 'sliding_attention' or 'full_attention' "
+                f"for each of the {num_layers} layers, got {types!r}"
+            )
+        return types.count("sliding_attention")
+    pattern = _integer(config.get("sliding_window_pattern", 6))
+    if pattern is None or pattern < 1:
+        raise ValueError(
+            f"model: {name}: sliding_window_pattern must be an integer >= 1, "
+            f"got {config.get('sliding_window_pattern')!r}"
+        )
+    return num_layers - num_layers // pattern
 
 
 def _float_field(config: dict[str, Any], key: str, *, name: str) -> float:

@@ -46,6 +46,7 @@ from ._lora import (
     lora_activation_delta_bytes,
     lora_first_layer_unsaved_copy_bytes,
     lora_frozen_norm_bytes,
+    lora_frozen_qk_norm_bytes,
     lora_unadapted_o_proj_bytes,
     target_bits,
 )
@@ -297,7 +298,7 @@ def _lora_frozen_saves_less(m: ModelSpec, x: MicroBatch) -> np.ndarray:
         m, T=x.T, r=x.r, fused_norm=x.fused_norm, num_norms=m.num_norms_per_layer
     )
     o_proj = lora_unadapted_o_proj_bytes(m, T=x.T, e=x.e, tp=x.tp, o_adapted=x.bits["o_proj"])
-    return norms + o_proj
+    return norms + o_proj + lora_frozen_qk_norm_bytes(m, T=x.T, tp=x.tp)
 
 
 def _dense_block(m: ModelSpec, x: MicroBatch) -> np.ndarray:
@@ -319,6 +320,7 @@ def _dense_block(m: ModelSpec, x: MicroBatch) -> np.ndarray:
         norm_fp32_input=x.norm_fp32_input,
         # transformers' SDPA path (HF Trainer, DeepSpeed on HF models) passes unequal heads
         enable_gqa=(x.fw == HF) | (x.fw == DEEPSPEED),
+        transformers=(x.fw == HF) | (x.fw == DEEPSPEED),
     )
     expanded = 2.0 * e * T * (m.q_dim - m.kv_dim) / tp
     return block + np.where(x.gqa_kv_expanded & ~x.eager, expanded, 0.0)
@@ -421,7 +423,7 @@ def _outside(m: ModelSpec, x: MicroBatch, layers: dict[str, np.ndarray]) -> dict
     """
     T, s, e, r, pp, full = x.T, x.s, x.e, x.r, x.pp, x.rc == RECOMPUTE_FULL
     checkpointing = (x.num_checkpointed > 0) | (x.rc == RECOMPUTE_SELECTIVE_OP)
-    rope = 2.0 * s * m.rotary_dim * r if m.rotary else 0.0
+    rope = 2.0 * s * m.rotary_dim * r * m.num_rotary_tables if m.rotary else 0.0
     outside_all, chunk_transient = outside_layers_bytes(
         m,
         T=T,

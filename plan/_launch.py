@@ -534,6 +534,7 @@ WRAP_CLASSES = {
     "gemma": "GemmaDecoderLayer",
     "gemma2": "Gemma2DecoderLayer",
     "gemma3": "Gemma3DecoderLayer",
+    "gemma3_text": "Gemma3DecoderLayer",
     "phi": "PhiDecoderLayer",
     "phi3": "Phi3DecoderLayer",
     "gpt2": "GPT2Block",

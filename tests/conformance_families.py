@@ -190,6 +190,19 @@ FAMILIES: dict[str, tuple[str | None, dict[str, Any]]] = {
         }
         | _GQA,
     ),
+    "gemma3": (  # sandwich norms, q/k norms over head_dim, two sliding-window (128) layers and
+        # one global (5:1 in the presets), two rope tables; SDPA and eager
+        "gemma-3-1b",
+        {
+            "hidden_size": 256,
+            "intermediate_size": 512,
+            "num_hidden_layers": 3,
+            "head_dim": 256,
+            "sliding_window": 128,
+            "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+        }
+        | _GQA,
+    ),
 }
 
 

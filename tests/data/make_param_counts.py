@@ -78,6 +78,12 @@ ANCHORS = {
     "gemma-2-2b": 2_614_341_888,
     "gemma-2-9b": 9_241_705_984,
     "phi-2": 2_779_683_840,
+    # keras-hub gemma3_presets.py (gemma3_1b, gemma3_{4b,12b,27b}_text) counts the text models
+    # with 262,144 embedding rows; the HF checkpoints' text_config has 262,208 (64 x hidden more).
+    "gemma-3-1b": 999_885_952,
+    "gemma-3-4b": 3_880_099_328 + 64 * 2560,
+    "gemma-3-12b": 11_765_788_416 + 64 * 3840,
+    "gemma-3-27b": 27_009_002_240 + 64 * 5376,
     "stablelm-2-1.6b": 1_644_515_328,
 }
 

@@ -1,4 +1,5 @@
-"""Architectures beyond Llama-style decoders (issue 14): GPT-NeoX / Pythia, Falcon, Gemma 2.
+"""Architectures beyond Llama-style decoders (issue 14): GPT-NeoX / Pythia, Falcon, Gemma 2 and 3
+(more on Gemma 3 in test_gemma3.py).
 
 Each config in tests/data/configs is a copy of the public Hugging Face config.json (values typed
 without network access, checked against transformers' config class defaults). Its parameter count
@@ -26,6 +27,7 @@ PYTORCH_COUNTS = {
     "falcon-40b": 41_303_293_952,
     "gemma-2-2b": 2_614_341_888,
     "gemma-2-9b": 9_241_705_984,
+    "gemma-3-1b": 999_885_952,
 }
 """sum(p.numel() for p in model.parameters()) of transformers.AutoModelForCausalLM.from_config
 built on torch.device("meta") from each tests/data/configs/<name>/config.json (torch 2.13.0+cpu,
@@ -114,7 +116,7 @@ def test_unknown_model_type_is_a_one_line_error(model_type: str | None) -> None:
     text = str(err.value)
     assert "\n" not in text
     assert (repr(model_type) if model_type else "model_type is missing") in text
-    for known in ("llama", "gpt_neox", "falcon", "gemma2", "gpt2", "bert"):
+    for known in ("llama", "gpt_neox", "falcon", "gemma2", "gemma3_text", "gpt2", "bert"):
         assert known in text
 
 
