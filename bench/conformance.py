@@ -35,10 +35,11 @@ micro-batch 1, 2 at the longest length: 204 cells, about 8 minutes with --jobs 2
 recompute x rank 8, 16 x targets all-linear, q_proj,v_proj x micro-batch 1, 2 on one GPU and
 precision x recompute x micro-batch on 8 FSDP2 ranks (300 cells, about 1 minute). About 3
 minutes per 4 families with --jobs 2 on two cores and 40 s from the cache; --quick: 43 cells,
-about 20 s; --only lora|fsdp512 runs the new slices alone.
+about 20 s; --only lora|fsdp512 runs the new slices alone; --only odd a held-out slice off the
+grid (odd lengths and FSDP2 worlds, micro-batch 3: 768 cells, about 6 minutes).
 
 Run: python -m bench.conformance [--quick] [--jobs N] [--cache DIR] [--family NAME ...]
-     [--only lora|fsdp512] [--limit N] [--all-rows] [--json FILE]
+     [--only lora|fsdp512|odd] [--limit N] [--all-rows] [--json FILE]
 """
 
 from __future__ import annotations
@@ -154,6 +155,36 @@ def wide_fsdp_cells(names: list[str]) -> list[dict[str, Any]]:
         for p, r, mb in itertools.product(PRECISIONS, ("none", "full"), (1, 2)):
             cells.append(_case(fam, p, a, "flash", r, s, mb, WIDE_WORLD))
     return cells
+
+
+ODD_LENGTHS = (100, 129, 200, 257)
+"""--only odd: lengths off the grid's powers of two (not multiples of 16: the masks' padding;
+one past a 128-token window; 2^k + 1)."""
+ODD_WORLDS = (16, 24, 48)
+"""--only odd: FSDP2 worlds between the grid's (24 and 48 are not powers of two)."""
+ODD_FAMILIES = ("mistral", "phi3", "gemma2", "gemma3", "qwen3", "llama", "gpt2")
+ODD_FSDP_FAMILIES = ("llama", "qwen2.5", "mistral", "gemma3", "qwen3-moe", "phi3")
+
+
+def odd_cells(names: list[str]) -> list[dict[str, Any]]:
+    """A held-out slice, off the default grid (`--only odd`): one GPU at ODD_LENGTHS x micro-batch
+    1 and 3 (every precision, flash and eager, recompute none and full), and FSDP2 over
+    ODD_WORLDS x micro-batch 1 and 3 (bf16 and mixed-bf16, recompute none and full, 256 tokens).
+    Checked once when the matrix was last extended (2026-12-01: 768 cells, none over a
+    threshold); rerun it after a formula change."""
+    cells = []
+    for fam in (f for f in ODD_FAMILIES if f in names):
+        attentions = ("eager",) if fam in EAGER_ONLY else ("flash", "eager")
+        for s, p, a, mb, r in itertools.product(
+            ODD_LENGTHS, PRECISIONS, attentions, (1, 3), ("none", "full")
+        ):
+            cells.append(_case(fam, p, a, "flash", r, s, mb, 1))
+    for fam in (f for f in ODD_FSDP_FAMILIES if f in names):
+        for w, mb, r, p in itertools.product(
+            ODD_WORLDS, (1, 3), ("none", "full"), ("bf16", "mixed-bf16")
+        ):
+            cells.append(_case(fam, p, "flash", "flash", r, 256, mb, w))
+    return _unique(cells)
 
 
 def grid(*, quick: bool, families: list[str] | None = None) -> list[dict[str, Any]]:
@@ -595,7 +626,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", default=str(DEFAULT_CACHE), help="trace cache folder")
     parser.add_argument("--family", action="append", choices=list(FAMILIES), help="only these")
     parser.add_argument(
-        "--only", choices=("lora", "fsdp512"), help="only the LoRA cells or the 512-rank ones"
+        "--only",
+        choices=("lora", "fsdp512", "odd"),
+        help="only the LoRA cells, the 512-rank ones, or the held-out odd lengths and worlds",
     )
     parser.add_argument("--limit", type=int, default=0, help="only the first N cells")
     parser.add_argument("--all-rows", action="store_true", help="print every cell's row")
@@ -606,7 +639,9 @@ def main(argv: list[str] | None = None) -> int:
         worker_main()
         return 0
     cases = grid(quick=args.quick, families=args.family)
-    if args.only == "lora":
+    if args.only == "odd":
+        cases = odd_cells(args.family or list(FAMILIES))
+    elif args.only == "lora":
         cases = [c for c in cases if c.get("lora_rank")]
     elif args.only == "fsdp512":
         cases = [c for c in cases if c["num_gpus"] == WIDE_WORLD]

@@ -399,8 +399,8 @@ def _weights_words(config: Mapping[str, Any], prec: int) -> str:
     """What the parameters' bytes are: the NF4 base (QLoRA); FSDP2's fp32 shards under mixed
     precision (the master copy itself, gathered as 16-bit per block: engine/_data_parallel.py
     model_state_element_bytes); other shards; or whole working weights."""
-    if config["qlora"]:
-        return "NF4 base weights, 16-bit rest"
+    if config["qlora"]:  # the unquantised modules (embeddings, head, norms) in PARAM_BYTES
+        return f"NF4 base weights, {_dtype(PARAM_BYTES[prec])} rest"
     zero = int(config["zero"])
     fsdp2 = bool(is_fsdp2(np.array([FRAMEWORKS.index(str(config["framework"]))]), zero)[0])
     if fsdp2 and IS_MIXED[prec]:

@@ -187,7 +187,8 @@ def test_gpus_json_and_table_show_aliases(capsys) -> None:
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].endswith("aliases")
     assert any(
-        line.startswith("rtx-4090-24gb") and line.endswith("rtx4090, 4090") for line in lines
+        line.startswith("rtx-4090-24gb") and line.endswith("rtx4090, rtx-4090, 4090")
+        for line in lines
     )
 
 

@@ -146,9 +146,12 @@ def test_unknown_gpu_suggests_the_closest_name_before_the_allowed_list() -> None
         ("a10g", "a10g-24gb"),
         ("v100", "v100-sxm2-32gb"),
         ("rtx4090", "rtx-4090-24gb"),
+        ("rtx-4090", "rtx-4090-24gb"),  # the product's own spelling, without the memory
         ("4090", "rtx-4090-24gb"),
         ("rtx3090", "rtx-3090-24gb"),
         ("rtx5090", "rtx-5090-32gb"),
+        ("rtx-3090", "rtx-3090-24gb"),
+        ("rtx-5090", "rtx-5090-32gb"),
         ("a6000", "rtx-a6000-48gb"),
     ],
 )
@@ -160,7 +163,7 @@ def test_alias_resolves_to_one_profile(alias: str, name: str) -> None:
 def test_every_alias_names_a_builtin_profile_and_no_profile_name_is_an_alias() -> None:
     gpus = load_gpus()
     table = gpu_aliases(gpus)
-    assert len(table) == 18
+    assert len(table) == 21
     assert set(table.values()) <= set(gpus) and not set(table) & set(gpus)
 
 
