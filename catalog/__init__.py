@@ -7,9 +7,10 @@ into its specs. Imports engine only.
 
 from ._optimizer_files import load_optimizers, optimizer_columns, read_optimizer_file
 from ._presets import load_model, model_config_dict, model_presets, preset_names
-from ._profiles import load_profile
+from ._profiles import builtin_profiles, load_profile
 
 __all__ = [
+    "builtin_profiles",
     "load_model",
     "load_optimizers",
     "load_profile",

@@ -479,6 +479,13 @@ _BERT_TYPES = ("bert", "roberta")
 """openai-gpt (no ln_f, post-LN), electra (embedding_size projection) and distilbert (other field
 names) were once read by these families; their counts differed from PyTorch's, so they are now
 refused like any other unknown model_type."""
+_T5_TYPES = ("t5", "mt5", "umt5", "t5gemma")
+"""Encoder-decoders refused with the shipped traced T5 profiles named (docs/models.md)."""
+_T5_PROFILES = (
+    "estimate T5 from a shipped traced profile: --profile t5-v1_1-base-amp-bf16 (also "
+    "t5-v1_1-base-amp-bf16-recompute-full, t5-base-amp-bf16; other sizes: trace one, "
+    "docs/models.md#t5)"
+)
 SUPPORTED_MODEL_TYPES: dict[str, tuple[str, ...]] = {
     "decoder": (*_LLAMA_STYLE, "gpt_neox", "falcon", "stablelm", "phi"),
     "gpt2": _GPT2_TYPES,
@@ -561,6 +568,11 @@ def _reader_of(config: dict[str, Any], *, name: str, family: str | None = None) 
         return model_type
     supported = "; ".join(f"{fam}: {', '.join(t)}" for fam, t in SUPPORTED_MODEL_TYPES.items())
     what = f"model_type {raw!r} is not supported" if raw is not None else "model_type is missing"
+    if model_type in _T5_TYPES:
+        raise ValueError(
+            f"model: {name}: {what} (an encoder-decoder; the formulas model one stack of "
+            f"layers); supported model_types: {supported}; {_T5_PROFILES}"
+        )
     raise ValueError(
         f"model: {name}: {what} (its layout would be guessed); supported model_types: "
         f"{supported}; force a family with --family {'|'.join(FAMILIES)} if the layout is "

@@ -16,7 +16,8 @@ It returns `(module, batch)` or `(module, batch, loss_fn)`:
   count a real loss's (a cross-entropy keeps its fp32 log-softmax for backward).
 Activation checkpointing (--recompute full) uses the module's own
 activation_checkpointing_enable / gradient_checkpointing_enable (Hugging Face) when it has one,
-else checkpoints each repeated block (the largest nn.ModuleList of one class).
+else checkpoints each repeated block (the largest nn.ModuleList of one class, with any
+other list of that class, as T5's encoder and decoder blocks).
 """
 
 from __future__ import annotations

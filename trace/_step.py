@@ -11,7 +11,8 @@ Python frees it (or FSDP2 resizes it). The live total's maximum per phase is
 that phase's peak; what the forward pass leaves alive is the activations.
 
 Each storage also records where it was made: inside which of the repeated blocks (the largest
-nn.ModuleList of one module class, e.g. the decoder layers), or outside them, and whether it is an
+nn.ModuleList of one module class, e.g. the decoder layers, with any other list of that class:
+an encoder's and a decoder's blocks), or outside them, and whether it is an
 autocast copy of a weight (a dtype cast of a parameter, which autocast caches until backward).
 
 Source: torch/distributed/_tools/mem_tracker.py (the same storage accounting: weak references to
@@ -213,14 +214,27 @@ def cast_floating(model: Any, dtype: Any) -> None:
 
 
 def find_blocks(model: Any) -> tuple[str, list[Any]]:
-    """The repeated blocks: the nn.ModuleList with the most children of a single class."""
-    best: tuple[str, list[Any]] = ("", [])
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) > len(best[1]):
-            children = list(module)
-            if len({type(c) for c in children}) == 1:
-                best = (name, children)
-    return best
+    """The repeated blocks: the nn.ModuleList with the most children of a single class, then
+    every other ModuleList of children of that class outside it (an encoder-decoder's decoder
+    blocks after its encoder's, T5's encoder.block and decoder.block); their paths joined by ","."""
+    lists = [
+        (name, list(module))
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.ModuleList)
+        and len(module)
+        and len({type(c) for c in module}) == 1
+    ]
+    if not lists:
+        return "", []
+    first, blocks = max(lists, key=lambda item: len(item[1]))  # the first of the largest
+    cls = type(blocks[0])
+    paths = [first]
+    for name, children in lists:
+        inside = any(name.startswith(f"{p}.") or p.startswith(f"{name}.") for p in paths)
+        if name != first and type(children[0]) is cls and not inside:
+            paths.append(name)
+            blocks = [*blocks, *children]
+    return ",".join(paths), blocks
 
 
 def checkpoint_blocks(blocks: list[Any]) -> None:
@@ -417,7 +431,10 @@ def _report(
         k: v for k, v in tracker.peaks.items() if k in ("forward", "backward", "optimizer_step")
     }
     fb_phase = max(("forward", "backward"), key=lambda k: phases.get(k, 0))
-    num_per_layer = sum(p.numel() for p in blocks[0].parameters()) if blocks else 0
+    # The mean block (an encoder's and a decoder's differ; T5's first holds the position bias),
+    # rounded down: the remainder counts outside the layers, so the two still sum to the total.
+    in_blocks = sum(p.numel() for block in blocks for p in block.parameters())
+    num_per_layer = in_blocks // num_layers if num_layers else 0
     num_total = sum(p.numel() for p in params)
     return {
         "parameters_bytes": parameters_bytes,

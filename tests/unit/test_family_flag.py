@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from trainmem.catalog import load_model, model_config_dict
+from trainmem.catalog import builtin_profiles, load_model, model_config_dict
 from trainmem.cli import main
 from trainmem.engine import FAMILIES, model_from_hf_config
 
@@ -48,6 +48,22 @@ def test_an_unknown_model_type_is_refused_with_the_flag_proposed(olmo: str) -> N
     text = str(err.value)
     assert "model_type 'acme_decoder' is not supported" in text and "\n" not in text
     assert "--family llama|gpt-neox|falcon|gpt2|bert" in text
+
+
+@pytest.mark.parametrize("model_type", ["t5", "mt5", "t5gemma"])
+def test_a_t5_is_refused_with_the_shipped_t5_profiles_named(model_type: str) -> None:
+    with pytest.raises(ValueError) as err:
+        model_from_hf_config({"model_type": model_type, "d_model": 768}, name="t5")
+    text = str(err.value)
+    assert f"model_type '{model_type}' is not supported" in text and "\n" not in text
+    assert "--profile t5-v1_1-base-amp-bf16 " in text
+    assert "--family" not in text  # no decoder family reads an encoder-decoder
+    for name in (
+        "t5-v1_1-base-amp-bf16",
+        "t5-v1_1-base-amp-bf16-recompute-full",
+        "t5-base-amp-bf16",
+    ):
+        assert name in text and name in builtin_profiles()
 
 
 def test_a_forced_family_reads_the_config_as_that_family(olmo: str) -> None:
