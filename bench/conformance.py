@@ -527,33 +527,46 @@ def evaluate(
 ) -> list[dict[str, Any]]:
     """One row per cell: its errors (or why there are none)."""
     fingerprint = _trace_fingerprint()
-    rows = []
-    for case in cases:
-        result = results.get(case_key(case, fingerprint))
-        row: dict[str, Any] = {"case": case, "name": case_name(case)}
-        if result is None or "measured" not in result:
-            row["error"] = (result or {}).get("error", "not traced")
-            rows.append(row)
-            continue
-        try:
-            predicted = estimate_case(case, config_file(case["family"], config_dir))
-        except Exception as exc:
-            row["error"] = f"estimate: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-            rows.append(row)
-            continue
-        row["metrics"] = compare(result["measured"], predicted)
-        row["worst"] = max(
-            (abs(m["error"]) / thr for (n, _, thr), m in
-             ((x, row["metrics"][x[0]]) for x in METRICS) if m),
-            default=0.0,
-        )  # fmt: skip
-        row["over"] = [
-            n
-            for n, _, thr in METRICS
-            if row["metrics"][n] and abs(row["metrics"][n]["error"]) > thr
-        ]
-        rows.append(row)
-    return rows
+    return [
+        scored_row(
+            case,
+            case_name(case),
+            results.get(case_key(case, fingerprint)),
+            lambda case=case: estimate_case(case, config_file(case["family"], config_dir)),
+        )
+        for case in cases
+    ]
+
+
+def scored_row(
+    case: dict[str, Any],
+    name: str,
+    result: dict[str, Any] | None,
+    predict: Callable[[], dict[str, Any]],
+) -> dict[str, Any]:
+    """A cell's row: the trace `result` against `predict()`'s figures, per metric (compare),
+    the worst error in thresholds and the metrics over theirs; or why there is none (not
+    traced, the trace's error, the estimate's error). bench/conformance_tp.py scores its cells
+    with it too."""
+    row: dict[str, Any] = {"case": case, "name": name}
+    if result is None or "measured" not in result:
+        row["error"] = (result or {}).get("error", "not traced")
+        return row
+    try:
+        predicted = predict()
+    except Exception as exc:
+        row["error"] = f"estimate: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        return row
+    row["metrics"] = compare(result["measured"], predicted)
+    row["worst"] = max(
+        (abs(m["error"]) / thr for (n, _, thr), m in
+         ((x, row["metrics"][x[0]]) for x in METRICS) if m),
+        default=0.0,
+    )  # fmt: skip
+    row["over"] = [
+        n for n, _, thr in METRICS if row["metrics"][n] and abs(row["metrics"][n]["error"]) > thr
+    ]
+    return row
 
 
 def _cell(m: dict[str, Any] | None) -> str:

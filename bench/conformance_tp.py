@@ -47,11 +47,12 @@ from bench.conformance import (
     OPTIMIZER,
     PERSISTENT_THRESHOLD,
     TRANSIENT_THRESHOLD,
+    _cell,
     _trace_fingerprint,
-    compare,
     guarded_trace,
     job_key,
     read_cached,
+    scored_row,
     write_cached,
     write_config,
 )
@@ -235,35 +236,17 @@ def config_file(family: str, folder: Path) -> str:
 def evaluate(
     cases: list[dict[str, Any]], results: dict[str, dict[str, Any]], config_dir: Path
 ) -> list[dict[str, Any]]:
-    """One row per cell: its errors (or why there are none)."""
+    """One row per cell: its errors (or why there are none), scored as bench/conformance.py's."""
     fingerprint = _trace_fingerprint()
-    rows = []
-    for case in cases:
-        result = results.get(case_key(case, fingerprint)) or {"error": "not traced"}
-        row: dict[str, Any] = {"case": case, "name": case_name(case)}
-        if "measured" not in result:
-            row["error"] = result["error"]
-            rows.append(row)
-            continue
-        predicted = estimate_case(case, config_file(case["family"], config_dir))
-        row["metrics"] = compare(result["measured"], predicted)
-        row["worst"] = max(
-            (abs(row["metrics"][n]["error"]) / thr for n, _, thr in METRICS if row["metrics"][n]),
-            default=0.0,
+    return [
+        scored_row(
+            case,
+            case_name(case),
+            results.get(case_key(case, fingerprint)),
+            lambda case=case: estimate_case(case, config_file(case["family"], config_dir)),
         )
-        row["over"] = [
-            n
-            for n, _, thr in METRICS
-            if row["metrics"][n] and abs(row["metrics"][n]["error"]) > thr
-        ]
-        rows.append(row)
-    return rows
-
-
-def _cell(m: dict[str, Any] | None) -> str:
-    if m is None:
-        return f"{'-':>9}"
-    return f"{'exact':>9}" if m["exact"] else f"{m['error']:>+9.2%}"
+        for case in cases
+    ]
 
 
 def print_report(rows: list[dict[str, Any]], *, all_rows: bool) -> None:
