@@ -161,8 +161,7 @@ def falcon_sdpa_attention_bytes(m: ModelSpec, *, T, s, e, tp) -> np.ndarray:
     kv_r, kv_saved = _falcon_kv_width(m, T=T, s=s, tp=tp)
     s_arr = np.asarray(s, dtype=np.float64)
     lse = 4.0 * a_r * T * (32.0 * np.ceil(s_arr / 32.0)) / s_arr
-    s_pad = MASK_ALIGNMENT * np.ceil(s_arr / MASK_ALIGNMENT)
-    mask = np.where(s_pad == s_arr, e * T * s_arr, e * T * s_pad * a_r)
+    mask = efficient_mask_bytes(m, T=T, s=s, e=e, tp=tp)
     efficient = e * T * (qd_r + 2.0 * kv_r) + e * T * qd_r + lse + mask
     math = 4.0 * T * (qd_r + 2.0 * kv_saved) + 4.0 * a_r * s_arr * T + e * T * qd_r
     return np.where(kv_r == qd_r, efficient, math) + 2 * SMALL_TENSOR_BYTES
@@ -327,10 +326,7 @@ def hf_sdpa_kernel_delta_bytes(m: ModelSpec, *, T, s, e, tp, eager, enable_gqa=T
         repeat = e * T * (qd_r - 3 * kvd_r)
     else:
         repeat = 2.0 * e * T * (qd_r - kvd_r)  # repeated k, v replace k, v
-    # [b, 1, s, s] in q's dtype (b s^2 = T s); preprocess_mask pads a last dim that is not a
-    # multiple of 16, materialising the mask per head: [b, a, s, 16 ceil(s / 16)].
-    s_pad = MASK_ALIGNMENT * np.ceil(np.asarray(s) / MASK_ALIGNMENT)
-    additive_mask = np.where(s_pad == s, e * T * s, e * T * s_pad * m.num_attention_heads / tp)
+    additive_mask = efficient_mask_bytes(m, T=T, s=s, e=e, tp=tp)
     flash = ~masked & (np.asarray(e) < 4)  # flash takes 16-bit inputs only
     out_copy = np.where(flash & m.rotary_cat, e * T * qd_r, 0.0)
     # fp32 without a mask and with fewer k/v heads: neither flash nor efficient (equal heads
@@ -339,6 +335,19 @@ def hf_sdpa_kernel_delta_bytes(m: ModelSpec, *, T, s, e, tp, eager, enable_gqa=T
     math_extra = sdpa_math_fallback_bytes(m, T=T, s=s, e=e, tp=tp) + repeat
     unmasked = np.where(math, math_extra, out_copy)
     return np.where(eager, 0.0, np.where(masked, additive_mask + repeat, unmasked))
+
+
+def efficient_mask_bytes(m: ModelSpec, *, T, s, e, tp) -> np.ndarray:
+    """The additive mask SDPA's memory-efficient kernel saves, per layer: [b, 1, s, s] in q's
+    dtype (b s^2 = T s); preprocess_mask pads a last dim that is not a multiple of 16,
+    materialising the mask per head: [b, a, s, 16 ceil(s / 16)].
+
+    Source: torch 2.13 attention.cpp (convert_boolean_attn_mask, preprocess_mask); traced with
+    `trainmem trace` (Phi-3, Mistral, Falcon-40B).
+    """
+    s_arr = np.asarray(s, dtype=np.float64)
+    s_pad = MASK_ALIGNMENT * np.ceil(s_arr / MASK_ALIGNMENT)
+    return np.where(s_pad == s_arr, e * T * s_arr, e * T * s_pad * m.num_attention_heads / tp)
 
 
 def sdpa_math_fallback_bytes(m: ModelSpec, *, T, s, e, tp) -> np.ndarray:
