@@ -25,7 +25,17 @@ MASK_ALIGNMENT = 16
 
 
 def hf_norm_bytes(
-    m: ModelSpec, *, T, e, r, amp, sp_div, num_consumers: int, fused=False, fp32_input=False
+    m: ModelSpec,
+    *,
+    T,
+    e,
+    r,
+    amp,
+    sp_div,
+    num_consumers: int,
+    fused=False,
+    fp32_input=False,
+    input_saved=True,
 ) -> np.ndarray:
     """Bytes one normalisation layer saves, including what its consuming linear(s) save.
 
@@ -38,6 +48,13 @@ def hf_norm_bytes(
     kernel `_fused_rms_norm` saves its input and the fp32 rstd only (torch
     aten/src/ATen/native/native_functions.yaml, tools/autograd/derivatives.yaml);
     `fp32_input`: on an fp32 copy of the input (torchtune's RMSNorm), which it keeps.
+    `input_saved` false: a LayerNorm whose input another norm of the block already saves (a
+    parallel block's two norms over the same hidden states: Falcon's new decoder architecture,
+    ln_attn and ln_mlp; GPT-NeoX's use_parallel_residual, input_layernorm and
+    post_attention_layernorm; modeling_falcon.py FalconDecoderLayer, modeling_gpt_neox.py
+    GPTNeoXLayer). Traced: the conformance matrix's falcon-40b and pythia cells (one [T, h]
+    residual-dtype tensor per layer was counted twice: +0.36% to +0.68% of the falcon-40b
+    cells' activations).
     Assumes: with sequence parallelism the norm runs on T/t tokens and the consumers save the
     all-gathered full-sequence input.
     """
@@ -45,7 +62,7 @@ def hf_norm_bytes(
     Th = T * h
     linear_in = np.where(amp, num_consumers * 2.0 * Th, e * Th)
     if m.norm == "layernorm":
-        own = (r * Th + 8.0 * T) / sp_div  # input + mean, rstd (fp32 [T, 1])
+        own = (np.where(input_saved, r * Th, 0.0) + 8.0 * T) / sp_div  # input, mean, rstd
     elif m.norm == "olmo2_rms":
         own = olmo2_rms_norm_bytes(T=T, width=h) / sp_div
     elif m.norm == "gemma_rms":
@@ -451,8 +468,8 @@ def hf_layer_bytes(
         norms = block_single_norm_bytes(m, norm, num_qkv_linears + num_up_linears)
     else:
         norms = hf_norm_bytes(m, **norm, num_consumers=num_qkv_linears)
-        norms = norms + hf_norm_bytes(m, **norm, num_consumers=num_up_linears)
-        norms = norms - shared_norm_input_bytes(m, T=T, r=r, sp_div=sp_div)
+        second = {"num_consumers": num_up_linears, "input_saved": not m.parallel_residual}
+        norms = norms + hf_norm_bytes(m, **norm, **second)
     dropout_masks = 2.0 * T * m.hidden_size / sp_div if m.dropout > 0 else 0.0
     norms = norms + sandwich_post_norm_bytes(m, T=T, sp_div=sp_div)
     return (
@@ -467,22 +484,6 @@ def hf_layer_bytes(
         + hf_mlp_bytes(m, T=T, e=e, amp=amp, tp=tp)
         + dropout_masks
     )
-
-
-def shared_norm_input_bytes(m: ModelSpec, *, T, r, sp_div) -> np.ndarray:
-    """The input two norms of a parallel block share (saved once, not by each): Falcon's new
-    decoder architecture normalises the same hidden states with ln_attn and ln_mlp, GPT-NeoX's
-    parallel residual with input_layernorm and post_attention_layernorm.
-
-    Source: transformers modeling_falcon.py FalconDecoderLayer.forward (new_decoder_architecture
-    with num_ln_in_parallel_attn == 2: ln_attn(hidden_states), ln_mlp(hidden_states)),
-    modeling_gpt_neox.py GPTNeoXLayer.forward (use_parallel_residual). Traced: the conformance
-    matrix's falcon-40b and pythia cells (one [T, h] residual-dtype tensor per layer counted
-    twice: +0.36% to +0.68% of the falcon-40b cells' activations before).
-    """
-    if m.num_norms_per_layer != 2 or not m.parallel_residual:
-        return np.zeros_like(np.asarray(T, dtype=np.float64))
-    return r * T * m.hidden_size / sp_div
 
 
 def block_single_norm_bytes(m: ModelSpec, norm: dict, num_consumers: int) -> np.ndarray:
