@@ -306,6 +306,9 @@ def _dense_block(m: ModelSpec, x: MicroBatch) -> np.ndarray:
     attention included: torchtune expands k and v to every query head before the kernel, which
     keeps them at [T, q] (FrameworkSpec.gqa_kv_expanded)."""
     T, e, tp = x.T, x.e, x.tp
+    # transformers' own model code (HF Trainer, DeepSpeed on HF models): its SDPA path passes
+    # unequal heads, its GPT-2 / BERT eager softmax runs in the scores' dtype
+    transformers = (x.fw == HF) | (x.fw == DEEPSPEED)
     block = act.hf_layer_bytes(
         m,
         T=T,
@@ -318,9 +321,8 @@ def _dense_block(m: ModelSpec, x: MicroBatch) -> np.ndarray:
         eager=x.eager,
         fused_norm=x.fused_norm,
         norm_fp32_input=x.norm_fp32_input,
-        # transformers' SDPA path (HF Trainer, DeepSpeed on HF models) passes unequal heads
-        enable_gqa=(x.fw == HF) | (x.fw == DEEPSPEED),
-        transformers=(x.fw == HF) | (x.fw == DEEPSPEED),
+        enable_gqa=transformers,
+        transformers=transformers,
     )
     expanded = 2.0 * e * T * (m.q_dim - m.kv_dim) / tp
     return block + np.where(x.gqa_kv_expanded & ~x.eager, expanded, 0.0)
