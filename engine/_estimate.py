@@ -187,10 +187,12 @@ def _key_tables(
                 if variants
                 else np.empty((len(names), len(reps)))
             )
-            for lo in range(0, len(redo), KEY_BLOCK):  # the keys in cache-sized blocks
-                block = slice(lo, lo + KEY_BLOCK)
-                part = sub if len(redo) <= KEY_BLOCK else {k: v[block] for k, v in sub.items()}
-                terms_of = fns[j](m, part)
+            compiled = _kernel.formulas_for(m, fns[j], sub, len(redo))
+            step = len(redo) if compiled is not None else KEY_BLOCK
+            for lo in range(0, len(redo), max(step, 1)):  # numpy's: keys in cache-sized blocks
+                block = slice(lo, lo + step)
+                part = sub if len(redo) <= step else {k: v[block] for k, v in sub.items()}
+                terms_of = fns[j](m, part) if compiled is None else compiled(part)
                 if j == 0:
                     terms_of["states"] = (
                         terms_of["parameters"]
@@ -474,6 +476,7 @@ def estimate(
     dp, _, num_micro = batch_layout(g)
     sp = g["sequence_parallel"] & (tp > 1)
     terms = _wanted_terms(want)
+    compiled = _kernel.compiled_for(n)  # loads numba first where the rows pay (formulas too)
     derived = {"dp": dp, "sp": sp, "lora_zero3": lora_zero3(g["zero"], g["lora_rank"])}
     stages, keys = _stage_variants(m, {**g, **derived}, pp, pp_stage, terms)
     limit = np.broadcast_to(
@@ -494,7 +497,6 @@ def estimate(
         outside_torch,
         framework_overhead,
     )
-    compiled = _kernel.compiled_for(n)
     out = _numpy_columns(job) if compiled is None else _compiled_columns(compiled, job)
     whole = {"dp": dp, "num_microbatches": num_micro, "reason": reason}
     for k in want - out.keys():  # no rows, or a whole-grid column

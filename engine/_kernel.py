@@ -75,6 +75,8 @@ def preload(total_rows: int) -> bool:
     in smaller grids (the chunks of a sweep); True if it is loaded."""
     if kernel_choice() == "numpy":
         return False
+    global _compile_formulas
+    _compile_formulas = _compile_formulas or total_rows >= FORMULA_COMPILE_MIN_ROWS
     if total_rows >= KERNEL_MIN_ROWS or kernel_choice() == "numba":
         return _load(required=kernel_choice() == "numba") is not None
     return _loaded
@@ -203,3 +205,117 @@ def _read_only(column: Any, dtype: type) -> np.ndarray:
     view = np.asarray(column, dtype=dtype).view()
     view.flags.writeable = False
     return view
+
+
+FORMULA_MIN_KEYS = 1 << 14
+"""Keys from which the per-key formulas run as a compiled loop where one is ready, whatever
+the choice (below, numpy's formulas take about 10 ms or less)."""
+FORMULA_COMPILE_MIN_ROWS = 1 << 25
+"""Rows of a sweep (preload) from which `auto` compiles the formulas of a model it has no
+machine code for yet: numpy's formulas cost about 0.5-0.8 µs per key against about 10-20 s to
+compile a model's two kernels once (then cached on disk)."""
+FORMULA_CHECK_KEYS = 64
+"""Keys on which a kernel is checked against numpy's formulas the first time a process uses it."""
+_compile_formulas = False
+_formulas: dict[tuple, Any] = {}
+formula_fallbacks: list[str] = []
+"""Why a model's formulas stayed numpy's (untraceable, no scalar form, a check that failed)."""
+
+
+def formulas_for(m: Any, fn: Any, columns: dict[str, np.ndarray], num_keys: int) -> Any | None:
+    """fn(m, columns)'s per-key terms as a compiled loop (engine/_formula_kernels.py), or None
+    where numpy's formulas should run: `TRAINMEM_KERNEL=numpy`, fewer than FORMULA_MIN_KEYS
+    keys, or under `auto` a model whose kernel is not compiled yet (unless a large sweep
+    preloaded: `TRAINMEM_KERNEL=numba` compiles it); also where the formulas do not trace or
+    a kernel disagrees with numpy on its first keys (formula_fallbacks says why)."""
+    choice = kernel_choice()
+    if choice == "numpy" or num_keys < FORMULA_MIN_KEYS:
+        return None
+    if choice == "auto" and not _loaded:  # numba stays unimported where the rows don't pay
+        return None
+    if _load(required=choice == "numba") is None:
+        return None
+    dtypes = tuple((k, v.dtype.str) for k, v in columns.items())
+    try:
+        key: tuple = (m, fn.__qualname__, dtypes)
+        hash(key)
+    except TypeError:  # a model that does not hash: traced anew each call
+        key = (id(m), fn.__qualname__, dtypes, object())
+    if key not in _formulas:
+        _formulas[key] = _prepare(m, fn, dict(dtypes))
+    ready = _formulas[key]
+    if ready is None or (choice == "auto" and not (ready.compiled() or _compile_formulas)):
+        return None
+    return ready.checked(columns)
+
+
+class _Formulas:
+    """A model's generated formula kernel: compiled and checked on first use."""
+
+    def __init__(self, m: Any, fn: Any, text: str, outputs: tuple[str, ...]) -> None:
+        self.m, self.fn, self.text, self.outputs = m, fn, text, outputs
+        self.kernel: Any = None
+        self._compiled = False
+
+    def compiled(self) -> bool:
+        """Whether its machine code is on disk already (a previous run compiled and checked it)."""
+        if not self._compiled:
+            from . import _formula_kernels
+
+            self._compiled = _formula_kernels.checked_marker(self.text).is_file()
+        return self._compiled
+
+    def run(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        n = len(next(iter(columns.values())))
+        out = np.empty((len(self.outputs), n))
+        self.kernel(*(np.ascontiguousarray(v) for v in columns.values()), out)
+        return dict(zip(self.outputs, out, strict=True))
+
+    def checked(self, columns: dict[str, np.ndarray]) -> Any | None:
+        """self.run, after (once per process) loading the kernel and checking its first keys
+        against numpy's formulas; None (and a fallback reason) where they differ."""
+        if self.kernel is not None:
+            return self.run
+        from . import _formula_kernels
+
+        try:
+            self.kernel = _formula_kernels.load(self.text)
+        except OSError as error:
+            formula_fallbacks.append(f"{self.fn.__qualname__}: {error}")
+            return None
+        sample = {k: v[:FORMULA_CHECK_KEYS] for k, v in columns.items()}
+        try:  # the first call compiles the kernel, or loads its machine code
+            mine = self.run(sample)
+        except Exception as error:  # numba's errors have no common base; numpy's stays
+            self._give_up(f"{type(error).__name__}: {error}".splitlines()[0])
+            return None
+        theirs = self.fn(self.m, sample)
+        n = len(next(iter(sample.values())))
+        for k in self.outputs:
+            expected = np.broadcast_to(np.asarray(theirs[k], dtype=np.float64), (n,))
+            if not np.array_equal(mine[k], expected, equal_nan=True):
+                self._give_up(f"{k} differs from numpy's")
+                return None
+        _formula_kernels.checked_marker(self.text).touch()
+        self._compiled = True
+        return self.run
+
+    def _give_up(self, why: str) -> None:
+        """numpy's formulas for this model from now on, and why."""
+        formula_fallbacks.append(f"{self.fn.__qualname__} ({self.m.name}): {why}")
+        self.kernel = None
+        _formulas.update({key: None for key, v in _formulas.items() if v is self})
+
+
+def _prepare(m: Any, fn: Any, dtypes: dict[str, str]) -> _Formulas | None:
+    """Trace `fn` for model `m` and generate its kernel's source (not compiled yet)."""
+    from . import _formula_kernels, _formula_trace
+
+    try:
+        program = _formula_trace.trace(fn, m, {k: np.dtype(v) for k, v in dtypes.items()})
+        outputs = tuple(program.outputs)
+        text = _formula_kernels.source(program, outputs)
+    except (_formula_trace.Untraceable, _formula_kernels.CodegenError) as error:
+        formula_fallbacks.append(f"{fn.__qualname__}: {error}")
+        return None
+    return _Formulas(m, fn, text, outputs)

@@ -14,7 +14,9 @@ fixing a number, so that deep still searches it harder.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import settings
 
 PROFILE_ENV = "TRAINMEM_HYPOTHESIS"
@@ -24,3 +26,15 @@ settings.register_profile(
     "deep", max_examples=1_000, derandomize=False, deadline=None, print_blob=True
 )
 settings.load_profile(os.environ.get(PROFILE_ENV, "ci"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _formula_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Generated formula kernels (engine/_formula_kernels.py) go to a folder of this run, not
+    the user's cache, unless TRAINMEM_CACHE_DIR is set (to keep them between runs)."""
+    if os.environ.get("TRAINMEM_CACHE_DIR"):
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRAINMEM_CACHE_DIR", str(tmp_path_factory.mktemp("trainmem-cache")))
+        yield

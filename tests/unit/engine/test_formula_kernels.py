@@ -1,0 +1,168 @@
+"""The per-key formulas generated as one loop (engine/_formula_trace.py traces them,
+engine/_formula_kernels.py writes the loop) return numpy's bits, model by model.
+
+The generator is checked without compiling (the generated source run as Python on numpy
+scalars) on every family's formulas; numba's compiled loop on whole estimates of two models
+(compiling one model's two kernels takes 10-20 s). tests/unit/engine/test_kernel.py compares
+the compiled path on its larger grids too.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trainmem.catalog import load_model
+from trainmem.engine import _formula_kernels, _formula_trace, _kernel, estimate, make_grid
+
+MODELS = (
+    "llama-3.1-8b",
+    "mixtral-8x7b",
+    "deepseek-v2-lite",
+    "gemma-3-4b",
+    "gemma-2-9b",
+    "falcon-7b",
+    "gpt2",
+    "phi-3-mini",
+)
+
+
+def _pick(rng: np.random.Generator, values: list, n: int) -> np.ndarray:
+    return np.asarray(values)[rng.integers(0, len(values), n)]
+
+
+def _grid(seed: int, n: int, *, moe: bool) -> dict[str, np.ndarray]:
+    """Every knob the formulas read drawn, valid and invalid layouts both."""
+    rng = np.random.default_rng(seed)
+    tp, pp, cp = _pick(rng, [1, 2, 4, 8], n), _pick(rng, [1, 2, 4], n), _pick(rng, [1, 2], n)
+    dp = _pick(rng, [1, 2, 8, 64], n)
+    return make_grid(
+        micro_batch_size=rng.integers(1, 9, n),
+        seq_len=_pick(rng, [100, 512, 2048, 4096, 8192], n),
+        num_gpus=tp * pp * cp * dp,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        zero=rng.integers(0, 4, n),
+        sequence_parallel=rng.random(n) < 0.5,
+        precision=rng.integers(0, 8, n),
+        optimizer=rng.integers(0, 4, n),
+        recompute=rng.integers(0, 5, n),
+        attention=rng.integers(0, 2, n),
+        framework=rng.integers(0, 5, n),
+        ep=_pick(rng, [1, 2, 4] if moe else [1], n),
+        offload=_pick(rng, [0, 0, 1, 2], n),
+        activation_offload=rng.random(n) < 0.2,
+        lora_rank=_pick(rng, [0, 0, 8, 16], n),
+        qlora=rng.random(n) < 0.2,
+        compile=rng.integers(0, 3, n),
+        loss=rng.integers(0, 3, n),
+        optimizer_in_backward=rng.random(n) < 0.1,
+    )
+
+
+def _per_key_calls(m, g) -> list[tuple]:
+    """(formula function, its per-key columns) of every per-key pass of estimate(m, g) (numpy's
+    formulas; the settings are restored after)."""
+    calls: list[tuple] = []
+
+    def spy(model, fn, columns, num_keys):
+        calls.append((fn, {k: v.copy() for k, v in columns.items()}))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(_kernel.KERNEL_ENV, "numpy")
+        patch.setattr(_kernel, "formulas_for", spy)
+        estimate(m, g)
+    return calls
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_generated_formulas_equal_numpy(model: str, monkeypatch) -> None:
+    m = load_model(model)
+    calls = _per_key_calls(m, _grid(7, 400, moe=m.is_moe))
+    assert {fn.__name__ for fn, _ in calls} == {"state_terms", "activation_terms"}
+    for fn, columns in calls:
+        program = _formula_trace.trace(fn, m, {k: v.dtype for k, v in columns.items()})
+        names = tuple(program.outputs)
+        kernel = _formula_kernels.interpret(_formula_kernels.source(program, names))
+        n = len(columns["tp"])
+        got = np.empty((len(names), n))
+        with np.errstate(all="ignore"):
+            kernel(*columns.values(), got)
+            want = fn(m, columns)
+        for k, row in zip(names, got, strict=True):
+            expected = np.broadcast_to(np.asarray(want[k], dtype=np.float64), (n,))
+            np.testing.assert_array_equal(row, expected, err_msg=f"{model} {fn.__name__} {k}")
+
+
+@pytest.mark.parametrize(("model", "seed"), [("llama-3.1-8b", 1), ("mixtral-8x7b", 2)])
+def test_compiled_formulas_equal_numpy(model: str, seed: int, monkeypatch) -> None:
+    """Whole estimates with the formulas compiled (forced on a small grid) equal numpy's."""
+    m = load_model(model)
+    g = _grid(seed, 3000, moe=m.is_moe)
+    monkeypatch.setenv(_kernel.KERNEL_ENV, "numpy")
+    reference = estimate(m, g, usable_bytes=80e9)
+    monkeypatch.setenv(_kernel.KERNEL_ENV, "numba")
+    monkeypatch.setattr(_kernel, "FORMULA_MIN_KEYS", 0)
+    ran: list[str] = []
+    real_run = _kernel._Formulas.run
+
+    def run(self, columns):
+        ran.append(self.fn.__name__)
+        return real_run(self, columns)
+
+    monkeypatch.setattr(_kernel._Formulas, "run", run)
+    compiled = estimate(m, g, usable_bytes=80e9)
+    assert {"state_terms", "activation_terms"} <= set(ran), _kernel.formula_fallbacks
+    for k, want in reference.items():
+        np.testing.assert_array_equal(compiled[k], want, err_msg=k, strict=True)
+    markers = list(_formula_kernels.cache_dir().glob("formulas_*.ok"))
+    assert len(markers) >= 2  # compiled and checked: `auto` takes them from now on
+
+
+def test_untraceable_formulas_stay_numpy(monkeypatch) -> None:
+    def inspects(m, c):  # a value tested in Python: the trace cannot follow it
+        return {"x": c["tp"] * 2.0 if c["tp"] > 1 else c["tp"] * 1.0}
+
+    monkeypatch.setenv(_kernel.KERNEL_ENV, "numba")
+    monkeypatch.setattr(_kernel, "FORMULA_MIN_KEYS", 0)
+    monkeypatch.setattr(_kernel, "formula_fallbacks", [])
+    columns = {"tp": np.array([1, 2, 4])}
+    assert _kernel.formulas_for(load_model("gpt2"), inspects, columns, 3) is None
+    assert _kernel.formula_fallbacks == [
+        "test_untraceable_formulas_stay_numpy.<locals>.inspects: a traced value's truth tested "
+        "in Python"
+    ]
+
+
+def test_auto_does_not_compile_a_new_model(monkeypatch, tmp_path) -> None:
+    """Under `auto` a model without machine code keeps numpy's formulas (compiling costs more
+    than most grids save), unless a sweep of FORMULA_COMPILE_MIN_ROWS rows preloaded."""
+    pytest.importorskip("numba")
+    m = load_model("gpt2")
+    calls = _per_key_calls(m, _grid(3, 200, moe=False))
+    monkeypatch.setenv(_kernel.KERNEL_ENV, "auto")
+    monkeypatch.setenv(_formula_kernels.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(_kernel, "FORMULA_MIN_KEYS", 0)
+    monkeypatch.setattr(_kernel, "_compile_formulas", False)
+    monkeypatch.setattr(_kernel, "_formulas", {})
+    for fn, columns in calls:
+        assert _kernel.formulas_for(m, fn, columns, len(columns["tp"])) is None
+    assert not list(tmp_path.rglob("formulas_*"))
+
+
+def test_an_unwritable_cache_keeps_numpy(monkeypatch, tmp_path) -> None:
+    """Nowhere to write the generated source: numpy's formulas, and the reason kept."""
+    pytest.importorskip("numba")
+    m = load_model("gpt2")
+    fn, columns = _per_key_calls(m, _grid(4, 50, moe=False))[0]
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv(_formula_kernels.CACHE_ENV, str(blocker))
+    monkeypatch.setenv(_kernel.KERNEL_ENV, "numba")
+    monkeypatch.setattr(_kernel, "FORMULA_MIN_KEYS", 0)
+    monkeypatch.setattr(_kernel, "formula_fallbacks", [])
+    monkeypatch.setattr(_kernel, "_formulas", {})
+    assert _kernel.formulas_for(m, fn, columns, len(columns["tp"])) is None
+    assert len(_kernel.formula_fallbacks) == 1
+    assert _kernel.formula_fallbacks[0].startswith(f"{fn.__qualname__}: ")
