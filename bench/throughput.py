@@ -2,9 +2,11 @@
 loop (engine/_kernel.py), on one thread and on every core, in the same run.
 
 Run: python -m bench.throughput [--rows N] [--model NAME]
-Both kernels return the same bits (tests/unit/engine/test_kernel.py); the compiled loop is
-loaded and compiled before the clock starts (a sweep pays about 0.25 s once per process for it;
-the first run after installing compiles it, about 3 s, and caches the machine code).
+Both kernels return the same bits (tests/unit/engine/test_kernel.py,
+tests/unit/engine/test_formula_kernels.py); the compiled loop and the model's generated
+formula kernels are loaded and compiled before the clock starts (about 0.3-0.7 s once per
+process; the first run compiles them, about 3 s for the loop and 20-45 s for a model's
+formulas, and caches the machine code).
 The last line printed is `configurations_per_second=<number>` (the sweep grid, the faster
 kernel, every core).
 """
@@ -84,15 +86,17 @@ def _rate(model, grid, repeats: int) -> tuple[float, dict]:
     return best, out
 
 
-def _kernels() -> list[tuple[str, str, int | None]]:
-    """(label, TRAINMEM_KERNEL, threads) to measure: numpy, and the compiled loop on one thread
-    and on every core where numba imports."""
-    runs: list[tuple[str, str, int | None]] = [("numpy", "numpy", None)]
+def _kernels() -> list[tuple[str, str, int | None, bool]]:
+    """(label, TRAINMEM_KERNEL, threads, compiled formulas) to measure: numpy; the compiled
+    loop with numpy's per-key formulas on one thread; with the formulas compiled too
+    (engine/_formula_kernels.py) on one thread and on every core, where numba imports."""
+    runs: list[tuple[str, str, int | None, bool]] = [("numpy", "numpy", None, False)]
     if _kernel._compiled() is not None:
         cores = len(os.sched_getaffinity(0))
-        runs.append(("compiled, 1 thread", "numba", 1))
+        runs.append(("compiled loop, numpy formulas, 1 thread", "numba", 1, False))
+        runs.append(("compiled, 1 thread", "numba", 1, True))
         if cores > 1:
-            runs.append((f"compiled, {cores} threads", "numba", cores))
+            runs.append((f"compiled, {cores} threads", "numba", cores, True))
     return runs
 
 
@@ -107,8 +111,10 @@ def main() -> None:
     grids["sweep grid (Cartesian product, 64 GPUs)"] = sweep_grid(args.rows)
     print(f"model={model.name} rows={args.rows:,} best_of={args.repeats}")
     rates: dict[tuple[str, str], float] = {}
-    for label, kernel, threads in _kernels():
+    min_keys = _kernel.FORMULA_MIN_KEYS
+    for label, kernel, threads, formulas in _kernels():
         os.environ[_kernel.KERNEL_ENV] = kernel
+        _kernel.FORMULA_MIN_KEYS = min_keys if formulas else 1 << 62
         if threads is None:
             os.environ.pop(_kernel.THREADS_ENV, None)
         else:
@@ -117,9 +123,11 @@ def main() -> None:
             seconds, out = _rate(model, grid, args.repeats)
             rates[label, name] = args.rows / seconds
             print(
-                f"{label:<22} {name:<42} {seconds:.3f} s  {args.rows / seconds:>12,.0f} rows/s"
+                f"{label:<40} {name:<42} {seconds:.3f} s  {args.rows / seconds:>12,.0f} rows/s"
                 f"  fits={int(np.sum(out['fits'])):,}"
             )
+    if _kernel.formula_fallbacks:
+        print("formulas left to numpy:", "; ".join(_kernel.formula_fallbacks))
     base = {name: rates["numpy", name] for name in grids}
     for (label, name), rate in rates.items():
         if label != "numpy":

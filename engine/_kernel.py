@@ -210,10 +210,10 @@ def _read_only(column: Any, dtype: type) -> np.ndarray:
 FORMULA_MIN_KEYS = 1 << 14
 """Keys from which the per-key formulas run as a compiled loop where one is ready, whatever
 the choice (below, numpy's formulas take about 10 ms or less)."""
-FORMULA_COMPILE_MIN_ROWS = 1 << 25
+FORMULA_COMPILE_MIN_ROWS = 1 << 27
 """Rows of a sweep (preload) from which `auto` compiles the formulas of a model it has no
-machine code for yet: numpy's formulas cost about 0.5-0.8 µs per key against about 10-20 s to
-compile a model's two kernels once (then cached on disk)."""
+machine code for yet: numpy's formulas cost about 0.4-0.8 µs per key against 20-45 s to
+compile a model's kernels once (then cached on disk; loading them again takes about 0.3 s)."""
 FORMULA_CHECK_KEYS = 64
 """Keys on which a kernel is checked against numpy's formulas the first time a process uses it."""
 _compile_formulas = False
