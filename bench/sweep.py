@@ -1,13 +1,15 @@
 """Sweep benchmarks: exhaustive points per second (Parquet write included), where the time goes
 (evaluation vs writing the parts), the bytes on disk, and Optuna vs exhaustive.
 
-Run: python -m bench.sweep [--out DIR] [--quick] [--no-optuna] [--zstd-levels]
+Run: python -m bench.sweep [--out DIR] [--quick] [--no-optuna] [--zstd-levels] [--kernels]
 Prints, per case: the space size; the exhaustive wall time and points per second with its
 Parquet parts, and without writing anything (evaluation only); the time the parts take to write
 (one after another, as the writer thread does, then published: fsynced and linked) and their
 bytes on disk; the same sweep with each partial `--store`; `--zstd-levels`: write time and bytes
-of the case's parts at zstd levels 1, 3 and 6. For Optuna: the trials, points evaluated, wall
-time and the gap of its best cost to the exact optimum (an in-memory storage).
+of the case's parts at zstd levels 1, 3 and 6; `--kernels`: the evaluation with numpy, with the
+compiled per-row loop, and with the model's per-key formulas compiled too. For Optuna: the
+trials, points evaluated, wall time and the gap of its best cost to the exact optimum (an
+in-memory storage).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmem.catalog import load_model
+from trainmem.engine import _kernel
 from trainmem.hardware import load_gpus, parse_fleet
 from trainmem.results import _store
 from trainmem.sweep._search import _frame, run_exhaustive, run_optuna
@@ -116,6 +119,44 @@ def exhaustive_figures(space: Space, out: str, study: str) -> float:
     return best
 
 
+KERNEL_MODES = (
+    # (label, TRAINMEM_KERNEL, formula kernels on)
+    ("numpy", "numpy", False),
+    ("compiled loop, numpy formulas", "numba", False),
+    ("compiled loop and formulas", "numba", True),
+)
+
+
+def kernel_figures(space: Space, study: str) -> None:
+    """Print evaluation-only points per second with each kernel mode (best of 3, interleaved):
+    numpy; the compiled per-row loop; it and the model's compiled formulas (the first run
+    compiles those where they are not cached yet, outside the clock)."""
+    if _kernel._compiled() is None:
+        return
+    saved_env, saved_keys = os.environ.get(_kernel.KERNEL_ENV), _kernel.FORMULA_LOADED_MIN_KEYS
+    best = dict.fromkeys(KERNEL_MODES, float("inf"))
+    try:
+        for run in range(4):
+            for mode in KERNEL_MODES:
+                os.environ[_kernel.KERNEL_ENV] = mode[1]
+                _kernel.FORMULA_LOADED_MIN_KEYS = saved_keys if mode[2] else 1 << 62
+                start = time.perf_counter()
+                run_exhaustive(space, out=None, study=study)
+                if run:  # the first round warms (and compiles) each mode
+                    best[mode] = min(best[mode], time.perf_counter() - start)
+    finally:
+        _kernel.FORMULA_LOADED_MIN_KEYS = saved_keys
+        os.environ.pop(_kernel.KERNEL_ENV, None)
+        if saved_env is not None:
+            os.environ[_kernel.KERNEL_ENV] = saved_env
+    base = best[KERNEL_MODES[0]]
+    for mode, seconds in best.items():
+        print(
+            f"  evaluation only, {mode[0]}: {seconds:.2f} s, "
+            f"{space.num_points / seconds:,.0f} points/s ({base / seconds:.2f}x numpy)"
+        )
+
+
 def store_figures(space: Space, out: str, study: str) -> None:
     """Print wall time, rows and bytes of the sweep with each partial --store."""
     for store in PARTIAL_STORES:
@@ -164,6 +205,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="Only the first case.")
     parser.add_argument("--no-optuna", action="store_true", help="Skip the Optuna studies.")
     parser.add_argument(
+        "--kernels",
+        action="store_true",
+        help="Evaluation with numpy, the compiled loop, and the compiled formulas too.",
+    )
+    parser.add_argument(
         "--zstd-levels", action="store_true", help=f"Parts written at zstd {ZSTD_LEVELS}."
     )
     args = parser.parse_args()
@@ -183,6 +229,8 @@ def main() -> None:
         study = f"bench-{model}-{space.num_points}"
         print(f"\n{label}: {space.num_points:,} points")
         best = exhaustive_figures(space, out, study)
+        if args.kernels:
+            kernel_figures(space, study)
         store_figures(space, out, study)
         if args.zstd_levels:
             level_figures(space, out)

@@ -72,11 +72,15 @@ def compiled_for(num_rows: int) -> ModuleType | None:
 
 def preload(total_rows: int) -> bool:
     """Load the compiled kernel now where `auto` would take it for `total_rows` rows evaluated
-    in smaller grids (the chunks of a sweep); True if it is loaded."""
+    in smaller grids (the chunks of a sweep); True if it is loaded. From then on this process
+    also compiles the formula kernels of the models it evaluates (formulas_for) where the
+    choice is numba or `total_rows` is at least FORMULA_COMPILE_MIN_ROWS."""
     if kernel_choice() == "numpy":
         return False
     global _compile_formulas
-    _compile_formulas = _compile_formulas or total_rows >= FORMULA_COMPILE_MIN_ROWS
+    _compile_formulas = (
+        _compile_formulas or total_rows >= FORMULA_COMPILE_MIN_ROWS or kernel_choice() == "numba"
+    )
     if total_rows >= KERNEL_MIN_ROWS or kernel_choice() == "numba":
         return _load(required=kernel_choice() == "numba") is not None
     return _loaded
@@ -208,8 +212,11 @@ def _read_only(column: Any, dtype: type) -> np.ndarray:
 
 
 FORMULA_MIN_KEYS = 1 << 14
-"""Keys from which the per-key formulas run as a compiled loop where one is ready, whatever
-the choice (below, numpy's formulas take about 10 ms or less)."""
+"""Keys from which a model's formula kernel is loaded (or compiled) for a grid, whatever the
+choice (below, numpy's formulas take about 10 ms or less)."""
+FORMULA_LOADED_MIN_KEYS = 64
+"""Keys from which a model's formula kernel, once loaded in this process, is used (its call
+costs tens of microseconds; numpy's formulas about a millisecond at any size this small)."""
 FORMULA_COMPILE_MIN_ROWS = 1 << 27
 """Rows of a sweep (preload) from which `auto` compiles the formulas of a model it has no
 machine code for yet: numpy's formulas cost about 0.4-0.8 µs per key against 20-45 s to
@@ -224,15 +231,20 @@ formula_fallbacks: list[str] = []
 
 def formulas_for(m: Any, fn: Any, columns: dict[str, np.ndarray], num_keys: int) -> Any | None:
     """fn(m, columns)'s per-key terms as a compiled loop (engine/_formula_kernels.py), or None
-    where numpy's formulas should run: `TRAINMEM_KERNEL=numpy`, fewer than FORMULA_MIN_KEYS
-    keys, or under `auto` a model whose kernel is not compiled yet (unless a large sweep
-    preloaded: `TRAINMEM_KERNEL=numba` compiles it); also where the formulas do not trace or
-    a kernel disagrees with numpy on its first keys (formula_fallbacks says why)."""
+    where numpy's formulas should run.
+
+    With numba loaded (TRAINMEM_KERNEL=numba, or under `auto` a grid or sweep large enough for
+    the compiled loop) a model's kernel compiled before (by any process) is used for any grid of
+    FORMULA_LOADED_MIN_KEYS keys or more: a sweep's chunks too. A new one is compiled for a grid
+    of FORMULA_MIN_KEYS keys under TRAINMEM_KERNEL=numba, and for any grid after preload() of a
+    sweep under numba or of FORMULA_COMPILE_MIN_ROWS rows.
+    None also where the formulas do not trace or a kernel disagrees with numpy on its first
+    keys (formula_fallbacks says why)."""
     choice = kernel_choice()
-    if choice == "numpy" or num_keys < FORMULA_MIN_KEYS:
+    if choice == "numpy" or num_keys < FORMULA_LOADED_MIN_KEYS:
         return None
-    if choice == "auto" and not _loaded:  # numba stays unimported where the rows don't pay
-        return None
+    if not _loaded and (choice == "auto" or num_keys < FORMULA_MIN_KEYS):
+        return None  # numba stays unimported where the rows don't pay
     if _load(required=choice == "numba") is None:
         return None
     dtypes = tuple((k, v.dtype.str) for k, v in columns.items())
@@ -244,9 +256,12 @@ def formulas_for(m: Any, fn: Any, columns: dict[str, np.ndarray], num_keys: int)
     if key not in _formulas:
         _formulas[key] = _prepare(m, fn, dict(dtypes))
     ready = _formulas[key]
-    if ready is None or (choice == "auto" and not (ready.compiled() or _compile_formulas)):
+    if ready is None:
         return None
-    return ready.checked(columns)
+    if ready.kernel is not None or ready.compiled():  # loaded, or machine code on disk
+        return ready.checked(columns)
+    may_compile = _compile_formulas or (choice == "numba" and num_keys >= FORMULA_MIN_KEYS)
+    return ready.checked(columns) if may_compile else None
 
 
 class _Formulas:

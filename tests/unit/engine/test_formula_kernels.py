@@ -119,6 +119,20 @@ def test_compiled_formulas_equal_numpy(model: str, seed: int, monkeypatch) -> No
     markers = list(_formula_kernels.cache_dir().glob("formulas_*.ok"))
     assert len(markers) >= 2  # compiled and checked: `auto` takes them from now on
 
+    # A later process (fresh in-process state) under `auto`, numba loaded for a large grid or a
+    # sweep: the machine code on disk serves grids as small as a sweep's chunks.
+    monkeypatch.setenv(_kernel.KERNEL_ENV, "auto")
+    monkeypatch.setattr(_kernel, "FORMULA_MIN_KEYS", 1 << 14)
+    monkeypatch.setattr(_kernel, "_formulas", {})
+    monkeypatch.setattr(_kernel, "_compile_formulas", False)
+    monkeypatch.setattr(_kernel, "_loaded", True)
+    small = [(fn, {k: v[:100] for k, v in c.items()}) for fn, c in _per_key_calls(m, g)]
+    for fn, columns in small:
+        assert _kernel.formulas_for(m, fn, columns, 100) is not None, _kernel.formula_fallbacks
+    other = load_model("phi-3-mini")  # compiled by no test: numpy's formulas
+    for fn, columns in _per_key_calls(other, _grid(5, 300, moe=False)):
+        assert _kernel.formulas_for(other, fn, columns, 300) is None
+
 
 def test_untraceable_formulas_stay_numpy(monkeypatch) -> None:
     def inspects(m, c):  # a value tested in Python: the trace cannot follow it
@@ -126,6 +140,7 @@ def test_untraceable_formulas_stay_numpy(monkeypatch) -> None:
 
     monkeypatch.setenv(_kernel.KERNEL_ENV, "numba")
     monkeypatch.setattr(_kernel, "FORMULA_MIN_KEYS", 0)
+    monkeypatch.setattr(_kernel, "FORMULA_LOADED_MIN_KEYS", 0)
     monkeypatch.setattr(_kernel, "formula_fallbacks", [])
     columns = {"tp": np.array([1, 2, 4])}
     assert _kernel.formulas_for(load_model("gpt2"), inspects, columns, 3) is None
@@ -161,6 +176,7 @@ def test_an_unwritable_cache_keeps_numpy(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv(_formula_kernels.CACHE_ENV, str(blocker))
     monkeypatch.setenv(_kernel.KERNEL_ENV, "numba")
     monkeypatch.setattr(_kernel, "FORMULA_MIN_KEYS", 0)
+    monkeypatch.setattr(_kernel, "FORMULA_LOADED_MIN_KEYS", 0)
     monkeypatch.setattr(_kernel, "formula_fallbacks", [])
     monkeypatch.setattr(_kernel, "_formulas", {})
     assert _kernel.formulas_for(m, fn, columns, len(columns["tp"])) is None
