@@ -283,6 +283,12 @@ def _filled(value: int) -> Callable[..., Sym]:
     return filled
 
 
+def _full_like(a: Sym, fill_value: Any, dtype: Any = None, **kwargs: Any) -> Sym:
+    if isinstance(fill_value, Sym):
+        return fill_value.astype(a.dtype if dtype is None else dtype)
+    return _as(a.g, _strong(fill_value), np.dtype(a.dtype if dtype is None else dtype))
+
+
 _FUNCTIONS: dict[Any, Callable[..., Any]] = {
     np.where: _where,
     np.select: _select,
@@ -294,6 +300,7 @@ _FUNCTIONS: dict[Any, Callable[..., Any]] = {
     np.sum: _reduce(np.add),
     np.zeros_like: _filled(0),
     np.ones_like: _filled(1),
+    np.full_like: _full_like,
     np.broadcast_to: lambda a, shape, subok=False: a,
     np.shape: lambda a: (1,),
 }

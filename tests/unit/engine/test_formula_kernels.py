@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainmem.catalog import load_model
+from trainmem.catalog import load_model, load_profile
 from trainmem.engine import _formula_kernels, _formula_trace, _kernel, estimate, make_grid
 
 MODELS = (
@@ -76,10 +76,16 @@ def _per_key_calls(m, g) -> list[tuple]:
     return calls
 
 
-@pytest.mark.parametrize("model", MODELS)
-def test_generated_formulas_equal_numpy(model: str, monkeypatch) -> None:
-    m = load_model(model)
-    calls = _per_key_calls(m, _grid(7, 400, moe=m.is_moe))
+@pytest.mark.parametrize("model", [*MODELS, "profile:t5-v1_1-base-amp-bf16"])
+def test_generated_formulas_equal_numpy(model: str) -> None:
+    """The generator on every family's formulas, and on a traced profile's (its own terms)."""
+    if model.startswith("profile:"):
+        m = load_profile(model.split(":", 1)[1])
+        g = make_grid(micro_batch_size=np.arange(1, 41), seq_len=np.repeat([128, 512], 20))
+    else:
+        m = load_model(model)
+        g = _grid(7, 400, moe=m.is_moe)
+    calls = _per_key_calls(m, g)
     assert {fn.__name__ for fn, _ in calls} == {"state_terms", "activation_terms"}
     for fn, columns in calls:
         program = _formula_trace.trace(fn, m, {k: v.dtype for k, v in columns.items()})
