@@ -15,6 +15,7 @@ numpy does them (no contraction to FMA, no reassociation).
 from __future__ import annotations
 
 import numba
+import numpy as np
 from numba.extending import register_jitable
 
 from . import _assembly
@@ -51,9 +52,25 @@ _NUM_PEAKS = len(STAGE_PEAKS) - 1
 )
 
 
+GATHER_ROWS = 2048
+"""Rows per block of assemble_rows: each block first copies its rows' terms out of the per-key
+tables (a tight loop, whose cache misses overlap), then assembles them from that copy."""
+
+
+@numba.njit(nogil=True, cache=True)
+def _gather(table, keys, lo, hi):
+    """The rows keys[lo:hi] of a keys x terms table, as one contiguous block."""
+    out = np.empty((hi - lo, table.shape[1]))
+    for i in range(lo, hi):
+        row = table[keys[i]]
+        for t in range(table.shape[1]):
+            out[i - lo, t] = row[t]
+    return out
+
+
 @numba.njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def assemble_rows(
-    tables, keys, stages, two_variants, layout, rows, consts, extra_terms, outs, flags
+    tables, keys, stages, two_variants, gather, layout, rows, consts, extra_terms, outs, flags
 ):
     """Every row's columns, into `outs`: (the float columns per OUT_COLUMNS, the extra terms)
     and `flags` (int8 rows: the peak phase, the stage variant chosen, the fit 0/1).
@@ -61,18 +78,59 @@ def assemble_rows(
     tables: the state and activation tables (keys x terms, C order: a key's terms share cache
     lines) of the first stage variant, then of the last (read where `two_variants` and pp > 1:
     the worst rank is the one with the larger allocated peak, the first on a tie); keys: each
-    row's state and activation key; stages: each row's stage in the two variants; layout: pp and
-    virtual stages; rows: micro-batches per step, expandable segments (0/1), bytes outside
-    torch, the usable limit, the layout reason; consts: cuBLAS workspace, fragmentation
-    fraction (native, expandable), largest-block factor; extra_terms: state and activation
-    terms to copy out of the chosen variant's tables (state terms first).
+    row's state and activation key; stages: each row's stage in the two variants; `gather`:
+    copy each block's rows out of the tables first (large tables, read in random order: the
+    copy's misses overlap, the assembly's would not); layout: pp and virtual stages; rows:
+    micro-batches per step, expandable segments (0/1), bytes outside torch, the usable limit,
+    the layout reason; consts: cuBLAS workspace, fragmentation fraction (native, expandable),
+    largest-block factor; extra_terms: state and activation terms to copy out of the chosen
+    variant's tables (state terms first).
     """
+    n = len(keys[0])
+    for block in numba.prange((n + GATHER_ROWS - 1) // GATHER_ROWS):
+        lo, hi = block * GATHER_ROWS, min(n, (block + 1) * GATHER_ROWS)
+        if gather:
+            s0, a0 = _gather(tables[0], keys[0], lo, hi), _gather(tables[1], keys[1], lo, hi)
+            s1 = _gather(tables[2], keys[0], lo, hi) if two_variants else s0
+            a1 = _gather(tables[3], keys[1], lo, hi) if two_variants else a0
+            by_row = (s0, a0, s1, a1)
+            _assemble_block(
+                by_row, True, lo, hi, keys, stages, two_variants, layout, rows, consts,
+                extra_terms, outs, flags,
+            )  # fmt: skip
+        else:
+            _assemble_block(
+                tables, False, lo, hi, keys, stages, two_variants, layout, rows, consts,
+                extra_terms, outs, flags,
+            )  # fmt: skip
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _assemble_block(
+    tables,
+    by_row,
+    lo,
+    hi,
+    keys,
+    stages,
+    two_variants,
+    layout,
+    rows,
+    consts,
+    extra_terms,
+    outs,
+    flags,
+):
+    """Rows lo..hi of assemble_rows; `tables` hold their terms by key, or `by_row` (gathered:
+    row i at i - lo)."""
     s0, a0, s1, a1 = tables
     num_micro, expandable, outside_torch, limit, reason = rows
     extra_s, extra_a = extra_terms
     out, extra = outs
-    for i in numba.prange(len(keys[0])):
-        ks, ka, p, vs = keys[0][i], keys[1][i], layout[0][i], layout[1][i]
+    for i in range(lo, hi):
+        ks = i - lo if by_row else keys[0][i]
+        ka = i - lo if by_row else keys[1][i]
+        p, vs = layout[0][i], layout[1][i]
         r = _stage_peaks(s0[ks], a0[ka], p, vs, stages[0][i], num_micro[i])
         chosen = 0
         if two_variants and p > 1:

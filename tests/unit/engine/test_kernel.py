@@ -88,6 +88,19 @@ def test_compiled_assembly_equals_numpy(model: str, seed: int, monkeypatch) -> N
     assert 0 < np.mean(reference["fits"]) < 1 and np.any(reference["host_bytes"] > 0)
 
 
+def test_compiled_assembly_from_gathered_blocks_equals_numpy(monkeypatch) -> None:
+    """Large tables are copied out block by block first (_kernel.GATHER_MIN_BYTES): forced here,
+    with both stage variants and rows past a block boundary."""
+    monkeypatch.setattr(_kernel, "GATHER_MIN_BYTES", 0)
+    m = load_model("llama-3.1-8b")
+    g = _grid(6)
+    reference, compiled = _both(monkeypatch, lambda: estimate(m, g, usable_bytes=80e9))
+    _assert_same(reference, compiled)
+    assert np.any(reference["pp_stage"] > 0)
+    one_stage = ("peak_device_bytes", "fits", "host_bytes", "activations_per_layer")
+    _assert_same(*_both(monkeypatch, lambda: estimate(m, g, pp_stage=1, columns=one_stage)))
+
+
 def test_compiled_assembly_equals_numpy_on_a_stage_and_a_subset(monkeypatch) -> None:
     m = load_model("llama-2-7b")
     g = _grid(4)
