@@ -170,46 +170,74 @@ def _key_tables(
     own = stage_pos[0] is None
     keys = [[k for k in fields if own or k != "stage_pos"] for fields in (STATE_KEYS, ACT_KEYS)]
     codes = [factorize([cols[k] for k in fields]) for fields in keys]
-    fns = (state_terms, activation_terms)
     variants: list[_Tables] = []
     for pos in stage_pos:
         tables = []
         for j, ((_, reps), fields, names) in enumerate(zip(codes, keys, terms, strict=True)):
             sub = {k: cols[k][reps] for k in fields}
-            redo = np.arange(len(reps))
+            redo = None
             if pos is not None:
                 sub["stage_pos"] = pos[reps]
                 if variants:  # evaluate only the keys whose stage differs from the first's
                     redo = np.flatnonzero(sub["stage_pos"] != stage_pos[0][reps])  # type: ignore[index]
                     sub = {k: v[redo] for k, v in sub.items()}
-            table = (
-                np.array(variants[0][j], copy=True)
-                if variants
-                else np.empty((len(names), len(reps)))
-            )
-            compiled = _kernel.formulas_for(m, fns[j], sub, len(redo))
-            step = len(redo) if compiled is not None else KEY_BLOCK
-            for lo in range(0, len(redo), max(step, 1)):  # numpy's: keys in cache-sized blocks
-                block = slice(lo, lo + step)
-                part = sub if len(redo) <= step else {k: v[block] for k, v in sub.items()}
-                terms_of = fns[j](m, part) if compiled is None else compiled(part)
-                if j == 0:
-                    terms_of["states"] = (
-                        terms_of["parameters"]
-                        + terms_of["master_weights"]
-                        + terms_of["optimizer_states"]
-                    )
-                else:
-                    terms_of["fwd_max"] = np.maximum(
-                        terms_of["fwd_extra"], terms_of["fwd_block_extra"]
-                    )
-                rows = redo[block]
-                for i, k in enumerate(names):
-                    table[i, rows] = np.broadcast_to(terms_of[k], (len(rows),))
-            # Large tables go keys x terms (the transpose of a C-ordered array): see _block_terms.
-            tables.append(table if table.size <= _SMALL_TABLE else np.ascontiguousarray(table.T).T)
+            base = variants[0][j] if variants else None
+            tables.append(_table(m, _TABLE_TERMS[j], sub, names, base=base, redo=redo))
         variants.append(_Tables(*tables))
     return codes[0][0], codes[1][0], variants
+
+
+def _state_table_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """state_terms and their sum `states` (parameters, master weights, optimizer states)."""
+    t = state_terms(m, c)
+    t["states"] = t["parameters"] + t["master_weights"] + t["optimizer_states"]
+    return t
+
+
+def _activation_table_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """activation_terms and `fwd_max`, the larger of the two forward transients."""
+    t = activation_terms(m, c)
+    t["fwd_max"] = np.maximum(t["fwd_extra"], t["fwd_block_extra"])
+    return t
+
+
+_TABLE_TERMS = (_state_table_terms, _activation_table_terms)
+
+
+def _table(
+    m: ModelSpec,
+    fn,
+    sub: dict[str, np.ndarray],
+    names: list[str],
+    *,
+    base: np.ndarray | None,
+    redo: np.ndarray | None,
+) -> np.ndarray:
+    """The table of `fn`'s terms `names` on the keys `sub`: terms x keys, a large one as the
+    transpose of a keys x terms C array (see _block_terms). `base`: the first variant's table,
+    of which only the keys `redo` (those `sub` holds) are evaluated anew.
+
+    The formulas run as the model's compiled kernel where _kernel.formulas_for gives one (keys x
+    terms as they come), else numpy's in cache-sized blocks of KEY_BLOCK keys."""
+    num = len(sub["tp"])
+    compiled = _kernel.formulas_for(m, fn, sub, num)
+    if compiled is not None:
+        fresh = compiled.table(sub, names)
+        if base is None:
+            by_key = fresh
+        else:
+            by_key = np.array(base.T, order="C")
+            by_key[redo] = fresh
+        return by_key.T if by_key.size > _SMALL_TABLE else np.ascontiguousarray(by_key.T)
+    table = np.empty((len(names), num)) if base is None else np.array(base, copy=True)
+    keys = np.arange(num) if redo is None else redo
+    for lo in range(0, num, KEY_BLOCK):  # the keys in cache-sized blocks
+        block = slice(lo, lo + KEY_BLOCK)
+        terms_of = fn(m, sub if num <= KEY_BLOCK else {k: v[block] for k, v in sub.items()})
+        rows = keys[block]
+        for i, k in enumerate(names):
+            table[i, rows] = np.broadcast_to(terms_of[k], (len(rows),))
+    return table if table.size <= _SMALL_TABLE else np.ascontiguousarray(table.T).T
 
 
 def _block_terms(

@@ -27,7 +27,7 @@ import numpy as np
 from ._formula_trace import Program, Sym
 
 CACHE_ENV = "TRAINMEM_CACHE_DIR"
-SOURCE_VERSION = 1
+SOURCE_VERSION = 2
 """Bumped when the generated source's form changes (part of every kernel's hash)."""
 
 _BINARY = {
@@ -178,14 +178,15 @@ def _statement(p: Program, i: int, tables: dict[tuple, str]) -> str:
 
 
 def source(p: Program, outputs: tuple[str, ...]) -> str:
-    """The module source of `p`'s kernel: kernel(<columns>, out) writes output k of every key
-    to out[k] (float64, as numpy's tables hold them)."""
+    """The module source of `p`'s kernel: kernel(<columns>, out) writes output k of key i to
+    out[i, k] (float64, as numpy's tables hold them; a key's terms side by side, as the
+    per-row loop reads them)."""
     tables: dict[tuple, str] = {}
     body = [_statement(p, i, tables) for i in _live(p)]
     for k, name in enumerate(outputs):
         v = p.outputs[name]
         value = f"np.float64(v{v.id})" if isinstance(v, Sym) else _literal(v, np.dtype(np.float64))
-        body.append(f"out[{k}, i] = {value}")
+        body.append(f"out[i, {k}] = {value}")
     lines = [_PRELUDE, f"VERSION = {SOURCE_VERSION}", f"OUTPUTS = {outputs!r}"]
     for (values, dtype), name in tables.items():
         lines.append(f"{name} = np.array({list(values)!r}, dtype=np.{np.dtype(dtype).name})")
@@ -195,7 +196,7 @@ def source(p: Program, outputs: tuple[str, ...]) -> str:
         "",
         '@numba.njit(nogil=True, cache=True, error_model="numpy")',
         f"def kernel({columns}, out):",
-        "    for i in range(out.shape[1]):",
+        "    for i in range(out.shape[0]):",
         *(f"        {line}" for line in body),
     ]
     return "\n".join(lines) + "\n"

@@ -72,15 +72,13 @@ def compiled_for(num_rows: int) -> ModuleType | None:
 
 def preload(total_rows: int) -> bool:
     """Load the compiled kernel now where `auto` would take it for `total_rows` rows evaluated
-    in smaller grids (the chunks of a sweep); True if it is loaded. From then on this process
-    also compiles the formula kernels of the models it evaluates (formulas_for) where the
-    choice is numba or `total_rows` is at least FORMULA_COMPILE_MIN_ROWS."""
+    in smaller grids (the chunks of a sweep); True if it is loaded. Under TRAINMEM_KERNEL=numba
+    this process also compiles from then on the formula kernels of the models it evaluates,
+    however few keys a chunk has (formulas_for)."""
     if kernel_choice() == "numpy":
         return False
     global _compile_formulas
-    _compile_formulas = (
-        _compile_formulas or total_rows >= FORMULA_COMPILE_MIN_ROWS or kernel_choice() == "numba"
-    )
+    _compile_formulas = _compile_formulas or kernel_choice() == "numba"
     if total_rows >= KERNEL_MIN_ROWS or kernel_choice() == "numba":
         return _load(required=kernel_choice() == "numba") is not None
     return _loaded
@@ -228,10 +226,6 @@ choice (below, numpy's formulas take about 10 ms or less)."""
 FORMULA_LOADED_MIN_KEYS = 64
 """Keys from which a model's formula kernel, once loaded in this process, is used (its call
 costs tens of microseconds; numpy's formulas about a millisecond at any size this small)."""
-FORMULA_COMPILE_MIN_ROWS = 1 << 27
-"""Rows of a sweep (preload) from which `auto` compiles the formulas of a model it has no
-machine code for yet: numpy's formulas cost about 0.4-0.8 µs per key against 20-45 s to
-compile a model's kernels once (then cached on disk; loading them again takes about 0.3 s)."""
 FORMULA_CHECK_KEYS = 64
 """Keys on which a kernel is checked against numpy's formulas the first time a process uses it."""
 _compile_formulas = False
@@ -241,14 +235,14 @@ formula_fallbacks: list[str] = []
 
 
 def formulas_for(m: Any, fn: Any, columns: dict[str, np.ndarray], num_keys: int) -> Any | None:
-    """fn(m, columns)'s per-key terms as a compiled loop (engine/_formula_kernels.py), or None
-    where numpy's formulas should run.
+    """fn(m, columns)'s per-key terms as a compiled loop (engine/_formula_kernels.py: its
+    `table(columns, names)` gives keys x names), or None where numpy's formulas should run.
 
     With numba loaded (TRAINMEM_KERNEL=numba, or under `auto` a grid or sweep large enough for
     the compiled loop) a model's kernel compiled before (by any process) is used for any grid of
-    FORMULA_LOADED_MIN_KEYS keys or more: a sweep's chunks too. A new one is compiled for a grid
-    of FORMULA_MIN_KEYS keys under TRAINMEM_KERNEL=numba, and for any grid after preload() of a
-    sweep under numba or of FORMULA_COMPILE_MIN_ROWS rows.
+    FORMULA_LOADED_MIN_KEYS keys or more: a sweep's chunks too. Only TRAINMEM_KERNEL=numba
+    compiles a new one (20-45 s per model, then cached on disk; `auto` never pays that): for a
+    grid of FORMULA_MIN_KEYS keys, or for any grid after preload() of a sweep.
     None also where the formulas do not trace or a kernel disagrees with numpy on its first
     keys (formula_fallbacks says why)."""
     choice = kernel_choice()
@@ -270,9 +264,9 @@ def formulas_for(m: Any, fn: Any, columns: dict[str, np.ndarray], num_keys: int)
     if ready is None:
         return None
     if ready.kernel is not None or ready.compiled():  # loaded, or machine code on disk
-        return ready.checked(columns)
-    may_compile = _compile_formulas or (choice == "numba" and num_keys >= FORMULA_MIN_KEYS)
-    return ready.checked(columns) if may_compile else None
+        return ready if ready.checked(columns) else None
+    may_compile = choice == "numba" and (_compile_formulas or num_keys >= FORMULA_MIN_KEYS)
+    return ready if may_compile and ready.checked(columns) else None
 
 
 class _Formulas:
@@ -291,40 +285,46 @@ class _Formulas:
             self._compiled = _formula_kernels.checked_marker(self.text).is_file()
         return self._compiled
 
-    def run(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, columns: dict[str, np.ndarray]) -> np.ndarray:
+        """Every output of every key: keys x outputs (self.outputs' order), C order."""
         n = len(next(iter(columns.values())))
-        out = np.empty((len(self.outputs), n))
+        out = np.empty((n, len(self.outputs)))
         self.kernel(*(np.ascontiguousarray(v) for v in columns.values()), out)
-        return dict(zip(self.outputs, out, strict=True))
+        return out
 
-    def checked(self, columns: dict[str, np.ndarray]) -> Any | None:
-        """self.run, after (once per process) loading the kernel and checking its first keys
-        against numpy's formulas; None (and a fallback reason) where they differ."""
+    def table(self, columns: dict[str, np.ndarray], names: Sequence[str]) -> np.ndarray:
+        """The outputs `names` of every key: keys x names, C order."""
+        out = self.run(columns)
+        return out[:, [self.outputs.index(k) for k in names]]
+
+    def checked(self, columns: dict[str, np.ndarray]) -> bool:
+        """Whether the kernel is ready: (once per process) loaded and its first keys checked
+        against numpy's formulas; False (and a fallback reason) where they differ."""
         if self.kernel is not None:
-            return self.run
+            return True
         from . import _formula_kernels
 
         try:
             self.kernel = _formula_kernels.load(self.text)
         except OSError as error:
-            formula_fallbacks.append(f"{self.fn.__qualname__}: {error}")
-            return None
+            self._give_up(f"{type(error).__name__}: {error}")
+            return False
         sample = {k: v[:FORMULA_CHECK_KEYS] for k, v in columns.items()}
         try:  # the first call compiles the kernel, or loads its machine code
-            mine = self.run(sample)
+            mine = dict(zip(self.outputs, self.run(sample).T, strict=True))
         except Exception as error:  # numba's errors have no common base; numpy's stays
             self._give_up(f"{type(error).__name__}: {error}".splitlines()[0])
-            return None
+            return False
         theirs = self.fn(self.m, sample)
         n = len(next(iter(sample.values())))
         for k in self.outputs:
             expected = np.broadcast_to(np.asarray(theirs[k], dtype=np.float64), (n,))
             if not np.array_equal(mine[k], expected, equal_nan=True):
                 self._give_up(f"{k} differs from numpy's")
-                return None
+                return False
         _formula_kernels.checked_marker(self.text).touch()
         self._compiled = True
-        return self.run
+        return True
 
     def _give_up(self, why: str) -> None:
         """numpy's formulas for this model from now on, and why."""

@@ -15,6 +15,8 @@ import pytest
 from trainmem.catalog import load_model, load_profile
 from trainmem.engine import _formula_kernels, _formula_trace, _kernel, estimate, make_grid
 
+TABLE_TERMS = ("_state_table_terms", "_activation_table_terms")
+"""engine/_estimate.py's per-key functions: state_terms, activation_terms and what they add."""
 MODELS = (
     "llama-3.1-8b",
     "mixtral-8x7b",
@@ -86,17 +88,17 @@ def test_generated_formulas_equal_numpy(model: str) -> None:
         m = load_model(model)
         g = _grid(7, 400, moe=m.is_moe)
     calls = _per_key_calls(m, g)
-    assert {fn.__name__ for fn, _ in calls} == {"state_terms", "activation_terms"}
+    assert {fn.__name__ for fn, _ in calls} == set(TABLE_TERMS)
     for fn, columns in calls:
         program = _formula_trace.trace(fn, m, {k: v.dtype for k, v in columns.items()})
         names = tuple(program.outputs)
         kernel = _formula_kernels.interpret(_formula_kernels.source(program, names))
         n = len(columns["tp"])
-        got = np.empty((len(names), n))
+        got = np.empty((n, len(names)))
         with np.errstate(all="ignore"):
             kernel(*columns.values(), got)
             want = fn(m, columns)
-        for k, row in zip(names, got, strict=True):
+        for k, row in zip(names, got.T, strict=True):
             expected = np.broadcast_to(np.asarray(want[k], dtype=np.float64), (n,))
             np.testing.assert_array_equal(row, expected, err_msg=f"{model} {fn.__name__} {k}")
 
@@ -119,7 +121,7 @@ def test_compiled_formulas_equal_numpy(model: str, seed: int, monkeypatch) -> No
 
     monkeypatch.setattr(_kernel._Formulas, "run", run)
     compiled = estimate(m, g, usable_bytes=80e9)
-    assert {"state_terms", "activation_terms"} <= set(ran), _kernel.formula_fallbacks
+    assert set(TABLE_TERMS) <= set(ran), _kernel.formula_fallbacks
     for k, want in reference.items():
         np.testing.assert_array_equal(compiled[k], want, err_msg=k, strict=True)
     markers = list(_formula_kernels.cache_dir().glob("formulas_*.ok"))
@@ -158,7 +160,7 @@ def test_untraceable_formulas_stay_numpy(monkeypatch) -> None:
 
 def test_auto_does_not_compile_a_new_model(monkeypatch, tmp_path) -> None:
     """Under `auto` a model without machine code keeps numpy's formulas (compiling costs more
-    than most grids save), unless a sweep of FORMULA_COMPILE_MIN_ROWS rows preloaded."""
+    than most grids save), even after a sweep preloaded the compiled loop."""
     pytest.importorskip("numba")
     m = load_model("gpt2")
     calls = _per_key_calls(m, _grid(3, 200, moe=False))
@@ -167,6 +169,8 @@ def test_auto_does_not_compile_a_new_model(monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(_kernel, "FORMULA_MIN_KEYS", 0)
     monkeypatch.setattr(_kernel, "_compile_formulas", False)
     monkeypatch.setattr(_kernel, "_formulas", {})
+    monkeypatch.setattr(_kernel, "_loaded", False)
+    assert _kernel.preload(1 << 40)  # a huge sweep: the compiled loop loads, the formulas stay
     for fn, columns in calls:
         assert _kernel.formulas_for(m, fn, columns, len(columns["tp"])) is None
     assert not list(tmp_path.rglob("formulas_*"))
@@ -187,4 +191,4 @@ def test_an_unwritable_cache_keeps_numpy(monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(_kernel, "_formulas", {})
     assert _kernel.formulas_for(m, fn, columns, len(columns["tp"])) is None
     assert len(_kernel.formula_fallbacks) == 1
-    assert _kernel.formula_fallbacks[0].startswith(f"{fn.__qualname__}: ")
+    assert _kernel.formula_fallbacks[0].startswith(f"{fn.__qualname__} (gpt2): ")
