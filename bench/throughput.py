@@ -111,10 +111,12 @@ def main() -> None:
     grids["sweep grid (Cartesian product, 64 GPUs)"] = sweep_grid(args.rows)
     print(f"model={model.name} rows={args.rows:,} best_of={args.repeats}")
     rates: dict[tuple[str, str], float] = {}
-    min_keys = _kernel.FORMULA_MIN_KEYS
+    min_keys = _kernel.FORMULA_MIN_KEYS, _kernel.FORMULA_LOADED_MIN_KEYS
     for label, kernel, threads, formulas in _kernels():
         os.environ[_kernel.KERNEL_ENV] = kernel
-        _kernel.FORMULA_MIN_KEYS = min_keys if formulas else 1 << 62
+        _kernel.FORMULA_MIN_KEYS, _kernel.FORMULA_LOADED_MIN_KEYS = (
+            min_keys if formulas else (1 << 62, 1 << 62)
+        )
         if threads is None:
             os.environ.pop(_kernel.THREADS_ENV, None)
         else:
