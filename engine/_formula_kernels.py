@@ -202,12 +202,18 @@ def source(p: Program, outputs: tuple[str, ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cache_root() -> Path:
+    """trainmem's cache folder: TRAINMEM_CACHE_DIR, else $XDG_CACHE_HOME/trainmem or
+    ~/.cache/trainmem."""
+    if os.environ.get(CACHE_ENV, "").strip():
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join("~", ".cache")
+    return Path(base).expanduser() / "trainmem"
+
+
 def cache_dir() -> Path:
     """Where generated kernels and their machine code live."""
-    if os.environ.get(CACHE_ENV, "").strip():
-        return Path(os.environ[CACHE_ENV]).expanduser() / "formulas"
-    base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join("~", ".cache")
-    return Path(base).expanduser() / "trainmem" / "formulas"
+    return cache_root() / "formulas"
 
 
 def digest(text: str) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import sys
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
@@ -53,6 +54,13 @@ def _compiled() -> ModuleType | None:
     """engine/_kernel_numba, or None where it does not load: numba missing, a numba that does
     not support this numpy, or nowhere to cache the machine code (numba refuses cache=True
     without a writable folder beside the module or in its user cache, NUMBA_CACHE_DIR)."""
+    if "numba" not in sys.modules and not os.environ.get("NUMBA_CACHE_DIR", "").strip():
+        # numba keeps machine code beside the module by default: inside site-packages, where
+        # pip's uninstall leaves it behind (a later `pip install -e .` then finds a `trainmem`
+        # folder without __init__.py). Set before numba is imported: it reads it then.
+        from ._formula_kernels import cache_root
+
+        os.environ["NUMBA_CACHE_DIR"] = str(cache_root() / "numba")
     try:
         return importlib.import_module("._kernel_numba", __package__)
     except (ImportError, RuntimeError, OSError) as error:

@@ -6,8 +6,9 @@ This module imports numba: only engine/_kernel.py imports it, lazily. numpy's bl
 engine/_estimate.py are the reference; _assembly's functions follow them operation for
 operation, so the results agree to the bit (tests/unit/engine/test_kernel.py).
 
-Every function compiles with nogil=True, cache=True (machine code kept on disk next to this
-file, or in numba's user cache where that is read-only) and error_model="numpy" (a division by
+Every function compiles with nogil=True, cache=True (machine code kept on disk under
+NUMBA_CACHE_DIR, which engine/_kernel.py sets to trainmem's cache folder unless it is set: not
+next to this file, inside site-packages) and error_model="numpy" (a division by
 zero gives inf/NaN, as numpy's does), and without fastmath: IEEE operations in source order, as
 numpy does them (no contraction to FMA, no reassociation).
 """

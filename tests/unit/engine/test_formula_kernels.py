@@ -9,6 +9,10 @@ the compiled path on its larger grids too.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -192,3 +196,21 @@ def test_an_unwritable_cache_keeps_numpy(monkeypatch, tmp_path) -> None:
     assert _kernel.formulas_for(m, fn, columns, len(columns["tp"])) is None
     assert len(_kernel.formula_fallbacks) == 1
     assert _kernel.formula_fallbacks[0].startswith(f"{fn.__qualname__} (gpt2): ")
+
+
+def test_numba_caches_outside_the_package(tmp_path) -> None:
+    """numba's machine code goes to trainmem's cache folder, not beside the modules in
+    site-packages (where pip's uninstall would leave it, breaking a later editable install)."""
+    pytest.importorskip("numba")
+    env = {**os.environ, _formula_kernels.CACHE_ENV: str(tmp_path)}
+    env.pop("NUMBA_CACHE_DIR", None)
+    code = (
+        "import os; from trainmem.engine import _kernel; assert _kernel._compiled() is not None; "
+        "print(os.environ['NUMBA_CACHE_DIR'])"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == str(tmp_path / "numba")
+    assert list((tmp_path / "numba").rglob("*.nbi"))  # reason_rows, compiled on import
