@@ -224,11 +224,10 @@ def _table(
     if compiled is not None:
         fresh = compiled.table(sub, names)
         if base is None:
-            by_key = fresh
-        else:
-            by_key = np.array(base.T, order="C")
-            by_key[redo] = fresh
-        return by_key.T if by_key.size > _SMALL_TABLE else np.ascontiguousarray(by_key.T)
+            return _stored(fresh)
+        by_key = np.array(base.T, order="C")
+        by_key[redo] = fresh
+        return _stored(by_key)
     table = np.empty((len(names), num)) if base is None else np.array(base, copy=True)
     keys = np.arange(num) if redo is None else redo
     for lo in range(0, num, KEY_BLOCK):  # the keys in cache-sized blocks
@@ -237,7 +236,16 @@ def _table(
         rows = keys[block]
         for i, k in enumerate(names):
             table[i, rows] = np.broadcast_to(terms_of[k], (len(rows),))
-    return table if table.size <= _SMALL_TABLE else np.ascontiguousarray(table.T).T
+    return _stored(table.T)
+
+
+def _stored(by_key: np.ndarray) -> np.ndarray:
+    """A per-key table (keys x terms, any order) as _Tables keep it: terms x keys, C order when
+    small, else the transpose of a keys x terms C array (a key's terms share cache lines; see
+    _block_terms)."""
+    if by_key.size > _SMALL_TABLE:
+        return np.ascontiguousarray(by_key).T
+    return np.ascontiguousarray(by_key.T)
 
 
 def _block_terms(

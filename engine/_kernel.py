@@ -271,10 +271,12 @@ def formulas_for(m: Any, fn: Any, columns: dict[str, np.ndarray], num_keys: int)
     ready = _formulas[key]
     if ready is None:
         return None
-    if ready.kernel is not None or ready.compiled():  # loaded, or machine code on disk
-        return ready if ready.checked(columns) else None
-    may_compile = choice == "numba" and (_compile_formulas or num_keys >= FORMULA_MIN_KEYS)
-    return ready if may_compile and ready.checked(columns) else None
+    usable = (
+        ready.kernel is not None  # loaded in this process
+        or ready.compiled()  # machine code on disk
+        or (choice == "numba" and (_compile_formulas or num_keys >= FORMULA_MIN_KEYS))
+    )
+    return ready if usable and ready.checked(columns) else None
 
 
 class _Formulas:

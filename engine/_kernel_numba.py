@@ -90,20 +90,16 @@ def assemble_rows(
     n = len(keys[0])
     for block in numba.prange((n + GATHER_ROWS - 1) // GATHER_ROWS):
         lo, hi = block * GATHER_ROWS, min(n, (block + 1) * GATHER_ROWS)
+        terms = tables
         if gather:
             s0, a0 = _gather(tables[0], keys[0], lo, hi), _gather(tables[1], keys[1], lo, hi)
             s1 = _gather(tables[2], keys[0], lo, hi) if two_variants else s0
             a1 = _gather(tables[3], keys[1], lo, hi) if two_variants else a0
-            by_row = (s0, a0, s1, a1)
-            _assemble_block(
-                by_row, True, lo, hi, keys, stages, two_variants, layout, rows, consts,
-                extra_terms, outs, flags,
-            )  # fmt: skip
-        else:
-            _assemble_block(
-                tables, False, lo, hi, keys, stages, two_variants, layout, rows, consts,
-                extra_terms, outs, flags,
-            )  # fmt: skip
+            terms = (s0, a0, s1, a1)
+        _assemble_block(
+            terms, gather, lo, hi, keys, stages, two_variants, layout, rows, consts, extra_terms,
+            outs, flags,
+        )  # fmt: skip
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")
