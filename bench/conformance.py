@@ -526,13 +526,32 @@ def evaluate(
     cases: list[dict[str, Any]], results: dict[str, dict[str, Any]], config_dir: Path
 ) -> list[dict[str, Any]]:
     """One row per cell: its errors (or why there are none)."""
+    return scored_rows(
+        cases,
+        results,
+        name=case_name,
+        key=case_key,
+        predict=lambda case: estimate_case(case, config_file(case["family"], config_dir)),
+    )
+
+
+def scored_rows(
+    cases: list[dict[str, Any]],
+    results: dict[str, dict[str, Any]],
+    *,
+    name: Callable[[dict[str, Any]], str],
+    key: Callable[[dict[str, Any], str], str],
+    predict: Callable[[dict[str, Any]], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """scored_row of every cell: its `name`, its traced result (by `key` with the trace's
+    fingerprint) and the estimate `predict` makes of it."""
     fingerprint = _trace_fingerprint()
     return [
         scored_row(
             case,
-            case_name(case),
-            results.get(case_key(case, fingerprint)),
-            lambda case=case: estimate_case(case, config_file(case["family"], config_dir)),
+            name(case),
+            results.get(key(case, fingerprint)),
+            lambda case=case: predict(case),
         )
         for case in cases
     ]

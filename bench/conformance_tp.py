@@ -52,7 +52,7 @@ from bench.conformance import (
     guarded_trace,
     job_key,
     read_cached,
-    scored_row,
+    scored_rows,
     write_cached,
     write_config,
 )
@@ -237,16 +237,13 @@ def evaluate(
     cases: list[dict[str, Any]], results: dict[str, dict[str, Any]], config_dir: Path
 ) -> list[dict[str, Any]]:
     """One row per cell: its errors (or why there are none), scored as bench/conformance.py's."""
-    fingerprint = _trace_fingerprint()
-    return [
-        scored_row(
-            case,
-            case_name(case),
-            results.get(case_key(case, fingerprint)),
-            lambda case=case: estimate_case(case, config_file(case["family"], config_dir)),
-        )
-        for case in cases
-    ]
+    return scored_rows(
+        cases,
+        results,
+        name=case_name,
+        key=case_key,
+        predict=lambda case: estimate_case(case, config_file(case["family"], config_dir)),
+    )
 
 
 def print_report(rows: list[dict[str, Any]], *, all_rows: bool) -> None:
