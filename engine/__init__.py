@@ -36,6 +36,7 @@ from ._estimate import (
     reason_text,
 )
 from ._flops import model_flops_per_token
+from ._frameworks import FRAMEWORK_SPECS, FrameworkSpec
 from ._grid import (
     ATTENTION,
     DEFAULTS,
@@ -73,6 +74,8 @@ _PROFILE_NAMES = ("ActivationProfile", "derive_profile", "profile_model", "valid
 """Names of engine/_activation_profile.py: only `--profile` and `trace` need them."""
 
 __all__ = [
+    "FRAMEWORK_SPECS",
+    "FrameworkSpec",
     "FAMILIES",
     "preload_kernel",
     "estimate_one",

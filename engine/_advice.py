@@ -18,6 +18,7 @@ import numpy as np
 from ._config import parallel_layout
 from ._data_parallel import ZERO_PARAMETERS, ZERO_STATES, is_fsdp2
 from ._estimate import PHASES, estimate, layout_reason
+from ._frameworks import FRAMEWORK_SPECS
 from ._grid import FRAMEWORKS, PRECISIONS, RECOMPUTE, make_grid
 from ._lora import LORA_ADAPTER_BYTES
 from ._loss import LOSS_GRADIENT_TENSORS
@@ -183,6 +184,11 @@ def _memory_changes(c: dict[str, Any], *, optimizer_name: str | None) -> list[_C
         out.append(("allocator", words, {"allocator": "expandable-segments"}))
     if c["compile"] == "none":
         out.append(("compile", "compile none -> blocks", {"compile": "blocks"}))
+    load = str(c.get("load", "auto"))
+    resolved = FRAMEWORK_SPECS[str(c["framework"])].load if load == "auto" else load
+    if resolved in ("full-state-dict", "cpu-full-state-dict"):
+        words = f"load {resolved} -> meta-init (rank 0 reads the checkpoint, shards stream out)"
+        out.append(("load", words, {"load": "meta-init"}))
     return out
 
 
@@ -264,7 +270,8 @@ def advise(
         if time_kwargs
         else np.full(len(rows), np.nan)
     )
-    peak = out["peak_device_bytes"]
+    # What a change saves is judged on the binding peak: the step's or, where larger, the load's.
+    peak = np.maximum(out["peak_device_bytes"], out["peak_load_bytes"])
     items: list[dict[str, Any]] = []
     for i, r in enumerate(rows[1:], start=1):
         items.append(
@@ -276,7 +283,7 @@ def advise(
                 "gpu": r.gpu,
                 "num_changes": r.knob.count("+") + 1,
                 "saved_bytes": int(round(peak[0])) - int(round(peak[i])),
-                "peak_device_bytes": int(round(peak[i])),
+                "peak_device_bytes": int(round(out["peak_device_bytes"][i])),
                 "fits": bool(out["fits"][i]),
                 "step_time_ratio": float(step[i] / step[0]),
             }
@@ -324,8 +331,8 @@ def _estimate_on_own_gpus(
     for key in ("peak_reserved_bytes", "peak_device_bytes", "framework_overhead"):
         out[key] = out[key] + extra
     limit = usable * (1.0 - headroom)
-    out["headroom_bytes"] = limit - out["peak_device_bytes"]
-    out["fits"] = (out["peak_device_bytes"] <= limit) & (out["reason"] == 0)
+    out["headroom_bytes"] = limit - np.maximum(out["peak_device_bytes"], out["peak_load_bytes"])
+    out["fits"] = (out["headroom_bytes"] >= 0) & (out["reason"] == 0)
     return out
 
 

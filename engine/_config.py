@@ -25,6 +25,7 @@ from ._vocab import (
     ATTENTION,
     COMPILES,
     FRAMEWORKS,
+    LOADS,
     LOSSES,
     OFFLOADS,
     PRECISIONS,
@@ -151,6 +152,12 @@ class TrainingConfig:
         "native",
         help=" | ".join(ALLOCATORS) + " (PYTORCH_CUDA_ALLOC_CONF expandable_segments)",
         choices=ALLOCATORS,
+    )
+    load: str = knob(
+        "auto",
+        help=" | ".join(LOADS) + " (how the model and checkpoint load before step 1; auto: the "
+        "framework's own)",
+        choices=LOADS,
     )
 
     def __post_init__(self) -> None:

@@ -97,6 +97,8 @@ OUTPUTS = (
     "fits",
     "headroom_bytes",
     "reason",
+    "peak_load_bytes",
+    "load_host_bytes",
 )
 """Every column `estimate` returns, in order."""
 
@@ -117,6 +119,8 @@ _S_TERMS = (
     "parameters",
     "master_weights",
     "optimizer_states",
+    "load_peak",
+    "load_host_bytes",
 )
 _A_TERMS = (
     "stage_act",
@@ -515,10 +519,7 @@ def estimate(
     compiled = _kernel.compiled_for(n)  # loads numba first where the rows pay (formulas too)
     derived = {"dp": dp, "sp": sp, "lora_zero3": lora_zero3(g["zero"], g["lora_rank"])}
     stages, keys = _stage_variants(m, {**g, **derived}, pp, pp_stage, terms)
-    limit = np.broadcast_to(
-        np.asarray(usable_bytes, dtype=np.float64) * (1.0 - np.asarray(headroom, dtype=np.float64)),
-        (n,),
-    )
+    limit = _usable_limit(usable_bytes, headroom, n)
     outside_torch, framework_overhead = _outside_torch(ov, dp=dp, tp=tp, pp=pp, cp=cp)
     job = _Job(
         keys,
@@ -534,6 +535,7 @@ def estimate(
         framework_overhead,
     )
     out = _numpy_columns(job) if compiled is None else _compiled_columns(compiled, job)
+    out.update(_with_load(out, keys, terms, limit=limit, outside_torch=outside_torch))
     whole = {"dp": dp, "num_microbatches": num_micro, "reason": reason}
     for k in want - out.keys():  # no rows, or a whole-grid column
         out[k] = whole[k] if k in whole else np.empty(0, dtype=OUTPUT_DTYPES.get(k, np.float64))
@@ -728,6 +730,45 @@ def _compiled_columns(module, job: _Job) -> dict[str, np.ndarray]:
     if "host_bytes" in want:
         cols["host_bytes"] = cols["host_bytes"] + cols["in_flight"] * cols["activations_offloaded"]
     return {k: cols[k] for k in want if k in cols}
+
+
+def _usable_limit(usable_bytes, headroom, n: int) -> np.ndarray:
+    """The bytes a row's device may hold: usable memory less the headroom, per row."""
+    usable = np.asarray(usable_bytes, dtype=np.float64)
+    return np.broadcast_to(usable * (1.0 - np.asarray(headroom, dtype=np.float64)), (n,))
+
+
+def _with_load(
+    out: dict[str, np.ndarray],
+    keys: _Keys,
+    terms: tuple[list[str], list[str]],
+    *,
+    limit: np.ndarray,
+    outside_torch: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """The load phase's columns of every row, and the step's fit and headroom judged with it.
+
+    peak_load_bytes: device bytes at the load's peak (engine/_load.py), the worse of the
+    pipeline's first and last stages, with the CUDA context and NCCL buffers (the process group
+    exists before the model loads); load_host_bytes: the host RAM a rank holds then. `fits`
+    needs the load to fit too; `headroom_bytes` is the smaller margin of the two phases.
+    Ignores: fragmentation and the cuBLAS workspace during the load (no matmul runs).
+    """
+    if not len(limit):
+        return {}
+    i_peak, i_host = terms[0].index("load_peak"), terms[0].index("load_host_bytes")
+    peak = host = None
+    for tables in keys.variants:
+        p, h = tables.state[i_peak][keys.state], tables.state[i_host][keys.state]
+        peak = p if peak is None else np.maximum(peak, p)
+        host = h if host is None else np.maximum(host, h)
+    device = peak + np.broadcast_to(outside_torch, peak.shape)
+    cols = {"peak_load_bytes": device, "load_host_bytes": host}
+    if "fits" in out:
+        cols["fits"] = out["fits"] & (device <= limit)
+    if "headroom_bytes" in out:
+        cols["headroom_bytes"] = np.minimum(out["headroom_bytes"], limit - device)
+    return cols
 
 
 def _device_columns(

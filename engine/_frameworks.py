@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._codes import RECOMPUTE_SELECTIVE
-from ._vocab import FRAMEWORKS, RECOMPUTE
+from ._vocab import FRAMEWORKS, LOADS, RECOMPUTE
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,6 +40,11 @@ class FrameworkSpec:
     saves an fp32 copy and the normalised tensor."""
     fused_qkv: bool
     """The framework's models project q, k and v with one matrix (one matmul output)."""
+    load: str
+    """How the stack builds its model and loads the pretrained checkpoint (`--load auto`), one
+    of LOADS but `auto` (engine/_load.py)."""
+    load_source: str
+    """The stack's file that decides `load`."""
     norm_input_fp32: bool = False
     """The fused RMSNorm runs on an fp32 copy of its input (`F.rms_norm(x.float())`), which it
     keeps for backward instead of the 16-bit input."""
@@ -66,6 +71,14 @@ class FrameworkSpec:
 
 FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
     "hf": FrameworkSpec(
+        load="cpu-full-state-dict",
+        load_source=(
+            "transformers from_pretrained on every rank builds the model on the CPU; accelerate "
+            "1.15 utils/fsdp_utils.py fsdp2_prepare_model (fsdp_cpu_ram_efficient_loading "
+            "defaults to False: fully_shard moves each block of the CPU model to the GPU, then "
+            "shards it); the Trainer moves an unsharded model whole "
+            "(Trainer._move_model_to_device)."
+        ),
         selective="selective",
         loss_parallel=False,
         fsdp2=True,
@@ -78,6 +91,11 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         "`selective` is the attention-core rule.",
     ),
     "megatron": FrameworkSpec(
+        load="sharded",
+        load_source=(
+            "megatron/training/checkpointing.py load_checkpoint (each rank loads its own "
+            "tensor/pipeline shard; dist_checkpointing with the distributed optimizer)."
+        ),
         selective="selective",
         loss_parallel=True,
         fsdp2=False,
@@ -89,6 +107,14 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         "(vocab_parallel_cross_entropy).",
     ),
     "deepspeed": FrameworkSpec(
+        load="cpu-full-state-dict",
+        load_source=(
+            "transformers from_pretrained under deepspeed.zero.Init when ZeRO-3 is on "
+            "(integrations/deepspeed.py is_deepspeed_zero3_enabled; each parameter partitioned as "
+            "it is created, the state dict read on every rank's CPU and gathered one module at a "
+            "time, modeling_utils _load_state_dict_into_zero3_model); stages 0-2 hold the whole "
+            "model anyway."
+        ),
         selective="selective",
         loss_parallel=False,
         fsdp2=False,
@@ -99,6 +125,12 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         "checkpoints only; `selective` is the attention-core rule); HF model heads.",
     ),
     "torchtitan": FrameworkSpec(
+        load="sharded",
+        load_source=(
+            "torchtitan 0.3.0 train.py (model built on the meta device, parallelized, "
+            "init_weights on the shards) and components/checkpoint.py (dcp.load of the sharded "
+            "state dict)."
+        ),
         selective="selective-op",
         loss_parallel=True,
         fsdp2=True,
@@ -119,6 +151,12 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         "torchtitan_llama3_ac.json, torchtitan_llama3_8b_fsdp.json.",
     ),
     "torchtune": FrameworkSpec(
+        load="meta-init",
+        load_source=(
+            "torchtune 0.6.1 recipes/full_finetune_distributed.py (model built on meta under "
+            "set_default_dtype) and training/_distributed.py load_from_full_model_state_dict "
+            "(each full tensor moved to the device and distribute_tensor'd, one at a time)."
+        ),
         selective="selective-layer",
         loss_parallel=False,
         fsdp2=True,
@@ -140,6 +178,8 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
     ),
 }
 assert tuple(FRAMEWORK_SPECS) == FRAMEWORKS, "one spec per framework, in vocabulary order"
+for _name, _spec in FRAMEWORK_SPECS.items():
+    assert _spec.load in LOADS and _spec.load != "auto", f"{_name}: load must name a mode"
 
 
 def _table(field: str) -> np.ndarray:
@@ -168,6 +208,10 @@ LOGITS_UPCAST_IN_MODEL = _table("logits_upcast_in_model")
 """Per framework code: the model returns fp32 logits."""
 FSDP2_EMBEDDING_UNIT = _table("fsdp2_embedding_unit")
 """Per framework code: FSDP2 units as torchtitan wraps them (FrameworkSpec)."""
+LOAD_POLICY = np.array(
+    [LOADS.index(FRAMEWORK_SPECS[name].load) for name in FRAMEWORKS], dtype=np.int64
+)
+"""Per framework code: the LOADS code `--load auto` resolves to."""
 SELECTIVE_POLICY = np.array(
     [RECOMPUTE.index(FRAMEWORK_SPECS[name].selective) for name in FRAMEWORKS], dtype=np.int64
 )

@@ -18,6 +18,7 @@ from ._vocab import (
     ATTENTION,
     COMPILES,
     FRAMEWORKS,
+    LOADS,
     LOSSES,
     OFFLOADS,
     OPTIMIZERS,
@@ -35,6 +36,7 @@ CATEGORICAL: dict[str, tuple[str, ...]] = {
     "loss": LOSSES,
     "allocator": ALLOCATORS,
     "compile": COMPILES,
+    "load": LOADS,
 }
 
 OPTIMIZER_COLUMNS: dict[str, Any] = {

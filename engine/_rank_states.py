@@ -29,8 +29,10 @@ from ._frameworks import (
     ADAPTERS_IN_PARAM_DTYPE,
     FP8_WEIGHT_CACHE,
     FSDP2_EMBEDDING_UNIT,
+    LOAD_POLICY,
     state_shard_degree,
 )
+from ._load import load_buffer_bytes, load_host_bytes, load_policy
 from ._lora import (
     LORA_ADAPTER_BYTES,
     Adapters,
@@ -88,6 +90,7 @@ STATE_KEYS = (
     "optimizer_temp_states",
     "optimizer_eight_bit",
     "optimizer_in_backward",
+    "load",
 )
 
 
@@ -297,6 +300,7 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     s = offloaded_states(
         m, offload=x.offload, states=states, state_numel=state_numel, layer_numel=layer
     )
+    load = _load_terms(x, c, param_e, states["parameters"], resident=s["parameters"])
     fp8_cache = _fp8_cache(x)
     fsdp_active = x.fsdp2 & (x.dp > 1)
     fsdp_fwd, fsdp_bwd = _fsdp2_buffers(m, x, layer, active=fsdp_active, single_stage=c["pp"] <= 1)
@@ -312,6 +316,8 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     held = s["parameters"] + s["master_weights"] + s["optimizer_states"]
     return {
         **s,
+        "load_peak": s["parameters"] + load["buffer"],
+        "load_host_bytes": load["host"],
         "persistent": held + ds_buffers + fp8_cache,
         "fp8_weight_cache": fp8_cache,
         "fsdp_fwd": fsdp_fwd + dequant,
@@ -321,6 +327,35 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
         "top_grads": np.where(in_backward, s["gradients"], grads_top),
         "optimizer_peak": held + s["gradients"] + s["optimizer_step_temporaries"] + fp8_cache,
     }
+
+
+def _load_terms(
+    x: RankLayout, c: dict[str, np.ndarray], param_e, parameters, *, resident
+) -> dict[str, np.ndarray]:
+    """The load phase's GPU buffer and host bytes of the rank (engine/_load.py), from its model
+    slice: the unsharded tensors of its tp/pp part in the parameters' dtype (LoRA: the rank's
+    `parameters`, base and adapters, times the shard degree where ZeRO-3 shards them);
+    `resident`: the parameter bytes the GPU keeps (none of the offloaded ones).
+    Assumes: a block's and the largest tensor's bytes in the parameters' dtype (a QLoRA base
+    quantises each 16-bit tensor as it reaches the GPU: that transient is ignored)."""
+    mode = load_policy(c["load"], LOAD_POLICY[x.fw])
+    sharded = x.zero >= ZERO_PARAMETERS
+    whole = rank_bytes(x.full, x.part, param_e, False)
+    slice_bytes = np.where(x.lora, np.where(sharded, parameters * x.dp, parameters), whole)
+    present = [t for t in x.full if len(t.tensor.shape) >= 1]
+    largest = np.max(
+        np.stack([np.where(t.count > 0, t.numel, 0.0) * np.ones_like(x.dp) for t in present]),
+        axis=0,
+    )
+    buffer = load_buffer_bytes(
+        mode,
+        slice_bytes=slice_bytes,
+        resident_param_bytes=resident,
+        block_bytes=param_e * largest_layer_numel(x.full, x.counts),
+        largest_tensor_bytes=param_e * largest,
+        shard_degree=np.where(sharded, x.dp, 1.0),
+    )
+    return {"buffer": buffer, "host": load_host_bytes(mode, slice_bytes=slice_bytes)}
 
 
 def _fp8_cache(x: RankLayout) -> np.ndarray:

@@ -181,21 +181,16 @@ def estimate_one(
     reason = _reason(m, cache, row)
     peaks, s, a, stage = _worst_rank(m, cache, row, pp_stage, num_micro)
     allocated = peaks[_assembly.ALLOCATED]
-    consts = (
-        ov.cublas_workspace_bytes,
-        ov.fragmentation_fraction,
-        ov.expandable_segments_fragmentation_fraction,
-        ov.fragmentation_largest_block_factor,
-    )
     expandable = row["allocator"] == EXPANDABLE_SEGMENTS
     fragmentation = _assembly.fragmentation(
-        s, a, allocated, peaks[_assembly.GRADS_AT_PEAK], expandable, consts
+        s, a, allocated, peaks[_assembly.GRADS_AT_PEAK], expandable, _consts(ov)
     )
     communicators = float((dp > 1) + (tp > 1) + (pp > 1) + (cp > 1))
     outside_torch = ov.cuda_context_bytes + ov.nccl_bytes_per_communicator * communicators
     reserved = allocated + ov.cublas_workspace_bytes + fragmentation
     device = reserved + outside_torch
     limit = usable_bytes * (1.0 - headroom)
+    load_device, load_host = _load(m, cache, row, pp_stage, s, outside_torch)
     out: dict[str, Any] = dict(zip(_assembly.STAGE_PEAKS, peaks, strict=True))
     out.update(
         peak_phase=int(out["peak_phase"]),
@@ -206,9 +201,11 @@ def estimate_one(
         pp_stage=stage,
         dp=dp,
         num_microbatches=num_micro,
-        fits=bool(device <= limit and reason == 0),
-        headroom_bytes=limit - device,
+        fits=bool(device <= limit and reason == 0 and load_device <= limit),
+        headroom_bytes=min(limit - device, limit - load_device),
         reason=reason,
+        peak_load_bytes=load_device,
+        load_host_bytes=load_host,
     )
     out.update(_terms_out(s, a, out["in_flight"]))
     if columns is None:
@@ -231,6 +228,38 @@ def _worst_rank(
         if last[_assembly.ALLOCATED] > peaks[_assembly.ALLOCATED]:
             return last, s_last, a_last, pp - 1
     return peaks, s, a, stage
+
+
+def _consts(ov: Overheads) -> tuple[float, float, float, float]:
+    """The overheads _assembly.fragmentation reads, in its order."""
+    return (
+        ov.cublas_workspace_bytes,
+        ov.fragmentation_fraction,
+        ov.expandable_segments_fragmentation_fraction,
+        ov.fragmentation_largest_block_factor,
+    )
+
+
+def _load(
+    m: ModelSpec,
+    cache: _ModelCache,
+    row: dict[str, Any],
+    pp_stage: int | None,
+    s: tuple,
+    outside_torch: float,
+) -> tuple[float, float]:
+    """(device bytes, host bytes) at the load phase's peak (estimate's _with_load): the worse
+    of the first and last stages, or stage `pp_stage`'s (whose terms are `s`), with the bytes
+    outside torch (`outside_torch`)."""
+    peak, host = s[_S_INDEX["load_peak"]], s[_S_INDEX["load_host_bytes"]]
+    if pp_stage is not None:
+        return peak + outside_torch, host
+    pp = row["pp"]
+    for pos in (_stage_pos(0, pp), _stage_pos(pp - 1, pp)):
+        t, _ = _terms(m, cache, row, pos)
+        peak = max(peak, t[_S_INDEX["load_peak"]])
+        host = max(host, t[_S_INDEX["load_host_bytes"]])
+    return peak + outside_torch, host
 
 
 def _terms_out(s: tuple[float, ...], a: tuple[float, ...], in_flight: float) -> dict[str, float]:

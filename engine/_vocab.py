@@ -27,3 +27,6 @@ COMPILES = ("none", "blocks", "blocks+loss")
 """torch.compile of nothing, of each transformer block, or of the blocks and the loss."""
 ALLOCATORS = ("native", "expandable-segments")
 """PYTORCH_CUDA_ALLOC_CONF: the default caching allocator, or expandable_segments:True."""
+LOADS = ("auto", "full-state-dict", "cpu-full-state-dict", "meta-init", "sharded")
+"""How the job builds its model and loads the checkpoint before step 1 (engine/_load.py); auto:
+the stack's own default (FrameworkSpec.load)."""

@@ -219,7 +219,8 @@ def estimate_report(
         )
     )
     report = row_report(spec, out, gpu=profile, config=config, headroom=headroom)
-    report.update(host_fit(out["host_bytes"][0], config["num_gpus"], profile, host_memory_gib))
+    host_need = max(out["host_bytes"][0], out["load_host_bytes"][0])
+    report.update(host_fit(host_need, config["num_gpus"], profile, host_memory_gib))
     report["fits"] = report["fits"] and report["host_fits"]
     if tokens is not None and not (tokens > 0 and np.isfinite(tokens)):
         raise ValueError(f"tokens: must be a number > 0, got {tokens}")

@@ -6,7 +6,15 @@ from typing import Any
 
 import numpy as np
 
-from trainmem.engine import COMPONENTS, GIB, PHASES, ModelSpec, lora_mask, lora_num_parameters
+from trainmem.engine import (
+    COMPONENTS,
+    FRAMEWORK_SPECS,
+    GIB,
+    PHASES,
+    ModelSpec,
+    lora_mask,
+    lora_num_parameters,
+)
 from trainmem.hardware import GpuProfile
 
 from ._advice import advice_lines
@@ -72,7 +80,27 @@ def row_report(
         "headroom": headroom,
         "fits": bool(_at(out, "fits", row)),
         "headroom_bytes": _int(_at(out, "headroom_bytes", row)),
+        "peak_load_bytes": _int(_at(out, "peak_load_bytes", row)),
+        "load": load_report(out, config, gpu=gpu, headroom=headroom, row=row),
         "units": "bytes per device (worst rank); GiB = 2**30 in the human output",
+    }
+
+
+def load_report(
+    out: dict[str, np.ndarray], config: dict[str, Any], *, gpu: GpuProfile, headroom: float, row
+) -> dict[str, Any]:
+    """The load phase of one row (`load` of estimate --json): the mode it runs (`--load`, or
+    the framework's own where auto, with the file that decides it), its device peak, the host
+    RAM a rank holds then, and whether the load alone fits the GPU."""
+    spec = FRAMEWORK_SPECS[config["framework"]]
+    asked = config.get("load", "auto")
+    peak = _int(_at(out, "peak_load_bytes", row))
+    return {
+        "mode": spec.load if asked == "auto" else asked,
+        "from": f"framework-default:{spec.load_source}" if asked == "auto" else "flag",
+        "peak_device_bytes": peak,
+        "host_bytes_per_rank": _int(_at(out, "load_host_bytes", row)),
+        "fits": bool(peak <= gpu.usable_bytes * (1.0 - headroom)),
     }
 
 
@@ -195,18 +223,38 @@ def _knobs(c: dict[str, Any]) -> str:
     return "".join(f", {w}" for w in words)
 
 
-def host_lines(report: dict[str, Any]) -> list[str]:
-    """The node's host RAM line, when the job keeps anything in host memory (CPU offload)."""
-    need = report.get("node_host_bytes", 0)
-    if not need:
+def load_lines(report: dict[str, Any]) -> list[str]:
+    """The load phase's line: its mode, device peak and host RAM per rank, and a warning when
+    the job would run out of memory before step 1."""
+    load = report.get("load")
+    if not load:
         return []
+    whose = "the framework's default" if load["from"] != "flag" else "--load"
+    host = load["host_bytes_per_rank"]
+    host_words = f", {host / GIB:.2f} GiB host RAM per rank" if host else ""
+    warn = "" if load["fits"] else ": DOES NOT FIT, out of memory before step 1"
+    return [
+        f"  load ({load['mode']}, {whose}): {load['peak_device_bytes'] / GIB:.2f} GiB on the "
+        f"device{host_words}{warn}"
+    ]
+
+
+def host_lines(report: dict[str, Any]) -> list[str]:
+    """The node's host RAM line, when the job keeps anything in host memory (CPU offload) or
+    the node's RAM does not hold it (the step's or the load's, whichever needs more)."""
+    need = report.get("node_host_bytes", 0)
+    if not need or (not report.get("host_bytes") and report.get("host_fits", True)):
+        return []
+    load_host = report.get("load", {}).get("host_bytes_per_rank", 0)
+    per_rank = max(report["host_bytes"], load_host)
+    what = "CPU offload" if report["host_bytes"] >= load_host else "model load"
     limit = report.get("host_memory_per_node_bytes")
     of = "no host RAM known" if limit is None else f"of {limit / GIB:,.0f} GiB"
     verdict = "fits" if report.get("host_fits", True) else "DOES NOT FIT the node"
     return [
-        f"  host RAM per node (CPU offload): {report['ranks_per_node']} "
+        f"  host RAM per node ({what}): {report['ranks_per_node']} "
         f"rank{'s' if report['ranks_per_node'] != 1 else ''} x "
-        f"{report['host_bytes'] / GIB:.2f} GiB = {need / GIB:.2f} GiB {of}: {verdict}"
+        f"{per_rank / GIB:.2f} GiB = {need / GIB:.2f} GiB {of}: {verdict}"
     ]
 
 
@@ -244,6 +292,7 @@ def human_table(report: dict[str, Any]) -> str:
             f"device {s['peak_device_bytes'] / GIB:.2f} GiB, activations "
             f"{s['activations'] / GIB:.2f} GiB, peak in {s['peak_phase']}"
         )
+    lines += load_lines(report)
     usable = report["gpu"]["usable_bytes"]
     gpu_fits = report["headroom_bytes"] >= 0
     verdict = "FITS" if gpu_fits else "DOES NOT FIT"

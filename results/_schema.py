@@ -10,8 +10,9 @@ import polars as pl
 
 from trainmem.engine import COMPONENTS, FIELD_NAMES, TYPES
 
-SCHEMA_VERSION = 4
-"""4: byte columns (BYTE_COLUMNS) are whole bytes, Int64 (were Float64), and the string columns
+SCHEMA_VERSION = 5
+"""5: the training field `load` and the load phase's peak_load_bytes;
+4: byte columns (BYTE_COLUMNS) are whole bytes, Int64 (were Float64), and the string columns
 are stored dictionary-encoded (Categorical; readers see strings); 3: the fields dp_shard,
 recompute_every, compile, optimizer_in_backward and allocator, and the vocabularies' new names
 (recompute selective-op / selective-layer, framework torchtune, loss chunked-output); 2: every
@@ -35,7 +36,7 @@ CONFIG_COLUMNS: dict[str, type[pl.DataType] | pl.DataType] = {
 }
 """The configuration of a point."""
 
-BYTE_COLUMNS = ("peak_device_bytes", *COMPONENTS, "peak_allocated_bytes")
+BYTE_COLUMNS = ("peak_device_bytes", *COMPONENTS, "peak_allocated_bytes", "peak_load_bytes")
 """Bytes per device, rounded to the byte (null where the engine gives no finite number)."""
 
 PREDICTION_COLUMNS: dict[str, type[pl.DataType] | pl.DataType] = {

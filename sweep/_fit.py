@@ -149,7 +149,10 @@ def fit_report(
     ov = Overheads(cublas_workspace_bytes=cublas_workspace_bytes_for(profile.arch))
     out = estimate(spec, grid, usable_bytes=profile.usable_bytes, headroom=headroom, overheads=ov)
     host_limit, ranks, node_need, host_fits = node_host(
-        out["host_bytes"], grid["num_gpus"], profile, host_memory_gib
+        np.maximum(out["host_bytes"], out["load_host_bytes"]),
+        grid["num_gpus"],
+        profile,
+        host_memory_gib,
     )
     fitting = np.flatnonzero(out["fits"] & host_fits)
     if len(fitting):
@@ -171,7 +174,8 @@ def fit_report(
     answer_key = "max_micro_batch_size" if key == "micro_batch_size" else "min_num_gpus"
     answer = int(candidates[row]) if len(fitting) else None
     reason = reason_text(out["reason"][row])
-    if not reason and not len(fitting) and not host_fits[row]:
+    # The host's memory is the reason only where the GPU holds the job (step and load).
+    if not reason and not len(fitting) and out["fits"][row] and not host_fits[row]:
         reason = host_reason(float(node_need[row]), host_limit, int(ranks[row]))
     result = {
         answer_key: answer,
@@ -182,7 +186,7 @@ def fit_report(
         "node_host_bytes": int(round(float(node_need[row]))),
         "host_fits": bool(host_fits[row]),
     }
-    if not len(fitting) and out["reason"][row] == 0 and host_fits[row]:
+    if not len(fitting) and out["reason"][row] == 0 and not out["fits"][row]:
         # The closest candidate's peak and how far it is over the limit (usable x (1 - headroom)).
         result["closest_peak_device_bytes"] = int(report["peak_device_bytes"])
         result["shortfall_bytes"] = int(-report["headroom_bytes"])

@@ -188,7 +188,13 @@ def _codes(axis: str, values: np.ndarray) -> np.ndarray:
     return _axis_array(axis, tuple(uniq))[inverse]
 
 
-POINT_COLUMNS = (*COMPONENTS, "peak_allocated_bytes", "peak_device_bytes", "headroom_bytes")
+POINT_COLUMNS = (
+    *COMPONENTS,
+    "peak_allocated_bytes",
+    "peak_device_bytes",
+    "headroom_bytes",
+    "peak_load_bytes",
+)
 TIMED_COLUMNS = ("step_time_s", "tokens_per_second", "mfu", "cost_per_million_tokens")
 """The estimate_time() columns every evaluated point gets."""
 """The estimate() columns a search keeps (`evaluate_columns(columns=...)`), besides the fit,
@@ -246,7 +252,9 @@ def evaluate_columns(
             usable_bytes=usable[rows],
             headroom=space.headroom,
             overheads=Overheads(cublas_workspace_bytes=float(ws)),
-            columns=None if columns is None else {*columns, "fits", "reason", "dp", "host_bytes"},
+            columns=None
+            if columns is None
+            else {*columns, "fits", "reason", "dp", "host_bytes", "load_host_bytes"},
             reason=engine_reason if len(rows) == len(pool) else engine_reason[rows],
         )
         if len(rows) == len(pool):  # one call for every row: its columns as they are
@@ -265,7 +273,9 @@ def evaluate_columns(
     host_limit = np.array(
         [_host_limit_bytes(space, p, g) for p, g in zip(space.fleet.pools, profiles, strict=True)]
     )[pool]
-    need = node_host_bytes(out["host_bytes"], ranks_per_node(num_gpus, per_node))
+    need = node_host_bytes(
+        np.maximum(out["host_bytes"], out["load_host_bytes"]), ranks_per_node(num_gpus, per_node)
+    )
     reason = np.where((reason == 0) & (need > host_limit), EXCEEDS_HOST_MEMORY, reason)
     reason = reason.astype(np.int16)
     # The sweep's own reasons too: estimate_time evaluates only the rows left valid.

@@ -50,6 +50,7 @@ SNAPSHOT = [
     ("compile", "Categorical"),
     ("optimizer_in_backward", "Boolean"),
     ("allocator", "Categorical"),
+    ("load", "Categorical"),
     ("dp", "Int64"),
     ("grad_accum_steps", "Int64"),
     ("peak_device_bytes", "Int64"),
@@ -62,6 +63,7 @@ SNAPSHOT = [
     ("framework_overhead", "Int64"),
     ("fragmentation", "Int64"),
     ("peak_allocated_bytes", "Int64"),
+    ("peak_load_bytes", "Int64"),
     ("fits", "Boolean"),
     ("reason", "Categorical"),
     ("step_time_s", "Float64"),
@@ -77,7 +79,7 @@ SNAPSHOT = [
 
 def test_schema_snapshot() -> None:
     assert [(k, str(v)) for k, v in SCHEMA.items()] == SNAPSHOT
-    assert SCHEMA_VERSION == 4
+    assert SCHEMA_VERSION == 5
 
 
 def _frame(n: int = 5) -> pl.DataFrame:
@@ -176,7 +178,9 @@ def test_string_columns_are_dictionary_encoded_and_read_as_strings(tmp_path) -> 
     strings = [name for name, dtype in READ_SCHEMA.items() if dtype == pl.String]
     assert {"gpu", "model", "study", "reason", "recompute", "precision"} <= set(strings)
     chunk = pq.ParquetFile(path).metadata.row_group(0)
-    encodings = {chunk.column(i).path_in_schema: chunk.column(i).encodings for i in range(51)}
+    encodings = {
+        chunk.column(i).path_in_schema: chunk.column(i).encodings for i in range(chunk.num_columns)
+    }
     assert all("RLE_DICTIONARY" in encodings[name] for name in strings)
     table = pq.read_table(path)
     assert table.column("gpu").to_pylist() == ["h100-sxm-80gb"] * 5
