@@ -263,6 +263,59 @@ def lora_activation_delta_bytes(
     return added - removed
 
 
+KBIT_UPCAST_BYTES = 4.0
+"""peft prepare_model_for_kbit_training casts every fp16/bf16 parameter that is not a
+bitsandbytes Params4bit to fp32 (`param.data = param.data.to(torch.float32)`).
+Source: peft 0.21.2 peft/utils/other.py prepare_model_for_kbit_training."""
+KBIT_MLP_FP32_TENSORS_GATED = 3.0
+"""[T, f] tensors a gated MLP keeps for backward in the residual dtype when its frozen linears
+return fp32: gate_proj's output (SiLU's input), SiLU's output and up_proj's output (the
+product's operands). Traced: tests/data/framework_traces/hf_qlora.json (add.Tensor, silu)."""
+KBIT_MLP_FP32_TENSORS_PLAIN = 1.0
+"""The same for a plain MLP: the up projection's output, kept by the activation function."""
+
+
+def kbit_prepared_base_bytes(
+    base: np.ndarray, base_linear: np.ndarray, *, param_e: np.ndarray, prepared
+) -> np.ndarray:
+    """Bytes of a QLoRA model's frozen base before its block linears are swapped for NF4: the
+    non-quantised part (embeddings, norms, head: `base - base_linear`) at fp32 where the stack
+    prepares the model for k-bit training (`prepared`), at `param_e` bytes otherwise.
+
+    Source: peft 0.21.2 peft/utils/other.py prepare_model_for_kbit_training (KBIT_UPCAST_BYTES).
+    Assumes: the head is not quantised (transformers' bitsandbytes integration skips lm_head,
+    get_keys_to_not_convert). Under amp the parameters are fp32 already: no change.
+    """
+    upcast = np.where(prepared, KBIT_UPCAST_BYTES / param_e, 1.0)
+    return base_linear + (base - base_linear) * upcast
+
+
+def qlora_kbit_activation_delta_bytes(
+    m: ModelSpec, *, T, tp, amp, o_adapted, prepared
+) -> np.ndarray:
+    """Change of a block's saved bytes (per layer) under QLoRA on a k-bit-prepared model
+    with autocast, against the LoRA block lora_activation_delta_bytes describes.
+
+    Source: bitsandbytes 0.50.2 nn/modules.py Linear4bit.forward (`x = x.to(self.compute_dtype)`
+    then `bnb.matmul_4bit(...).to(inp_dtype)`: the output returns to the input's dtype, fp32 on
+    the fp32 residual stream prepare_model_for_kbit_training leaves), autograd/_functions.py
+    MatMul4Bit.forward (`ctx.tensors = (None, B)`: the input is not saved, as for a frozen
+    linear); peft 0.21.2 tuners/lora/bnb.py Linear4bit.forward (`requires_conversion = not
+    torch.is_autocast_enabled()`: under autocast lora_A gets its input uncast, so an adapted
+    o_proj keeps the bf16 attention output the attention kernel keeps, no copy of its own).
+    Traced: tests/data/framework_traces/hf_qlora.json (Llama, amp-bf16: +2 B x 3 T f for the
+    fp32 MLP tensors, -2 B x T o_dim for o_proj's copy; exact).
+    Terms: + (4 - 2) x KBIT_MLP_FP32_TENSORS x T f/tp; - 2 x T o_dim/tp where o_proj is adapted.
+    Assumes: amp (the 16-bit compute dtype is 2 bytes); dense MLP (MoE experts are not
+    Linear4bit); not `prepared` or not amp: no change (see qlora_kbit_symbols for non-amp).
+    """
+    f_r = m.intermediate_size / tp if not m.is_moe else 0.0
+    tensors = KBIT_MLP_FP32_TENSORS_GATED if m.gated_mlp else KBIT_MLP_FP32_TENSORS_PLAIN
+    mlp = (4.0 - 2.0) * tensors * T * f_r
+    o_proj = np.where(o_adapted, 2.0 * T * m.o_dim / tp, 0.0)
+    return np.where(np.asarray(prepared) & np.asarray(amp), mlp - o_proj, 0.0)
+
+
 def qlora_dequant_traffic_bytes_per_weight(qlora, *, full) -> np.ndarray:
     """HBM bytes per NF4 weight and micro-batch: dequantised before the forward and backward
     use (and the recomputed forward, `full`). Source: QLORA_DEQUANT_BYTES_PER_WEIGHT."""

@@ -39,6 +39,7 @@ from ._frameworks import (
     LOGITS_UPCAST_IN_MODEL,
     LOSS_PARALLEL_FP32_TENSORS,
     NORM_INPUT_FP32,
+    QLORA_KBIT_PREPARED,
     recompute_policy,
 )
 from ._lora import (
@@ -48,6 +49,7 @@ from ._lora import (
     lora_frozen_norm_bytes,
     lora_frozen_qk_norm_bytes,
     lora_unadapted_o_proj_bytes,
+    qlora_kbit_activation_delta_bytes,
     target_bits,
 )
 from ._loss import (
@@ -163,6 +165,9 @@ class MicroBatch:
     rank: np.ndarray
     lora: np.ndarray
     qlora: np.ndarray
+    kbit_prepared: np.ndarray
+    """QLoRA rows whose stack prepares the model for k-bit training (FrameworkSpec
+    qlora_kbit_prepared)."""
     bits: dict[str, np.ndarray]
     chunked: np.ndarray
     chunked_output: np.ndarray
@@ -222,6 +227,7 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         rank=rank,
         lora=rank > 0,
         qlora=c["qlora"] & (rank > 0),
+        kbit_prepared=c["qlora"] & (rank > 0) & QLORA_KBIT_PREPARED[fw],
         bits=target_bits(c["lora_targets"]),
         chunked=c["loss"] == LOSS_CHUNKED,
         chunked_output=c["loss"] == LOSS_CHUNKED_OUTPUT,
@@ -281,6 +287,9 @@ def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool):
         in_param_dtype=x.adapters_in_param_dtype,
     )
     delta = delta - _lora_frozen_saves_less(m, x)
+    delta = delta + qlora_kbit_activation_delta_bytes(
+        m, T=T, tp=tp, amp=amp, o_adapted=x.bits["o_proj"], prepared=x.kbit_prepared
+    )
     block = np.where(x.lora, block + delta, block)
     if m.is_mla or moe:
         return block, core, mlp, block
@@ -479,6 +488,8 @@ def _backward_transients(
     Forward of a checkpointed block (nothing saved): a full block less FORWARD_WORKING_FREED_TF
     [T, f] tensors. Backward of a recomputed layer on a pipeline stage: the seven [T, f] MLP
     gradients and one residual gradient (the other arrives in the receive buffer).
+    A k-bit-prepared QLoRA layer under autocast keeps its MLP tensors in fp32, so its MLP
+    gradients are fp32 too (traced: tests/data/framework_traces/hf_qlora.json).
     """
     T, e, r, amp, h = x.T, x.e, x.r, x.amp, m.hidden_size
     layer_full, full = layers["layer_full"], x.rc == RECOMPUTE_FULL
@@ -491,7 +502,9 @@ def _backward_transients(
     is_moe0 = x.counts["mlp"] == 0
     f_r = np.where(is_moe0, m.moe_intermediate_size / x.etp, m.intermediate_size / x.tp)
     rows = np.where(is_moe0, routed, T)
-    e_mlp = np.where(is_moe0 & amp, 4.0, e)
+    # fp32 MLP tensors (and so their gradients): an MoE layer under autocast, and a k-bit-
+    # prepared QLoRA block under autocast (qlora_kbit_activation_delta_bytes).
+    e_mlp = np.where((is_moe0 | x.kbit_prepared) & amp, 4.0, e)
     freed_mlp = (3.0 if m.gated_mlp else 1.0) * e_mlp * rows * f_r
     act_end = (
         layer_full
