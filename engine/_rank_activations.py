@@ -44,11 +44,13 @@ from ._frameworks import (
 )
 from ._lora import (
     adapters_in_compute_dtype,
+    kbit_activation_precision,
     lora_activation_delta_bytes,
     lora_first_layer_unsaved_copy_bytes,
     lora_frozen_norm_bytes,
     lora_frozen_qk_norm_bytes,
     lora_unadapted_o_proj_bytes,
+    qlora_head_copy_bytes,
     qlora_kbit_activation_delta_bytes,
     target_bits,
 )
@@ -178,8 +180,9 @@ class MicroBatch:
 
 def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
     """The symbols of the rows `c` (per-key columns), bound once."""
-    prec = c["precision"].astype(np.int64)
     fw = c["framework"].astype(np.int64)
+    kbit_prepared = c["qlora"] & (c["lora_rank"] > 0) & QLORA_KBIT_PREPARED[fw]
+    prec = kbit_activation_precision(c["precision"], prepared=kbit_prepared)
     tp = c["tp"].astype(np.float64)
     sp = c["sp"]
     b = c["micro_batch_size"].astype(np.float64)
@@ -227,7 +230,7 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         rank=rank,
         lora=rank > 0,
         qlora=c["qlora"] & (rank > 0),
-        kbit_prepared=c["qlora"] & (rank > 0) & QLORA_KBIT_PREPARED[fw],
+        kbit_prepared=kbit_prepared,
         bits=target_bits(c["lora_targets"]),
         chunked=c["loss"] == LOSS_CHUNKED,
         chunked_output=c["loss"] == LOSS_CHUNKED_OUTPUT,
@@ -531,9 +534,9 @@ def _copies_and_loss(
     m: ModelSpec, x: MicroBatch, out: dict[str, np.ndarray], *, full: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Autocast's weight copies (all, and those in the layers), the loss's forward extra and its
-    gradients, for the rows of `x` (`out`: _outside's terms)."""
+    gradients, for the rows of `x` (`out`: _outside's terms). A frozen LoRA base is cast per
+    use, yet saved by each matmul whose input needs a gradient; so is QLoRA's unquantised head."""
     T, e, pp, last, counts = x.T, x.e, x.pp, x.last, x.counts
-    # frozen LoRA base: cast per use, yet saved by each matmul whose input needs a gradient
     frozen_amp = x.amp & x.lora & ~x.qlora
     copies, copies_layers = autocast_weight_copy_bytes(
         m,
@@ -548,6 +551,7 @@ def _copies_and_loss(
     copies = copies - lora_first_layer_unsaved_copy_bytes(
         m, frozen_amp=frozen_amp, first=x.first, full=full, tp=x.tp
     )
+    copies = copies + qlora_head_copy_bytes(m, amp=x.amp, qlora=x.qlora, last=last, tp=x.tp)
     loss_extra = loss_forward_extra_bytes(
         m,
         T=T,

@@ -36,6 +36,7 @@ from ._lora import (
     LORA_ADAPTER_BYTES,
     Adapters,
     kbit_prepared_base_bytes,
+    kbit_pure_16,
     lora_parameter_bytes,
     nf4_base_bytes,
     qlora_dequant_bytes,
@@ -166,9 +167,8 @@ def _parameter_bytes(x: RankLayout, param_e: np.ndarray, adapters: Adapters) -> 
         x.full, x.part, param_e, sharded, where=lambda p: np.asarray(p.is_block_linear)
     )
     nf4 = nf4_base_bytes(x.full, dp=x.dp, sharded=sharded)
-    qlora_base = kbit_prepared_base_bytes(
-        base, base_linear, param_e=param_e, prepared=QLORA_KBIT_PREPARED[x.fw]
-    )
+    upcast = kbit_pure_16(x.prec, prepared=QLORA_KBIT_PREPARED[x.fw])
+    qlora_base = kbit_prepared_base_bytes(base, base_linear, param_e=param_e, upcast=upcast)
     return lora_parameter_bytes(
         np.where(x.qlora, qlora_base, base),
         base_linear,
