@@ -137,6 +137,23 @@ def estimate_torchtune(case: dict[str, Any]) -> dict[str, float]:
     )
 
 
+def estimate_hf_qlora(case: dict[str, Any]) -> dict[str, float]:
+    """An hf_qlora.json case (small Llama, bitsandbytes NF4 base + peft rank-16 all-linear
+    adapters on a k-bit-prepared model, AdamW)."""
+    return estimate_one(
+        small_llama_spec(case["dims"]),
+        micro_batch_size=case["micro_batch_size"],
+        seq_len=case["seq_len"],
+        precision=case["precision"],
+        framework="hf",
+        lora_rank=case["lora"]["r"],
+        lora_targets=case["lora"]["target_modules"],
+        qlora=True,
+        recompute=case["recompute"],
+        optimizer=case["optimizer"],
+    )
+
+
 def traced_rows() -> list[dict[str, Any]]:
     """Per traced case (the CUDA build's behaviour): the activations and allocated-peak errors."""
     folder = DATA / "framework_traces"
