@@ -292,8 +292,9 @@ def modes_markdown() -> str:
         "| framework | `selective` means | vocab-parallel loss under TP | ZeRO-3 is FSDP2 "
         "| LoRA adapters in the model dtype | fused RMSNorm | one qkv projection "
         "| fp8 weight cache | fp32 logits from the model | FSDP2 embedding unit "
-        "| extra fp32 [T, v/tp] of the parallel loss | follows |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| extra fp32 [T, v/tp] of the parallel loss | QLoRA on a k-bit-prepared model "
+        "| follows |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, spec in FRAMEWORK_SPECS.items():
         lines.append(
@@ -302,6 +303,6 @@ def modes_markdown() -> str:
             f"| {yes(spec.fused_qkv)} | {yes(spec.fp8_weight_cache)} "
             f"| {yes(spec.logits_upcast_in_model)} "
             f"| {yes(spec.fsdp2_embedding_unit)} | {spec.loss_parallel_fp32_tensors:g} "
-            f"| {spec.source} |"
+            f"| {yes(spec.qlora_kbit_prepared)} | {spec.source} |"
         )
     return "\n".join(lines)
