@@ -225,8 +225,10 @@ gradients) where the engine counts 35 MB; its saved activations match to 0.5%.""
 HF_QLORA_PER_LAYER_BYTES = {("amp-bf16", "none"): 68_699_136, ("amp-bf16", "full"): 4_194_304,
                             ("bf16", "none"): 219_037_696}  # fmt: skip
 """The traced blocks 1-3 (block 0 saves less: its first norm's input is the frozen embedding's),
-from hf_qlora.json; the engine's figure for a block must equal them to 0.7% (its plain-LoRA
-offset above)."""
+from hf_qlora.json."""
+HF_QLORA_PER_LAYER_TOLERANCE = 0.007
+"""The engine's block: +0.67% without checkpointing (its plain-LoRA offset above, 0.46 MiB),
+exact with full recompute (the fp32 block input), +2 KiB in 209 MiB for bf16."""
 
 
 def _qlora_id(case: dict[str, Any]) -> str:
@@ -247,6 +249,9 @@ def test_hf_qlora_step(case: dict[str, Any]) -> None:
     saved = got["activations_total"] / case["activations_bytes"] - 1.0
     assert abs(saved) <= HF_QLORA_ACTIVATIONS_TOLERANCE, saved
     key = (case["precision"], case["recompute"])
-    assert case["activations_by_layer_bytes"][1:] == [HF_QLORA_PER_LAYER_BYTES[key]] * 3
+    traced_layer = HF_QLORA_PER_LAYER_BYTES[key]
+    assert case["activations_by_layer_bytes"][1:] == [traced_layer] * 3
+    per_layer = got["activations_per_layer"] / traced_layer - 1.0
+    assert 0.0 <= per_layer <= HF_QLORA_PER_LAYER_TOLERANCE, per_layer
     peak = got["peak_allocated_bytes"] / case["peak_allocated_bytes"] - 1.0
     assert abs(peak) <= HF_QLORA_PEAK_TOLERANCE[key], peak
