@@ -530,28 +530,37 @@ def _backward_transients(
     }
 
 
-def _copies_and_loss(
-    m: ModelSpec, x: MicroBatch, out: dict[str, np.ndarray], *, full: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Autocast's weight copies (all, and those in the layers), the loss's forward extra and its
-    gradients, for the rows of `x` (`out`: _outside's terms). A frozen LoRA base is cast per
-    use, yet saved by each matmul whose input needs a gradient; so is QLoRA's unquantised head."""
-    T, e, pp, last, counts = x.T, x.e, x.pp, x.last, x.counts
+def _autocast_copies(
+    m: ModelSpec, x: MicroBatch, *, full: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Autocast's weight copies (all, and those in the layers). A frozen LoRA base is cast per
+    use, yet saved by each matmul whose input needs a gradient; so is QLoRA's unquantised head
+    (its NF4 linears are dequantised per call and keep no copy)."""
     frozen_amp = x.amp & x.lora & ~x.qlora
     copies, copies_layers = autocast_weight_copy_bytes(
         m,
         amp=(x.amp & ~x.lora) | frozen_amp,
-        last=last,
+        last=x.last,
         tp=x.tp,
-        num_layers=counts["layer"],
-        num_mlp=counts["mlp"],
-        num_moe=counts["moe"],
+        num_layers=x.counts["layer"],
+        num_mlp=x.counts["mlp"],
+        num_moe=x.counts["moe"],
         full_recompute=full,
     )
     copies = copies - lora_first_layer_unsaved_copy_bytes(
         m, frozen_amp=frozen_amp, first=x.first, full=full, tp=x.tp
     )
-    copies = copies + qlora_head_copy_bytes(m, amp=x.amp, qlora=x.qlora, last=last, tp=x.tp)
+    copies = copies + qlora_head_copy_bytes(m, amp=x.amp, qlora=x.qlora, last=x.last, tp=x.tp)
+    return copies, copies_layers
+
+
+def _copies_and_loss(
+    m: ModelSpec, x: MicroBatch, out: dict[str, np.ndarray], *, full: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Autocast's weight copies (all, and those in the layers), the loss's forward extra and its
+    gradients, for the rows of `x` (`out`: _outside's terms)."""
+    T, e, pp, last = x.T, x.e, x.pp, x.last
+    copies, copies_layers = _autocast_copies(m, x, full=full)
     loss_extra = loss_forward_extra_bytes(
         m,
         T=T,
