@@ -18,9 +18,9 @@ import numpy as np
 from ._config import parallel_layout
 from ._data_parallel import ZERO_PARAMETERS, ZERO_STATES, is_fsdp2
 from ._estimate import PHASES, estimate, layout_reason
-from ._frameworks import FRAMEWORK_SPECS
+from ._frameworks import FRAMEWORK_SPECS, QLORA_KBIT_PREPARED
 from ._grid import FRAMEWORKS, PRECISIONS, RECOMPUTE, make_grid
-from ._lora import LORA_ADAPTER_BYTES
+from ._lora import KBIT_UPCAST_BYTES, LORA_ADAPTER_BYTES, kbit_pure_16
 from ._loss import LOSS_GRADIENT_TENSORS
 from ._model import ModelSpec
 from ._optimizers import BUILTIN_OPTIMIZERS
@@ -406,8 +406,11 @@ def _weights_words(config: Mapping[str, Any], prec: int) -> str:
     """What the parameters' bytes are: the NF4 base (QLoRA); FSDP2's fp32 shards under mixed
     precision (the master copy itself, gathered as 16-bit per block: engine/_data_parallel.py
     model_state_element_bytes); other shards; or whole working weights."""
-    if config["qlora"]:  # the unquantised modules (embeddings, head, norms) in PARAM_BYTES
-        return f"NF4 base weights, {_dtype(PARAM_BYTES[prec])} rest"
+    if config["qlora"]:  # the unquantised modules (embeddings, head, norms)
+        fw = FRAMEWORKS.index(str(config["framework"]))
+        upcast = kbit_pure_16(prec, prepared=QLORA_KBIT_PREPARED[fw])
+        rest = np.where(upcast, KBIT_UPCAST_BYTES, PARAM_BYTES[prec])
+        return f"NF4 base weights, {_dtype(float(rest))} rest"
     zero = int(config["zero"])
     fsdp2 = bool(is_fsdp2(np.array([FRAMEWORKS.index(str(config["framework"]))]), zero)[0])
     if fsdp2 and IS_MIXED[prec]:

@@ -66,6 +66,15 @@ class FrameworkSpec:
     final norm + head as one kept unsharded until its backward; no block's gather is in flight
     at the loss (else the root holds embedding, norm and head unsharded from forward to the end
     of backward, and one block's gather is in flight)."""
+    qlora_kbit_prepared: bool = False
+    """`--qlora` is bitsandbytes' Linear4bit base on a model prepared by peft's
+    prepare_model_for_kbit_training: every non-quantised 16-bit parameter (embeddings, norms,
+    head) cast to fp32, so the residual stream is fp32 whatever the precision; Linear4bit returns
+    its output in its input's dtype (`.to(inp_dtype)`: fp32), and peft's bnb LoRA layer feeds
+    lora_A its input uncast under autocast. False: the frozen NF4 base leaves dtypes as they are
+    (torchtune's torchao NF4Tensor on a model in its own dtype; no QLoRA recipe elsewhere).
+    Neither base saves its input: bitsandbytes 0.50.2 MatMul4Bit.forward keeps (None, B),
+    torchao LinearNF4 the weight only."""
     source: str
 
 
@@ -85,10 +94,14 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         adapters_in_param_dtype=False,
         fused_rms_norm=False,
         fused_qkv=False,
+        qlora_kbit_prepared=True,
         source="transformers Trainer + accelerate (FSDP2 fully_shard); transformers tp_plan "
         "gathers the logits (lm_head colwise with gather_output); peft LoraModel "
         "autocast_adapter_dtype=True keeps adapters fp32. HF has no selective mode of its own: "
-        "`selective` is the attention-core rule.",
+        "`selective` is the attention-core rule. QLoRA: bitsandbytes 0.50.2 nn/modules.py "
+        "Linear4bit.forward, peft 0.21.2 utils/other.py prepare_model_for_kbit_training and "
+        "tuners/lora/bnb.py Linear4bit.forward; traced: tests/data/framework_traces/"
+        "hf_qlora.json.",
     ),
     "megatron": FrameworkSpec(
         load="sharded",
@@ -102,6 +115,7 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         adapters_in_param_dtype=False,
         fused_rms_norm=False,
         fused_qkv=False,
+        qlora_kbit_prepared=False,
         source="megatron/core/transformer/transformer_config.py (recompute_granularity "
         "'selective' recomputes core_attn); megatron/core/tensor_parallel/cross_entropy.py "
         "(vocab_parallel_cross_entropy).",
@@ -121,8 +135,10 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         adapters_in_param_dtype=False,
         fused_rms_norm=False,
         fused_qkv=False,
+        qlora_kbit_prepared=True,
         source="deepspeed/runtime/activation_checkpointing/checkpointing.py (whole-module "
-        "checkpoints only; `selective` is the attention-core rule); HF model heads.",
+        "checkpoints only; `selective` is the attention-core rule); HF model heads; QLoRA "
+        "through the same peft + bitsandbytes recipe as hf.",
     ),
     "torchtitan": FrameworkSpec(
         load="sharded",
@@ -140,6 +156,7 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         loss_parallel_fp32_tensors=1.0,
         fp8_weight_cache=False,
         fsdp2_embedding_unit=True,
+        qlora_kbit_prepared=False,
         source="torchtitan 0.3.0: distributed/activation_checkpoint.py (SelectiveAC, per-op "
         "SAC, is the default `selective`); components/loss.py (_LossParallelCrossEntropy on "
         "vocab-sharded logits under TP: shifted logits, their exp and the log-probs in "
@@ -167,13 +184,16 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         gqa_kv_expanded=True,
         fp8_weight_cache=False,
         logits_upcast_in_model=True,
+        qlora_kbit_prepared=False,
         source="torchtune 0.6.1 torchtune/training/activations.py (ac_mode 'selective' "
         "checkpoints every ac_option-th layer); recipes build the model under "
         "training.set_default_dtype(dtype): LoRA adapters in bf16; shard_model (FSDP2); "
         "modules/transformer.py TransformerDecoder (output(h).float() unless chunked); "
         "modules/rms_norm.py (F.rms_norm(x.float())); modules/attention.py (k, v expanded "
         "to the query heads before SDPA); modules/peft/lora.py (LoRALinear: bf16 lora_a, "
-        "lora_b in the model dtype). Traced: tests/data/framework_traces/torchtune_lora.json; "
+        "lora_b in the model dtype; QLoRA: torchao 0.18.0 nf4_tensor.py LinearNF4 saves the "
+        "NF4 weight only, F.linear(input, weight.to(input.dtype))). Traced: "
+        "tests/data/framework_traces/torchtune_lora.json; "
         "models/llama3/_parallelism.py gathers the logits (output colwise, Replicate).",
     ),
 }
@@ -206,6 +226,8 @@ FP8_WEIGHT_CACHE = _table("fp8_weight_cache")
 """Per framework code: fp8 weight copies kept from forward to backward (Transformer Engine)."""
 LOGITS_UPCAST_IN_MODEL = _table("logits_upcast_in_model")
 """Per framework code: the model returns fp32 logits."""
+QLORA_KBIT_PREPARED = _table("qlora_kbit_prepared")
+"""Per framework code: QLoRA as bitsandbytes + peft's kbit preparation run it (FrameworkSpec)."""
 FSDP2_EMBEDDING_UNIT = _table("fsdp2_embedding_unit")
 """Per framework code: FSDP2 units as torchtitan wraps them (FrameworkSpec)."""
 LOAD_POLICY = np.array(

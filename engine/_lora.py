@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ._codes import BF16, FP16, FP32
 from ._model import BLOCK_GROUPS, ModelSpec, ParamTensor
 from ._units import round_to_block
 
@@ -261,6 +262,101 @@ def lora_activation_delta_bytes(
     # An fp32 base shares one input between the adapters of a norm's consumers.
     added = added + np.where(cast == 0, (any_attn_in + any_mlp_in) * e * T * h, 0.0)
     return added - removed
+
+
+KBIT_UPCAST_BYTES = 4.0
+"""peft prepare_model_for_kbit_training casts every fp16/bf16 parameter that is not a
+bitsandbytes Params4bit to fp32 (`param.data = param.data.to(torch.float32)`).
+Source: peft 0.21.2 peft/utils/other.py prepare_model_for_kbit_training."""
+KBIT_MLP_FP32_TENSORS_GATED = 3.0
+"""[T, f] tensors a gated MLP keeps for backward in the residual dtype when its frozen linears
+return fp32: gate_proj's output (SiLU's input), SiLU's output and up_proj's output (the
+product's operands). Traced: tests/data/framework_traces/hf_qlora.json (add.Tensor, silu)."""
+KBIT_MLP_FP32_TENSORS_PLAIN = 1.0
+"""The same for a plain MLP: the up projection's output, kept by the activation function."""
+
+
+def kbit_pure_16(prec, *, prepared) -> np.ndarray:
+    """The k-bit-prepared QLoRA rows whose precision is pure 16-bit (bf16, fp16: parameters in
+    16 bits, no autocast), where prepare_model_for_kbit_training's fp32 casts change what the
+    precision alone would say. Under amp the parameters are fp32 already; under mixed-precision
+    recipes the engine keeps its 16-bit working weights (DeepSpeed's bf16 engine casts the module
+    back to 16 bits when it wraps it)."""
+    prec = np.asarray(prec, dtype=np.int64)
+    return np.asarray(prepared) & ((prec == BF16) | (prec == FP16))
+
+
+def kbit_prepared_base_bytes(
+    base: np.ndarray, base_linear: np.ndarray, *, param_e: np.ndarray, upcast
+) -> np.ndarray:
+    """Bytes of a QLoRA model's frozen base before its block linears are swapped for NF4: the
+    non-quantised part (embeddings, norms, head: `base - base_linear`) at fp32 where `upcast`
+    (kbit_pure_16), at `param_e` bytes otherwise.
+
+    Source: peft 0.21.2 peft/utils/other.py prepare_model_for_kbit_training (KBIT_UPCAST_BYTES).
+    Traced: tests/data/framework_traces/hf_qlora.json (bf16: fp32 embeddings, norms and head).
+    Assumes: the head is not quantised (transformers' bitsandbytes integration keeps lm_head,
+    get_keys_to_not_convert).
+    """
+    scale = np.where(upcast, KBIT_UPCAST_BYTES / param_e, 1.0)
+    return base_linear + (base - base_linear) * scale
+
+
+def kbit_activation_precision(prec, *, prepared) -> np.ndarray:
+    """The precision code whose activation symbols a QLoRA row follows: a pure 16-bit row
+    (bf16, fp16) on a k-bit-prepared model runs as an fp32 one, every other row as itself.
+
+    Without autocast nothing casts back to 16 bits: the fp32 embedding starts an fp32 residual
+    stream, the fp32 norms keep it, Linear4bit returns fp32 (`.to(inp_dtype)`) and peft's bnb
+    LoRA layer casts its input to the fp32 adapters' dtype; the attention then gets fp32 q, k, v
+    (no flash kernel). Source: peft 0.21.2 utils/other.py prepare_model_for_kbit_training,
+    tuners/lora/bnb.py Linear4bit.forward; bitsandbytes 0.50.2 nn/modules.py Linear4bit.forward.
+    Traced: tests/data/framework_traces/hf_qlora.json (Llama, bf16: the fp32 row's per-layer
+    bytes to 2 KiB in 209 MiB).
+    """
+    return np.where(kbit_pure_16(prec, prepared=prepared), FP32, np.asarray(prec, np.int64))
+
+
+def qlora_kbit_activation_delta_bytes(
+    m: ModelSpec, *, T, tp, amp, o_adapted, prepared
+) -> np.ndarray:
+    """Change of a block's saved bytes (per layer) under QLoRA on a k-bit-prepared model
+    with autocast, against the LoRA block lora_activation_delta_bytes describes.
+
+    Source: bitsandbytes 0.50.2 nn/modules.py Linear4bit.forward (`x = x.to(self.compute_dtype)`
+    then `bnb.matmul_4bit(...).to(inp_dtype)`: the output returns to the input's dtype, fp32 on
+    the fp32 residual stream prepare_model_for_kbit_training leaves), autograd/_functions.py
+    MatMul4Bit.forward (`ctx.tensors = (None, B)`: the input is not saved, as for a frozen
+    linear); peft 0.21.2 tuners/lora/bnb.py Linear4bit.forward (`requires_conversion = not
+    torch.is_autocast_enabled()`: under autocast lora_A gets its input uncast, so an adapted
+    o_proj keeps the bf16 attention output the attention kernel keeps, no copy of its own).
+    Traced: tests/data/framework_traces/hf_qlora.json (Llama, amp-bf16: +2 B x 3 T f for the
+    fp32 MLP tensors, -2 B x T o_dim for o_proj's copy; exact).
+    Terms: + (4 - 2) x KBIT_MLP_FP32_TENSORS x T f/tp; - 2 x T o_dim/tp where o_proj is adapted.
+    Assumes: amp (the 16-bit compute dtype is 2 bytes); dense MLP (MoE experts are not
+    Linear4bit); not `prepared` or not amp: no change (see qlora_kbit_symbols for non-amp).
+    """
+    f_r = m.intermediate_size / tp if not m.is_moe else 0.0
+    tensors = KBIT_MLP_FP32_TENSORS_GATED if m.gated_mlp else KBIT_MLP_FP32_TENSORS_PLAIN
+    mlp = (4.0 - 2.0) * tensors * T * f_r
+    o_proj = np.where(o_adapted, 2.0 * T * m.o_dim / tp, 0.0)
+    return np.where(np.asarray(prepared) & np.asarray(amp), mlp - o_proj, 0.0)
+
+
+def qlora_head_copy_bytes(m: ModelSpec, *, amp, qlora, last, tp) -> np.ndarray:
+    """The 16-bit autocast copy of the head's weight a QLoRA model keeps for backward: the
+    head is left unquantised (an fp32 frozen linear under autocast), and its matmul saves the
+    cast weight because its input (the adapted blocks' output) needs a gradient.
+
+    Source: transformers integrations/bitsandbytes.py get_keys_to_not_convert (lm_head, or the
+    tied embedding, stays a plain linear), aten/src/ATen/autocast_mode.cpp cached_cast (a frozen
+    weight's cast is not cached: each matmul that needs it for backward saves its own copy);
+    derivatives.yaml mm (`mat2` saved for `self`'s gradient). Traced:
+    tests/data/framework_traces/hf_qlora.json (2 MiB = 2 B x 2048 x 512 on amp-bf16 cases).
+    Assumes: the last pipeline stage holds the head (`last`), split over the vocabulary by tp.
+    """
+    numel = m.vocab_size * m.hidden_size / tp
+    return np.where(np.asarray(amp) & np.asarray(qlora) & np.asarray(last), 2.0 * numel, 0.0)
 
 
 def qlora_dequant_traffic_bytes_per_weight(qlora, *, full) -> np.ndarray:

@@ -39,15 +39,19 @@ from ._frameworks import (
     LOGITS_UPCAST_IN_MODEL,
     LOSS_PARALLEL_FP32_TENSORS,
     NORM_INPUT_FP32,
+    QLORA_KBIT_PREPARED,
     recompute_policy,
 )
 from ._lora import (
     adapters_in_compute_dtype,
+    kbit_activation_precision,
     lora_activation_delta_bytes,
     lora_first_layer_unsaved_copy_bytes,
     lora_frozen_norm_bytes,
     lora_frozen_qk_norm_bytes,
     lora_unadapted_o_proj_bytes,
+    qlora_head_copy_bytes,
+    qlora_kbit_activation_delta_bytes,
     target_bits,
 )
 from ._loss import (
@@ -163,6 +167,9 @@ class MicroBatch:
     rank: np.ndarray
     lora: np.ndarray
     qlora: np.ndarray
+    kbit_prepared: np.ndarray
+    """QLoRA rows whose stack prepares the model for k-bit training (FrameworkSpec
+    qlora_kbit_prepared)."""
     bits: dict[str, np.ndarray]
     chunked: np.ndarray
     chunked_output: np.ndarray
@@ -173,8 +180,9 @@ class MicroBatch:
 
 def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
     """The symbols of the rows `c` (per-key columns), bound once."""
-    prec = c["precision"].astype(np.int64)
     fw = c["framework"].astype(np.int64)
+    kbit_prepared = c["qlora"] & (c["lora_rank"] > 0) & QLORA_KBIT_PREPARED[fw]
+    prec = kbit_activation_precision(c["precision"], prepared=kbit_prepared)
     tp = c["tp"].astype(np.float64)
     sp = c["sp"]
     b = c["micro_batch_size"].astype(np.float64)
@@ -222,6 +230,7 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         rank=rank,
         lora=rank > 0,
         qlora=c["qlora"] & (rank > 0),
+        kbit_prepared=kbit_prepared,
         bits=target_bits(c["lora_targets"]),
         chunked=c["loss"] == LOSS_CHUNKED,
         chunked_output=c["loss"] == LOSS_CHUNKED_OUTPUT,
@@ -281,6 +290,9 @@ def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool):
         in_param_dtype=x.adapters_in_param_dtype,
     )
     delta = delta - _lora_frozen_saves_less(m, x)
+    delta = delta + qlora_kbit_activation_delta_bytes(
+        m, T=T, tp=tp, amp=amp, o_adapted=x.bits["o_proj"], prepared=x.kbit_prepared
+    )
     block = np.where(x.lora, block + delta, block)
     if m.is_mla or moe:
         return block, core, mlp, block
@@ -479,6 +491,8 @@ def _backward_transients(
     Forward of a checkpointed block (nothing saved): a full block less FORWARD_WORKING_FREED_TF
     [T, f] tensors. Backward of a recomputed layer on a pipeline stage: the seven [T, f] MLP
     gradients and one residual gradient (the other arrives in the receive buffer).
+    A k-bit-prepared QLoRA layer under autocast keeps its MLP tensors in fp32, so its MLP
+    gradients are fp32 too (traced: tests/data/framework_traces/hf_qlora.json).
     """
     T, e, r, amp, h = x.T, x.e, x.r, x.amp, m.hidden_size
     layer_full, full = layers["layer_full"], x.rc == RECOMPUTE_FULL
@@ -491,7 +505,9 @@ def _backward_transients(
     is_moe0 = x.counts["mlp"] == 0
     f_r = np.where(is_moe0, m.moe_intermediate_size / x.etp, m.intermediate_size / x.tp)
     rows = np.where(is_moe0, routed, T)
-    e_mlp = np.where(is_moe0 & amp, 4.0, e)
+    # fp32 MLP tensors (and so their gradients): an MoE layer under autocast, and a k-bit-
+    # prepared QLoRA block under autocast (qlora_kbit_activation_delta_bytes).
+    e_mlp = np.where((is_moe0 | x.kbit_prepared) & amp, 4.0, e)
     freed_mlp = (3.0 if m.gated_mlp else 1.0) * e_mlp * rows * f_r
     act_end = (
         layer_full
@@ -514,27 +530,37 @@ def _backward_transients(
     }
 
 
-def _copies_and_loss(
-    m: ModelSpec, x: MicroBatch, out: dict[str, np.ndarray], *, full: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Autocast's weight copies (all, and those in the layers), the loss's forward extra and its
-    gradients, for the rows of `x` (`out`: _outside's terms)."""
-    T, e, pp, last, counts = x.T, x.e, x.pp, x.last, x.counts
-    # frozen LoRA base: cast per use, yet saved by each matmul whose input needs a gradient
+def _autocast_copies(
+    m: ModelSpec, x: MicroBatch, *, full: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Autocast's weight copies (all, and those in the layers). A frozen LoRA base is cast per
+    use, yet saved by each matmul whose input needs a gradient; so is QLoRA's unquantised head
+    (its NF4 linears are dequantised per call and keep no copy)."""
     frozen_amp = x.amp & x.lora & ~x.qlora
     copies, copies_layers = autocast_weight_copy_bytes(
         m,
         amp=(x.amp & ~x.lora) | frozen_amp,
-        last=last,
+        last=x.last,
         tp=x.tp,
-        num_layers=counts["layer"],
-        num_mlp=counts["mlp"],
-        num_moe=counts["moe"],
+        num_layers=x.counts["layer"],
+        num_mlp=x.counts["mlp"],
+        num_moe=x.counts["moe"],
         full_recompute=full,
     )
     copies = copies - lora_first_layer_unsaved_copy_bytes(
         m, frozen_amp=frozen_amp, first=x.first, full=full, tp=x.tp
     )
+    copies = copies + qlora_head_copy_bytes(m, amp=x.amp, qlora=x.qlora, last=x.last, tp=x.tp)
+    return copies, copies_layers
+
+
+def _copies_and_loss(
+    m: ModelSpec, x: MicroBatch, out: dict[str, np.ndarray], *, full: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Autocast's weight copies (all, and those in the layers), the loss's forward extra and its
+    gradients, for the rows of `x` (`out`: _outside's terms)."""
+    T, e, pp, last = x.T, x.e, x.pp, x.last
+    copies, copies_layers = _autocast_copies(m, x, full=full)
     loss_extra = loss_forward_extra_bytes(
         m,
         T=T,

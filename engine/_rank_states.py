@@ -30,12 +30,15 @@ from ._frameworks import (
     FP8_WEIGHT_CACHE,
     FSDP2_EMBEDDING_UNIT,
     LOAD_POLICY,
+    QLORA_KBIT_PREPARED,
     state_shard_degree,
 )
 from ._load import load_buffer_bytes, load_host_bytes, load_policy
 from ._lora import (
     LORA_ADAPTER_BYTES,
     Adapters,
+    kbit_prepared_base_bytes,
+    kbit_pure_16,
     lora_parameter_bytes,
     nf4_base_bytes,
     qlora_dequant_bytes,
@@ -159,15 +162,18 @@ def rank_layout(m: ModelSpec, c: dict[str, np.ndarray]) -> RankLayout:
 
 def _parameter_bytes(x: RankLayout, param_e: np.ndarray, adapters: Adapters) -> np.ndarray:
     """Working weights (ZeRO-3/FSDP: the shard); LoRA: a frozen base (QLoRA: NF4 block
-    linears) and fp32 adapters."""
+    linears, the rest fp32 where the stack prepares the model for k-bit training) and fp32
+    adapters."""
     sharded = x.zero >= ZERO_PARAMETERS
     base = rank_bytes(x.full, x.part, param_e, sharded)
     base_linear = rank_bytes(
         x.full, x.part, param_e, sharded, where=lambda p: np.asarray(p.is_block_linear)
     )
     nf4 = nf4_base_bytes(x.full, dp=x.dp, sharded=sharded)
+    upcast = kbit_pure_16(x.prec, prepared=QLORA_KBIT_PREPARED[x.fw])
+    qlora_base = kbit_prepared_base_bytes(base, base_linear, param_e=param_e, upcast=upcast)
     return lora_parameter_bytes(
-        base,
+        np.where(x.qlora, qlora_base, base),
         base_linear,
         nf4,
         lora=x.lora,

@@ -137,6 +137,23 @@ def estimate_torchtune(case: dict[str, Any]) -> dict[str, float]:
     )
 
 
+def estimate_hf_qlora(case: dict[str, Any]) -> dict[str, float]:
+    """An hf_qlora.json case (small Llama, bitsandbytes NF4 base + peft rank-16 all-linear
+    adapters on a k-bit-prepared model, AdamW)."""
+    return estimate_one(
+        small_llama_spec(case["dims"]),
+        micro_batch_size=case["micro_batch_size"],
+        seq_len=case["seq_len"],
+        precision=case["precision"],
+        framework="hf",
+        lora_rank=case["lora"]["r"],
+        lora_targets=case["lora"]["target_modules"],
+        qlora=True,
+        recompute=case["recompute"],
+        optimizer=case["optimizer"],
+    )
+
+
 def traced_rows() -> list[dict[str, Any]]:
     """Per traced case (the CUDA build's behaviour): the activations and allocated-peak errors."""
     folder = DATA / "framework_traces"
@@ -275,8 +292,9 @@ def modes_markdown() -> str:
         "| framework | `selective` means | vocab-parallel loss under TP | ZeRO-3 is FSDP2 "
         "| LoRA adapters in the model dtype | fused RMSNorm | one qkv projection "
         "| fp8 weight cache | fp32 logits from the model | FSDP2 embedding unit "
-        "| extra fp32 [T, v/tp] of the parallel loss | follows |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| extra fp32 [T, v/tp] of the parallel loss | QLoRA on a k-bit-prepared model "
+        "| follows |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, spec in FRAMEWORK_SPECS.items():
         lines.append(
@@ -285,6 +303,6 @@ def modes_markdown() -> str:
             f"| {yes(spec.fused_qkv)} | {yes(spec.fp8_weight_cache)} "
             f"| {yes(spec.logits_upcast_in_model)} "
             f"| {yes(spec.fsdp2_embedding_unit)} | {spec.loss_parallel_fp32_tensors:g} "
-            f"| {spec.source} |"
+            f"| {yes(spec.qlora_kbit_prepared)} | {spec.source} |"
         )
     return "\n".join(lines)

@@ -70,8 +70,9 @@ def test_qlora_llama3_8b_fits_an_rtx_4090(capsys) -> None:
         "--gpu", "rtx-4090-24gb",
     )  # fmt: skip
     assert report["fits"] is True
-    # NF4 linear weights (+ absmax constants) and 16-bit embeddings and head: 5.0 to 6.6 GB.
-    assert 5.0 * GB <= report["bytes"]["parameters"] <= 6.6 * GB
+    # NF4 linear weights (+ absmax constants, 3.7 GB) and the embeddings, head and norms that
+    # peft's prepare_model_for_kbit_training casts to fp32 (4.2 GB; 2.1 GB in bf16): 7.5 to 8.5.
+    assert 7.5 * GB <= report["bytes"]["parameters"] <= 8.5 * GB
     assert report["bytes"]["master_weights"] == 0
     assert report["num_trainable_parameters"] == 41_943_040
     assert report["peak_device_bytes"] < report["gpu"]["usable_bytes"]

@@ -158,13 +158,19 @@ def test_human_output_lists_changes_that_fit(capsys: pytest.CaptureFixture[str])
     assert "top memory consumers at the peak:" in text
 
 
-@pytest.mark.parametrize(("precision", "rest"), [("amp-bf16", "fp32"), ("bf16", "16-bit")])
+@pytest.mark.parametrize(
+    ("precision", "framework", "rest"),
+    [("amp-bf16", "hf", "fp32"), ("bf16", "hf", "fp32"), ("bf16", "torchtune", "16-bit")],
+)
 def test_qlora_parameters_say_the_dtype_of_the_unquantised_rest(
-    precision: str, rest: str, capsys: pytest.CaptureFixture[str]
+    precision: str, framework: str, rest: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # amp keeps the modules bitsandbytes leaves unquantised (embeddings, head, norms) in fp32:
     # the label said "16-bit rest" while the bytes counted them in fp32 (1.95 GiB more here).
+    # hf's peft.prepare_model_for_kbit_training casts them to fp32 under bf16 too; torchtune
+    # keeps its model dtype.
     argv = ["estimate", "--model", "llama-3-8b", "--gpu", "rtx-4090", "--lora-rank", "16"]
+    argv += ["--framework", framework]
     out = _run([*argv, "--qlora", "--precision", precision, "--json"], capsys)
     words = [c["what"] for c in out["top_consumers"] if c["what"].startswith("parameters")]
     assert words == [f"parameters (NF4 base weights, {rest} rest, 8.03B)"]
