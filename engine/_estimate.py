@@ -757,11 +757,8 @@ def _with_load(
     if not len(limit):
         return {}
     i_peak, i_host = terms[0].index("load_peak"), terms[0].index("load_host_bytes")
-    peak = host = None
-    for tables in keys.variants:
-        p, h = tables.state[i_peak][keys.state], tables.state[i_host][keys.state]
-        peak = p if peak is None else np.maximum(peak, p)
-        host = h if host is None else np.maximum(host, h)
+    peak = np.max([t.state[i_peak][keys.state] for t in keys.variants], axis=0)
+    host = np.max([t.state[i_host][keys.state] for t in keys.variants], axis=0)
     device = peak + np.broadcast_to(outside_torch, peak.shape)
     cols = {"peak_load_bytes": device, "load_host_bytes": host}
     if "fits" in out:
