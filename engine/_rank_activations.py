@@ -21,6 +21,7 @@ from ._codes import (
     HF,
     LOSS_CHUNKED,
     LOSS_CHUNKED_OUTPUT,
+    LOSS_FULL,
     MEGATRON,
     RECOMPUTE_FULL,
     RECOMPUTE_NONE,
@@ -36,9 +37,15 @@ from ._frameworks import (
     FUSED_QKV,
     FUSED_RMS_NORM,
     GQA_KV_EXPANDED,
+    HEAD_CHUNK_TOKENS,
     LOGITS_UPCAST_IN_MODEL,
+    LORA_DROPOUT,
+    LORA_QKV_ZERO_PAD,
     LOSS_PARALLEL_FP32_TENSORS,
     NORM_INPUT_FP32,
+    NORM_SCALE_FP32,
+    O_PROJ_INPUT_KEPT,
+    ROPE_BUFFERS_FP32,
     recompute_policy,
 )
 from ._lora import (
@@ -51,6 +58,7 @@ from ._lora import (
     target_bits,
 )
 from ._loss import (
+    head_chunked_loss_bytes,
     largest_loss_block_bytes,
     loss_forward_extra_bytes,
     loss_gradient_bytes,
@@ -166,6 +174,14 @@ class MicroBatch:
     bits: dict[str, np.ndarray]
     chunked: np.ndarray
     chunked_output: np.ndarray
+    head_chunked: np.ndarray
+    """The framework's own loss over head chunks (FrameworkSpec.head_chunk_tokens) runs."""
+    head_chunk_tokens: np.ndarray
+    lora_dropout: np.ndarray
+    lora_qkv_zero_pad: np.ndarray
+    norm_scale_fp32: np.ndarray
+    rope_buffers_fp32: np.ndarray
+    o_proj_input_kept: np.ndarray
     capacity: np.ndarray
     activation_offload: np.ndarray
     zero_col: np.ndarray
@@ -225,6 +241,15 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         bits=target_bits(c["lora_targets"]),
         chunked=c["loss"] == LOSS_CHUNKED,
         chunked_output=c["loss"] == LOSS_CHUNKED_OUTPUT,
+        head_chunked=(HEAD_CHUNK_TOKENS[fw] > 0)
+        & (c["loss"] == LOSS_FULL)
+        & (c["compile"] != COMPILE_BLOCKS_AND_LOSS),
+        head_chunk_tokens=HEAD_CHUNK_TOKENS[fw],
+        lora_dropout=LORA_DROPOUT[fw],
+        lora_qkv_zero_pad=LORA_QKV_ZERO_PAD[fw] & FUSED_QKV[fw],
+        norm_scale_fp32=NORM_SCALE_FP32[fw],
+        rope_buffers_fp32=ROPE_BUFFERS_FP32[fw],
+        o_proj_input_kept=O_PROJ_INPUT_KEPT[fw],
         capacity=c["capacity_factor_pct"].astype(np.float64) / 100.0,
         activation_offload=c["activation_offload"],
         zero_col=np.zeros_like(T),
@@ -279,6 +304,10 @@ def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool):
         mask=None,
         adapted_bits=x.bits,
         in_param_dtype=x.adapters_in_param_dtype,
+        dropout=x.lora_dropout,
+        qkv_one_module=x.fused_qkv,
+        qkv_zero_pad=x.lora_qkv_zero_pad,
+        o_input_kept=x.o_proj_input_kept,
     )
     delta = delta - _lora_frozen_saves_less(m, x)
     block = np.where(x.lora, block + delta, block)
@@ -295,9 +324,16 @@ def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool):
 def _lora_frozen_saves_less(m: ModelSpec, x: MicroBatch) -> np.ndarray:
     """A LoRA block's frozen norms and unadapted o_proj: what they no longer save."""
     norms = lora_frozen_norm_bytes(
-        m, T=x.T, r=x.r, fused_norm=x.fused_norm, num_norms=m.num_norms_per_layer
+        m,
+        T=x.T,
+        r=x.r,
+        fused_norm=x.fused_norm,
+        num_norms=m.num_norms_per_layer,
+        scale_fp32=x.norm_scale_fp32,
     )
-    o_proj = lora_unadapted_o_proj_bytes(m, T=x.T, e=x.e, tp=x.tp, o_adapted=x.bits["o_proj"])
+    o_proj = lora_unadapted_o_proj_bytes(
+        m, T=x.T, e=x.e, tp=x.tp, o_adapted=x.bits["o_proj"] | x.o_proj_input_kept
+    )
     return norms + o_proj + lora_frozen_qk_norm_bytes(m, T=x.T, tp=x.tp)
 
 
@@ -323,6 +359,7 @@ def _dense_block(m: ModelSpec, x: MicroBatch) -> np.ndarray:
         norm_fp32_input=x.norm_fp32_input,
         enable_gqa=transformers,
         transformers=transformers,
+        norm_scale_fp32=x.norm_scale_fp32,
     )
     expanded = 2.0 * e * T * (m.q_dim - m.kv_dim) / tp
     return block + np.where(x.gqa_kv_expanded & ~x.eager, expanded, 0.0)
@@ -426,6 +463,7 @@ def _outside(m: ModelSpec, x: MicroBatch, layers: dict[str, np.ndarray]) -> dict
     T, s, e, r, pp, full = x.T, x.s, x.e, x.r, x.pp, x.rc == RECOMPUTE_FULL
     checkpointing = (x.num_checkpointed > 0) | (x.rc == RECOMPUTE_SELECTIVE_OP)
     rope = 2.0 * s * m.rotary_dim * r * m.num_rotary_tables if m.rotary else 0.0
+    head = _head_chunked(m, x)
     outside_all, chunk_transient = outside_layers_bytes(
         m,
         T=T,
@@ -443,11 +481,19 @@ def _outside(m: ModelSpec, x: MicroBatch, layers: dict[str, np.ndarray]) -> dict
         compiled=x.compiled_loss & (x.pp <= 1),
         fp32_logits_in=x.fp32_logits_in,
         norm_fp32_input=x.norm_fp32_input,
+        norm_scale_fp32=x.norm_scale_fp32,
+        head_chunked=x.head_chunked,
+        head_saved=head["saved"],
     )
     logits_held = held_logits_bytes(
         m, T=T, e=e, pp=pp, chunked=x.chunked, loss_tp_div=x.loss_tp_div
     )
-    final_norm = lora_frozen_norm_bytes(m, T=T, r=r, fused_norm=x.fused_norm, num_norms=1)
+    # Persistent fp32 rope buffers (counted with `small`, every phase) replace the tables.
+    outside_all = outside_all - np.where(x.rope_buffers_fp32, act.rope_table_bytes(m, s=s, r=r), 0)
+    rope = np.where(x.rope_buffers_fp32, 0.0, rope)
+    final_norm = lora_frozen_norm_bytes(
+        m, T=T, r=r, fused_norm=x.fused_norm, num_norms=1, scale_fp32=x.norm_scale_fp32
+    )
     outside_all = outside_all - np.where(x.lora, final_norm, 0.0)
     outside = np.where(x.last, outside_all + logits_held, rope)
     ckpt_mask = act.hf_checkpointed_mask_bytes(m, T=T, s=s / x.cp, r=r, eager=x.eager)
@@ -462,9 +508,28 @@ def _outside(m: ModelSpec, x: MicroBatch, layers: dict[str, np.ndarray]) -> dict
         "outside": outside,
         "logits_held": logits_held,
         "chunk_transient": chunk_transient,
+        "head": head,
+        # Alive in every phase: persistent rope buffers, the loop's held logits (last stage).
+        "run_held": np.where(x.rope_buffers_fp32, act.rope_buffer_bytes(m, s=s), 0.0)
+        + np.where(x.last & x.head_chunked, head["held"], 0.0),
         "stage_act": stage_act - offloaded,
         "offloaded": offloaded,
     }
+
+
+def _head_chunked(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
+    """The terms of a head run over chunks (head_chunked_loss_bytes), zero on other rows."""
+    names = ("saved", "held", "forward", "backward", "block")
+    terms = head_chunked_loss_bytes(
+        m,
+        T=x.T,
+        b=x.b,
+        e=x.e,
+        amp=x.amp,
+        chunk_tokens=x.head_chunk_tokens,
+        loss_tp_div=x.loss_tp_div,
+    )
+    return {k: np.where(x.head_chunked, t, 0.0) for k, t in zip(names, terms, strict=True)}
 
 
 def _backward_transients(
@@ -551,6 +616,8 @@ def _copies_and_loss(
         zero_col=x.zero_col,
         compiled=x.compiled_loss,
         fp32_logits_in=x.fp32_logits_in,
+        head_chunked=x.head_chunked,
+        head_forward=out["head"]["forward"],
     )
     loss_grads = loss_gradient_bytes(
         m,
@@ -565,6 +632,8 @@ def _copies_and_loss(
         zero_col=x.zero_col,
         compiled=x.compiled_loss,
         fp32_logits_in=x.fp32_logits_in,
+        head_chunked=x.head_chunked,
+        head_backward=out["head"]["backward"],
     )
     # torchtitan's vocab-parallel loss: one more fp32 [T, v/tp] tensor than a plain cross
     # entropy in its forward and in its backward (engine/_frameworks.py).
@@ -613,7 +682,7 @@ def _recompute_terms(
     }
 
 
-def _largest_block(m: ModelSpec, x: MicroBatch) -> np.ndarray:
+def _largest_block(m: ModelSpec, x: MicroBatch, head_block) -> np.ndarray:
     """The step's largest tensor on this stage (largest_loss_block_bytes)."""
     return largest_loss_block_bytes(
         m,
@@ -626,6 +695,8 @@ def _largest_block(m: ModelSpec, x: MicroBatch) -> np.ndarray:
         fp32_logits_in=x.fp32_logits_in,
         loss_tp_div=x.loss_tp_div,
         zero_col=x.zero_col,
+        head_chunked=x.head_chunked,
+        head_block=head_block,
     )
 
 
@@ -643,7 +714,12 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
     a2a = all_to_all_buffer_bytes(m, rows=routed, e=e, ep=x.ep, num_moe=counts["moe"])
     cp_fwd, cp_bwd = ring_buffer_bytes(m, T=T, e=e, tp=x.tp, cp=x.cp)
     bwd = _backward_transients(m, x, layers, out["rope"], routed)
-    small = BUFFER_BYTES + INPUT_BYTES_PER_TOKEN * T + megatron_score_buffer_bytes(m, x)
+    small = (
+        BUFFER_BYTES
+        + INPUT_BYTES_PER_TOKEN * T
+        + megatron_score_buffer_bytes(m, x)
+        + out["run_held"]
+    )
     # A pipeline schedule splits the whole batch up front: every micro-batch's input ids stay.
     inputs_per_extra_micro = np.where(multi, INPUT_BYTES_PER_TOKEN * T, 0.0)
     amp_ckpt_copies = np.where(x.amp & full, copies_layers, 0.0)
@@ -672,7 +748,7 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
             -np.inf,
         ),
         "bwd_start_extra": small + loss_grads + a2a + cp_bwd,
-        "largest_block": _largest_block(m, x),
+        "largest_block": _largest_block(m, x, out["head"]["block"]),
         "bwd_end_extra": small + bwd["act_end"] + bwd["temp_end"] - stage_act,
         "embed_extra": small + np.where(x.first, T * m.hidden_size * x.r, 0.0),
         **_recompute_terms(x, layers, out, bwd, small=small),

@@ -137,6 +137,33 @@ def estimate_torchtune(case: dict[str, Any]) -> dict[str, float]:
     )
 
 
+LITGPT_TARGETS = {
+    "lora_query": "q_proj",
+    "lora_key": "k_proj",
+    "lora_value": "v_proj",
+    "lora_projection": "o_proj",
+    "lora_mlp": "gate_proj,up_proj,down_proj",
+}
+"""LitGPT's per-module LoRA switches (finetune/lora.py setup) -> trainmem's targets (LLaMAMLP
+fc_1 = gate, fc_2 = up, proj = down)."""
+
+
+def estimate_litgpt(case: dict[str, Any], *, framework: str = "litgpt") -> dict[str, float]:
+    """A litgpt_lora.json case (a small Llama in litgpt.lora.GPT, rank 16, bf16-true)."""
+    targets = ",".join(LITGPT_TARGETS[k] for k, on in case["targets"].items() if on)
+    return estimate_one(
+        small_llama_spec(case["dims"]),
+        micro_batch_size=case["micro_batch_size"],
+        seq_len=case["seq_len"],
+        precision=case.get("precision", "bf16"),
+        framework=framework,
+        lora_rank=case["lora_rank"],
+        lora_targets=targets,
+        recompute="full" if case["ac"] else "none",
+        optimizer=case["optimizer"],
+    )
+
+
 def traced_rows() -> list[dict[str, Any]]:
     """Per traced case (the CUDA build's behaviour): the activations and allocated-peak errors."""
     folder = DATA / "framework_traces"
