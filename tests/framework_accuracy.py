@@ -302,8 +302,9 @@ def modes_markdown() -> str:
         "| framework | `selective` means | vocab-parallel loss under TP | ZeRO-3 is FSDP2 "
         "| LoRA adapters in the model dtype | fused RMSNorm | one qkv projection "
         "| fp8 weight cache | fp32 logits from the model | FSDP2 embedding unit "
-        "| extra fp32 [T, v/tp] of the parallel loss | follows |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| extra fp32 [T, v/tp] of the parallel loss | head chunk of its own loss (positions) "
+        "| LoRA dropout on | follows |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, spec in FRAMEWORK_SPECS.items():
         lines.append(
@@ -312,6 +313,7 @@ def modes_markdown() -> str:
             f"| {yes(spec.fused_qkv)} | {yes(spec.fp8_weight_cache)} "
             f"| {yes(spec.logits_upcast_in_model)} "
             f"| {yes(spec.fsdp2_embedding_unit)} | {spec.loss_parallel_fp32_tensors:g} "
+            f"| {spec.head_chunk_tokens or '-'} | {yes(spec.lora_dropout)} "
             f"| {spec.source} |"
         )
     return "\n".join(lines)

@@ -21,7 +21,9 @@ on CUDA). Forward: model(input_ids, lm_head_chunk_size=128); logits[-1] = logits
 chunked_cross_entropy(logits, targets[..., 1:]). fit keeps `logits` in a local variable until
 the next iteration's forward returns: the loss closure holds the list the same way and the step
 is warmed up by a whole step, so the measured step meets the previous logits as fit's second
-iteration does. AC: the FSDP path's parallelize_fn wraps every Block in
+iteration does. `--precision bf16-mixed` (lightning MixedPrecision, litgpt's default when none
+is given: utils.py get_default_supported_precision(training=True)): an fp32 model under
+torch.autocast(bf16) (run_step's amp-bf16). AC: the FSDP path's parallelize_fn wraps every Block in
 checkpoint_wrapper(preserve_rng_state=False) (finetune/lora.py); traced on one device.
 F.silu runs as a CUDA build runs it (_FusedSiLU, as make_torchtitan_8b_fsdp_traces.py: one
 silu_backward output, not the CPU build's composite math with several [T, f] temporaries).
@@ -106,7 +108,7 @@ class _FusedSiLU(torch.autograd.Function):
         return torch.empty_like(x)
 
 
-def build_model(seq_len: int, targets: dict, dropout: float):
+def build_model(seq_len: int, targets: dict, dropout: float, precision: str):
     from litgpt.lora import GPT, Config, mark_only_lora_as_trainable
 
     d = DIMS
@@ -117,7 +119,8 @@ def build_model(seq_len: int, targets: dict, dropout: float):
         mlp_class_name="LLaMAMLP", rotary_percentage=1.0, parallel_residual=False,
         rope_base=500000, lora_r=16, lora_alpha=32, lora_dropout=dropout, **targets)
     plain = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)  # fabric.init_module under bf16-true
+    if precision == "bf16":  # bf16-true: fabric.init_module under torch's default dtype bf16
+        torch.set_default_dtype(torch.bfloat16)
     try:
         model = GPT(config)
     finally:
@@ -125,20 +128,21 @@ def build_model(seq_len: int, targets: dict, dropout: float):
     mark_only_lora_as_trainable(model)
     # HalfPrecision.convert_module (module.to(bf16)): the parameters are bf16 already; only the
     # rope buffers change, and fit rebuilds those next (Module.to cannot swap fake parameters).
-    model.cos, model.sin = model.cos.to(torch.bfloat16), model.sin.to(torch.bfloat16)
+    if precision == "bf16":
+        model.cos, model.sin = model.cos.to(torch.bfloat16), model.sin.to(torch.bfloat16)
     model.max_seq_length = seq_len  # fit: rebuilds cos/sin (fp32, [seq_len, rope_n_elem])
     return model
 
 
 def trace(ac: bool, targets: dict, *, dropout: float = 0.05, micro_batch: int = 2,
-          seq_len: int = 1024):
+          seq_len: int = 1024, precision: str = "bf16"):
     from litgpt.utils import chunked_cross_entropy
 
     info: dict = {}
     held: dict = {}
 
     def build():
-        model = build_model(seq_len, targets, dropout)
+        model = build_model(seq_len, targets, dropout, precision)
         tokens = torch.randint(0, DIMS["vocab"], (micro_batch, seq_len))
         labels = torch.randint(0, DIMS["vocab"], (micro_batch, seq_len))
         info["rope_cache_bytes"] = sum(step.rounded(b.untyped_storage().nbytes())
@@ -173,14 +177,14 @@ def trace(ac: bool, targets: dict, *, dropout: float = 0.05, micro_batch: int = 
     plain_silu = F.silu
     F.silu = lambda x, inplace=False: _FusedSiLU.apply(x)
     try:
-        out = step.run_step(build, precision="bf16", recompute="full" if ac else "none",
+        out = step.run_step(build, precision=precision, recompute="full" if ac else "none",
                             optimizer="adamw", device_type=device_type, contexts=contexts,
                             on_phase_end=on_phase_end)
     finally:
         F.silu = plain_silu
     tokens = micro_batch * seq_len
     return {
-        "ac": ac, "targets": targets, "lora_dropout": dropout,
+        "ac": ac, "targets": targets, "lora_dropout": dropout, "precision": precision,
         "micro_batch_size": micro_batch, "seq_len": seq_len, "tokens": tokens,
         "optimizer": "adamw", "dims": DIMS, "lora_rank": 16,
         "lm_head_chunk_size": LM_HEAD_CHUNK_SIZE,
@@ -207,6 +211,7 @@ def main() -> None:
     cases = [trace(ac, DEFAULT_TARGETS) for ac in (False, True)]
     cases.append(trace(False, ALL_TARGETS))
     cases.append(trace(False, DEFAULT_TARGETS, dropout=0.0))
+    cases.append(trace(False, DEFAULT_TARGETS, precision="amp-bf16"))  # bf16-mixed, the default
     OUT.write_text(json.dumps({
         "provenance": {
             "litgpt": "0.5.13", "torch": torch.__version__,
