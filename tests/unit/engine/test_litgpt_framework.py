@@ -85,3 +85,18 @@ def test_litgpt_below_hf_on_this_job(job) -> None:
     hf, lit = job["hf"]["peak_device_bytes"], job["litgpt"]["peak_device_bytes"]
     assert round(hf / 2**30, 2) == 39.76
     assert round(lit / 2**30, 2) == 33.89
+
+
+def test_report_names_what_litgpt_keeps() -> None:
+    import trainmem
+
+    job = {"model": "llama-3.1-8b", "lora_rank": R, "precision": "bf16", "micro_batch_size": 1,
+           "seq_len": T}  # fmt: skip
+    lit = {c["what"]: c["bytes"] for c in trainmem.estimate(**job, framework="litgpt")[
+        "top_consumers"]}  # fmt: skip
+    # bf16 AdamW states of the bf16 adapters (4 bytes per adapter parameter), and no "fp32 loss
+    # gradients" item: LitGPT's chunked loss has none.
+    assert lit["optimizer states (adamw, 2 16-bit states per parameter)"] == 4 * 41_943_040
+    assert not any("fp32 loss gradients" in what for what in lit)
+    hf = [c["what"] for c in trainmem.estimate(**job, framework="hf")["top_consumers"]]
+    assert "optimizer states (adamw, 2 fp32 states per parameter)" in hf
