@@ -223,10 +223,6 @@ def lora_activation_delta_bytes(
     mask,
     adapted_bits,
     in_param_dtype=False,
-    dropout=False,
-    qkv_one_module=False,
-    qkv_zero_pad=False,
-    o_input_kept=False,
 ) -> np.ndarray:
     """Change of a block's saved bytes under LoRA (frozen base), per layer.
 
@@ -237,10 +233,9 @@ def lora_activation_delta_bytes(
     model's dtype (`in_param_dtype`, torchtune LoRALinear): no copy, lora_a keeps the input the
     base no longer needs, lora_b keeps lora_a's [T, r] output in the model's dtype (traced:
     tests/data/framework_traces/torchtune_lora.json).
-    `dropout`, `qkv_one_module`, `o_input_kept`, `qkv_zero_pad`: lora_dropout_extra_bytes,
-    lora_qkv_zero_pad_bytes (LitGPT's LoRA, adapters in the model's dtype).
-    Assumes: lora_dropout 0 (Identity) unless `dropout`; adapters replicated under tensor
-    parallelism; the experts of an MoE block are not adapted.
+    Assumes: lora_dropout 0 (Identity; LitGPT's dropout and fused q/k/v adapter:
+    lora_module_extra_bytes); adapters replicated under tensor parallelism; the experts of an
+    MoE block are not adapted.
     `adapted_bits` maps "q_proj", ... to per-row booleans.
     """
     h = m.hidden_size
@@ -275,6 +270,15 @@ def lora_activation_delta_bytes(
             added = added + np.where(cast == 0, a * e * T * f_r, 0.0)
     # An fp32 base shares one input between the adapters of a norm's consumers.
     added = added + np.where(cast == 0, (any_attn_in + any_mlp_in) * e * T * h, 0.0)
+    return added - removed
+
+
+def lora_module_extra_bytes(
+    m: ModelSpec, *, T, e, tp, amp, adapted_bits, dropout, qkv_one_module, qkv_zero_pad, o_kept
+) -> np.ndarray:
+    """What LitGPT's adapter modules add to lora_activation_delta_bytes, per layer: dropout
+    per adapted module (`dropout`, lora_dropout_extra_bytes) and the fused q/k/v adapter's
+    zero padding (`qkv_zero_pad`, lora_qkv_zero_pad_bytes). Source: those functions."""
     dropout_extra = lora_dropout_extra_bytes(
         m,
         T=T,
@@ -283,11 +287,10 @@ def lora_activation_delta_bytes(
         amp=amp,
         adapted_bits=adapted_bits,
         qkv_one_module=qkv_one_module,
-        o_input_kept=o_input_kept,
+        o_input_kept=o_kept,
     )
     pad = lora_qkv_zero_pad_bytes(m, T=T, e=e, tp=tp, adapted_bits=adapted_bits)
-    extra = np.where(dropout, dropout_extra, 0.0) + np.where(qkv_zero_pad, pad, 0.0)
-    return added - removed + extra
+    return np.where(dropout, dropout_extra, 0.0) + np.where(qkv_zero_pad, pad, 0.0)
 
 
 LORA_DROPOUT_MASK_BYTES = 1.0

@@ -121,16 +121,15 @@ def outside_layers_bytes(
     fp32_logits_in=False,
     norm_fp32_input=False,
     norm_scale_fp32=False,
-    head_chunked=False,
-    head_saved=0.0,
+    head=None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(saved outside the blocks, the chunked loss's transient) on the stage holding the head.
 
     The full loss saves the fp32 log-softmax [T, v]; the chunked one replaces it with its saved
     gradients (chunked_loss_bytes); a compiled one its logits input (fp32 where the model
-    upcasts them itself, `fp32_logits_in`); a head run over chunks (`head_chunked`) its
-    chunks' log-softmax (`head_saved`, head_chunked_loss_bytes). Source: hf_outside_bytes,
-    chunked_loss_bytes, compiled_loss_kept_bytes.
+    upcasts them itself, `fp32_logits_in`); a head run over chunks its chunks' log-softmax
+    (`head`: the terms of head_chunked_loss_bytes by name and the rows' `chunked` mask).
+    Source: hf_outside_bytes, chunked_loss_bytes, compiled_loss_kept_bytes.
     """
     outside_all = hf_outside_bytes(
         m,
@@ -157,7 +156,10 @@ def outside_layers_bytes(
     )
     outside_all = np.where(compiled, outside_all - log_softmax + kept_logits, outside_all)
     outside_all = np.where(chunked, outside_all - log_softmax + chunk_saved, outside_all)
-    outside_all = np.where(head_chunked, outside_all - log_softmax + head_saved, outside_all)
+    if head is not None:
+        outside_all = np.where(
+            head["chunked"], outside_all - log_softmax + head["saved"], outside_all
+        )
     return outside_all, chunk_transient
 
 
@@ -189,8 +191,7 @@ def loss_forward_extra_bytes(
     zero_col,
     compiled=False,
     fp32_logits_in=False,
-    head_chunked=False,
-    head_forward=0.0,
+    head=None,
 ) -> np.ndarray:
     """Transient bytes at the forward peak, at the loss (the last stage's only).
 
@@ -198,7 +199,7 @@ def loss_forward_extra_bytes(
     one chunk's logits and gradients; chunked-output: every chunk's 16-bit logits (the list
     the recipe holds) and one chunk's fp32 copy; in a pipeline, PIPELINE_LOSS_INPUTS [T, h]
     tensors less the held logits (counted in the stored activations); a head run over chunks:
-    `head_forward` (head_chunked_loss_bytes; its logits are held apart).
+    its `head` terms' forward transient (head_chunked_loss_bytes; its logits are held apart).
     """
     full_loss_extra = hf_loss_forward_extra_bytes(
         m, T=T, e=e, r=r, amp=amp, loss_tp_div=loss_tp_div
@@ -220,8 +221,10 @@ def loss_forward_extra_bytes(
     loss_extra = np.where(
         pp > 1,
         PIPELINE_LOSS_INPUTS * e * T * m.hidden_size - logits_held,
-        np.where(chunked, chunk_transient, np.where(head_chunked, head_forward, full_loss_extra)),
+        np.where(chunked, chunk_transient, full_loss_extra),
     )
+    if head is not None:
+        loss_extra = np.where(head["chunked"] & (pp <= 1), head["forward"], loss_extra)
     return np.where(last, loss_extra, zero_col)
 
 
@@ -239,12 +242,11 @@ def loss_gradient_bytes(
     zero_col,
     compiled=False,
     fp32_logits_in=False,
-    head_chunked=False,
-    head_backward=0.0,
+    head=None,
 ) -> np.ndarray:
     """Transient bytes at the start of backward: the loss gradients (LOSS_GRADIENT_TENSORS fp32
     [T, v]; one chunk's under chunked-output, whose chunks run backward one at a time; a fused
-    chunked loss computed them in forward; a head run over chunks: `head_backward`,
+    chunked loss computed them in forward; a head run over chunks: its `head` terms' backward,
     head_chunked_loss_bytes) and, on a pipeline's last stage, the gradient sent to the previous
     stage ([T, h] in the compute dtype)."""
     per_chunk = np.where(chunked_output, 1.0 / OUTPUT_CHUNKS, 1.0)
@@ -258,7 +260,8 @@ def loss_gradient_bytes(
         per_element * T * m.vocab_size / loss_tp_div * per_chunk,
         zero_col,
     )
-    loss_grads = np.where(last & head_chunked, head_backward, loss_grads)
+    if head is not None:
+        loss_grads = np.where(last & head["chunked"], head["backward"], loss_grads)
     return loss_grads + np.where(last & (pp > 1), e * T * m.hidden_size / sp_div, 0.0)
 
 
@@ -274,18 +277,18 @@ def largest_loss_block_bytes(
     fp32_logits_in,
     loss_tp_div,
     zero_col,
-    head_chunked=False,
-    head_block=0.0,
+    head=None,
 ) -> np.ndarray:
     """The largest single tensor of the step: one [T, v] loss tensor at the start of backward
     (fp32; one chunk's under chunked-output; the 16-bit logits' gradient when compiled, fp32 if
     the model upcasts; a fused chunked loss's [chunk, v] block; a head chunk's log-softmax,
-    `head_block`). Its size drives the caching
+    the `head` terms' block). Its size drives the caching
     allocator's fragmentation (engine/_overhead.py fragmentation_largest_block_factor).
     """
     Tv = T * m.vocab_size / loss_tp_div
     full = np.where(compiled & ~fp32_logits_in, e, 4.0) * Tv
     full = np.where(chunked_output, full / OUTPUT_CHUNKS, full)
     liger = 4.0 * liger_chunk_rows(m, T) * m.vocab_size / loss_tp_div
-    full = np.where(head_chunked, head_block, full)
+    if head is not None:
+        full = np.where(head["chunked"], head["block"], full)
     return np.where(last, np.where(chunked, liger, full), zero_col)

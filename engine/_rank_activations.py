@@ -9,6 +9,7 @@ _lora, _precision).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -54,6 +55,7 @@ from ._lora import (
     lora_first_layer_unsaved_copy_bytes,
     lora_frozen_norm_bytes,
     lora_frozen_qk_norm_bytes,
+    lora_module_extra_bytes,
     lora_unadapted_o_proj_bytes,
     target_bits,
 )
@@ -241,19 +243,27 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         bits=target_bits(c["lora_targets"]),
         chunked=c["loss"] == LOSS_CHUNKED,
         chunked_output=c["loss"] == LOSS_CHUNKED_OUTPUT,
-        head_chunked=(HEAD_CHUNK_TOKENS[fw] > 0)
-        & (c["loss"] == LOSS_FULL)
-        & (c["compile"] != COMPILE_BLOCKS_AND_LOSS),
-        head_chunk_tokens=HEAD_CHUNK_TOKENS[fw],
-        lora_dropout=LORA_DROPOUT[fw],
-        lora_qkv_zero_pad=LORA_QKV_ZERO_PAD[fw] & FUSED_QKV[fw],
-        norm_scale_fp32=NORM_SCALE_FP32[fw],
-        rope_buffers_fp32=ROPE_BUFFERS_FP32[fw],
-        o_proj_input_kept=O_PROJ_INPUT_KEPT[fw],
+        **_stack_fields(fw, c),
         capacity=c["capacity_factor_pct"].astype(np.float64) / 100.0,
         activation_offload=c["activation_offload"],
         zero_col=np.zeros_like(T),
     )
+
+
+def _stack_fields(fw: np.ndarray, c: dict[str, np.ndarray]) -> dict[str, Any]:
+    """MicroBatch's per-framework fields of LitGPT's behaviour (engine/_frameworks.py); the
+    head-chunked loss runs in place of `--loss full`, not when the loss is compiled."""
+    return {
+        "head_chunked": (HEAD_CHUNK_TOKENS[fw] > 0)
+        & (c["loss"] == LOSS_FULL)
+        & (c["compile"] != COMPILE_BLOCKS_AND_LOSS),
+        "head_chunk_tokens": HEAD_CHUNK_TOKENS[fw],
+        "lora_dropout": LORA_DROPOUT[fw],
+        "lora_qkv_zero_pad": LORA_QKV_ZERO_PAD[fw] & FUSED_QKV[fw],
+        "norm_scale_fp32": NORM_SCALE_FP32[fw],
+        "rope_buffers_fp32": ROPE_BUFFERS_FP32[fw],
+        "o_proj_input_kept": O_PROJ_INPUT_KEPT[fw],
+    }
 
 
 def megatron_score_buffer_bytes(m: ModelSpec, x: MicroBatch) -> np.ndarray:
@@ -304,12 +314,8 @@ def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool):
         mask=None,
         adapted_bits=x.bits,
         in_param_dtype=x.adapters_in_param_dtype,
-        dropout=x.lora_dropout,
-        qkv_one_module=x.fused_qkv,
-        qkv_zero_pad=x.lora_qkv_zero_pad,
-        o_input_kept=x.o_proj_input_kept,
     )
-    delta = delta - _lora_frozen_saves_less(m, x)
+    delta = delta + _lora_module_extra(m, x) - _lora_frozen_saves_less(m, x)
     block = np.where(x.lora, block + delta, block)
     if m.is_mla or moe:
         return block, core, mlp, block
@@ -319,6 +325,22 @@ def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool):
     op_saved = np.where(x.lora, op_saved + delta, op_saved)
     block, op_saved = _compiled(m, x, block, op_saved)
     return block, core, mlp, op_saved
+
+
+def _lora_module_extra(m: ModelSpec, x: MicroBatch) -> np.ndarray:
+    """LitGPT's adapter modules: dropout and the fused q/k/v padding (lora_module_extra_bytes)."""
+    return lora_module_extra_bytes(
+        m,
+        T=x.T,
+        e=x.e,
+        tp=x.tp,
+        amp=x.amp,
+        adapted_bits=x.bits,
+        dropout=x.lora_dropout,
+        qkv_one_module=x.fused_qkv,
+        qkv_zero_pad=x.lora_qkv_zero_pad,
+        o_kept=x.o_proj_input_kept,
+    )
 
 
 def _lora_frozen_saves_less(m: ModelSpec, x: MicroBatch) -> np.ndarray:
@@ -482,15 +504,12 @@ def _outside(m: ModelSpec, x: MicroBatch, layers: dict[str, np.ndarray]) -> dict
         fp32_logits_in=x.fp32_logits_in,
         norm_fp32_input=x.norm_fp32_input,
         norm_scale_fp32=x.norm_scale_fp32,
-        head_chunked=x.head_chunked,
-        head_saved=head["saved"],
+        head=head,
     )
     logits_held = held_logits_bytes(
         m, T=T, e=e, pp=pp, chunked=x.chunked, loss_tp_div=x.loss_tp_div
     )
-    # Persistent fp32 rope buffers (counted with `small`, every phase) replace the tables.
-    outside_all = outside_all - np.where(x.rope_buffers_fp32, act.rope_table_bytes(m, s=s, r=r), 0)
-    rope = np.where(x.rope_buffers_fp32, 0.0, rope)
+    outside_all, rope, run_held = _rope_buffers(m, x, outside_all, rope, held=head["held"])
     final_norm = lora_frozen_norm_bytes(
         m, T=T, r=r, fused_norm=x.fused_norm, num_norms=1, scale_fp32=x.norm_scale_fp32
     )
@@ -509,12 +528,21 @@ def _outside(m: ModelSpec, x: MicroBatch, layers: dict[str, np.ndarray]) -> dict
         "logits_held": logits_held,
         "chunk_transient": chunk_transient,
         "head": head,
-        # Alive in every phase: persistent rope buffers, the loop's held logits (last stage).
-        "run_held": np.where(x.rope_buffers_fp32, act.rope_buffer_bytes(m, s=s), 0.0)
-        + np.where(x.last & x.head_chunked, head["held"], 0.0),
+        "run_held": run_held,
         "stage_act": stage_act - offloaded,
         "offloaded": offloaded,
     }
+
+
+def _rope_buffers(m: ModelSpec, x: MicroBatch, outside_all, rope, *, held) -> tuple:
+    """(outside, rope, run_held): persistent fp32 rope buffers (FrameworkSpec.rope_buffers_fp32)
+    replace the per-forward tables; they and the training loop's held logits (last stage) are
+    alive in every phase (`run_held`, counted with the small buffers)."""
+    buffers = x.rope_buffers_fp32
+    outside_all = outside_all - np.where(buffers, act.rope_table_bytes(m, s=x.s, r=x.r), 0.0)
+    run_held = np.where(buffers, act.rope_buffer_bytes(m, s=x.s), 0.0)
+    run_held = run_held + np.where(x.last & x.head_chunked, held, 0.0)
+    return outside_all, np.where(buffers, 0.0, rope), run_held
 
 
 def _head_chunked(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
@@ -529,7 +557,8 @@ def _head_chunked(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
         chunk_tokens=x.head_chunk_tokens,
         loss_tp_div=x.loss_tp_div,
     )
-    return {k: np.where(x.head_chunked, t, 0.0) for k, t in zip(names, terms, strict=True)}
+    out = {k: np.where(x.head_chunked, t, 0.0) for k, t in zip(names, terms, strict=True)}
+    return {**out, "chunked": x.head_chunked}
 
 
 def _backward_transients(
@@ -616,8 +645,7 @@ def _copies_and_loss(
         zero_col=x.zero_col,
         compiled=x.compiled_loss,
         fp32_logits_in=x.fp32_logits_in,
-        head_chunked=x.head_chunked,
-        head_forward=out["head"]["forward"],
+        head=out["head"],
     )
     loss_grads = loss_gradient_bytes(
         m,
@@ -632,17 +660,20 @@ def _copies_and_loss(
         zero_col=x.zero_col,
         compiled=x.compiled_loss,
         fp32_logits_in=x.fp32_logits_in,
-        head_chunked=x.head_chunked,
-        head_backward=out["head"]["backward"],
+        head=out["head"],
     )
-    # torchtitan's vocab-parallel loss: one more fp32 [T, v/tp] tensor than a plain cross
-    # entropy in its forward and in its backward (engine/_frameworks.py).
-    parallel_extra = np.where(
-        last & (x.loss_tp_div > 1) & ~x.chunked & ~x.compiled_loss & (pp <= 1),
-        LOSS_PARALLEL_FP32_TENSORS[x.fw] * 4.0 * T * m.vocab_size / x.loss_tp_div,
+    parallel_extra = _parallel_loss_extra(m, x)
+    return copies, copies_layers, loss_extra + parallel_extra, loss_grads + parallel_extra
+
+
+def _parallel_loss_extra(m: ModelSpec, x: MicroBatch) -> np.ndarray:
+    """torchtitan's vocab-parallel loss: one more fp32 [T, v/tp] tensor than a plain cross
+    entropy in its forward and in its backward (engine/_frameworks.py)."""
+    return np.where(
+        x.last & (x.loss_tp_div > 1) & ~x.chunked & ~x.compiled_loss & (x.pp <= 1),
+        LOSS_PARALLEL_FP32_TENSORS[x.fw] * 4.0 * x.T * m.vocab_size / x.loss_tp_div,
         0.0,
     )
-    return copies, copies_layers, loss_extra + parallel_extra, loss_grads + parallel_extra
 
 
 def _recompute_terms(
@@ -682,7 +713,7 @@ def _recompute_terms(
     }
 
 
-def _largest_block(m: ModelSpec, x: MicroBatch, head_block) -> np.ndarray:
+def _largest_block(m: ModelSpec, x: MicroBatch, head) -> np.ndarray:
     """The step's largest tensor on this stage (largest_loss_block_bytes)."""
     return largest_loss_block_bytes(
         m,
@@ -695,8 +726,7 @@ def _largest_block(m: ModelSpec, x: MicroBatch, head_block) -> np.ndarray:
         fp32_logits_in=x.fp32_logits_in,
         loss_tp_div=x.loss_tp_div,
         zero_col=x.zero_col,
-        head_chunked=x.head_chunked,
-        head_block=head_block,
+        head=head,
     )
 
 
@@ -748,7 +778,7 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
             -np.inf,
         ),
         "bwd_start_extra": small + loss_grads + a2a + cp_bwd,
-        "largest_block": _largest_block(m, x, out["head"]["block"]),
+        "largest_block": _largest_block(m, x, out["head"]),
         "bwd_end_extra": small + bwd["act_end"] + bwd["temp_end"] - stage_act,
         "embed_extra": small + np.where(x.first, T * m.hidden_size * x.r, 0.0),
         **_recompute_terms(x, layers, out, bwd, small=small),
