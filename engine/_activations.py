@@ -36,6 +36,7 @@ def hf_norm_bytes(
     fused=False,
     fp32_input=False,
     input_saved=True,
+    scale_fp32=False,
 ) -> np.ndarray:
     """Bytes one normalisation layer saves, including what its consuming linear(s) save.
 
@@ -48,6 +49,9 @@ def hf_norm_bytes(
     kernel `_fused_rms_norm` saves its input and the fp32 rstd only (torch
     aten/src/ATen/native/native_functions.yaml, tools/autograd/derivatives.yaml);
     `fp32_input`: on an fp32 copy of the input (torchtune's RMSNorm), which it keeps.
+    `scale_fp32`: a Python RMSNorm whose scale multiplies the fp32 normalised tensor (litgpt
+    0.5.13 model.py RMSNorm: `(x_normed * weight.float()).to(dtype)`), kept fp32 for the
+    scale's gradient.
     `input_saved` false: a LayerNorm whose input another norm of the block already saves (a
     parallel block's two norms over the same hidden states: Falcon's new decoder architecture,
     ln_attn and ln_mlp; GPT-NeoX's use_parallel_residual, input_layernorm and
@@ -68,7 +72,8 @@ def hf_norm_bytes(
     elif m.norm == "gemma_rms":
         own = (4.0 * Th + 4.0 * T + 4.0 * Th) / sp_div  # fp32 copy, rsqrt, normalised fp32
     else:
-        python_rms = 4.0 * Th + 4.0 * T + r * Th  # fp32 copy, rsqrt, normalised (input dtype)
+        # fp32 copy, rsqrt, normalised (input dtype; fp32 where the scale multiplies in fp32)
+        python_rms = 4.0 * Th + 4.0 * T + np.where(scale_fp32, 4.0, r) * Th
         fused_input = np.where(fp32_input, 4.0, r) * Th
         own = np.where(fused, fused_input + 4.0 * T, python_rms) / sp_div  # fused: input, rstd
     return own + linear_in
@@ -311,6 +316,22 @@ def rope_table_bytes(m: ModelSpec, *, s, r) -> np.ndarray:
     return 2.0 * s * width * r * m.num_rotary_tables if m.rotary else 0.0 * np.asarray(s)
 
 
+ROPE_BUFFER_BYTES = 4.0
+"""LitGPT's cos/sin buffers are fp32: build_rope_cache computes them from `.float()` positions
+and fit rebuilds them after Fabric's cast (model.max_seq_length = ...). Source: litgpt 0.5.13
+model.py build_rope_cache, GPT.max_seq_length; finetune/lora.py fit."""
+
+
+def rope_buffer_bytes(m: ModelSpec, *, s) -> np.ndarray:
+    """Persistent RoPE cos/sin buffers [max_seq_length, rope_n_elem] (ROPE_BUFFER_BYTES each),
+    alive in every phase; max_seq_length is the training length s (fit sets it).
+
+    Source: litgpt 0.5.13 model.py GPT.max_seq_length (register_buffer cos, sin; rebuilt when
+    the length changes). Traced: litgpt_lora.json rope_cache_buffers_bytes.
+    """
+    return 2.0 * np.asarray(s, dtype=np.float64) * m.rotary_dim * ROPE_BUFFER_BYTES * m.rotary
+
+
 def hf_sdpa_kernel_delta_bytes(m: ModelSpec, *, T, s, e, tp, eager, enable_gqa=True) -> np.ndarray:
     """Change of a layer's saved bytes when SDPA's inputs do not run the flash kernel that
     hf_attention_bytes assumes, or run it with q in another layout, per layer.
@@ -455,15 +476,17 @@ def hf_layer_bytes(
     norm_fp32_input=False,
     enable_gqa=True,
     transformers=False,
+    norm_scale_fp32=False,
 ) -> np.ndarray:
     """Everything one transformer block saves for backward without recomputation
-    (`fused_norm`: see hf_norm_bytes; `enable_gqa`: see hf_sdpa_kernel_delta_bytes;
-    `transformers`: see attention_score_bytes_per_elem)."""
+    (`fused_norm`, `norm_scale_fp32` (its `scale_fp32`): see hf_norm_bytes; `enable_gqa`: see
+    hf_sdpa_kernel_delta_bytes; `transformers`: see attention_score_bytes_per_elem)."""
     sp_div = np.where(sp, tp, 1)
     num_qkv_linears = 1 if m.fused_qkv else 3
     num_up_linears = 1 if (m.fused_gate_up or not m.gated_mlp) else 2
     norm = {"T": T, "e": e, "r": r, "amp": amp, "sp_div": sp_div, "fused": fused_norm}
     norm["fp32_input"] = norm_fp32_input
+    norm["scale_fp32"] = norm_scale_fp32
     if m.num_norms_per_layer == 1:
         norms = block_single_norm_bytes(m, norm, num_qkv_linears + num_up_linears)
     else:
@@ -522,6 +545,7 @@ def hf_outside_bytes(
     fused_norm=False,
     norm_fp32_input=False,
     head_trainable=True,
+    norm_scale_fp32=False,
 ) -> np.ndarray:
     """Bytes saved outside the blocks: embeddings, final norm, head, loss, rope tables, labels.
 
@@ -550,6 +574,7 @@ def hf_outside_bytes(
             num_consumers=1,
             fused=fused_norm,
             fp32_input=norm_fp32_input,
+            scale_fp32=norm_scale_fp32,
         )
         # A frozen head (LoRA) keeps no input: its gradient needs only the weight.
         head_input = np.where(amp, 2.0, e) * T * h

@@ -18,7 +18,12 @@ import numpy as np
 from ._config import parallel_layout
 from ._data_parallel import ZERO_PARAMETERS, ZERO_STATES, is_fsdp2
 from ._estimate import PHASES, estimate, layout_reason
-from ._frameworks import FRAMEWORK_SPECS, QLORA_KBIT_PREPARED
+from ._frameworks import (
+    ADAPTERS_IN_PARAM_DTYPE,
+    FRAMEWORK_SPECS,
+    HEAD_CHUNK_TOKENS,
+    QLORA_KBIT_PREPARED,
+)
 from ._grid import FRAMEWORKS, PRECISIONS, RECOMPUTE, make_grid
 from ._lora import KBIT_UPCAST_BYTES, LORA_ADAPTER_BYTES, kbit_pure_16
 from ._loss import LOSS_GRADIENT_TENSORS
@@ -430,7 +435,10 @@ def _optimizer_states_words(config: Mapping[str, Any], *, prec: int, lora: bool)
         return f"{n:g} 8-bit blockwise state{plural} per parameter"
     if spec.factored_second_moment and not custom:
         return "factored fp32 second moments"
-    elem = custom_e or (LORA_ADAPTER_BYTES if lora else STATE_BYTES[prec])
+    # LoRA: peft's fp32 adapters, or adapters in the model's dtype (FrameworkSpec).
+    in_param_dtype = ADAPTERS_IN_PARAM_DTYPE[FRAMEWORKS.index(str(config["framework"]))]
+    adapter_e = PARAM_BYTES[prec] if in_param_dtype else LORA_ADAPTER_BYTES
+    elem = custom_e or (adapter_e if lora else STATE_BYTES[prec])
     return f"{n:g} {_dtype(elem)} state{plural} per parameter"
 
 
@@ -445,7 +453,9 @@ def _transient_items(
     named = 0.0
     pp = int(config["pp"])
     last_stage = pp == 1 or int(at("pp_stage")) == pp - 1
-    if phase == "backward" and config["loss"] == "full" and last_stage:
+    # A framework's own loss over head chunks (LitGPT) has no fp32 [T, v] gradients.
+    own_chunks = HEAD_CHUNK_TOKENS[FRAMEWORKS.index(str(config["framework"]))] > 0
+    if phase == "backward" and config["loss"] == "full" and last_stage and not own_chunks:
         tokens = int(config["micro_batch_size"]) * int(config["seq_len"]) / int(config["cp"])
         tp_div = int(config["tp"]) if config["framework"] == "megatron" else 1
         loss_grads = LOSS_GRADIENT_TENSORS * 4.0 * tokens * m.vocab_size / tp_div

@@ -75,6 +75,30 @@ class FrameworkSpec:
     (torchtune's torchao NF4Tensor on a model in its own dtype; no QLoRA recipe elsewhere).
     Neither base saves its input: bitsandbytes 0.50.2 MatMul4Bit.forward keeps (None, B),
     torchao LinearNF4 the weight only."""
+    head_chunk_tokens: int = 0
+    """The model runs its head over chunks of this many positions of each sequence and the
+    recipe's loss is a cross entropy per chunk on the chunk's logits, with no fp32 copy of the
+    whole (each chunk's log-softmax is saved; under autocast each chunk is upcast apart); the
+    training loop holds the list of logits from forward until the next step's forward returns.
+    0: one head over the sequence (what `--loss full` means elsewhere)."""
+    lora_dropout: bool = False
+    """The recipe's LoRA dropout is on by default: every adapted module drops its input apart
+    and keeps the dropped 16-bit copy (for lora_A's gradient) and a bool mask."""
+    lora_qkv_zero_pad: bool = False
+    """Adapters on the fused q/k/v projection are one module whose update, when not all of q, k
+    and v are adapted, is scattered into a zeroed [T, q + 2 kv] tensor (index_copy_), which keeps
+    the adapted part ([T, width of the adapted projections]) for backward."""
+    norm_scale_fp32: bool = False
+    """The Python RMSNorm multiplies its fp32 normalised tensor by the upcast weight before
+    casting back, so a trainable scale keeps the fp32 normalised tensor (4 bytes, not the
+    residual dtype's)."""
+    o_proj_input_kept: bool = False
+    """The output projection reads the attention kernel's own output (a view: SDPA's output is
+    laid out [b, s, a, d]), which the kernel keeps for backward, so a frozen, unadapted o_proj
+    frees nothing (else it frees the contiguous copy it would have saved)."""
+    rope_buffers_fp32: bool = False
+    """RoPE's cos/sin are fp32 model buffers of the training length, alive all run, not
+    per-forward tables in the hidden dtype that the attention saves."""
     source: str
 
 
@@ -196,6 +220,42 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         "tests/data/framework_traces/torchtune_lora.json; "
         "models/llama3/_parallelism.py gathers the logits (output colwise, Replicate).",
     ),
+    "litgpt": FrameworkSpec(
+        selective="selective",
+        loss_parallel=False,
+        fsdp2=True,
+        adapters_in_param_dtype=True,
+        fused_rms_norm=False,
+        fused_qkv=True,
+        gqa_kv_expanded=True,
+        head_chunk_tokens=128,
+        lora_dropout=True,
+        lora_qkv_zero_pad=True,
+        norm_scale_fp32=True,
+        rope_buffers_fp32=True,
+        o_proj_input_kept=True,
+        load="meta-init",
+        load_source=(
+            "litgpt 0.5.13 finetune/lora.py main (fabric.init_module(empty_init=world_size > 1): "
+            "on the meta device when sharded, on the GPU on one device) and utils.py "
+            "load_checkpoint (ModelParallelStrategy: torch.load(mmap=True) and "
+            "load_from_full_model_state_dict, one full tensor at a time into its shards; one "
+            "device: lazy_load, load_state_dict tensor by tensor)"
+        ),
+        source="litgpt 0.5.13: finetune/lora.py (fit: model(input_ids, lm_head_chunk_size=128) "
+        "and chunked_cross_entropy, `logits` a local of the loop; setup: lora_dropout 0.05, "
+        "lora_query and lora_value on; several devices: ModelParallelStrategy with "
+        "parallelize_fn, fully_shard per trainable Linear and per Block, every Block in "
+        "checkpoint_wrapper; one device: no checkpointing; precision bf16-true builds the "
+        "model, adapters included, in bf16 (fabric.init_module)); utils.py "
+        "chunked_cross_entropy (F.cross_entropy per chunk, reduction none, on the 16-bit "
+        "logits); model.py GPT.forward (lm_head per x.split(128, dim=1)), CausalSelfAttention "
+        "(one qkv Linear; k, v repeat_interleave'd to the query heads before SDPA), RMSNorm "
+        "((x.float() * rsqrt(...) * weight.float()).to(dtype)); lora.py LoRALinear / "
+        "LoRAQKVLinear (lora_dropout per module, one lora_A over the enabled q/k/v, zero_pad "
+        "index_copy_). LitGPT has no selective mode: `selective` is the attention-core rule. "
+        "Traced: tests/data/framework_traces/litgpt_lora.json.",
+    ),
 }
 assert tuple(FRAMEWORK_SPECS) == FRAMEWORKS, "one spec per framework, in vocabulary order"
 for _name, _spec in FRAMEWORK_SPECS.items():
@@ -234,6 +294,18 @@ LOAD_POLICY = np.array(
     [LOADS.index(FRAMEWORK_SPECS[name].load) for name in FRAMEWORKS], dtype=np.int64
 )
 """Per framework code: the LOADS code `--load auto` resolves to."""
+HEAD_CHUNK_TOKENS = _table("head_chunk_tokens").astype(np.float64)
+"""Per framework code: positions per head chunk of its own loss (0: one head)."""
+LORA_DROPOUT = _table("lora_dropout")
+"""Per framework code: the recipe's LoRA dropout is on."""
+LORA_QKV_ZERO_PAD = _table("lora_qkv_zero_pad")
+"""Per framework code: a fused q/k/v adapter's zero-padded update keeps its adapted part."""
+NORM_SCALE_FP32 = _table("norm_scale_fp32")
+"""Per framework code: the RMSNorm scale multiplies in fp32 (a trainable one keeps fp32)."""
+O_PROJ_INPUT_KEPT = _table("o_proj_input_kept")
+"""Per framework code: o_proj's input is the attention output the kernel keeps."""
+ROPE_BUFFERS_FP32 = _table("rope_buffers_fp32")
+"""Per framework code: RoPE cos/sin are persistent fp32 buffers."""
 SELECTIVE_POLICY = np.array(
     [RECOMPUTE.index(FRAMEWORK_SPECS[name].selective) for name in FRAMEWORKS], dtype=np.int64
 )

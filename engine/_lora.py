@@ -214,7 +214,16 @@ def qlora_dequant_bytes(full: Sequence[LocalTensor], *, qlora, dp: np.ndarray) -
 
 
 def lora_activation_delta_bytes(
-    m: ModelSpec, *, T, e, amp, tp, rank, mask, adapted_bits, in_param_dtype=False
+    m: ModelSpec,
+    *,
+    T,
+    e,
+    amp,
+    tp,
+    rank,
+    mask,
+    adapted_bits,
+    in_param_dtype=False,
 ) -> np.ndarray:
     """Change of a block's saved bytes under LoRA (frozen base), per layer.
 
@@ -225,8 +234,9 @@ def lora_activation_delta_bytes(
     model's dtype (`in_param_dtype`, torchtune LoRALinear): no copy, lora_a keeps the input the
     base no longer needs, lora_b keeps lora_a's [T, r] output in the model's dtype (traced:
     tests/data/framework_traces/torchtune_lora.json).
-    Assumes: lora_dropout 0 (Identity); adapters replicated under tensor parallelism; the
-    experts of an MoE block are not adapted.
+    Assumes: lora_dropout 0 (Identity; LitGPT's dropout and fused q/k/v adapter:
+    lora_module_extra_bytes); adapters replicated under tensor parallelism; the experts of an
+    MoE block are not adapted.
     `adapted_bits` maps "q_proj", ... to per-row booleans.
     """
     h = m.hidden_size
@@ -359,6 +369,89 @@ def qlora_head_copy_bytes(m: ModelSpec, *, amp, qlora, last, tp) -> np.ndarray:
     return np.where(np.asarray(amp) & np.asarray(qlora) & np.asarray(last), 2.0 * numel, 0.0)
 
 
+def lora_module_extra_bytes(
+    m: ModelSpec, *, T, e, tp, amp, adapted_bits, dropout, qkv_one_module, qkv_zero_pad, o_kept
+) -> np.ndarray:
+    """What LitGPT's adapter modules add to lora_activation_delta_bytes, per layer: dropout
+    per adapted module (`dropout`, lora_dropout_extra_bytes) and the fused q/k/v adapter's
+    zero padding (`qkv_zero_pad`, lora_qkv_zero_pad_bytes). Source: those functions."""
+    dropout_extra = lora_dropout_extra_bytes(
+        m,
+        T=T,
+        e=e,
+        tp=tp,
+        amp=amp,
+        adapted_bits=adapted_bits,
+        qkv_one_module=qkv_one_module,
+        o_input_kept=o_kept,
+    )
+    pad = lora_qkv_zero_pad_bytes(m, T=T, e=e, tp=tp, adapted_bits=adapted_bits)
+    return np.where(dropout, dropout_extra, 0.0) + np.where(qkv_zero_pad, pad, 0.0)
+
+
+LORA_DROPOUT_MASK_BYTES = 1.0
+"""native_dropout keeps a bool mask (one byte per element) for its backward."""
+
+
+def lora_dropout_extra_bytes(
+    m: ModelSpec, *, T, e, tp, amp, adapted_bits, qkv_one_module, o_input_kept=False
+) -> np.ndarray:
+    """What LoRA dropout adds to a block's saved bytes, per layer: every adapted module drops
+    its input apart and dropout keeps a bool mask; lora_A keeps the dropped copy instead of the
+    input (which its frozen base linear does not keep), so without autocast modules that share
+    an input (the gate and up projections; q, k and v unless `qkv_one_module`) each keep their
+    own copy where without dropout they shared one (under autocast each already keeps its own
+    16-bit cast); an adapted o_proj whose input the attention kernel keeps anyway
+    (`o_input_kept`, FrameworkSpec.o_proj_input_kept) adds its dropped copy on top.
+
+    Source: litgpt 0.5.13 lora.py LoRALayer (nn.Dropout(p=lora_dropout) when > 0),
+    LoRALinear.forward (`self.lora_dropout(x) @ self.lora_A.T @ ...`), LoRAQKVLinear.forward
+    (one dropout and one lora_A for the enabled q, k, v: `qkv_one_module`); torch
+    derivatives.yaml native_dropout (saves its mask). Traced: litgpt_lora.json.
+    Ignores: layer 0's q/k/v dropout keeps no mask (its input, the frozen embedding's output,
+    needs no gradient).
+    """
+    h = m.hidden_size
+    f_r = m.intermediate_size / tp if not m.is_moe else 0.0
+    a = {k: v.astype(np.float64) for k, v in adapted_bits.items()}
+    qkv = [a["q_proj"], a["k_proj"], a["v_proj"]]
+    any_qkv = np.maximum(np.maximum(qkv[0], qkv[1]), qkv[2])
+    num_qkv = np.where(qkv_one_module, any_qkv, qkv[0] + qkv[1] + qkv[2])
+    num_up = a["gate_proj"] + a["up_proj"]
+    any_up = np.maximum(a["gate_proj"], a["up_proj"])
+    masks = (
+        LORA_DROPOUT_MASK_BYTES
+        * T
+        * ((num_qkv + num_up) * h + a["o_proj"] * m.o_dim / tp + a["down_proj"] * f_r)
+    )
+    unshared = np.where(amp, 0.0, e * T * h * ((num_qkv - any_qkv) + (num_up - any_up)))
+    unshared = unshared + np.where(
+        np.asarray(o_input_kept) & ~np.asarray(amp), a["o_proj"] * e * T * m.o_dim / tp, 0.0
+    )
+    return masks + unshared
+
+
+LORA_INDEX_BYTES = 8.0
+"""LoRAQKVLinear's lora_ind: an int64 index per padded output feature, cloned per call."""
+
+
+def lora_qkv_zero_pad_bytes(m: ModelSpec, *, T, e, tp, adapted_bits) -> np.ndarray:
+    """Bytes a fused q/k/v adapter keeps when some of q, k, v are not adapted: zero_pad scatters
+    the update into a zeroed [T, q + 2 kv] tensor with index_copy_, which keeps the update
+    ([T, adapted width], 16-bit) and the cloned int64 index; all three adapted, no padding.
+
+    Source: litgpt 0.5.13 lora.py LoRAQKVLinear.zero_pad (`result.index_copy_(dim=-1,
+    index=self.lora_ind, source=x)`), lora_ind (a clone per call). Traced: litgpt_lora.json
+    (q and v adapted: cat [b, q + kv, s] and clone [q + kv] int64 kept per layer).
+    """
+    q = adapted_bits["q_proj"].astype(np.float64)
+    k = adapted_bits["k_proj"].astype(np.float64)
+    v = adapted_bits["v_proj"].astype(np.float64)
+    width = (q * m.q_dim + (k + v) * m.kv_dim) / tp
+    partial = (q + k + v > 0) & (q * k * v == 0)
+    return np.where(partial, e * T * width + LORA_INDEX_BYTES * width, 0.0)
+
+
 def qlora_dequant_traffic_bytes_per_weight(qlora, *, full) -> np.ndarray:
     """HBM bytes per NF4 weight and micro-batch: dequantised before the forward and backward
     use (and the recomputed forward, `full`). Source: QLORA_DEQUANT_BYTES_PER_WEIGHT."""
@@ -385,7 +478,9 @@ def lora_first_layer_unsaved_copy_bytes(m: ModelSpec, *, frozen_amp, first, full
     return np.where(frozen_amp & first & ~full, 2.0 * qkv / tp, 0.0)
 
 
-def lora_frozen_norm_bytes(m: ModelSpec, *, T, r, fused_norm, num_norms) -> np.ndarray:
+def lora_frozen_norm_bytes(
+    m: ModelSpec, *, T, r, fused_norm, num_norms, scale_fp32=False
+) -> np.ndarray:
     """Bytes a frozen Llama-style RMSNorm no longer saves, `num_norms` of them: the normalised
     [T, h] tensor its weight's gradient would need (`weight * x_normed`; a frozen weight needs
     none), in the residual dtype.
@@ -395,6 +490,8 @@ def lora_frozen_norm_bytes(m: ModelSpec, *, T, r, fused_norm, num_norms) -> np.n
     operand saved only for the other's gradient); Gemma's RMSNorm (modeling_gemma3.py
     Gemma3RMSNorm: `output * (1.0 + self.weight.float())`) keeps the normalised fp32 tensor
     for its weight's gradient only. Traced: bench/conformance.py LoRA cells of gemma2, gemma3.
+    `scale_fp32`: the scale multiplies the fp32 normalised tensor (litgpt 0.5.13 RMSNorm), which
+    is what a frozen scale no longer saves (hf_norm_bytes).
     Assumes: Python RMSNorms of the `rms` or `gemma_rms` kind (not fused; OLMo 2's left as they
     are).
     """
@@ -402,7 +499,8 @@ def lora_frozen_norm_bytes(m: ModelSpec, *, T, r, fused_norm, num_norms) -> np.n
         return np.where(fused_norm, 0.0, num_norms * 4.0 * T * m.hidden_size)
     if m.norm != "rms":
         return np.zeros_like(np.asarray(T, dtype=np.float64))
-    return np.where(fused_norm, 0.0, num_norms * r * T * m.hidden_size)
+    normed_e = np.where(scale_fp32, 4.0, r)
+    return np.where(fused_norm, 0.0, num_norms * normed_e * T * m.hidden_size)
 
 
 def lora_frozen_qk_norm_bytes(m: ModelSpec, *, T, tp) -> np.ndarray:

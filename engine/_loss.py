@@ -28,6 +28,53 @@ forward peaks just before the head writes the logits: two [T, h] tensors (ground
 rank 3)."""
 
 
+LOOP_HELD_LOGITS = 1.0
+"""LitGPT's fit keeps the list of 16-bit logit chunks in a local (`logits = model(...)`) until
+the next iteration's forward returns: one [T, v] set of logits alive in every phase (with the
+new one at the next forward's end, when the old is dropped). Source: litgpt 0.5.13
+finetune/lora.py fit; traced: tests/data/framework_traces/litgpt_lora.json (the optimizer
+step's peak holds them)."""
+
+
+def head_chunk_rows(T, b, chunk_tokens) -> np.ndarray:
+    """Tokens of one head chunk: b x min(chunk_tokens, s) (the model splits the sequence
+    dimension, every micro-batch row in each chunk). Source: litgpt 0.5.13 model.py GPT.forward
+    (x.split(lm_head_chunk_size, dim=1)). T: tokens per rank (b s / cp)."""
+    T = np.asarray(T, dtype=np.float64)
+    return np.minimum(T, np.asarray(b, dtype=np.float64) * np.asarray(chunk_tokens))
+
+
+def head_chunked_loss_bytes(
+    m: ModelSpec, *, T, b, e, amp, chunk_tokens, loss_tp_div
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(saved, held, forward transient, backward transient, largest block) bytes of a head run
+    over chunks with a cross entropy per chunk (FrameworkSpec.head_chunk_tokens, LitGPT).
+
+    Saved: each chunk's log-softmax (F.cross_entropy = log_softmax + nll_loss; log_softmax
+    keeps its output), in the logits' dtype without autocast (no fp32 copy: aten
+    cross_entropy_loss runs log_softmax in the input's dtype), fp32 under autocast (its fp32
+    op list upcasts each chunk apart). Held: the logits themselves (LOOP_HELD_LOGITS, counted
+    in every phase by the caller). Forward transient: under autocast one chunk's fp32 copy.
+    Backward: autograd runs every chunk's nll and log-softmax backward before any head matmul's
+    (later nodes first), each chunk's log-prob gradient replacing its freed saved tensor, so
+    what is in flight is one chunk's nll gradient and log-softmax gradient (and under autocast
+    the cast back to 16 bits).
+    Source: litgpt 0.5.13 utils.py chunked_cross_entropy, model.py GPT.forward; torch
+    aten/src/ATen/native/LossNLL.cpp cross_entropy_loss; autograd's ready queue (higher
+    sequence numbers first). Traced: tests/data/framework_traces/litgpt_lora.json.
+    Assumes: the logits are not soft-capped (Gemma 2's cap adds its own tensors per chunk).
+    """
+    v = m.vocab_size / loss_tp_div
+    T = np.asarray(T, dtype=np.float64)
+    rows = head_chunk_rows(T, b, chunk_tokens)
+    lp_e = np.where(amp, 4.0, e)  # log-probs: fp32 under autocast, else the logits' dtype
+    saved = lp_e * T * v
+    held = LOOP_HELD_LOGITS * e * T * v
+    forward = np.where(amp, 4.0, 0.0) * rows * v
+    backward = (2.0 * lp_e + np.where(amp, e, 0.0)) * rows * v
+    return saved, held, forward, backward, lp_e * rows * v
+
+
 def liger_chunk_rows(m: ModelSpec, T) -> np.ndarray:
     """Rows per chunk of a fused linear + cross-entropy loss: next_power_of_2(ceil(T / ceil(V /
     H))), at most T. Source: Liger-Kernel fused_linear_cross_entropy.py
@@ -73,13 +120,16 @@ def outside_layers_bytes(
     compiled=False,
     fp32_logits_in=False,
     norm_fp32_input=False,
+    norm_scale_fp32=False,
+    head=None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(saved outside the blocks, the chunked loss's transient) on the stage holding the head.
 
     The full loss saves the fp32 log-softmax [T, v]; the chunked one replaces it with its saved
     gradients (chunked_loss_bytes); a compiled one its logits input (fp32 where the model
-    upcasts them itself, `fp32_logits_in`). Source: hf_outside_bytes, chunked_loss_bytes,
-    compiled_loss_kept_bytes.
+    upcasts them itself, `fp32_logits_in`); a head run over chunks its chunks' log-softmax
+    (`head`: the terms of head_chunked_loss_bytes by name and the rows' `chunked` mask).
+    Source: hf_outside_bytes, chunked_loss_bytes, compiled_loss_kept_bytes.
     """
     outside_all = hf_outside_bytes(
         m,
@@ -94,6 +144,7 @@ def outside_layers_bytes(
         fused_norm=fused_norm,
         norm_fp32_input=norm_fp32_input,
         head_trainable=head_trainable,
+        norm_scale_fp32=norm_scale_fp32,
     )
     chunk_saved, chunk_transient = chunked_loss_bytes(
         m, T=T, e=e, r=r, param_e=param_e, loss_tp_div=loss_tp_div, head_trainable=head_trainable
@@ -105,6 +156,10 @@ def outside_layers_bytes(
     )
     outside_all = np.where(compiled, outside_all - log_softmax + kept_logits, outside_all)
     outside_all = np.where(chunked, outside_all - log_softmax + chunk_saved, outside_all)
+    if head is not None:
+        outside_all = np.where(
+            head["chunked"], outside_all - log_softmax + head["saved"], outside_all
+        )
     return outside_all, chunk_transient
 
 
@@ -136,13 +191,15 @@ def loss_forward_extra_bytes(
     zero_col,
     compiled=False,
     fp32_logits_in=False,
+    head=None,
 ) -> np.ndarray:
     """Transient bytes at the forward peak, at the loss (the last stage's only).
 
     Full loss: logits, their fp32 copy, the head input (hf_loss_forward_extra_bytes); chunked:
     one chunk's logits and gradients; chunked-output: every chunk's 16-bit logits (the list
     the recipe holds) and one chunk's fp32 copy; in a pipeline, PIPELINE_LOSS_INPUTS [T, h]
-    tensors less the held logits (counted in the stored activations).
+    tensors less the held logits (counted in the stored activations); a head run over chunks:
+    its `head` terms' forward transient (head_chunked_loss_bytes; its logits are held apart).
     """
     full_loss_extra = hf_loss_forward_extra_bytes(
         m, T=T, e=e, r=r, amp=amp, loss_tp_div=loss_tp_div
@@ -166,6 +223,8 @@ def loss_forward_extra_bytes(
         PIPELINE_LOSS_INPUTS * e * T * m.hidden_size - logits_held,
         np.where(chunked, chunk_transient, full_loss_extra),
     )
+    if head is not None:
+        loss_extra = np.where(head["chunked"] & (pp <= 1), head["forward"], loss_extra)
     return np.where(last, loss_extra, zero_col)
 
 
@@ -183,11 +242,13 @@ def loss_gradient_bytes(
     zero_col,
     compiled=False,
     fp32_logits_in=False,
+    head=None,
 ) -> np.ndarray:
     """Transient bytes at the start of backward: the loss gradients (LOSS_GRADIENT_TENSORS fp32
     [T, v]; one chunk's under chunked-output, whose chunks run backward one at a time; a fused
-    chunked loss computed them in forward) and, on a pipeline's last stage, the gradient sent
-    to the previous stage ([T, h] in the compute dtype)."""
+    chunked loss computed them in forward; a head run over chunks: its `head` terms' backward,
+    head_chunked_loss_bytes) and, on a pipeline's last stage, the gradient sent to the previous
+    stage ([T, h] in the compute dtype)."""
     per_chunk = np.where(chunked_output, 1.0 / OUTPUT_CHUNKS, 1.0)
     # Compiled: one fused backward kernel writes the 16-bit logits' gradient.
     # (fp32 logits in: their fp32 gradient, then its cast to the model's dtype).
@@ -199,6 +260,8 @@ def loss_gradient_bytes(
         per_element * T * m.vocab_size / loss_tp_div * per_chunk,
         zero_col,
     )
+    if head is not None:
+        loss_grads = np.where(last & head["chunked"], head["backward"], loss_grads)
     return loss_grads + np.where(last & (pp > 1), e * T * m.hidden_size / sp_div, 0.0)
 
 
@@ -214,14 +277,18 @@ def largest_loss_block_bytes(
     fp32_logits_in,
     loss_tp_div,
     zero_col,
+    head=None,
 ) -> np.ndarray:
     """The largest single tensor of the step: one [T, v] loss tensor at the start of backward
     (fp32; one chunk's under chunked-output; the 16-bit logits' gradient when compiled, fp32 if
-    the model upcasts; a fused chunked loss's [chunk, v] block). Its size drives the caching
+    the model upcasts; a fused chunked loss's [chunk, v] block; a head chunk's log-softmax,
+    the `head` terms' block). Its size drives the caching
     allocator's fragmentation (engine/_overhead.py fragmentation_largest_block_factor).
     """
     Tv = T * m.vocab_size / loss_tp_div
     full = np.where(compiled & ~fp32_logits_in, e, 4.0) * Tv
     full = np.where(chunked_output, full / OUTPUT_CHUNKS, full)
     liger = 4.0 * liger_chunk_rows(m, T) * m.vocab_size / loss_tp_div
+    if head is not None:
+        full = np.where(head["chunked"], head["block"], full)
     return np.where(last, np.where(chunked, liger, full), zero_col)

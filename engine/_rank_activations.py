@@ -9,6 +9,7 @@ _lora, _precision).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -21,6 +22,7 @@ from ._codes import (
     HF,
     LOSS_CHUNKED,
     LOSS_CHUNKED_OUTPUT,
+    LOSS_FULL,
     MEGATRON,
     RECOMPUTE_FULL,
     RECOMPUTE_NONE,
@@ -36,10 +38,16 @@ from ._frameworks import (
     FUSED_QKV,
     FUSED_RMS_NORM,
     GQA_KV_EXPANDED,
+    HEAD_CHUNK_TOKENS,
     LOGITS_UPCAST_IN_MODEL,
+    LORA_DROPOUT,
+    LORA_QKV_ZERO_PAD,
     LOSS_PARALLEL_FP32_TENSORS,
     NORM_INPUT_FP32,
+    NORM_SCALE_FP32,
+    O_PROJ_INPUT_KEPT,
     QLORA_KBIT_PREPARED,
+    ROPE_BUFFERS_FP32,
     recompute_policy,
 )
 from ._lora import (
@@ -49,12 +57,14 @@ from ._lora import (
     lora_first_layer_unsaved_copy_bytes,
     lora_frozen_norm_bytes,
     lora_frozen_qk_norm_bytes,
+    lora_module_extra_bytes,
     lora_unadapted_o_proj_bytes,
     qlora_head_copy_bytes,
     qlora_kbit_activation_delta_bytes,
     target_bits,
 )
 from ._loss import (
+    head_chunked_loss_bytes,
     largest_loss_block_bytes,
     loss_forward_extra_bytes,
     loss_gradient_bytes,
@@ -173,6 +183,14 @@ class MicroBatch:
     bits: dict[str, np.ndarray]
     chunked: np.ndarray
     chunked_output: np.ndarray
+    head_chunked: np.ndarray
+    """The framework's own loss over head chunks (FrameworkSpec.head_chunk_tokens) runs."""
+    head_chunk_tokens: np.ndarray
+    lora_dropout: np.ndarray
+    lora_qkv_zero_pad: np.ndarray
+    norm_scale_fp32: np.ndarray
+    rope_buffers_fp32: np.ndarray
+    o_proj_input_kept: np.ndarray
     capacity: np.ndarray
     activation_offload: np.ndarray
     zero_col: np.ndarray
@@ -183,11 +201,8 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
     fw = c["framework"].astype(np.int64)
     kbit_prepared = c["qlora"] & (c["lora_rank"] > 0) & QLORA_KBIT_PREPARED[fw]
     prec = kbit_activation_precision(c["precision"], prepared=kbit_prepared)
-    tp = c["tp"].astype(np.float64)
-    sp = c["sp"]
-    b = c["micro_batch_size"].astype(np.float64)
-    s = c["seq_len"].astype(np.float64)
-    cp = c["cp"].astype(np.float64)
+    tp, sp, cp = c["tp"].astype(np.float64), c["sp"], c["cp"].astype(np.float64)
+    b, s = c["micro_batch_size"].astype(np.float64), c["seq_len"].astype(np.float64)
     T = b * s / cp  # tokens per rank
     first, last = stage_flags(c)
     rank = c["lora_rank"].astype(np.float64)
@@ -234,10 +249,27 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         bits=target_bits(c["lora_targets"]),
         chunked=c["loss"] == LOSS_CHUNKED,
         chunked_output=c["loss"] == LOSS_CHUNKED_OUTPUT,
+        **_stack_fields(fw, c),
         capacity=c["capacity_factor_pct"].astype(np.float64) / 100.0,
         activation_offload=c["activation_offload"],
         zero_col=np.zeros_like(T),
     )
+
+
+def _stack_fields(fw: np.ndarray, c: dict[str, np.ndarray]) -> dict[str, Any]:
+    """MicroBatch's per-framework fields of LitGPT's behaviour (engine/_frameworks.py); the
+    head-chunked loss runs in place of `--loss full`, not when the loss is compiled."""
+    return {
+        "head_chunked": (HEAD_CHUNK_TOKENS[fw] > 0)
+        & (c["loss"] == LOSS_FULL)
+        & (c["compile"] != COMPILE_BLOCKS_AND_LOSS),
+        "head_chunk_tokens": HEAD_CHUNK_TOKENS[fw],
+        "lora_dropout": LORA_DROPOUT[fw],
+        "lora_qkv_zero_pad": LORA_QKV_ZERO_PAD[fw] & FUSED_QKV[fw],
+        "norm_scale_fp32": NORM_SCALE_FP32[fw],
+        "rope_buffers_fp32": ROPE_BUFFERS_FP32[fw],
+        "o_proj_input_kept": O_PROJ_INPUT_KEPT[fw],
+    }
 
 
 def megatron_score_buffer_bytes(m: ModelSpec, x: MicroBatch) -> np.ndarray:
@@ -289,7 +321,7 @@ def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool):
         adapted_bits=x.bits,
         in_param_dtype=x.adapters_in_param_dtype,
     )
-    delta = delta - _lora_frozen_saves_less(m, x)
+    delta = delta + _lora_module_extra(m, x) - _lora_frozen_saves_less(m, x)
     delta = delta + qlora_kbit_activation_delta_bytes(
         m, T=T, tp=tp, amp=amp, o_adapted=x.bits["o_proj"], prepared=x.kbit_prepared
     )
@@ -304,12 +336,35 @@ def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool):
     return block, core, mlp, op_saved
 
 
+def _lora_module_extra(m: ModelSpec, x: MicroBatch) -> np.ndarray:
+    """LitGPT's adapter modules: dropout and the fused q/k/v padding (lora_module_extra_bytes)."""
+    return lora_module_extra_bytes(
+        m,
+        T=x.T,
+        e=x.e,
+        tp=x.tp,
+        amp=x.amp,
+        adapted_bits=x.bits,
+        dropout=x.lora_dropout,
+        qkv_one_module=x.fused_qkv,
+        qkv_zero_pad=x.lora_qkv_zero_pad,
+        o_kept=x.o_proj_input_kept,
+    )
+
+
 def _lora_frozen_saves_less(m: ModelSpec, x: MicroBatch) -> np.ndarray:
     """A LoRA block's frozen norms and unadapted o_proj: what they no longer save."""
     norms = lora_frozen_norm_bytes(
-        m, T=x.T, r=x.r, fused_norm=x.fused_norm, num_norms=m.num_norms_per_layer
+        m,
+        T=x.T,
+        r=x.r,
+        fused_norm=x.fused_norm,
+        num_norms=m.num_norms_per_layer,
+        scale_fp32=x.norm_scale_fp32,
     )
-    o_proj = lora_unadapted_o_proj_bytes(m, T=x.T, e=x.e, tp=x.tp, o_adapted=x.bits["o_proj"])
+    o_proj = lora_unadapted_o_proj_bytes(
+        m, T=x.T, e=x.e, tp=x.tp, o_adapted=x.bits["o_proj"] | x.o_proj_input_kept
+    )
     return norms + o_proj + lora_frozen_qk_norm_bytes(m, T=x.T, tp=x.tp)
 
 
@@ -335,6 +390,7 @@ def _dense_block(m: ModelSpec, x: MicroBatch) -> np.ndarray:
         norm_fp32_input=x.norm_fp32_input,
         enable_gqa=transformers,
         transformers=transformers,
+        norm_scale_fp32=x.norm_scale_fp32,
     )
     expanded = 2.0 * e * T * (m.q_dim - m.kv_dim) / tp
     return block + np.where(x.gqa_kv_expanded & ~x.eager, expanded, 0.0)
@@ -438,6 +494,7 @@ def _outside(m: ModelSpec, x: MicroBatch, layers: dict[str, np.ndarray]) -> dict
     T, s, e, r, pp, full = x.T, x.s, x.e, x.r, x.pp, x.rc == RECOMPUTE_FULL
     checkpointing = (x.num_checkpointed > 0) | (x.rc == RECOMPUTE_SELECTIVE_OP)
     rope = 2.0 * s * m.rotary_dim * r * m.num_rotary_tables if m.rotary else 0.0
+    head = _head_chunked(m, x)
     outside_all, chunk_transient = outside_layers_bytes(
         m,
         T=T,
@@ -455,11 +512,16 @@ def _outside(m: ModelSpec, x: MicroBatch, layers: dict[str, np.ndarray]) -> dict
         compiled=x.compiled_loss & (x.pp <= 1),
         fp32_logits_in=x.fp32_logits_in,
         norm_fp32_input=x.norm_fp32_input,
+        norm_scale_fp32=x.norm_scale_fp32,
+        head=head,
     )
     logits_held = held_logits_bytes(
         m, T=T, e=e, pp=pp, chunked=x.chunked, loss_tp_div=x.loss_tp_div
     )
-    final_norm = lora_frozen_norm_bytes(m, T=T, r=r, fused_norm=x.fused_norm, num_norms=1)
+    outside_all, rope, run_held = _rope_buffers(m, x, outside_all, rope, held=head["held"])
+    final_norm = lora_frozen_norm_bytes(
+        m, T=T, r=r, fused_norm=x.fused_norm, num_norms=1, scale_fp32=x.norm_scale_fp32
+    )
     outside_all = outside_all - np.where(x.lora, final_norm, 0.0)
     outside = np.where(x.last, outside_all + logits_held, rope)
     ckpt_mask = act.hf_checkpointed_mask_bytes(m, T=T, s=s / x.cp, r=r, eager=x.eager)
@@ -474,9 +536,38 @@ def _outside(m: ModelSpec, x: MicroBatch, layers: dict[str, np.ndarray]) -> dict
         "outside": outside,
         "logits_held": logits_held,
         "chunk_transient": chunk_transient,
+        "head": head,
+        "run_held": run_held,
         "stage_act": stage_act - offloaded,
         "offloaded": offloaded,
     }
+
+
+def _rope_buffers(m: ModelSpec, x: MicroBatch, outside_all, rope, *, held) -> tuple:
+    """(outside, rope, run_held): persistent fp32 rope buffers (FrameworkSpec.rope_buffers_fp32)
+    replace the per-forward tables; they and the training loop's held logits (last stage) are
+    alive in every phase (`run_held`, counted with the small buffers)."""
+    buffers = x.rope_buffers_fp32
+    outside_all = outside_all - np.where(buffers, act.rope_table_bytes(m, s=x.s, r=x.r), 0.0)
+    run_held = np.where(buffers, act.rope_buffer_bytes(m, s=x.s), 0.0)
+    run_held = run_held + np.where(x.last & x.head_chunked, held, 0.0)
+    return outside_all, np.where(buffers, 0.0, rope), run_held
+
+
+def _head_chunked(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
+    """The terms of a head run over chunks (head_chunked_loss_bytes), zero on other rows."""
+    names = ("saved", "held", "forward", "backward", "block")
+    terms = head_chunked_loss_bytes(
+        m,
+        T=x.T,
+        b=x.b,
+        e=x.e,
+        amp=x.amp,
+        chunk_tokens=x.head_chunk_tokens,
+        loss_tp_div=x.loss_tp_div,
+    )
+    out = {k: np.where(x.head_chunked, t, 0.0) for k, t in zip(names, terms, strict=True)}
+    return {**out, "chunked": x.head_chunked}
 
 
 def _backward_transients(
@@ -577,6 +668,7 @@ def _copies_and_loss(
         zero_col=x.zero_col,
         compiled=x.compiled_loss,
         fp32_logits_in=x.fp32_logits_in,
+        head=out["head"],
     )
     loss_grads = loss_gradient_bytes(
         m,
@@ -591,15 +683,20 @@ def _copies_and_loss(
         zero_col=x.zero_col,
         compiled=x.compiled_loss,
         fp32_logits_in=x.fp32_logits_in,
+        head=out["head"],
     )
-    # torchtitan's vocab-parallel loss: one more fp32 [T, v/tp] tensor than a plain cross
-    # entropy in its forward and in its backward (engine/_frameworks.py).
-    parallel_extra = np.where(
-        last & (x.loss_tp_div > 1) & ~x.chunked & ~x.compiled_loss & (pp <= 1),
-        LOSS_PARALLEL_FP32_TENSORS[x.fw] * 4.0 * T * m.vocab_size / x.loss_tp_div,
+    parallel_extra = _parallel_loss_extra(m, x)
+    return copies, copies_layers, loss_extra + parallel_extra, loss_grads + parallel_extra
+
+
+def _parallel_loss_extra(m: ModelSpec, x: MicroBatch) -> np.ndarray:
+    """torchtitan's vocab-parallel loss: one more fp32 [T, v/tp] tensor than a plain cross
+    entropy in its forward and in its backward (engine/_frameworks.py)."""
+    return np.where(
+        x.last & (x.loss_tp_div > 1) & ~x.chunked & ~x.compiled_loss & (x.pp <= 1),
+        LOSS_PARALLEL_FP32_TENSORS[x.fw] * 4.0 * x.T * m.vocab_size / x.loss_tp_div,
         0.0,
     )
-    return copies, copies_layers, loss_extra + parallel_extra, loss_grads + parallel_extra
 
 
 def _recompute_terms(
@@ -639,7 +736,7 @@ def _recompute_terms(
     }
 
 
-def _largest_block(m: ModelSpec, x: MicroBatch) -> np.ndarray:
+def _largest_block(m: ModelSpec, x: MicroBatch, head) -> np.ndarray:
     """The step's largest tensor on this stage (largest_loss_block_bytes)."""
     return largest_loss_block_bytes(
         m,
@@ -652,6 +749,7 @@ def _largest_block(m: ModelSpec, x: MicroBatch) -> np.ndarray:
         fp32_logits_in=x.fp32_logits_in,
         loss_tp_div=x.loss_tp_div,
         zero_col=x.zero_col,
+        head=head,
     )
 
 
@@ -669,7 +767,12 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
     a2a = all_to_all_buffer_bytes(m, rows=routed, e=e, ep=x.ep, num_moe=counts["moe"])
     cp_fwd, cp_bwd = ring_buffer_bytes(m, T=T, e=e, tp=x.tp, cp=x.cp)
     bwd = _backward_transients(m, x, layers, out["rope"], routed)
-    small = BUFFER_BYTES + INPUT_BYTES_PER_TOKEN * T + megatron_score_buffer_bytes(m, x)
+    small = (
+        BUFFER_BYTES
+        + INPUT_BYTES_PER_TOKEN * T
+        + megatron_score_buffer_bytes(m, x)
+        + out["run_held"]
+    )
     # A pipeline schedule splits the whole batch up front: every micro-batch's input ids stay.
     inputs_per_extra_micro = np.where(multi, INPUT_BYTES_PER_TOKEN * T, 0.0)
     amp_ckpt_copies = np.where(x.amp & full, copies_layers, 0.0)
@@ -698,7 +801,7 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
             -np.inf,
         ),
         "bwd_start_extra": small + loss_grads + a2a + cp_bwd,
-        "largest_block": _largest_block(m, x),
+        "largest_block": _largest_block(m, x, out["head"]),
         "bwd_end_extra": small + bwd["act_end"] + bwd["temp_end"] - stage_act,
         "embed_extra": small + np.where(x.first, T * m.hidden_size * x.r, 0.0),
         **_recompute_terms(x, layers, out, bwd, small=small),

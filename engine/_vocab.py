@@ -20,7 +20,8 @@ from ._optimizers import OPTIMIZERS as OPTIMIZERS  # noqa: E402, I001 (the regis
 RECOMPUTE = ("none", "selective", "full", "selective-op", "selective-layer")
 """Appended names keep the codes of the older ones (points tables stay readable)."""
 ATTENTION = ("flash", "eager")
-FRAMEWORKS = ("hf", "megatron", "deepspeed", "torchtitan", "torchtune")
+FRAMEWORKS = ("hf", "megatron", "deepspeed", "torchtitan", "torchtune", "litgpt")
+"""Appended names keep the codes of the older ones (points tables stay readable)."""
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 LOSSES = ("full", "chunked", "chunked-output")
 COMPILES = ("none", "blocks", "blocks+loss")

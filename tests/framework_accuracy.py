@@ -154,6 +154,33 @@ def estimate_hf_qlora(case: dict[str, Any]) -> dict[str, float]:
     )
 
 
+LITGPT_TARGETS = {
+    "lora_query": "q_proj",
+    "lora_key": "k_proj",
+    "lora_value": "v_proj",
+    "lora_projection": "o_proj",
+    "lora_mlp": "gate_proj,up_proj,down_proj",
+}
+"""LitGPT's per-module LoRA switches (finetune/lora.py setup) -> trainmem's targets (LLaMAMLP
+fc_1 = gate, fc_2 = up, proj = down)."""
+
+
+def estimate_litgpt(case: dict[str, Any], *, framework: str = "litgpt") -> dict[str, float]:
+    """A litgpt_lora.json case (a small Llama in litgpt.lora.GPT, rank 16, bf16-true)."""
+    targets = ",".join(LITGPT_TARGETS[k] for k, on in case["targets"].items() if on)
+    return estimate_one(
+        small_llama_spec(case["dims"]),
+        micro_batch_size=case["micro_batch_size"],
+        seq_len=case["seq_len"],
+        precision=case.get("precision", "bf16"),
+        framework=framework,
+        lora_rank=case["lora_rank"],
+        lora_targets=targets,
+        recompute="full" if case["ac"] else "none",
+        optimizer=case["optimizer"],
+    )
+
+
 def traced_rows() -> list[dict[str, Any]]:
     """Per traced case (the CUDA build's behaviour): the activations and allocated-peak errors."""
     folder = DATA / "framework_traces"
@@ -293,8 +320,8 @@ def modes_markdown() -> str:
         "| LoRA adapters in the model dtype | fused RMSNorm | one qkv projection "
         "| fp8 weight cache | fp32 logits from the model | FSDP2 embedding unit "
         "| extra fp32 [T, v/tp] of the parallel loss | QLoRA on a k-bit-prepared model "
-        "| follows |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| head chunk of its own loss (positions) | LoRA dropout on | follows |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, spec in FRAMEWORK_SPECS.items():
         lines.append(
@@ -303,6 +330,8 @@ def modes_markdown() -> str:
             f"| {yes(spec.fused_qkv)} | {yes(spec.fp8_weight_cache)} "
             f"| {yes(spec.logits_upcast_in_model)} "
             f"| {yes(spec.fsdp2_embedding_unit)} | {spec.loss_parallel_fp32_tensors:g} "
-            f"| {yes(spec.qlora_kbit_prepared)} | {spec.source} |"
+            f"| {yes(spec.qlora_kbit_prepared)} "
+            f"| {spec.head_chunk_tokens or '-'} | {yes(spec.lora_dropout)} "
+            f"| {spec.source} |"
         )
     return "\n".join(lines)
