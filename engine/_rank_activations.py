@@ -18,6 +18,7 @@ from ._codes import (
     COMPILE_NONE,
     DEEPSPEED,
     EAGER,
+    FLASH,
     HF,
     LOSS_CHUNKED,
     LOSS_CHUNKED_OUTPUT,
@@ -33,11 +34,13 @@ from ._context_parallel import ring_buffer_bytes
 from ._expert_parallel import all_to_all_buffer_bytes, routed_rows
 from ._frameworks import (
     ADAPTERS_IN_PARAM_DTYPE,
+    EAGER_SOFTMAX_FUSED,
     FUSED_QKV,
     FUSED_RMS_NORM,
     GQA_KV_EXPANDED,
     LOGITS_UPCAST_IN_MODEL,
     LOSS_PARALLEL_FP32_TENSORS,
+    LOSS_SOFTMAX_IN_PLACE,
     NORM_INPUT_FP32,
     recompute_policy,
 )
@@ -140,6 +143,10 @@ class MicroBatch:
     r: np.ndarray
     amp: np.ndarray
     eager: np.ndarray
+    """The attention materialises its s x s scores (any attention code but flash)."""
+    softmax_fused: np.ndarray
+    """Eager attention's masked softmax is a fused 16-bit kernel (FrameworkSpec
+    eager_softmax_fused, `--attention eager`, and the kernel's shape limits)."""
     fw: np.ndarray
     rc: np.ndarray
     """The recompute policy the rows run (`selective` resolved per framework)."""
@@ -167,6 +174,9 @@ class MicroBatch:
     chunked: np.ndarray
     chunked_output: np.ndarray
     capacity: np.ndarray
+    softmax_in_place_loss: np.ndarray
+    """The cross entropy's softmax and gradient live in its one fp32 copy (FrameworkSpec
+    loss_softmax_in_place)."""
     activation_offload: np.ndarray
     zero_col: np.ndarray
 
@@ -186,6 +196,14 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
     rc = recompute_policy(fw, c["recompute"])
     every = c["recompute_every"].astype(np.float64)
     counts = block_counts(m, c)
+    e = COMPUTE_BYTES[prec]
+    softmax_fused = (
+        (c["attention"] == EAGER)
+        & EAGER_SOFTMAX_FUSED[fw]
+        & act.megatron_fused_softmax_runs(
+            s=s / cp, b=b, heads_per_rank=m.num_attention_heads / tp, sixteen_bit=e < 4
+        )
+    )
     return MicroBatch(
         T=T,
         s=s,
@@ -198,10 +216,11 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         sp=sp,
         sp_div=sequence_parallel_divisor(sp, tp),
         prec=prec,
-        e=COMPUTE_BYTES[prec],
+        e=e,
         r=RESIDUAL_BYTES[prec],
         amp=IS_AMP[prec],
-        eager=c["attention"] == EAGER,
+        eager=c["attention"] != FLASH,
+        softmax_fused=softmax_fused,
         fw=fw,
         rc=rc,
         every=every,
@@ -226,6 +245,7 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         chunked=c["loss"] == LOSS_CHUNKED,
         chunked_output=c["loss"] == LOSS_CHUNKED_OUTPUT,
         capacity=c["capacity_factor_pct"].astype(np.float64) / 100.0,
+        softmax_in_place_loss=LOSS_SOFTMAX_IN_PLACE[fw],
         activation_offload=c["activation_offload"],
         zero_col=np.zeros_like(T),
     )
@@ -345,7 +365,14 @@ def _megatron_layers(m: ModelSpec, x: MicroBatch) -> tuple[np.ndarray, ...]:
     stage's saved bytes under the policy (selective-layer: the checkpointed blocks keep their
     input), one layer without recompute, and the attention core selective drops."""
     num_layers = x.counts["layer"]
-    shape = {"s": x.s / x.cp, "b": x.b, "tp": x.tp, "sp": x.sp, "eager": x.eager}
+    shape = {
+        "s": x.s / x.cp,
+        "b": x.b,
+        "tp": x.tp,
+        "sp": x.sp,
+        "eager": x.eager,
+        "softmax_bytes": act.megatron_softmax_bytes(fused=x.softmax_fused, e=x.e),
+    }
     layer_mg = act.megatron_layer_bytes(m, **shape, recompute_code=x.rc)
     layer_none = act.megatron_layer_bytes(m, **shape, recompute_code=RECOMPUTE_NONE)
     layer_full = act.megatron_layer_bytes(m, **shape, recompute_code=RECOMPUTE_FULL)
@@ -386,6 +413,9 @@ def _layers(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
     megatron = (x.fw == MEGATRON) & (x.rc != RECOMPUTE_SELECTIVE_OP)
     stage_layers = np.where(megatron, stage_mg, stage_hf)
     op_layer = np.where(num_mlp > 0, dense_op, moe_op)
+    # The softmax backward's gradient over the scores: fp32 on the torch path, 16-bit from the
+    # fused kernel (megatron-core 0.16.1 fusions/fused_softmax.py).
+    softmax_grad = np.where(x.softmax_fused, x.e, 4.0) * m.num_attention_heads / x.tp * x.s * x.T
     recomputed = np.where(
         x.rc == RECOMPUTE_SELECTIVE_OP,
         np.maximum(layer_full - (op_layer - layer_ckpt), 0.0),
@@ -401,14 +431,21 @@ def _layers(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
         "top_saved": np.where(x.rc == RECOMPUTE_SELECTIVE_OP, op_layer, layer_ckpt),
         # What selective brings back per layer while its backward runs: the attention core
         # (Megatron's own terms) and, with materialised scores, the softmax backward's fp32
-        # gradient over them (and Megatron's recomputed causal mask). Source: the traced
-        # megatron-core steps (tests/data/framework_traces/megatron_gpt_local.json).
+        # gradient over them (and Megatron's recomputed causal mask); the fused 16-bit softmax
+        # kernel's backward writes a 16-bit gradient and needs no mask. Source: the traced
+        # megatron-core steps (tests/data/framework_traces/megatron_gpt_local.json);
+        # megatron-core 0.16.1 fusions/fused_softmax.py ScaledUpperTriangMaskedSoftmax.backward.
         "core_recomputed": np.where(megatron, mg_core, core)
         + np.where(
             x.eager,
-            4.0 * m.num_attention_heads / x.tp * x.s * x.T
-            + np.where(megatron, (x.s / x.cp) * x.s, 0.0),
+            softmax_grad + np.where(megatron & ~x.softmax_fused, (x.s / x.cp) * x.s, 0.0),
             0.0,
+        ),
+        # Megatron without recompute: the top layer's attention core in its backward, its
+        # saved tensors stored already, with the softmax backward's gradient (the same moment
+        # as selective's, nothing recomputed); -inf where it does not apply.
+        "core_backward": np.where(
+            megatron & x.eager & (x.rc == RECOMPUTE_NONE), softmax_grad, -np.inf
         ),
     }
 
@@ -551,6 +588,7 @@ def _copies_and_loss(
         zero_col=x.zero_col,
         compiled=x.compiled_loss,
         fp32_logits_in=x.fp32_logits_in,
+        softmax_in_place=x.softmax_in_place_loss,
     )
     loss_grads = loss_gradient_bytes(
         m,
@@ -565,6 +603,7 @@ def _copies_and_loss(
         zero_col=x.zero_col,
         compiled=x.compiled_loss,
         fp32_logits_in=x.fp32_logits_in,
+        softmax_in_place=x.softmax_in_place_loss,
     )
     # torchtitan's vocab-parallel loss: one more fp32 [T, v/tp] tensor than a plain cross
     # entropy in its forward and in its backward (engine/_frameworks.py).
@@ -582,7 +621,9 @@ def _recompute_terms(
     """What a recomputing stage holds: a pipeline stage's excess over its stored activations
     (recompute_excess) and the transients of a layer's recompute-and-backward moment
     (recompute_extra: pipelines under full recompute; a single stage under selective-op or
-    selective-layer, whose top block recomputes while the others keep their tensors)."""
+    selective-layer, whose top block recomputes while the others keep their tensors; a single
+    Megatron stage without recompute at its top layer's attention-core backward, the loss's
+    tensors freed: `core_backward`)."""
     full, multi, last = x.rc == RECOMPUTE_FULL, x.pp > 1, x.last
     return {
         "recompute_excess": recompute_excess_bytes(
@@ -596,7 +637,10 @@ def _recompute_terms(
             zero_col=x.zero_col,
         ),
         "recompute_extra": np.maximum(
-            np.where(full & multi, small + bwd["temp_recompute"], -np.inf),
+            np.maximum(
+                np.where(full & multi, small + bwd["temp_recompute"], -np.inf),
+                np.where(multi, -np.inf, small + layers["core_backward"] - out["outside"]),
+            ),
             small
             + single_stage_recompute_delta(
                 x.rc,
