@@ -613,13 +613,17 @@ def megatron_fused_softmax_runs(*, s, b, heads_per_rank, sixteen_bit) -> np.ndar
     warp = np.minimum(next_pow2, FUSED_SOFTMAX_WARP_SIZE)
     rows_per_warp = np.where(next_pow2 <= FUSED_SOFTMAX_TWO_ROWS_MAX_KEYS, 2.0, 1.0)
     rows_per_block = FUSED_SOFTMAX_THREADS_PER_BLOCK / warp * rows_per_warp
+
+    def divides(d, n):  # floor division (the formula tracer has no scalar remainder)
+        return np.floor(n / d) * d == n
+
     return (
         np.asarray(sixteen_bit, dtype=bool)
         & (s > FUSED_SOFTMAX_MIN_KEYS)
         & (s <= FUSED_SOFTMAX_MAX_KEYS)
-        & (np.mod(s, FUSED_SOFTMAX_ALIGN) == 0)
-        & (np.mod(attn_batches, FUSED_SOFTMAX_ALIGN) == 0)
-        & (np.mod(attn_batches, rows_per_block) == 0)
+        & divides(FUSED_SOFTMAX_ALIGN, s)
+        & divides(FUSED_SOFTMAX_ALIGN, attn_batches)
+        & divides(rows_per_block, attn_batches)
     )
 
 

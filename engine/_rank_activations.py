@@ -196,14 +196,6 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
     rc = recompute_policy(fw, c["recompute"])
     every = c["recompute_every"].astype(np.float64)
     counts = block_counts(m, c)
-    e = COMPUTE_BYTES[prec]
-    softmax_fused = (
-        (c["attention"] == EAGER)
-        & EAGER_SOFTMAX_FUSED[fw]
-        & act.megatron_fused_softmax_runs(
-            s=s / cp, b=b, heads_per_rank=m.num_attention_heads / tp, sixteen_bit=e < 4
-        )
-    )
     return MicroBatch(
         T=T,
         s=s,
@@ -216,11 +208,11 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         sp=sp,
         sp_div=sequence_parallel_divisor(sp, tp),
         prec=prec,
-        e=e,
+        e=COMPUTE_BYTES[prec],
         r=RESIDUAL_BYTES[prec],
         amp=IS_AMP[prec],
         eager=c["attention"] != FLASH,
-        softmax_fused=softmax_fused,
+        softmax_fused=_softmax_fused(m, c, s=s / cp, b=b, tp=tp, e=COMPUTE_BYTES[prec]),
         fw=fw,
         rc=rc,
         every=every,
@@ -249,6 +241,15 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         activation_offload=c["activation_offload"],
         zero_col=np.zeros_like(T),
     )
+
+
+def _softmax_fused(m: ModelSpec, c: dict[str, np.ndarray], *, s, b, tp, e) -> np.ndarray:
+    """Rows whose eager attention runs the fused 16-bit softmax kernel (MicroBatch)."""
+    runs = act.megatron_fused_softmax_runs(
+        s=s, b=b, heads_per_rank=m.num_attention_heads / tp, sixteen_bit=e < 4
+    )
+    fw = c["framework"].astype(np.int64)
+    return (c["attention"] == EAGER) & EAGER_SOFTMAX_FUSED[fw] & runs
 
 
 def megatron_score_buffer_bytes(m: ModelSpec, x: MicroBatch) -> np.ndarray:
@@ -385,6 +386,33 @@ def _megatron_layers(m: ModelSpec, x: MicroBatch) -> tuple[np.ndarray, ...]:
     return stage, layer_none, layer_none - layer_core
 
 
+def _core_moments(m: ModelSpec, x: MicroBatch, *, megatron, mg_core, core) -> dict:
+    """The attention core's backward moments of the top layer (_layers)."""
+    # The softmax backward's gradient over the scores: fp32 on the torch path, 16-bit from the
+    # fused kernel (megatron-core 0.16.1 fusions/fused_softmax.py).
+    softmax_grad = np.where(x.softmax_fused, x.e, 4.0) * m.num_attention_heads / x.tp * x.s * x.T
+    return {
+        # What selective brings back per layer while its backward runs: the attention core
+        # (Megatron's own terms) and, with materialised scores, the softmax backward's fp32
+        # gradient over them (and Megatron's recomputed causal mask); the fused 16-bit softmax
+        # kernel's backward writes a 16-bit gradient and needs no mask. Source: the traced
+        # megatron-core steps (tests/data/framework_traces/megatron_gpt_local.json);
+        # megatron-core 0.16.1 fusions/fused_softmax.py ScaledUpperTriangMaskedSoftmax.backward.
+        "core_recomputed": np.where(megatron, mg_core, core)
+        + np.where(
+            x.eager,
+            softmax_grad + np.where(megatron & ~x.softmax_fused, (x.s / x.cp) * x.s, 0.0),
+            0.0,
+        ),
+        # Megatron without recompute: the top layer's attention core in its backward, its
+        # saved tensors stored already, with the softmax backward's gradient (the same moment
+        # as selective's, nothing recomputed); -inf where it does not apply.
+        "core_backward": np.where(
+            megatron & x.eager & (x.rc == RECOMPUTE_NONE), softmax_grad, -np.inf
+        ),
+    }
+
+
 def _layers(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
     """The blocks of the stage: one layer's bytes (layer 0: dense when the stage holds a dense
     block), its attention core and checkpointed input, the stage's saved bytes under the
@@ -413,9 +441,6 @@ def _layers(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
     megatron = (x.fw == MEGATRON) & (x.rc != RECOMPUTE_SELECTIVE_OP)
     stage_layers = np.where(megatron, stage_mg, stage_hf)
     op_layer = np.where(num_mlp > 0, dense_op, moe_op)
-    # The softmax backward's gradient over the scores: fp32 on the torch path, 16-bit from the
-    # fused kernel (megatron-core 0.16.1 fusions/fused_softmax.py).
-    softmax_grad = np.where(x.softmax_fused, x.e, 4.0) * m.num_attention_heads / x.tp * x.s * x.T
     recomputed = np.where(
         x.rc == RECOMPUTE_SELECTIVE_OP,
         np.maximum(layer_full - (op_layer - layer_ckpt), 0.0),
@@ -429,24 +454,7 @@ def _layers(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
         "per_layer": stage_layers / np.maximum(num_layers, 1.0),
         "layer_recomputed": recomputed,
         "top_saved": np.where(x.rc == RECOMPUTE_SELECTIVE_OP, op_layer, layer_ckpt),
-        # What selective brings back per layer while its backward runs: the attention core
-        # (Megatron's own terms) and, with materialised scores, the softmax backward's fp32
-        # gradient over them (and Megatron's recomputed causal mask); the fused 16-bit softmax
-        # kernel's backward writes a 16-bit gradient and needs no mask. Source: the traced
-        # megatron-core steps (tests/data/framework_traces/megatron_gpt_local.json);
-        # megatron-core 0.16.1 fusions/fused_softmax.py ScaledUpperTriangMaskedSoftmax.backward.
-        "core_recomputed": np.where(megatron, mg_core, core)
-        + np.where(
-            x.eager,
-            softmax_grad + np.where(megatron & ~x.softmax_fused, (x.s / x.cp) * x.s, 0.0),
-            0.0,
-        ),
-        # Megatron without recompute: the top layer's attention core in its backward, its
-        # saved tensors stored already, with the softmax backward's gradient (the same moment
-        # as selective's, nothing recomputed); -inf where it does not apply.
-        "core_backward": np.where(
-            megatron & x.eager & (x.rc == RECOMPUTE_NONE), softmax_grad, -np.inf
-        ),
+        **_core_moments(m, x, megatron=megatron, mg_core=mg_core, core=core),
     }
 
 
@@ -572,6 +580,15 @@ def _copies_and_loss(
     copies = copies - lora_first_layer_unsaved_copy_bytes(
         m, frozen_amp=frozen_amp, first=x.first, full=full, tp=x.tp
     )
+    kinds = {  # what kind of loss the rows run, for both loss terms
+        "chunked": x.chunked,
+        "chunked_output": x.chunked_output,
+        "loss_tp_div": x.loss_tp_div,
+        "zero_col": x.zero_col,
+        "compiled": x.compiled_loss,
+        "fp32_logits_in": x.fp32_logits_in,
+        "softmax_in_place": x.softmax_in_place_loss,
+    }
     loss_extra = loss_forward_extra_bytes(
         m,
         T=T,
@@ -580,15 +597,9 @@ def _copies_and_loss(
         amp=x.amp,
         pp=pp,
         last=last,
-        chunked=x.chunked,
-        chunked_output=x.chunked_output,
-        loss_tp_div=x.loss_tp_div,
         logits_held=out["logits_held"],
         chunk_transient=out["chunk_transient"],
-        zero_col=x.zero_col,
-        compiled=x.compiled_loss,
-        fp32_logits_in=x.fp32_logits_in,
-        softmax_in_place=x.softmax_in_place_loss,
+        **kinds,
     )
     loss_grads = loss_gradient_bytes(
         m,
@@ -596,14 +607,8 @@ def _copies_and_loss(
         e=e,
         pp=pp,
         last=last,
-        chunked=x.chunked,
-        chunked_output=x.chunked_output,
-        loss_tp_div=x.loss_tp_div,
         sp_div=x.sp_div,
-        zero_col=x.zero_col,
-        compiled=x.compiled_loss,
-        fp32_logits_in=x.fp32_logits_in,
-        softmax_in_place=x.softmax_in_place_loss,
+        **kinds,
     )
     # torchtitan's vocab-parallel loss: one more fp32 [T, v/tp] tensor than a plain cross
     # entropy in its forward and in its backward (engine/_frameworks.py).
