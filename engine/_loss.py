@@ -232,6 +232,8 @@ def megatron_in_place_loss_forward_extra_bytes(
     calculate_cross_entropy_loss (exp_logits.div_), _VocabParallelCrossEntropy.forward
     (ctx.save_for_backward(exp_logits, ...)); models/gpt/gpt_model.py _postprocess (`logits`
     alive across compute_language_model_loss).
+    Assumes: label_smoothing 0 (else torch.log(exp_logits) adds one fp32 [T, v/tp] in
+    forward) and cross_entropy_loss_fusion off (model_parallel_config.py's default).
     Ignores: the [T] tensors (max, sum, target mask, predicted logits), under 0.01% of [T, v].
     """
     Tv = T * m.vocab_size / loss_tp_div
