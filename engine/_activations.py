@@ -602,9 +602,63 @@ def hf_loss_forward_extra_bytes(m: ModelSpec, *, T, e, r, amp, loss_tp_div) -> n
 MEGATRON_SOFTMAX_BYTES = 4.0
 """megatron-core's unfused core attention keeps its softmax output in fp32
 (TransformerConfig.attention_softmax_in_fp32 defaults to True; FusedScaleMaskSoftmax's torch
-path upcasts); the fused kernels (apex / Megatron-LM extensions) would keep 16 bits (the paper's
-figure). Source: megatron/core/transformer/dot_product_attention.py, fusions/fused_softmax.py;
-traced: tests/data/framework_traces/megatron_gpt_local.json."""
+path upcasts the scores); the fused kernels keep 16 bits (megatron_softmax_bytes). Source:
+megatron-core 0.16.1 megatron/core/transformer/dot_product_attention.py, fusions/fused_softmax.py
+forward_torch_softmax; traced: tests/data/framework_traces/megatron_gpt_local.json."""
+FUSED_SOFTMAX_MIN_KEYS = 16.0
+FUSED_SOFTMAX_MAX_KEYS = 4096.0
+"""FusedScaleMaskSoftmax.is_kernel_available: 16 < sk <= 4096 (exclusive, inclusive).
+Source: megatron-core 0.16.1 megatron/core/fusions/fused_softmax.py."""
+FUSED_SOFTMAX_ALIGN = 4.0
+"""is_kernel_available: sq, sk and attn_batches (b x heads per rank) divisible by 4."""
+FUSED_SOFTMAX_THREADS_PER_BLOCK = 128.0
+FUSED_SOFTMAX_WARP_SIZE = 32.0
+"""apex csrc/megatron/scaled_masked_softmax.h get_batch_per_block: 128 threads per block,
+warps of min(next_pow2(sk), C10_WARP_SIZE = 32) threads, 2 rows per warp when next_pow2(sk) <=
+128 (else 1); the causal kernel needs attn_batches divisible by the rows per block."""
+FUSED_SOFTMAX_TWO_ROWS_MAX_KEYS = 128.0
+"""get_batch_per_block: batches_per_warp = 2 when next_pow2(sk) <= 128, else 1."""
+
+
+def megatron_fused_softmax_runs(*, s, b, heads_per_rank, sixteen_bit) -> np.ndarray:
+    """Whether megatron's FusedScaleMaskSoftmax takes its fused causal kernel
+    (ScaledUpperTriangMaskedSoftmax) for [b, heads_per_rank, s, s] scores, given that
+    masked_softmax_fusion is on.
+
+    Source: megatron-core 0.16.1 megatron/core/fusions/fused_softmax.py
+    FusedScaleMaskSoftmax.is_kernel_available (16-bit input, 16 < sk <= 4096, sq, sk and
+    b x np divisible by 4, causal: b x np divisible by get_batch_per_block); apex
+    csrc/megatron/scaled_masked_softmax.h get_batch_per_block (the kernels come from apex,
+    built into NVIDIA's PyTorch containers, not from the megatron-core wheel).
+    Assumes: self-attention with a causal mask (sq = sk = s), no softmax offset (vanilla).
+    """
+    s = np.asarray(s, dtype=np.float64)
+    attn_batches = np.asarray(b, dtype=np.float64) * heads_per_rank
+    next_pow2 = 2.0 ** np.ceil(np.log2(np.maximum(s, 1.0)))
+    warp = np.minimum(next_pow2, FUSED_SOFTMAX_WARP_SIZE)
+    rows_per_warp = np.where(next_pow2 <= FUSED_SOFTMAX_TWO_ROWS_MAX_KEYS, 2.0, 1.0)
+    rows_per_block = FUSED_SOFTMAX_THREADS_PER_BLOCK / warp * rows_per_warp
+
+    def divides(d, n):  # floor division (the formula tracer has no scalar remainder)
+        return np.floor(n / d) * d == n
+
+    return (
+        np.asarray(sixteen_bit, dtype=bool)
+        & (s > FUSED_SOFTMAX_MIN_KEYS)
+        & (s <= FUSED_SOFTMAX_MAX_KEYS)
+        & divides(FUSED_SOFTMAX_ALIGN, s)
+        & divides(FUSED_SOFTMAX_ALIGN, attn_batches)
+        & divides(rows_per_block, attn_batches)
+    )
+
+
+def megatron_softmax_bytes(*, fused, e) -> np.ndarray:
+    """Bytes per attention score of the probabilities megatron's core attention saves: the
+    fused kernel's output in the scores' 16-bit dtype, else the torch path's fp32 softmax
+    (MEGATRON_SOFTMAX_BYTES). Source: megatron-core 0.16.1 fusions/fused_softmax.py
+    (ScaledUpperTriangMaskedSoftmax saves softmax_results, 16-bit; forward_torch_softmax
+    upcasts under attention_softmax_in_fp32)."""
+    return np.where(fused, e, MEGATRON_SOFTMAX_BYTES)
 
 
 def megatron_layer_bytes(
@@ -617,8 +671,9 @@ def megatron_layer_bytes(
     the 5as/h attention-core term; full recompute keeps 2sbh (the layer input).
     Terms: attention 11sbh + 5as^2b, MLP 19sbh, two LayerNorms 4sbh (dropout masks included).
     The core's 5as^2b is a 16-bit softmax output and, with attention dropout, its mask (1) and
-    output (2); megatron-core keeps the softmax in fp32 (`softmax_bytes`; 2 gives the paper's
-    table) and a [s, s] bool causal mask per layer. With flash attention (Megatron-core's TE /
+    output (2): the fused softmax kernel (`softmax_bytes` 2, megatron_softmax_bytes); its torch
+    path keeps the softmax in fp32 (4), its 16-bit cast where there is no dropout, and a [s, s]
+    bool causal mask per layer. With flash attention (Megatron-core's TE /
     flash core attention, `eager` false) the core keeps no s x s tensor: only its fp32 softmax
     statistics, 4asb bytes (Dao 2022 Sec. 3.1); the core's output and Q, K, V are already in the
     11sbh.
@@ -634,13 +689,15 @@ def megatron_layer_bytes(
     replicated = 10.0
     # Without attention dropout the bmm keeps the softmax's 16-bit cast instead of a mask and
     # the dropout output.
-    after_softmax = 3.0 if m.attention_dropout > 0 else (2.0 if softmax_bytes > 2 else 0.0)
+    softmax_bytes = np.asarray(softmax_bytes, dtype=np.float64)
+    upcast = softmax_bytes > 2
+    after_softmax = 3.0 if m.attention_dropout > 0 else np.where(upcast, 2.0, 0.0)
     scores = (softmax_bytes + after_softmax) * a * s / h
     core = np.where(eager, scores, 4.0 * a / h)
     per = np.where(sp, (replicated + divided) / tp, replicated + divided / tp)
     keeps_core = recompute_code != RECOMPUTE_SELECTIVE
     per = per + np.where(keeps_core, core / tp, 0.0)
-    causal_mask = np.where(eager & keeps_core & (softmax_bytes > 2), s * s, 0.0)  # [s, s] bool
+    causal_mask = np.where(eager & keeps_core & upcast, s * s, 0.0)  # [s, s] bool
     full = 2.0 * sbh / np.where(sp, tp, 1)
     return np.where(recompute_code == RECOMPUTE_FULL, full, sbh * per + causal_mask)
 

@@ -42,6 +42,8 @@ RECOMPUTE_SELECTIVE_LAYER = RECOMPUTE.index("selective-layer")
 
 FLASH = ATTENTION.index("flash")
 EAGER = ATTENTION.index("eager")
+EAGER_UNFUSED = ATTENTION.index("eager-unfused")
+"""Attention codes other than FLASH materialise the s x s scores."""
 
 OFFLOAD_NONE = OFFLOADS.index("none")
 OFFLOAD_OPTIMIZER = OFFLOADS.index("optimizer")

@@ -61,6 +61,17 @@ class FrameworkSpec:
     logits_upcast_in_model: bool = False
     """The model itself returns fp32 logits (`output(h).float()`), so a compiled loss receives
     and keeps fp32 logits (unless the output is chunked)."""
+    loss_softmax_in_place: bool = False
+    """The cross entropy upcasts the logits once and normalises that fp32 copy in place into
+    the softmax it saves for backward, whose backward writes the logits' gradient into the same
+    tensor: beyond the saved fp32 [T, v] softmax, only the 16-bit logits in forward and the
+    16-bit cast of the gradient in backward (else a plain cross entropy: logits.float(), then
+    log_softmax saving its own fp32 output, and two fp32 gradients in backward)."""
+    eager_softmax_fused: bool = False
+    """With materialised attention scores (`--attention eager`) the masked softmax is a fused
+    16-bit kernel wherever its shape limits allow: it keeps the 16-bit probabilities only (no
+    fp32 copy, no causal mask); elsewhere, and under `--attention eager-unfused`, the softmax
+    runs as torch ops on an fp32 copy of the scores."""
     fsdp2_embedding_unit: bool = False
     """FSDP2 wraps the token embedding as a unit of its own, resharded after forward, and the
     final norm + head as one kept unsharded until its backward; no block's gather is in flight
@@ -140,9 +151,19 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         fused_rms_norm=False,
         fused_qkv=False,
         qlora_kbit_prepared=False,
-        source="megatron/core/transformer/transformer_config.py (recompute_granularity "
-        "'selective' recomputes core_attn); megatron/core/tensor_parallel/cross_entropy.py "
-        "(vocab_parallel_cross_entropy).",
+        loss_softmax_in_place=True,
+        eager_softmax_fused=True,
+        source="megatron-core 0.16.1: transformer/transformer_config.py (recompute_granularity "
+        "'selective' recomputes core_attn); models/gpt/gpt_model.py _postprocess -> "
+        "models/common/language_module/language_module.py compute_language_model_loss "
+        "(cross_entropy_loss_fusion off by default, model_parallel_config.py: "
+        "tensor_parallel.vocab_parallel_cross_entropy; fp16_lm_cross_entropy is stored, never "
+        "read); tensor_parallel/cross_entropy.py _VocabParallelCrossEntropy (one .float() "
+        "copy, max-subtract, exp and divide in place, saved; backward writes the gradient "
+        "into it); fusions/fused_softmax.py FusedScaleMaskSoftmax (the apex kernels under "
+        "masked_softmax_fusion, which Megatron-LM's megatron/training/arguments.py turns on "
+        "by default: --no-masked-softmax-fusion is a store_false; megatron-core's own "
+        "TransformerConfig default is False, the torch path, `--attention eager-unfused`).",
     ),
     "deepspeed": FrameworkSpec(
         load="cpu-full-state-dict",
@@ -288,6 +309,10 @@ LOGITS_UPCAST_IN_MODEL = _table("logits_upcast_in_model")
 """Per framework code: the model returns fp32 logits."""
 QLORA_KBIT_PREPARED = _table("qlora_kbit_prepared")
 """Per framework code: QLoRA as bitsandbytes + peft's kbit preparation run it (FrameworkSpec)."""
+LOSS_SOFTMAX_IN_PLACE = _table("loss_softmax_in_place")
+"""Per framework code: the cross entropy's softmax and gradient live in its one fp32 copy."""
+EAGER_SOFTMAX_FUSED = _table("eager_softmax_fused")
+"""Per framework code: eager attention's masked softmax is a fused 16-bit kernel."""
 FSDP2_EMBEDDING_UNIT = _table("fsdp2_embedding_unit")
 """Per framework code: FSDP2 units as torchtitan wraps them (FrameworkSpec)."""
 LOAD_POLICY = np.array(

@@ -22,6 +22,12 @@ OUTPUT_CHUNKS = 8.0
 sequence, and each chunk's logits are cast to fp32 and go through cross entropy apart.
 Source: torchtune 0.6.1 torchtune/modules/loss/ce_chunked_output_loss.py;
 torchtune/modules/transformer.py TransformerDecoder.chunked_output."""
+IN_PLACE_LOSS_GRADIENT_TENSORS = 0.0
+"""fp32 [T, v/tp] tensors megatron's vocab-parallel cross entropy allocates for its gradient:
+none, its backward writes the gradient into the saved softmax (grad_input = softmax;
+grad_2d[arange, target] -= 1; grad_input.mul_(grad_output)). Source: megatron-core 0.16.1
+megatron/core/tensor_parallel/cross_entropy.py _VocabParallelCrossEntropy.backward,
+VocabParallelCrossEntropy.prepare_gradient_calculation_operands / calculate_gradients."""
 PIPELINE_LOSS_INPUTS = 2.0
 """In a pipeline the schedule computes the loss apart (in its backward step); the last stage's
 forward peaks just before the head writes the logits: two [T, h] tensors (ground truth, pp
@@ -192,6 +198,7 @@ def loss_forward_extra_bytes(
     compiled=False,
     fp32_logits_in=False,
     head=None,
+    softmax_in_place=False,
 ) -> np.ndarray:
     """Transient bytes at the forward peak, at the loss (the last stage's only).
 
@@ -199,7 +206,8 @@ def loss_forward_extra_bytes(
     one chunk's logits and gradients; chunked-output: every chunk's 16-bit logits (the list
     the recipe holds) and one chunk's fp32 copy; in a pipeline, PIPELINE_LOSS_INPUTS [T, h]
     tensors less the held logits (counted in the stored activations); a head run over chunks:
-    its `head` terms' forward transient (head_chunked_loss_bytes; its logits are held apart).
+    its `head` terms' forward transient (head_chunked_loss_bytes; its logits are held apart);
+    an in-place softmax: its 16-bit logits only (megatron_in_place_loss_forward_extra_bytes).
     """
     full_loss_extra = hf_loss_forward_extra_bytes(
         m, T=T, e=e, r=r, amp=amp, loss_tp_div=loss_tp_div
@@ -217,6 +225,12 @@ def loss_forward_extra_bytes(
     logits_16 = np.where(e < 4, e * T * m.vocab_size / loss_tp_div, 0.0)
     full_loss_extra = np.where(
         fp32_logits_in & ~compiled, full_loss_extra - logits_16, full_loss_extra
+    )
+    in_place_extra = megatron_in_place_loss_forward_extra_bytes(
+        m, T=T, e=e, amp=amp, loss_tp_div=loss_tp_div
+    )
+    full_loss_extra = np.where(
+        softmax_in_place & ~compiled & ~chunked_output, in_place_extra, full_loss_extra
     )
     loss_extra = np.where(
         pp > 1,
@@ -243,26 +257,64 @@ def loss_gradient_bytes(
     compiled=False,
     fp32_logits_in=False,
     head=None,
+    softmax_in_place=False,
 ) -> np.ndarray:
     """Transient bytes at the start of backward: the loss gradients (LOSS_GRADIENT_TENSORS fp32
     [T, v]; one chunk's under chunked-output, whose chunks run backward one at a time; a fused
     chunked loss computed them in forward; a head run over chunks: its `head` terms' backward,
-    head_chunked_loss_bytes) and, on a pipeline's last stage, the gradient sent to the previous
-    stage ([T, h] in the compute dtype)."""
+    head_chunked_loss_bytes; an in-place softmax, megatron_in_place_loss_gradient_bytes) and, on
+    a pipeline's last stage, the gradient sent to the previous stage ([T, h] in the compute
+    dtype)."""
     per_chunk = np.where(chunked_output, 1.0 / OUTPUT_CHUNKS, 1.0)
     # Compiled: one fused backward kernel writes the 16-bit logits' gradient.
     # (fp32 logits in: their fp32 gradient, then its cast to the model's dtype).
     per_element = np.where(
         compiled, np.where(fp32_logits_in, 4.0 + e, e), LOSS_GRADIENT_TENSORS * 4.0
     )
-    loss_grads = np.where(
-        last & ~chunked,
-        per_element * T * m.vocab_size / loss_tp_div * per_chunk,
-        zero_col,
-    )
+    full_grads = per_element * T * m.vocab_size / loss_tp_div * per_chunk
+    in_place = megatron_in_place_loss_gradient_bytes(m, T=T, e=e, loss_tp_div=loss_tp_div)
+    full_grads = np.where(softmax_in_place & ~compiled & ~chunked_output, in_place, full_grads)
+    loss_grads = np.where(last & ~chunked, full_grads, zero_col)
     if head is not None:
         loss_grads = np.where(last & head["chunked"], head["backward"], loss_grads)
     return loss_grads + np.where(last & (pp > 1), e * T * m.hidden_size / sp_div, 0.0)
+
+
+def megatron_in_place_loss_forward_extra_bytes(
+    m: ModelSpec, *, T, e, amp, loss_tp_div
+) -> np.ndarray:
+    """Bytes the vocab-parallel cross entropy holds at the forward peak beyond the fp32 softmax
+    it saves (counted with the saved activations, hf_outside_bytes): the 16-bit logits, which
+    GPTModel._postprocess still references while the loss runs (none when the logits are
+    fp32: .float() then returns them and the softmax overwrites them), and autocast's fp32
+    head input where there is one (as hf_loss_forward_extra_bytes).
+
+    Source: megatron-core 0.16.1 megatron/core/tensor_parallel/cross_entropy.py
+    VocabParallelCrossEntropy.calculate_logits_max (vocab_parallel_logits.float(), the only
+    [T, v/tp] allocation), calculate_predicted_logits (`-=` and torch.exp(out=) in place),
+    calculate_cross_entropy_loss (exp_logits.div_), _VocabParallelCrossEntropy.forward
+    (ctx.save_for_backward(exp_logits, ...)); models/gpt/gpt_model.py _postprocess (`logits`
+    alive across compute_language_model_loss).
+    Assumes: label_smoothing 0 (else torch.log(exp_logits) adds one fp32 [T, v/tp] in
+    forward) and cross_entropy_loss_fusion off (model_parallel_config.py's default).
+    Ignores: the [T] tensors (max, sum, target mask, predicted logits), under 0.01% of [T, v].
+    """
+    Tv = T * m.vocab_size / loss_tp_div
+    return np.where(e < 4, e * Tv, 0.0) + np.where(amp, 4.0 * T * m.hidden_size, 0.0)
+
+
+def megatron_in_place_loss_gradient_bytes(m: ModelSpec, *, T, e, loss_tp_div) -> np.ndarray:
+    """Bytes of the loss gradients at the start of backward beyond the saved fp32 softmax,
+    which becomes the logits' fp32 gradient in place (IN_PLACE_LOSS_GRADIENT_TENSORS): the
+    16-bit gradient the upcast's backward (ToCopyBackward of `.float()`) casts it to for the
+    output layer (none with fp32 logits, which were not copied).
+
+    Source: megatron-core 0.16.1 megatron/core/tensor_parallel/cross_entropy.py
+    _VocabParallelCrossEntropy.backward (returns grad_input, the saved softmax storage);
+    calculate_logits_max (.float(), autograd's copy back to the logits' dtype).
+    """
+    Tv = T * m.vocab_size / loss_tp_div
+    return IN_PLACE_LOSS_GRADIENT_TENSORS * 4.0 * Tv + np.where(e < 4, e * Tv, 0.0)
 
 
 def largest_loss_block_bytes(

@@ -19,6 +19,7 @@ from ._codes import (
     COMPILE_NONE,
     DEEPSPEED,
     EAGER,
+    FLASH,
     HF,
     LOSS_CHUNKED,
     LOSS_CHUNKED_OUTPUT,
@@ -35,6 +36,7 @@ from ._context_parallel import ring_buffer_bytes
 from ._expert_parallel import all_to_all_buffer_bytes, routed_rows
 from ._frameworks import (
     ADAPTERS_IN_PARAM_DTYPE,
+    EAGER_SOFTMAX_FUSED,
     FUSED_QKV,
     FUSED_RMS_NORM,
     GQA_KV_EXPANDED,
@@ -43,6 +45,7 @@ from ._frameworks import (
     LORA_DROPOUT,
     LORA_QKV_ZERO_PAD,
     LOSS_PARALLEL_FP32_TENSORS,
+    LOSS_SOFTMAX_IN_PLACE,
     NORM_INPUT_FP32,
     NORM_SCALE_FP32,
     O_PROJ_INPUT_KEPT,
@@ -154,6 +157,10 @@ class MicroBatch:
     r: np.ndarray
     amp: np.ndarray
     eager: np.ndarray
+    """The attention materialises its s x s scores (any attention code but flash)."""
+    softmax_fused: np.ndarray
+    """Eager attention's masked softmax is a fused 16-bit kernel (FrameworkSpec
+    eager_softmax_fused, `--attention eager`, and the kernel's shape limits)."""
     fw: np.ndarray
     rc: np.ndarray
     """The recompute policy the rows run (`selective` resolved per framework)."""
@@ -192,6 +199,9 @@ class MicroBatch:
     rope_buffers_fp32: np.ndarray
     o_proj_input_kept: np.ndarray
     capacity: np.ndarray
+    softmax_in_place_loss: np.ndarray
+    """The cross entropy's softmax and gradient live in its one fp32 copy (FrameworkSpec
+    loss_softmax_in_place)."""
     activation_offload: np.ndarray
     zero_col: np.ndarray
 
@@ -224,7 +234,8 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         e=COMPUTE_BYTES[prec],
         r=RESIDUAL_BYTES[prec],
         amp=IS_AMP[prec],
-        eager=c["attention"] == EAGER,
+        eager=c["attention"] != FLASH,
+        softmax_fused=_softmax_fused(m, c, s=s / cp, b=b, tp=tp, e=COMPUTE_BYTES[prec]),
         fw=fw,
         rc=rc,
         every=every,
@@ -251,6 +262,7 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         chunked_output=c["loss"] == LOSS_CHUNKED_OUTPUT,
         **_stack_fields(fw, c),
         capacity=c["capacity_factor_pct"].astype(np.float64) / 100.0,
+        softmax_in_place_loss=LOSS_SOFTMAX_IN_PLACE[fw],
         activation_offload=c["activation_offload"],
         zero_col=np.zeros_like(T),
     )
@@ -270,6 +282,15 @@ def _stack_fields(fw: np.ndarray, c: dict[str, np.ndarray]) -> dict[str, Any]:
         "rope_buffers_fp32": ROPE_BUFFERS_FP32[fw],
         "o_proj_input_kept": O_PROJ_INPUT_KEPT[fw],
     }
+
+
+def _softmax_fused(m: ModelSpec, c: dict[str, np.ndarray], *, s, b, tp, e) -> np.ndarray:
+    """Rows whose eager attention runs the fused 16-bit softmax kernel (MicroBatch)."""
+    runs = act.megatron_fused_softmax_runs(
+        s=s, b=b, heads_per_rank=m.num_attention_heads / tp, sixteen_bit=e < 4
+    )
+    fw = c["framework"].astype(np.int64)
+    return (c["attention"] == EAGER) & EAGER_SOFTMAX_FUSED[fw] & runs
 
 
 def megatron_score_buffer_bytes(m: ModelSpec, x: MicroBatch) -> np.ndarray:
@@ -413,7 +434,14 @@ def _megatron_layers(m: ModelSpec, x: MicroBatch) -> tuple[np.ndarray, ...]:
     stage's saved bytes under the policy (selective-layer: the checkpointed blocks keep their
     input), one layer without recompute, and the attention core selective drops."""
     num_layers = x.counts["layer"]
-    shape = {"s": x.s / x.cp, "b": x.b, "tp": x.tp, "sp": x.sp, "eager": x.eager}
+    shape = {
+        "s": x.s / x.cp,
+        "b": x.b,
+        "tp": x.tp,
+        "sp": x.sp,
+        "eager": x.eager,
+        "softmax_bytes": act.megatron_softmax_bytes(fused=x.softmax_fused, e=x.e),
+    }
     layer_mg = act.megatron_layer_bytes(m, **shape, recompute_code=x.rc)
     layer_none = act.megatron_layer_bytes(m, **shape, recompute_code=RECOMPUTE_NONE)
     layer_full = act.megatron_layer_bytes(m, **shape, recompute_code=RECOMPUTE_FULL)
@@ -424,6 +452,33 @@ def _megatron_layers(m: ModelSpec, x: MicroBatch) -> tuple[np.ndarray, ...]:
         layer_mg * num_layers,
     )
     return stage, layer_none, layer_none - layer_core
+
+
+def _core_moments(m: ModelSpec, x: MicroBatch, *, megatron, mg_core, core) -> dict:
+    """The attention core's backward moments of the top layer (_layers)."""
+    # The softmax backward's gradient over the scores: fp32 on the torch path, 16-bit from the
+    # fused kernel (megatron-core 0.16.1 fusions/fused_softmax.py).
+    softmax_grad = np.where(x.softmax_fused, x.e, 4.0) * m.num_attention_heads / x.tp * x.s * x.T
+    return {
+        # What selective brings back per layer while its backward runs: the attention core
+        # (Megatron's own terms) and, with materialised scores, the softmax backward's fp32
+        # gradient over them (and Megatron's recomputed causal mask); the fused 16-bit softmax
+        # kernel's backward writes a 16-bit gradient and needs no mask. Source: the traced
+        # megatron-core steps (tests/data/framework_traces/megatron_gpt_local.json);
+        # megatron-core 0.16.1 fusions/fused_softmax.py ScaledUpperTriangMaskedSoftmax.backward.
+        "core_recomputed": np.where(megatron, mg_core, core)
+        + np.where(
+            x.eager,
+            softmax_grad + np.where(megatron & ~x.softmax_fused, (x.s / x.cp) * x.s, 0.0),
+            0.0,
+        ),
+        # Megatron without recompute: the top layer's attention core in its backward, its
+        # saved tensors stored already, with the softmax backward's gradient (the same moment
+        # as selective's, nothing recomputed); -inf where it does not apply.
+        "core_backward": np.where(
+            megatron & x.eager & (x.rc == RECOMPUTE_NONE), softmax_grad, -np.inf
+        ),
+    }
 
 
 def _layers(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
@@ -467,17 +522,7 @@ def _layers(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
         "per_layer": stage_layers / np.maximum(num_layers, 1.0),
         "layer_recomputed": recomputed,
         "top_saved": np.where(x.rc == RECOMPUTE_SELECTIVE_OP, op_layer, layer_ckpt),
-        # What selective brings back per layer while its backward runs: the attention core
-        # (Megatron's own terms) and, with materialised scores, the softmax backward's fp32
-        # gradient over them (and Megatron's recomputed causal mask). Source: the traced
-        # megatron-core steps (tests/data/framework_traces/megatron_gpt_local.json).
-        "core_recomputed": np.where(megatron, mg_core, core)
-        + np.where(
-            x.eager,
-            4.0 * m.num_attention_heads / x.tp * x.s * x.T
-            + np.where(megatron, (x.s / x.cp) * x.s, 0.0),
-            0.0,
-        ),
+        **_core_moments(m, x, megatron=megatron, mg_core=mg_core, core=core),
     }
 
 
@@ -652,6 +697,16 @@ def _copies_and_loss(
     gradients, for the rows of `x` (`out`: _outside's terms)."""
     T, e, pp, last = x.T, x.e, x.pp, x.last
     copies, copies_layers = _autocast_copies(m, x, full=full)
+    kinds = {  # what kind of loss the rows run, for both loss terms
+        "chunked": x.chunked,
+        "chunked_output": x.chunked_output,
+        "loss_tp_div": x.loss_tp_div,
+        "zero_col": x.zero_col,
+        "compiled": x.compiled_loss,
+        "fp32_logits_in": x.fp32_logits_in,
+        "softmax_in_place": x.softmax_in_place_loss,
+        "head": out["head"],
+    }
     loss_extra = loss_forward_extra_bytes(
         m,
         T=T,
@@ -660,15 +715,9 @@ def _copies_and_loss(
         amp=x.amp,
         pp=pp,
         last=last,
-        chunked=x.chunked,
-        chunked_output=x.chunked_output,
-        loss_tp_div=x.loss_tp_div,
         logits_held=out["logits_held"],
         chunk_transient=out["chunk_transient"],
-        zero_col=x.zero_col,
-        compiled=x.compiled_loss,
-        fp32_logits_in=x.fp32_logits_in,
-        head=out["head"],
+        **kinds,
     )
     loss_grads = loss_gradient_bytes(
         m,
@@ -676,14 +725,8 @@ def _copies_and_loss(
         e=e,
         pp=pp,
         last=last,
-        chunked=x.chunked,
-        chunked_output=x.chunked_output,
-        loss_tp_div=x.loss_tp_div,
         sp_div=x.sp_div,
-        zero_col=x.zero_col,
-        compiled=x.compiled_loss,
-        fp32_logits_in=x.fp32_logits_in,
-        head=out["head"],
+        **kinds,
     )
     parallel_extra = _parallel_loss_extra(m, x)
     return copies, copies_layers, loss_extra + parallel_extra, loss_grads + parallel_extra
@@ -705,7 +748,9 @@ def _recompute_terms(
     """What a recomputing stage holds: a pipeline stage's excess over its stored activations
     (recompute_excess) and the transients of a layer's recompute-and-backward moment
     (recompute_extra: pipelines under full recompute; a single stage under selective-op or
-    selective-layer, whose top block recomputes while the others keep their tensors)."""
+    selective-layer, whose top block recomputes while the others keep their tensors; a single
+    Megatron stage without recompute at its top layer's attention-core backward, the loss's
+    tensors freed: `core_backward`)."""
     full, multi, last = x.rc == RECOMPUTE_FULL, x.pp > 1, x.last
     return {
         "recompute_excess": recompute_excess_bytes(
@@ -719,7 +764,10 @@ def _recompute_terms(
             zero_col=x.zero_col,
         ),
         "recompute_extra": np.maximum(
-            np.where(full & multi, small + bwd["temp_recompute"], -np.inf),
+            np.maximum(
+                np.where(full & multi, small + bwd["temp_recompute"], -np.inf),
+                np.where(multi, -np.inf, small + layers["core_backward"] - out["outside"]),
+            ),
             small
             + single_stage_recompute_delta(
                 x.rc,

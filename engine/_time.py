@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ._codes import EAGER, FP32, MEGATRON, OFFLOAD_OPTIMIZER
+from ._codes import FLASH, FP32, MEGATRON, OFFLOAD_OPTIMIZER
 from ._collectives import group_bandwidth
 from ._context_parallel import cp_exposed_s
 from ._data_parallel import (
@@ -238,7 +238,7 @@ def step_shape(m: ModelSpec, g: Grid) -> StepShape:
         fw=g["framework"].astype(int),
         zero=g["zero"],
         offload=g["offload"].astype(int),
-        eager=g["attention"].astype(int) == EAGER,
+        eager=g["attention"].astype(int) != FLASH,
         sp=g["sequence_parallel"] & (g["tp"] > 1),
         lora=lora,
         qlora=g["qlora"] & lora,

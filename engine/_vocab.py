@@ -19,7 +19,11 @@ from ._optimizers import OPTIMIZERS as OPTIMIZERS  # noqa: E402, I001 (the regis
 
 RECOMPUTE = ("none", "selective", "full", "selective-op", "selective-layer")
 """Appended names keep the codes of the older ones (points tables stay readable)."""
-ATTENTION = ("flash", "eager")
+ATTENTION = ("flash", "eager", "eager-unfused")
+"""flash: no s x s tensor kept; eager: the scores materialised, through the framework's default
+softmax; eager-unfused: the scores materialised and the softmax run as plain torch ops (for
+Megatron: masked_softmax_fusion off, the fp32 softmax path; every other framework's eager
+softmax is unfused already, so there it means eager)."""
 FRAMEWORKS = ("hf", "megatron", "deepspeed", "torchtitan", "torchtune", "litgpt")
 """Appended names keep the codes of the older ones (points tables stay readable)."""
 OFFLOADS = ("none", "optimizer", "optimizer+params")

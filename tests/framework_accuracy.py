@@ -114,7 +114,10 @@ def estimate_megatron(case: dict[str, Any]) -> dict[str, float]:
         precision="mixed-bf16",
         framework="megatron",
         zero=1,
-        attention="eager",
+        # make_megatron_traces.py built TransformerConfig(masked_softmax_fusion=False) (its
+        # default in megatron-core; no apex kernels on the fake device): the torch softmax
+        # path, fp32. `eager` is Megatron-LM's default, the fused 16-bit kernel.
+        attention="eager-unfused",
         recompute=case["recompute"],
         optimizer="adamw",
     )

@@ -235,3 +235,30 @@ def test_estimate_uses_table2_for_megatron(model_name: str) -> None:
     )
     expected = _table2("tensor + sequence parallel + selective recompute", s=s, b=b, h=h, a=a, t=t)
     assert round(float(out["activations_per_layer"][0])) == expected.numerator
+
+
+def test_korthikanti_22b_activations_through_megatron_eager() -> None:
+    # The 22B model (Table 1), tensor parallel 8, no sequence parallel, no recompute: Eq. 2,
+    # sbh(10 + 24/t + 5as/(ht)) per layer x 48 layers = 63,619,203,072 bytes = 59.25 GiB.
+    # `--attention eager` under Megatron is the fused 16-bit softmax kernel (s = 2048 and
+    # b a / t = 32 meet FusedScaleMaskSoftmax.is_kernel_available); `eager-unfused`, the torch
+    # path megatron-core takes with masked_softmax_fusion off, keeps the fp32 softmax
+    # (7 bytes per score) and a [s, s] bool causal mask per layer.
+    model, s, b, h, a, t = _gpt("22b")
+    fields = {
+        "micro_batch_size": b,
+        "seq_len": s,
+        "num_gpus": t,
+        "tp": t,
+        "framework": "megatron",
+        "precision": "mixed-bf16",
+    }
+    sbh = Fraction(s * b * h)
+    fused = estimate(model, make_grid(**fields, attention="eager"))
+    assert round(float(fused["activations_per_layer"][0])) * 48 == 63_619_203_072
+    assert 63_619_203_072 / 2**30 == 59.25
+    assert sbh * (10 + Fraction(24, t) + Fraction(5 * a * s, h * t)) * 48 == 63_619_203_072
+    unfused = estimate(model, make_grid(**fields, attention="eager-unfused"))
+    expected = sbh * (10 + Fraction(24, t) + Fraction(7 * a * s, h * t)) + s * s
+    assert expected.denominator == 1
+    assert round(float(unfused["activations_per_layer"][0])) == expected.numerator
