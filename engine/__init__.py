@@ -55,7 +55,12 @@ from ._lazy import lazy_names
 from ._model import FAMILIES, ModelSpec, model_from_hf_config
 from ._offload import node_host_bytes, ranks_per_node
 from ._optimizers import OptimizerSpec, builtin_optimizers, spec_columns
-from ._overhead import Overheads, cublas_workspace_bytes_for
+from ._overhead import (
+    Overheads,
+    cublas_workspace_bytes_for,
+    cuda_context_bytes_for,
+    overheads_for,
+)
 from ._scalar import estimate_one
 from ._states import LORA_TARGETS, lora_mask, lora_num_parameters
 from ._time import TIME_COLUMNS, bubble_fraction, estimate_time
@@ -122,6 +127,7 @@ __all__ = [
     "advise",
     "bubble_fraction",
     "cublas_workspace_bytes_for",
+    "cuda_context_bytes_for",
     "decode",
     "derive_profile",
     "estimate",
@@ -135,6 +141,7 @@ __all__ = [
     "model_from_hf_config",
     "neighbours",
     "model_flops_per_token",
+    "overheads_for",
     "profile_model",
     "reason_text",
     "time_inputs",

@@ -50,6 +50,10 @@ class GpuChoice:
     """The cuBLAS workspace of the GPU's architecture (`cublas_workspace_bytes_for`)."""
     time_kwargs: Mapping[str, float] = field(default_factory=dict)
     """The GPU keyword arguments of `estimate_time` (`time_inputs(profile)`)."""
+    cuda_context_bytes: float | None = None
+    """The GPU's CUDA context after a step: its profile's, else its architecture's
+    (`cuda_context_bytes_for`; `overheads_for` gives both defaults). None: the estimate's
+    `Overheads.cuda_context_bytes`."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -327,14 +331,25 @@ def _estimate_on_own_gpus(
     headroom: float,
     overheads: Overheads,
 ) -> dict[str, np.ndarray]:
-    """estimate() of every row with its own GPU's usable memory and cuBLAS workspace (additive
-    to reserved, device and framework overhead); fits and headroom against its own memory."""
+    """estimate() of every row with its own GPU's usable memory, cuBLAS workspace (additive
+    to reserved, device and framework overhead) and CUDA context (additive to device, the load
+    peak and framework overhead); fits and headroom against its own memory."""
     usable = np.array([g.usable_bytes for g in gpus], dtype=np.float64)
     out = estimate(m, grid, usable_bytes=usable, headroom=headroom, overheads=overheads)
     ws = np.array([g.cublas_workspace_bytes for g in gpus], dtype=np.float64)
     extra = ws - overheads.cublas_workspace_bytes
     for key in ("peak_reserved_bytes", "peak_device_bytes", "framework_overhead"):
         out[key] = out[key] + extra
+    context = np.array(
+        [
+            overheads.cuda_context_bytes if g.cuda_context_bytes is None else g.cuda_context_bytes
+            for g in gpus
+        ],
+        dtype=np.float64,
+    )
+    context_extra = context - overheads.cuda_context_bytes
+    for key in ("peak_device_bytes", "peak_load_bytes", "framework_overhead"):
+        out[key] = out[key] + context_extra
     limit = usable * (1.0 - headroom)
     out["headroom_bytes"] = limit - np.maximum(out["peak_device_bytes"], out["peak_load_bytes"])
     out["fits"] = (out["headroom_bytes"] >= 0) & (out["reason"] == 0)

@@ -6,20 +6,81 @@ calibratable from one measured run.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+from types import MappingProxyType
 
 import numpy as np
 
 MIB = 2**20
+"""Bytes in one MiB."""
+
+SM90_STEP_CONTEXT_BYTES = 804_061_184
+"""CUDA context after a training step on an H200 (sm90): NVML used minus torch reserved.
+Source: measured, torch 2.11.0+cu130, driver 580.x, lazy module loading
+(tests/data/gpu_calibration_h200.json, all three cases)."""
+
+SM90_INIT_CONTEXT_BYTES = 648_871_936
+"""The same H200's context right after CUDA init, before the first kernel of the step.
+Source: tests/data/gpu_calibration_h200.json (measured with SM90_STEP_CONTEXT_BYTES)."""
+
+STEP_LAZY_MODULES_BYTES = SM90_STEP_CONTEXT_BYTES - SM90_INIT_CONTEXT_BYTES
+"""What one training step adds to the context after init (155,189,248 B): the modules of the
+kernels it launches, loaded on first use under CUDA_MODULE_LOADING=LAZY (the default since CUDA
+11.7 with torch >= 1.13, pytorch PR #86509), cuBLAS/cuDNN handles and the growth of the
+context's local-memory allocation (threads per SM x SMs x bytes per thread, NVIDIA forums
+'Local memory management').
+Source: SM90_STEP_CONTEXT_BYTES - SM90_INIT_CONTEXT_BYTES.
+Assumes: the same on every generation (no step-level measurement exists for another GPU)."""
+
+SM100_INIT_CONTEXT_BYTES = 612 * MIB
+"""CUDA context right after init on a B200 (sm100): 612 MiB per process
+(`nvidia-smi --query-compute-apps` after `torch.cuda.mem_get_info(0)`, still there after
+empty_cache). Source: unslothai/unsloth PR #8669 (2026-08; torch version not stated)."""
+
+SM89_INIT_CONTEXT_BYTES = 426 * MIB
+"""CUDA context right after init on an RTX 6000 Ada (sm89): 426 MiB in nvidia-smi after
+`torch.cuda.mem_get_info(0)`, torch allocated and reserved 0.
+Source: unslothai/unsloth-zoo PR #1053 (torch 2.10.0+cu130)."""
+
+SM70_EAGER_CONTEXT_BYTES = 1343 * MIB
+"""CUDA context on a V100-SXM2-16GB (sm70) after `torch.ones((1, 1)).to("cuda")`: NVML used
+1,343 MiB (`info.used // 1024**2`), with driver 460.91.03 (CUDA 11.2): before lazy module
+loading, so every kernel of torch's CUDA libraries is loaded at init.
+Source: huggingface/transformers docs/source/en/model_memory_anatomy.md (the HF Trainer
+walk-through; nvidia-smi shows 'Tesla V100-SXM2... 2631MiB / 16160MiB' once the model is in).
+Assumes: eager loading, as measured: the only published V100 figure (a judgement on the side of
+not calling an OOM a fit: torch's CUDA 13 wheels drop sm70, so V100s stay on CUDA 11/12 builds,
+often on old drivers). Lazy loading is "a joint feature of both the CUDA runtime
+and driver" (CUDA Programming Guide, Lazy Loading, Requirements): a runtime before 11.7 or a
+driver older than CUDA 11.7's (R515) loads eagerly. On a lazy-loading stack (torch cu118/cu126,
+driver R515+) the context is nearer CONTEXT_BYTES_BY_ARCH's lazy figures, about 0.6 GiB less:
+set the GPU's TOML `cuda_context_bytes` or `--overhead cuda_context_bytes=`."""
+
+CONTEXT_BYTES_BY_ARCH: Mapping[str, float] = MappingProxyType(
+    {
+        "sm70": SM70_EAGER_CONTEXT_BYTES,
+        "sm89": SM89_INIT_CONTEXT_BYTES + STEP_LAZY_MODULES_BYTES,
+        "sm100": SM100_INIT_CONTEXT_BYTES + STEP_LAZY_MODULES_BYTES,
+    }
+)
+"""Default CUDA context after a training step per architecture, for the generations with a
+published measurement of their own: the eager V100 figure as measured; Ada and datacenter
+Blackwell as their measured context at init plus the step's lazily loaded modules measured on
+sm90. Every other architecture (sm75, sm80, sm86, sm90, sm120, cdna*) keeps the measured sm90
+figure (SM90_STEP_CONTEXT_BYTES): no per-generation measurement was found for them (see
+docs/concepts.md#overheads for the evidence table)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Overheads:
     """Overhead parameters (bytes, or fractions where named so)."""
 
-    cuda_context_bytes: float = 804_061_184
+    cuda_context_bytes: float = SM90_STEP_CONTEXT_BYTES
     """Device memory outside PyTorch's allocator after a training step: CUDA context, lazily
-    loaded kernels, cuBLAS/cuDNN handles. Not in max_memory_reserved.
+    loaded kernels, cuBLAS/cuDNN handles. Not in max_memory_reserved. This is the sm90 value;
+    a GPU's own default is its TOML `cuda_context_bytes`, else `cuda_context_bytes_for(arch)`
+    (`overheads_for`).
     Source: measured, H200, torch 2.11.0+cu130 (tests/data/gpu_calibration_h200.json: NVML used
     minus torch reserved = 804,061,184 B in all three cases; 648,871,936 B right after CUDA init).
     Published: 287 MB (PyTorch PR #86509, lazy loading, one small tensor), about 400 MB
@@ -91,6 +152,31 @@ def cublas_workspace_bytes_for(arch: str) -> float:
     if digits and int(digits) >= 90:
         return 64 * MIB  # measured on H200 (see Overheads.cublas_workspace_bytes)
     return 2 * (8 * MIB + 128 * 1024)  # cuBLAS + cuBLASLt, `:4096:2:16:8` each
+
+
+def cuda_context_bytes_for(arch: str) -> float:
+    """Default CUDA context (bytes after a training step, outside torch's allocator) for a GPU
+    architecture string such as "sm70", "sm90" or "cdna3".
+
+    Source: CONTEXT_BYTES_BY_ARCH (cited per entry), else SM90_STEP_CONTEXT_BYTES.
+    Assumes: torch's default CUDA_MODULE_LOADING=LAZY except on sm70 (see
+    SM70_EAGER_CONTEXT_BYTES); one process per GPU; HIP contexts on cdna as the sm90 figure.
+    Ignores: CUDA version and driver differences within a generation.
+    """
+    return float(CONTEXT_BYTES_BY_ARCH.get(arch, SM90_STEP_CONTEXT_BYTES))
+
+
+def overheads_for(arch: str, *, cuda_context_bytes: float | None = None) -> Overheads:
+    """The default Overheads of one GPU: its architecture's cuBLAS workspace and CUDA context,
+    or `cuda_context_bytes` where its profile names one (a GPU TOML's `cuda_context_bytes`).
+
+    Source: cublas_workspace_bytes_for, cuda_context_bytes_for.
+    """
+    context = cuda_context_bytes_for(arch) if cuda_context_bytes is None else cuda_context_bytes
+    return Overheads(
+        cuda_context_bytes=float(context),
+        cublas_workspace_bytes=cublas_workspace_bytes_for(arch),
+    )
 
 
 def num_communicators(*, dp, tp, pp, cp) -> np.ndarray:

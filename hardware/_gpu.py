@@ -112,6 +112,12 @@ class GpuProfile:
     the ranks of a node share for CPU-offloaded optimizer states, parameters and activations.
     None: not documented for this card (a user file may leave it out); nothing is checked."""
 
+    cuda_context_bytes: int | None = None
+    """Device memory outside PyTorch's allocator after a training step on this card (CUDA
+    context, lazily loaded kernels, cuBLAS/cuDNN handles), bytes, where measured for it (cite
+    the measurement in `sources`). None: the engine's default for `arch`
+    (`trainmem.engine.cuda_context_bytes_for`). `--overhead cuda_context_bytes=` overrides both."""
+
     path: str = ""
     """File the profile was loaded from; empty when built in code."""
 
@@ -181,6 +187,17 @@ def _violations(p: GpuProfile) -> list[str]:
     host = p.host_memory_bytes
     if host is not None and (isinstance(host, bool) or not isinstance(host, int) or host < 1):
         errors.append("host_memory_bytes must be an integer >= 1 (or left out: unknown)")
+    context = p.cuda_context_bytes
+    if context is not None and (
+        isinstance(context, bool)
+        or not isinstance(context, int)
+        or context < 1
+        or (isinstance(p.memory_bytes, int) and context >= p.memory_bytes)
+    ):
+        errors.append(
+            "cuda_context_bytes must be an integer >= 1 and < memory_bytes "
+            "(or left out: the architecture's default)"
+        )
 
     def ok(*fields: str) -> bool:
         return not bad_type.intersection(fields)

@@ -29,7 +29,7 @@ _ALIASES_FILE = Path(__file__).parent / "aliases.toml"
 """Short names (``h100``) for built-in profiles: one table of ``alias = "profile name"``."""
 
 _KEYS = frozenset(f.name for f in fields(GpuProfile)) - {"path"}
-_OPTIONAL_KEYS = frozenset({"host_memory_bytes"})
+_OPTIONAL_KEYS = frozenset({"host_memory_bytes", "cuda_context_bytes"})
 """Keys a profile file may leave out (files written before they existed keep loading)."""
 
 

@@ -14,7 +14,7 @@ from trainmem.engine import (
     Overheads,
     TimeParams,
     advise,
-    cublas_workspace_bytes_for,
+    overheads_for,
     time_inputs,
     top_consumers,
 )
@@ -25,17 +25,22 @@ HUMAN_MAX_CHANGES = 5
 HUMAN_MAX_CONSUMERS = 3
 
 
-def gpu_choice(profile: GpuProfile, *, workspace_override: float | None = None) -> GpuChoice:
-    """A GPU profile as the engine's advice needs it."""
-    workspace = (
-        workspace_override
-        if workspace_override is not None
-        else cublas_workspace_bytes_for(profile.arch)
-    )
+def gpu_choice(
+    profile: GpuProfile,
+    *,
+    workspace_override: float | None = None,
+    context_override: float | None = None,
+) -> GpuChoice:
+    """A GPU profile as the engine's advice needs it: its own cuBLAS workspace and CUDA context
+    (`overheads_for`), unless `--overhead` set them for every GPU."""
+    own = overheads_for(profile.arch, cuda_context_bytes=profile.cuda_context_bytes)
+    workspace = own.cublas_workspace_bytes if workspace_override is None else workspace_override
+    context = own.cuda_context_bytes if context_override is None else context_override
     return GpuChoice(
         name=profile.name,
         usable_bytes=float(profile.usable_bytes),
         cublas_workspace_bytes=float(workspace),
+        cuda_context_bytes=float(context),
         time_kwargs=time_inputs(profile),
     )
 
@@ -54,10 +59,13 @@ def advice_report(
     optimizer_name: str | None = None,
 ) -> dict[str, Any]:
     """{"advice": [...], "top_consumers": [...]} for `estimate --json` (see README, "Advice")."""
-    override = overhead_overrides.get("cublas_workspace_bytes")
-    current = gpu_choice(profile, workspace_override=override)
+    overrides = {
+        "workspace_override": overhead_overrides.get("cublas_workspace_bytes"),
+        "context_override": overhead_overrides.get("cuda_context_bytes"),
+    }
+    current = gpu_choice(profile, **overrides)
     catalogue = [
-        gpu_choice(g, workspace_override=override)
+        gpu_choice(g, **overrides)
         for g in sorted(load_gpus(hardware_dir).values(), key=lambda g: g.usable_bytes)
     ]
     result = advise(

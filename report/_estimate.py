@@ -28,13 +28,13 @@ from trainmem.engine import (
     Overheads,
     TimeParams,
     TrainingConfig,
-    cublas_workspace_bytes_for,
     estimate,
     estimate_one,
     estimate_time,
     layout_reason,
     make_grid,
     node_host_bytes,
+    overheads_for,
     ranks_per_node,
     reason_text,
     time_inputs,
@@ -211,7 +211,7 @@ def estimate_report(
     grid_config = {**config, **optimizer_fields}  # a user optimizer as engine columns
     grid = make_grid(grid_config)
     check_layout(spec, grid)
-    ov = Overheads(cublas_workspace_bytes=cublas_workspace_bytes_for(profile.arch))
+    ov = overheads_for(profile.arch, cuda_context_bytes=profile.cuda_context_bytes)
     ov = ov.with_overrides(key_numbers("--overhead", overhead or [], Overheads.names()))
     out = _one_row(
         estimate_one(

@@ -13,13 +13,12 @@ import numpy as np
 from trainmem.catalog import optimizer_columns
 from trainmem.engine import (
     DEFAULTS,
-    Overheads,
     TimeParams,
     TrainingConfig,
-    cublas_workspace_bytes_for,
     estimate,
     estimate_time,
     make_grid,
+    overheads_for,
     reason_text,
     time_inputs,
 )
@@ -146,7 +145,7 @@ def fit_report(
         step = max(tp * pp * cp, 1)
         candidates = np.arange(step, max(max_num_gpus, step) + 1, step)
     grid = make_grid({**config, key: candidates})
-    ov = Overheads(cublas_workspace_bytes=cublas_workspace_bytes_for(profile.arch))
+    ov = overheads_for(profile.arch, cuda_context_bytes=profile.cuda_context_bytes)
     out = estimate(spec, grid, usable_bytes=profile.usable_bytes, headroom=headroom, overheads=ov)
     host_limit, ranks, node_need, host_fits = node_host(
         np.maximum(out["host_bytes"], out["load_host_bytes"]),

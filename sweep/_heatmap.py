@@ -20,10 +20,9 @@ from trainmem.engine import (
     KNOBS,
     OPTIMIZERS,
     ModelSpec,
-    Overheads,
-    cublas_workspace_bytes_for,
     estimate,
     make_grid,
+    overheads_for,
     parallel_layout,
     reason_text,
 )
@@ -171,7 +170,7 @@ def heatmap_cells(
     xs = [v for _ in y_values for v in x_values]  # y-major: x varies fastest
     ys = [v for v in y_values for _ in x_values]
     grid = make_grid({**config, x: xs, y: ys})
-    overheads = Overheads(cublas_workspace_bytes=cublas_workspace_bytes_for(profile.arch))
+    overheads = overheads_for(profile.arch, cuda_context_bytes=profile.cuda_context_bytes)
     out = estimate(
         spec, grid, usable_bytes=profile.usable_bytes, headroom=headroom, overheads=overheads
     )

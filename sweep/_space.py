@@ -22,15 +22,14 @@ from trainmem.engine import (
     REASONS,
     RECOMPUTE,
     ModelSpec,
-    Overheads,
     TimeParams,
-    cublas_workspace_bytes_for,
     estimate,
     estimate_time,
     grid_columns,
     layout_reason,
     make_grid,
     node_host_bytes,
+    overheads_for,
     parallel_layout,
     ranks_per_node,
     time_inputs,
@@ -238,20 +237,24 @@ def evaluate_columns(
         own = np.where((own == 0) & (num_gpus != pool_size), PART_OF_POOL, own)
     reason = np.where(reason == 0, own, reason).astype(np.int16)
 
-    # One estimate per distinct cuBLAS workspace (by GPU architecture): usually one call.
-    pool_workspace = np.array([cublas_workspace_bytes_for(g.arch) for g in profiles])
-    used = np.bincount(pool, minlength=len(profiles)) > 0
-    workspace = pool_workspace[pool] if len(np.unique(pool_workspace[used])) > 1 else None
+    # One estimate per distinct pool overheads (each GPU's cuBLAS workspace and CUDA context,
+    # `overheads_for`): usually one call.
+    pool_overheads = [
+        overheads_for(g.arch, cuda_context_bytes=g.cuda_context_bytes) for g in profiles
+    ]
+    used = np.flatnonzero(np.bincount(pool, minlength=len(profiles)) > 0)
+    distinct = list(dict.fromkeys(pool_overheads[i] for i in used))
+    group = np.array([distinct.index(o) if o in distinct else -1 for o in pool_overheads])[pool]
     out: dict[str, np.ndarray] = {}
-    for ws in np.unique(pool_workspace[used]):
-        rows = np.arange(len(pool)) if workspace is None else np.flatnonzero(workspace == ws)
+    for k_group, pool_ov in enumerate(distinct):
+        rows = np.arange(len(pool)) if len(distinct) == 1 else np.flatnonzero(group == k_group)
         sub = grid if len(rows) == len(pool) else {k: v[rows] for k, v in grid.items()}
         part = estimate(
             m,
             sub,
             usable_bytes=usable[rows],
             headroom=space.headroom,
-            overheads=Overheads(cublas_workspace_bytes=float(ws)),
+            overheads=pool_ov,
             columns=None
             if columns is None
             else {*columns, "fits", "reason", "dp", "host_bytes", "load_host_bytes"},

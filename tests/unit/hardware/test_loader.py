@@ -171,3 +171,35 @@ def test_a_user_profile_named_like_an_alias_wins(tmp_path: Path) -> None:
     _write(tmp_path, "h100", _h100_as("h100"))
     assert get_gpu("h100", tmp_path).name == "h100"
     assert "h100" not in gpu_aliases(load_gpus(tmp_path))
+
+
+def test_cuda_context_from_the_file_wins_over_the_architecture_rule(tmp_path: Path) -> None:
+    # A V100-like profile (sm70: 1,343 MiB by the rule) whose file names its own measurement.
+    from trainmem.report import estimate_report
+
+    text = _h100_as("my-v100", arch='"sm70"') + "cuda_context_bytes = 700_000_000\n"
+    _write(tmp_path, "my-v100", text)
+    assert load_gpus(tmp_path)["my-v100"].cuda_context_bytes == 700_000_000
+    _write(tmp_path, "rule-v100", _h100_as("rule-v100", arch='"sm70"'))
+    assert load_gpus(tmp_path)["rule-v100"].cuda_context_bytes is None  # optional key
+    job = {"model": "llama-3.2-1b", "seq_len": 1024, "hardware_dir": str(tmp_path)}
+    own = estimate_report(gpu="my-v100", **job)["peak_device_bytes"]
+    rule = estimate_report(gpu="rule-v100", **job)["peak_device_bytes"]
+    assert rule - own == 1343 * 2**20 - 700_000_000  # 708,237,568 B, to the byte
+    # --overhead wins over the file.
+    flag = estimate_report(gpu="my-v100", overhead=["cuda_context_bytes=1e9"], **job)
+    assert flag["peak_device_bytes"] - own == 1e9 - 700_000_000
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "1.5e8", '"800MB"', "true", "90_000_000_000"])
+def test_a_bad_cuda_context_is_refused_naming_file_and_key(tmp_path: Path, value: str) -> None:
+    # 90 GB is over the 80 GiB card's memory_bytes; the others are not whole bytes >= 1.
+    _write(tmp_path, "x", _h100_as("x") + f"cuda_context_bytes = {value}\n")
+    with pytest.raises(ValueError) as error:
+        load_gpus(tmp_path)
+    message = str(error.value)
+    assert message == (
+        "x.toml: cuda_context_bytes must be an integer >= 1 and < memory_bytes "
+        "(or left out: the architecture's default)"
+    )
+    assert "\n" not in message

@@ -12,11 +12,10 @@ import pytest
 
 from trainmem.catalog import load_model
 from trainmem.engine import (
-    Overheads,
-    cublas_workspace_bytes_for,
     estimate,
     estimate_time,
     make_grid,
+    overheads_for,
     time_inputs,
 )
 from trainmem.hardware import load_gpus, parse_fleet
@@ -70,7 +69,7 @@ def brute_force_best(space) -> tuple[float, dict]:
         if point["virtual_stages"] > 1 and point["pp"] == 1:
             continue
         grid = make_grid({**space.fixed, **point})
-        ov = Overheads(cublas_workspace_bytes=cublas_workspace_bytes_for(gpu.arch))
+        ov = overheads_for(gpu.arch, cuda_context_bytes=gpu.cuda_context_bytes)
         mem = estimate(space.model, grid, usable_bytes=gpu.usable_bytes, overheads=ov)
         if not mem["fits"][0]:
             continue
