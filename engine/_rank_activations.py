@@ -823,7 +823,10 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
     )
     # A pipeline schedule splits the whole batch up front: every micro-batch's input ids stay.
     inputs_per_extra_micro = np.where(multi, INPUT_BYTES_PER_TOKEN * T, 0.0)
-    amp_ckpt_copies = np.where(x.amp & full, copies_layers, 0.0)
+    # Under full recompute the layers' casts stay only where autocast caches them: trainable
+    # fp32 leaves (cached_cast); a frozen LoRA base is cast per use inside the checkpointed
+    # block's forward and freed with it (traced: llama-3.2-1b amp-bf16 LoRA, recompute full).
+    amp_ckpt_copies = np.where(x.amp & full & ~x.lora, copies_layers, 0.0)
     per_micro, fixed = receive_buffer_bytes(
         np.where(multi, e * T * m.hidden_size / x.sp_div, 0.0), fw=x.fw
     )
