@@ -201,6 +201,25 @@ def traced_rows() -> list[dict[str, Any]]:
             ", activation offload" if c["offload"] else ""
         )
         out.append({**_traced(name, c, estimate_torchtune(c)), "framework": "torchtune"})
+    for c in json.loads((folder / "hf_qlora.json").read_text())["cases"]:
+        shape = f"{c['micro_batch_size']}x{c['seq_len']}"
+        name = (
+            f"llama small QLoRA (bnb NF4 + peft r16), {c['precision']}, {c['recompute']}, {shape}"
+        )
+        out.append({**_traced(name, c, estimate_hf_qlora(c)), "framework": "hf"})
+    for c in json.loads((folder / "litgpt_lora.json").read_text())["cases"]:
+        shape = f"{c['micro_batch_size']}x{c['seq_len']}"
+        adapted = "+".join(k.removeprefix("lora_") for k, on in c["targets"].items() if on)
+        name = (
+            f"llama small LoRA r{c['lora_rank']} ({adapted}), {c['precision']}, "
+            f"AC {'on' if c['ac'] else 'off'}, dropout {c['lora_dropout']}, {shape}"
+        )
+        got = estimate_litgpt(c)
+        # fit's list of bf16 logits is in the trace's activations; the engine counts it apart
+        # (alive in every phase, engine/_loss.py LOOP_HELD_LOGITS): compared as the trace does.
+        held = 2.0 * c["tokens"] * c["dims"]["vocab"]
+        got = {**got, "activations_total": got["activations_total"] + held}
+        out.append({**_traced(name, c, got), "framework": "litgpt"})
     big = json.loads((folder / "torchtitan_llama3_8b_fsdp.json").read_text())["cases"]
     for c in (c for c in big if c["silu_backward"] == "fused"):
         name = (
