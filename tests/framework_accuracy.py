@@ -239,6 +239,26 @@ def _traced(name: str, case: dict[str, Any], got: dict[str, float]) -> dict[str,
     }
 
 
+METRIC_KEYS = {
+    "reserved": "peak_reserved_bytes",
+    "device": "peak_device_bytes",
+    "fit": "peak_device_bytes",
+}
+"""A published case's metric -> the estimate's column (allocated and active: the allocated peak).
+reserved: torch.cuda max_memory_reserved; device: what nvidia-smi / NVML shows for the process
+(the CUDA context and the caching allocator's reserve); fit: the source says only whether it ran
+(or went out of memory)."""
+
+
+def _resolved(flags: dict[str, Any]) -> dict[str, Any]:
+    """A case's flags, a `model` given as a config.json under published/ (models/NAME.json: a
+    model no preset covers, with its source) as its path."""
+    model = flags.get("model", "")
+    if model.endswith(".json"):
+        return {**flags, "model": str(DATA / "published" / model)}
+    return flags
+
+
 def measured_rows() -> list[dict[str, Any]]:
     """Per published case: the measured and predicted GiB in the source's metric, the error,
     and whether the fit call is right (the job ran, so it must fit its GPU)."""
@@ -247,10 +267,8 @@ def measured_rows() -> list[dict[str, Any]]:
     cases = json.loads((DATA / "published" / "framework_cases.json").read_text())["cases"]
     out = []
     for c in cases:
-        report = estimate(gpu=c["gpu"], headroom=0.0, **c["flags"])
-        key = "peak_reserved_bytes" if c["metric"] == "reserved" else "peak_allocated_bytes"
-        if c["metric"] == "fit":  # the source says only whether it ran
-            key = "peak_device_bytes"
+        report = estimate(gpu=c["gpu"], headroom=0.0, **_resolved(c["flags"]))
+        key = METRIC_KEYS.get(c["metric"], "peak_allocated_bytes")
         predicted = report[key] / GIB
         measured = c.get("measured_gib")
         ran = c.get("outcome", "ran") == "ran"
