@@ -117,7 +117,10 @@ class FrameworkSpec:
     backward starts; torch 2.13 torch/utils/checkpoint.py _checkpoint_hook unpack), with the
     FSDP2 buffers of the blocks' backward. False: only the end of backward in layer 0 (the
     moment the conformance matrix's tiny models peak at). Traced at real size:
-    tests/data/real_size_traces.json."""
+    tests/data/real_size_traces.json. Off for litgpt: its traced LoRA step with every Block
+    checkpointed (tests/data/framework_traces/litgpt_lora.json) peaks at the end of backward,
+    and the engine's block working set (read off transformers blocks) is already +2.1% there;
+    off for megatron and deepspeed, whose own checkpointing is not traced here."""
     source: str
 
 
@@ -274,7 +277,6 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
             "load_from_full_model_state_dict, one full tensor at a time into its shards; one "
             "device: lazy_load, load_state_dict tensor by tensor)"
         ),
-        full_recompute_top_moment=True,
         source="litgpt 0.5.13: finetune/lora.py (fit: model(input_ids, lm_head_chunk_size=128) "
         "and chunked_cross_entropy, `logits` a local of the loop; setup: lora_dropout 0.05, "
         "lora_query and lora_value on; several devices: ModelParallelStrategy with "

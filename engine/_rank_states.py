@@ -283,7 +283,8 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     optimizer_step_temporaries, host_bytes (what stays on the device and what offload moves),
     fp8_weight_cache; persistent (states + framework buffers), fsdp_fwd (forward-peak buffers),
     end_grads (gradients and buffers at the end of backward), top_grads (those in the top
-    block's backward), optimizer_peak.
+    block's backward: under FSDP2 with the blocks' backward buffers and the block's unsharded
+    gradients, fsdp2_block_gradient_bytes), optimizer_peak.
     """
     x = rank_layout(m, c)
     param_e, master_e, grad_e = model_state_element_bytes(
@@ -415,8 +416,8 @@ def _grad_buffer(x: RankLayout, gradients, grads_end, grads_top, *, in_backward)
 def _fsdp2_block_grads(m: ModelSpec, x: RankLayout, *, active) -> np.ndarray:
     """FSDP2's unsharded gradients of the block at work (fsdp2_block_gradient_bytes): its MLP's
     gathered elements, in the dtype FSDP2 gathers the parameters in; none for LoRA (frozen
-    base weights)."""
-    mlp = np.where(x.counts["mlp"] > 0, group_numel(x.part, "mlp"), group_numel(x.part, "moe"))
+    base weights) and, untraced at real size, for a stage of MoE blocks only."""
+    mlp = np.where(x.counts["mlp"] > 0, group_numel(x.part, "mlp"), 0.0)
     policy = x.mixed | IS_AMP[x.prec]
     return fsdp2_block_gradient_bytes(
         active=active & ~x.lora,
