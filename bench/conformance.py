@@ -38,8 +38,12 @@ minutes per 4 families with --jobs 2 on two cores and 40 s from the cache; --qui
 about 20 s; --only lora|fsdp512 runs the new slices alone; --only odd a held-out slice off the
 grid (odd lengths and FSDP2 worlds, micro-batch 3: 768 cells, about 6 minutes).
 
+--real-size: the real-size cells instead (bench/conformance_real_size.py: 70B dims under FSDP2
+over 64 ranks with full recompute, a sliding-window model at its window), from their stored
+traces (tests/data/real_size_traces.json; seconds).
+
 Run: python -m bench.conformance [--quick] [--jobs N] [--cache DIR] [--family NAME ...]
-     [--only lora|fsdp512|odd] [--limit N] [--all-rows] [--json FILE]
+     [--only lora|fsdp512|odd] [--limit N] [--all-rows] [--json FILE] [--real-size]
 """
 
 from __future__ import annotations
@@ -665,10 +669,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=0, help="only the first N cells")
     parser.add_argument("--all-rows", action="store_true", help="print every cell's row")
     parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument(
+        "--real-size", action="store_true", help="the real-size cells, from their stored traces"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         worker_main()
+        return 0
+    if args.real_size:
+        from bench.conformance_real_size import real_size_rows
+
+        rows = real_size_rows()
+        print_report(rows, all_rows=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
         return 0
     cases = grid(quick=args.quick, families=args.family)
     if args.only == "odd":

@@ -132,6 +132,24 @@ def fsdp2_buffer_bytes(
     return fwd, bwd
 
 
+def fsdp2_block_gradient_bytes(*, active, mlp_numel, mlp_mats, element_bytes=2.0) -> np.ndarray:
+    """Bytes of a block's unsharded parameter gradients alive in its MLP backward under FSDP2:
+    autograd writes each weight's gradient on the unsharded (all-gathered) parameter, in its
+    dtype (MixedPrecisionPolicy's param_dtype under mixed precision), and FSDP2 reduce-scatters
+    them only in the block's post-backward; in the MLP's backward the down projection's and,
+    of a gated MLP, one of gate/up's are done (`mlp_mats` - 1 of `mlp_mats` matrices of the
+    block's `mlp_numel` gathered elements).
+    Source: torch 2.13 torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py
+    (post_backward: unsharded_accumulated_grad / unsharded_param.grad, then foreach_reduce);
+    _fsdp_collectives.py foreach_reduce (the reduce-scatter input made from those gradients);
+    traced: tests/data/real_size_traces.json (70B dims: the [8192, 28672] down and one
+    [28672, 8192] gradient in bf16 at the blocks' backward peak).
+    Ignores: the attention projections' gradients (written after the MLP's, in the same
+    block's backward, when the MLP's working set is freed).
+    """
+    return np.where(active, element_bytes * mlp_numel * (mlp_mats - 1.0) / mlp_mats, 0.0)
+
+
 def modules_per_layer(m: ModelSpec) -> int:
     """Parameter-holding modules in one block (a Linear or a norm, weight and bias together)."""
     return len({p.name.rsplit(".", 1)[0] for p in m.param_tensors() if p.group in BLOCK_GROUPS})

@@ -110,6 +110,17 @@ class FrameworkSpec:
     rope_buffers_fp32: bool = False
     """RoPE's cos/sin are fp32 model buffers of the training length, alive all run, not
     per-forward tables in the hidden dtype that the attention saves."""
+    full_recompute_top_moment: bool = False
+    """Under full recompute on one stage the blocks' backward has a top-block moment: every
+    block's checkpointed input but the top one's still held while the next block recomputes
+    and runs its backward (torch.utils.checkpoint, non-reentrant: a block recomputes when its
+    backward starts; torch 2.13 torch/utils/checkpoint.py _checkpoint_hook unpack), with the
+    FSDP2 buffers of the blocks' backward. False: only the end of backward in layer 0 (the
+    moment the conformance matrix's tiny models peak at). Traced at real size:
+    tests/data/real_size_traces.json. Off for litgpt: its traced LoRA step with every Block
+    checkpointed (tests/data/framework_traces/litgpt_lora.json) peaks at the end of backward,
+    and the engine's block working set (read off transformers blocks) is already +2.1% there;
+    off for megatron and deepspeed, whose own checkpointing is not traced here."""
     source: str
 
 
@@ -130,6 +141,7 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         fused_rms_norm=False,
         fused_qkv=False,
         qlora_kbit_prepared=True,
+        full_recompute_top_moment=True,
         source="transformers Trainer + accelerate (FSDP2 fully_shard); transformers tp_plan "
         "gathers the logits (lm_head colwise with gather_output); peft LoraModel "
         "autocast_adapter_dtype=True keeps adapters fp32. HF has no selective mode of its own: "
@@ -202,6 +214,7 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         fp8_weight_cache=False,
         fsdp2_embedding_unit=True,
         qlora_kbit_prepared=False,
+        full_recompute_top_moment=True,
         source="torchtitan 0.3.0: distributed/activation_checkpoint.py (SelectiveAC, per-op "
         "SAC, is the default `selective`); components/loss.py (_LossParallelCrossEntropy on "
         "vocab-sharded logits under TP: shifted logits, their exp and the log-probs in "
@@ -230,6 +243,7 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         fp8_weight_cache=False,
         logits_upcast_in_model=True,
         qlora_kbit_prepared=False,
+        full_recompute_top_moment=True,
         source="torchtune 0.6.1 torchtune/training/activations.py (ac_mode 'selective' "
         "checkpoints every ac_option-th layer); recipes build the model under "
         "training.set_default_dtype(dtype): LoRA adapters in bf16; shard_model (FSDP2); "
@@ -331,6 +345,8 @@ O_PROJ_INPUT_KEPT = _table("o_proj_input_kept")
 """Per framework code: o_proj's input is the attention output the kernel keeps."""
 ROPE_BUFFERS_FP32 = _table("rope_buffers_fp32")
 """Per framework code: RoPE cos/sin are persistent fp32 buffers."""
+FULL_RECOMPUTE_TOP_MOMENT = _table("full_recompute_top_moment")
+"""Per framework code: full recompute's top-block moment in backward (FrameworkSpec)."""
 SELECTIVE_POLICY = np.array(
     [RECOMPUTE.index(FRAMEWORK_SPECS[name].selective) for name in FRAMEWORKS], dtype=np.int64
 )

@@ -37,6 +37,7 @@ from ._expert_parallel import all_to_all_buffer_bytes, routed_rows
 from ._frameworks import (
     ADAPTERS_IN_PARAM_DTYPE,
     EAGER_SOFTMAX_FUSED,
+    FULL_RECOMPUTE_TOP_MOMENT,
     FUSED_QKV,
     FUSED_RMS_NORM,
     GQA_KV_EXPANDED,
@@ -779,6 +780,7 @@ def _recompute_terms(
                 ),
                 top_saved=np.where(x.rc == RECOMPUTE_SELECTIVE, 0.0, layers["top_saved"]),
                 outside=out["outside"],
+                full_top=FULL_RECOMPUTE_TOP_MOMENT[x.fw],
             ),
         ),
     }

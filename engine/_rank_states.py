@@ -20,6 +20,7 @@ from ._data_parallel import (
     ZERO_STATES,
     deepspeed_buffer_bytes,
     fp32_gradient_partition_bytes,
+    fsdp2_block_gradient_bytes,
     fsdp2_buffer_bytes,
     is_fsdp2,
     model_state_element_bytes,
@@ -282,7 +283,8 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     optimizer_step_temporaries, host_bytes (what stays on the device and what offload moves),
     fp8_weight_cache; persistent (states + framework buffers), fsdp_fwd (forward-peak buffers),
     end_grads (gradients and buffers at the end of backward), top_grads (those in the top
-    block's backward), optimizer_peak.
+    block's backward: under FSDP2 with the blocks' backward buffers and the block's unsharded
+    gradients, fsdp2_block_gradient_bytes), optimizer_peak.
     """
     x = rank_layout(m, c)
     param_e, master_e, grad_e = model_state_element_bytes(
@@ -310,6 +312,7 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     fp8_cache = _fp8_cache(x)
     fsdp_active = x.fsdp2 & (x.dp > 1)
     fsdp_fwd, fsdp_bwd = _fsdp2_buffers(m, x, layer, active=fsdp_active, single_stage=c["pp"] <= 1)
+    fsdp_top = fsdp_bwd + _fsdp2_block_grads(m, x, active=fsdp_active)
     ds_buffers = deepspeed_buffer_bytes(m, fw=x.fw, zero=x.zero, dp=x.dp, layer_numel=layer)
     dequant = qlora_dequant_bytes(x.full, qlora=x.qlora, dp=x.dp)
     grads_end, grads_top = _end_of_backward_gradients(m, x, grad_e, s["gradients"], fsdp_active)
@@ -330,7 +333,7 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
         "end_grads": grads_end + fsdp_bwd + dequant,
         "grads_persistent": grads_persistent,
         "tied_embedding_grad": _tied_embedding_grad(m, x, grad_e, single_stage=c["pp"] <= 1),
-        "top_grads": np.where(in_backward, s["gradients"], grads_top),
+        "top_grads": np.where(in_backward, s["gradients"], grads_top) + fsdp_top,
         "optimizer_peak": held + s["gradients"] + s["optimizer_step_temporaries"] + fp8_cache,
     }
 
@@ -407,6 +410,20 @@ def _grad_buffer(x: RankLayout, gradients, grads_end, grads_top, *, in_backward)
         np.where(buffer, gradients, 0.0),
         np.where(buffer, gradients, grads_end),
         np.where(x.megatron, 0.0, grads_top),
+    )
+
+
+def _fsdp2_block_grads(m: ModelSpec, x: RankLayout, *, active) -> np.ndarray:
+    """FSDP2's unsharded gradients of the block at work (fsdp2_block_gradient_bytes): its MLP's
+    gathered elements, in the dtype FSDP2 gathers the parameters in; none for LoRA (frozen
+    base weights) and, untraced at real size, for a stage of MoE blocks only."""
+    mlp = np.where(x.counts["mlp"] > 0, group_numel(x.part, "mlp"), 0.0)
+    policy = x.mixed | IS_AMP[x.prec]
+    return fsdp2_block_gradient_bytes(
+        active=active & ~x.lora,
+        mlp_numel=mlp * x.dp,
+        mlp_mats=3.0 if m.gated_mlp else 2.0,
+        element_bytes=np.where(policy, 2.0, PARAM_BYTES[x.prec]),
     )
 
 

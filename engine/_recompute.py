@@ -147,23 +147,32 @@ def recompute_excess_bytes(
     )
 
 
-def single_stage_recompute_delta(policy, *, multi, layer_at_work, top_saved, outside) -> np.ndarray:
+def single_stage_recompute_delta(
+    policy, *, multi, layer_at_work, top_saved, outside, full_top=False
+) -> np.ndarray:
     """Bytes a single stage under selective, selective-op or selective-layer holds while its top
     block recomputes and runs its backward, beyond what it stored at the end of forward: that
     block's working set `layer_at_work` (its recomputed activations and gradient temporaries,
     as layer 0's at the end of backward; under selective its recomputed attention core), less
     what it had kept (`top_saved`) and the tensors
     saved outside the blocks (the loss's, freed by the head's backward). May be negative; -inf
-    where the moment does not apply (pipelines: recompute_excess_bytes; full recompute: the
-    end-of-backward moment in layer 0 covers it).
+    where the moment does not apply (pipelines: recompute_excess_bytes).
+    Full recompute where `full_top` (FrameworkSpec.full_recompute_top_moment): the second
+    block from the top at work, the top block's input freed, every other block's checkpointed
+    input held; its own input is the one `layer_at_work` keeps apart, so the stage holds
+    (L - 1) inputs besides the working set: the same expression. Else (and before this
+    reading) the end-of-backward moment in layer 0 stood for it, which holds only while the
+    checkpointed inputs are small against the gradients (the tiny models).
     Source: torch.utils.checkpoint (non-reentrant): a block recomputes when its backward
     starts, the blocks below still holding their saved tensors; the traced torchtitan cases
-    (tests/data/framework_traces/torchtitan_llama3_ac.json).
+    (tests/data/framework_traces/torchtitan_llama3_ac.json); full recompute: the real-size
+    FSDP2 traces (tests/data/real_size_traces.json, 70B dims on 64 ranks).
     """
     partial = (
         (policy == RECOMPUTE_SELECTIVE)
         | (policy == RECOMPUTE_SELECTIVE_OP)
         | (policy == RECOMPUTE_SELECTIVE_LAYER)
+        | ((policy == RECOMPUTE_FULL) & full_top)
     )
     return np.where(partial & ~multi, layer_at_work - top_saved - outside, -np.inf)
 
