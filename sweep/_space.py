@@ -32,6 +32,7 @@ from trainmem.engine import (
     overheads_for,
     parallel_layout,
     ranks_per_node,
+    resolved_loss,
     time_inputs,
 )
 from trainmem.hardware import Fleet, GpuProfile, Pool
@@ -424,6 +425,8 @@ def make_space(
     make_grid(fixed)  # validates the fixed fields' names and values
     labels = {**DEFAULTS_BY_FIELD, **{k: v for k, v in fixed.items() if k in DEFAULTS_BY_FIELD}}
     labels.update({k: v for k, v in (training or {}).items() if k not in axes})
+    if labels.get("loss") == "auto":  # shown as the loss the framework runs
+        labels["loss"] = resolved_loss(str(labels["framework"]), "auto")
     labels["optimizer"] = optimizer_name or (optimizer if isinstance(optimizer, str) else "custom")
     labels = {k: v for k, v in labels.items() if k not in axes}
     return Space(
