@@ -185,17 +185,15 @@ def outside_layers_bytes(
     norm_fp32_input=False,
     norm_scale_fp32=False,
     head=None,
-    wrapped=False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(saved outside the blocks, the chunked loss's transient) on the stage holding the head.
 
     The full loss saves the fp32 log-softmax [T, v]; the chunked one replaces it with its saved
     gradients (chunked_loss_bytes); a compiled one its logits input (fp32 where the model
     upcasts them itself, `fp32_logits_in`); a head run over chunks its chunks' log-softmax
-    (`head`: the terms of head_chunked_loss_bytes by name and the rows' `chunked` mask); the
-    ChunkedLossWrapper (`wrapped`) none of the loss's tensors: its [T, h] gradient for the
-    decoder takes the head input's place (wrapper_loss_bytes).
-    Source: hf_outside_bytes, chunked_loss_bytes, compiled_loss_kept_bytes.
+    (`head`: the terms of head_chunked_loss_bytes by name, the rows' `chunked` mask); rows
+    `head["wrapped"]` (ChunkedLossWrapper) none: the decoder's [T, h] gradient takes the head
+    input's place. Source: hf_outside_bytes, chunked_loss_bytes, compiled_loss_kept_bytes.
     """
     outside_all = hf_outside_bytes(
         m,
@@ -222,11 +220,9 @@ def outside_layers_bytes(
     )
     outside_all = np.where(compiled, outside_all - log_softmax + kept_logits, outside_all)
     outside_all = np.where(chunked, outside_all - log_softmax + chunk_saved, outside_all)
-    outside_all = np.where(wrapped, outside_all - log_softmax, outside_all)
     if head is not None:
-        outside_all = np.where(
-            head["chunked"], outside_all - log_softmax + head["saved"], outside_all
-        )
+        drop = np.where(head["chunked"], log_softmax - head["saved"], 0.0)
+        outside_all = outside_all - np.where(head.get("wrapped", False), log_softmax, drop)
     return outside_all, chunk_transient
 
 

@@ -201,7 +201,8 @@ class MicroBatch:
     chunked: np.ndarray
     chunked_output: np.ndarray
     chunked_head: np.ndarray
-    """torchtitan's ChunkedLossWrapper runs (`--loss chunked-head`, or auto on torchtitan)."""
+    """torchtitan's ChunkedLossWrapper runs (`--loss chunked-head`, or auto on torchtitan); with
+    `--compile blocks+loss` (its per-chunk loss compiled) counted as the eager wrapper."""
     fsdp2: np.ndarray
     shard_dp: np.ndarray
     """Ranks that shard the model states (state_shard_degree)."""
@@ -224,8 +225,7 @@ class MicroBatch:
 
 def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
     """The symbols of the rows `c` (per-key columns), bound once."""
-    fw = c["framework"].astype(np.int64)
-    loss = loss_policy(fw, c["loss"])
+    fw, loss = c["framework"].astype(np.int64), loss_policy(c["framework"], c["loss"])
     kbit_prepared = c["qlora"] & (c["lora_rank"] > 0) & QLORA_KBIT_PREPARED[fw]
     prec = kbit_activation_precision(c["precision"], prepared=kbit_prepared)
     tp, sp, cp = c["tp"].astype(np.float64), c["sp"], c["cp"].astype(np.float64)
@@ -263,7 +263,6 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         adapters_in_param_dtype=ADAPTERS_IN_PARAM_DTYPE[fw]
         | adapters_in_compute_dtype(fw, c["lora_zero3"], IS_MIXED[prec], hf_code=HF),
         compiled=c["compile"] != COMPILE_NONE,
-        # The wrapper's loss compiled per chunk: counted as the eager wrapper (wrapper_loss_bytes).
         compiled_loss=(c["compile"] == COMPILE_BLOCKS_AND_LOSS) & (loss != LOSS_CHUNKED_HEAD),
         fp32_logits_in=LOGITS_UPCAST_IN_MODEL[fw] & (loss != LOSS_CHUNKED_OUTPUT),
         num_checkpointed=checkpointed_layers(rc, num_layers=counts["layer"], every=every),
@@ -278,9 +277,6 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         bits=target_bits(c["lora_targets"]),
         chunked=loss == LOSS_CHUNKED,
         chunked_output=loss == LOSS_CHUNKED_OUTPUT,
-        chunked_head=loss == LOSS_CHUNKED_HEAD,
-        fsdp2=is_fsdp2(fw, c["zero"]),
-        shard_dp=state_shard_degree(c["dp"], c["cp"], c["dp_shard"]),
         **_stack_fields(fw, c, loss),
         capacity=c["capacity_factor_pct"].astype(np.float64) / 100.0,
         softmax_in_place_loss=LOSS_SOFTMAX_IN_PLACE[fw],
@@ -290,10 +286,13 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
 
 
 def _stack_fields(fw: np.ndarray, c: dict[str, np.ndarray], loss: np.ndarray) -> dict[str, Any]:
-    """MicroBatch's per-framework fields of LitGPT's behaviour (engine/_frameworks.py); the
-    head-chunked loss runs in place of `--loss full` (`loss`: resolved), not when the loss is
-    compiled."""
+    """MicroBatch's per-framework fields (engine/_frameworks.py: LitGPT's behaviour, torchtitan's
+    loss wrapper and RoPE caches; `loss`: the resolved loss); LitGPT's head-chunked loss runs in
+    place of `--loss full`, not when the loss is compiled."""
     return {
+        "chunked_head": loss == LOSS_CHUNKED_HEAD,
+        "fsdp2": is_fsdp2(fw, c["zero"]),
+        "shard_dp": state_shard_degree(c["dp"], c["cp"], c["dp_shard"]),
         "rope_cache_per_block": ROPE_CACHE_PER_BLOCK[fw],
         "head_chunked": (HEAD_CHUNK_TOKENS[fw] > 0)
         & (loss == LOSS_FULL)
@@ -582,9 +581,7 @@ def _outside(m: ModelSpec, x: MicroBatch, layers: dict[str, np.ndarray]) -> dict
         norm_fp32_input=x.norm_fp32_input,
         norm_scale_fp32=x.norm_scale_fp32,
         head=head,
-        wrapped=x.chunked_head,
     )
-    chunk_transient = np.where(x.chunked_head, _wrapper(m, x)[0], chunk_transient)
     logits_held = held_logits_bytes(
         m, T=T, e=e, pp=pp, chunked=x.chunked | x.chunked_head, loss_tp_div=x.loss_tp_div
     )
@@ -660,7 +657,7 @@ def _head_chunked(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
         loss_tp_div=x.loss_tp_div,
     )
     out = {k: np.where(x.head_chunked, t, 0.0) for k, t in zip(names, terms, strict=True)}
-    return {**out, "chunked": x.head_chunked}
+    return {**out, "chunked": x.head_chunked, "wrapped": x.chunked_head}
 
 
 def _backward_transients(
@@ -764,7 +761,7 @@ def _copies_and_loss(
         pp=pp,
         last=last,
         logits_held=out["logits_held"],
-        chunk_transient=out["chunk_transient"],
+        chunk_transient=np.where(x.chunked_head, _wrapper(m, x)[0], out["chunk_transient"]),
         **kinds,
     )
     loss_grads = loss_gradient_bytes(
