@@ -36,7 +36,7 @@ from ._estimate import (
     reason_text,
 )
 from ._flops import model_flops_per_token
-from ._frameworks import FRAMEWORK_SPECS, FrameworkSpec
+from ._frameworks import FRAMEWORK_SPECS, FrameworkSpec, resolved_loss
 from ._grid import (
     ATTENTION,
     DEFAULTS,
@@ -136,6 +136,7 @@ __all__ = [
     "lora_mask",
     "lora_num_parameters",
     "make_grid",
+    "resolved_loss",
     "node_host_bytes",
     "ranks_per_node",
     "model_from_hf_config",

@@ -332,6 +332,19 @@ def rope_buffer_bytes(m: ModelSpec, *, s) -> np.ndarray:
     return 2.0 * np.asarray(s, dtype=np.float64) * m.rotary_dim * ROPE_BUFFER_BYTES * m.rotary
 
 
+ROPE_BLOCK_CACHE_BYTES = 8.0
+"""complex64: bytes per element of a block's RoPE cache."""
+
+
+def rope_block_cache_bytes(m: ModelSpec, *, s) -> np.ndarray:
+    """One block's RoPE cache: complex64 [max_seq_len, rotary dim / 2], max_seq_len the training
+    length (the Trainer resizes it). Source: torchtitan 0.3.0 models/common/rope.py ComplexRoPE
+    (register_buffer("cache"), one per attention module), models/common/decoder.py
+    update_from_config;
+    traced: torchtitan_llama3_8b_fsdp.json rope_cache_buffers_bytes."""
+    return ROPE_BLOCK_CACHE_BYTES * np.asarray(s, dtype=np.float64) * m.rotary_dim / 2.0 * m.rotary
+
+
 def hf_sdpa_kernel_delta_bytes(m: ModelSpec, *, T, s, e, tp, eager, enable_gqa=True) -> np.ndarray:
     """Change of a layer's saved bytes when SDPA's inputs do not run the flash kernel that
     hf_attention_bytes assumes, or run it with q in another layout, per layer.

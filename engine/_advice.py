@@ -23,6 +23,7 @@ from ._frameworks import (
     FRAMEWORK_SPECS,
     HEAD_CHUNK_TOKENS,
     QLORA_KBIT_PREPARED,
+    resolved_loss,
 )
 from ._grid import FRAMEWORKS, PRECISIONS, RECOMPUTE, make_grid
 from ._lora import KBIT_UPCAST_BYTES, LORA_ADAPTER_BYTES, kbit_pure_16
@@ -157,8 +158,9 @@ def _memory_changes(c: dict[str, Any], *, optimizer_name: str | None) -> list[_C
         if zero != ZERO_PARAMETERS:
             words += f" (zero {zero} -> {ZERO_PARAMETERS})"
         out.append(("offload", words, {"offload": "optimizer+params", "zero": ZERO_PARAMETERS}))
-    if c["loss"] != "chunked":
-        out.append(("loss", "loss full -> chunked", {"loss": "chunked"}))
+    loss = resolved_loss(str(c["framework"]), str(c["loss"]))
+    if loss not in ("chunked", "chunked-head"):  # the wrapper already chunks the head and loss
+        out.append(("loss", f"loss {loss} -> chunked", {"loss": "chunked"}))
     custom = bool(c.get("optimizer_custom", False))
     if c["optimizer"] != "adamw-8bit" or custom:
         name = optimizer_name or c["optimizer"]
@@ -470,7 +472,8 @@ def _transient_items(
     last_stage = pp == 1 or int(at("pp_stage")) == pp - 1
     # A framework's own loss over head chunks (LitGPT) has no fp32 [T, v] gradients.
     own_chunks = HEAD_CHUNK_TOKENS[FRAMEWORKS.index(str(config["framework"]))] > 0
-    if phase == "backward" and config["loss"] == "full" and last_stage and not own_chunks:
+    loss = resolved_loss(str(config["framework"]), str(config["loss"]))
+    if phase == "backward" and loss == "full" and last_stage and not own_chunks:
         tokens = int(config["micro_batch_size"]) * int(config["seq_len"]) / int(config["cp"])
         tp_div = int(config["tp"]) if config["framework"] == "megatron" else 1
         loss_grads = LOSS_GRADIENT_TENSORS * 4.0 * tokens * m.vocab_size / tp_div

@@ -54,6 +54,8 @@ optimizer states (and master weights) are on the host, with or without the param
 LOSS_FULL = LOSSES.index("full")
 LOSS_CHUNKED = LOSSES.index("chunked")
 LOSS_CHUNKED_OUTPUT = LOSSES.index("chunked-output")
+LOSS_CHUNKED_HEAD = LOSSES.index("chunked-head")
+LOSS_AUTO = LOSSES.index("auto")
 
 EXPANDABLE_SEGMENTS = ALLOCATORS.index("expandable-segments")
 

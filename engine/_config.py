@@ -133,7 +133,12 @@ class TrainingConfig:
         "all-linear", help="PEFT target modules, e.g. q_proj,v_proj, or all-linear."
     )
     qlora: bool = knob(False, help="NF4 base weights (QLoRA); needs --lora-rank.", flag="--qlora")
-    loss: str = knob("full", help=" | ".join(LOSSES), choices=LOSSES)
+    loss: str = knob(
+        "auto",
+        help=" | ".join(LOSSES) + " (auto: the framework's own; torchtitan 0.3: chunked-head, "
+        "every other framework: full)",
+        choices=LOSSES,
+    )
     activation_offload: bool = knob(
         False, help="Keep two blocks' activations on GPU.", flag="--activation-offload"
     )

@@ -17,6 +17,7 @@ from ._codes import EXPANDABLE_SEGMENTS, LOSS_FULL, OFFLOAD_OPTIMIZER, OFFLOAD_P
 from ._config import parallel_layout
 from ._data_parallel import ZERO_PARAMETERS, ZERO_STATES
 from ._factorize import factorize
+from ._frameworks import loss_policy
 from ._grid import ATTENTION, PRECISIONS, RECOMPUTE, Grid
 from ._lora import lora_zero3
 from ._model import ModelSpec
@@ -473,7 +474,7 @@ def profile_mismatch(m: ModelSpec, g: Grid) -> np.ndarray:
         | (g["etp"] != 1)
         | (g["lora_rank"] != 0)
         | g["qlora"]
-        | (g["loss"] != LOSS_FULL)
+        | (loss_policy(g["framework"], g["loss"]) != LOSS_FULL)
     )
 
 

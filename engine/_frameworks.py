@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._codes import RECOMPUTE_SELECTIVE
-from ._vocab import FRAMEWORKS, LOADS, RECOMPUTE
+from ._vocab import FRAMEWORKS, LOADS, LOSSES, RECOMPUTE
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,6 +121,13 @@ class FrameworkSpec:
     checkpointed (tests/data/framework_traces/litgpt_lora.json) peaks at the end of backward,
     and the engine's block working set (read off transformers blocks) is already +2.1% there;
     off for megatron and deepspeed, whose own checkpointing is not traced here."""
+    loss: str = "full"
+    """The loss `--loss auto` (the default) means: the loss the stack's own recipe or config
+    runs, one of LOSSES but `auto`. `full`: one head over the sequence and one cross entropy
+    (or what the stack's own fields make of it, e.g. LitGPT's head_chunk_tokens)."""
+    rope_cache_per_block: bool = False
+    """Every block owns a complex64 RoPE cache [training length, rotary dim / 2] (a buffer
+    built at init, alive all run) beside the tables the attention saves."""
     source: str
 
 
@@ -215,7 +222,14 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         fsdp2_embedding_unit=True,
         qlora_kbit_prepared=False,
         full_recompute_top_moment=True,
-        source="torchtitan 0.3.0: distributed/activation_checkpoint.py (SelectiveAC, per-op "
+        loss="chunked-head",
+        rope_cache_per_block=True,
+        source="torchtitan 0.3.0: models/llama3/config_registry.py (every llama3 trainer's "
+        "loss is ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss), num_chunks 8: "
+        "components/loss.py ChunkedLossWrapper; the 2024-12 benchmark era's one-piece loss is "
+        "`--loss full`); models/common/decoder.py Decoder.Config.update_from_config (every "
+        "block's ComplexRoPE cache resized to training.seq_len; models/common/rope.py, "
+        "complex64, one per block); distributed/activation_checkpoint.py (SelectiveAC, per-op "
         "SAC, is the default `selective`); components/loss.py (_LossParallelCrossEntropy on "
         "vocab-sharded logits under TP: shifted logits, their exp and the log-probs in "
         "forward; zeros, exp(log_probs) and their sum in backward); "
@@ -295,6 +309,7 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
 assert tuple(FRAMEWORK_SPECS) == FRAMEWORKS, "one spec per framework, in vocabulary order"
 for _name, _spec in FRAMEWORK_SPECS.items():
     assert _spec.load in LOADS and _spec.load != "auto", f"{_name}: load must name a mode"
+    assert _spec.loss in LOSSES and _spec.loss != "auto", f"{_name}: loss must name a mode"
 
 
 def _table(field: str) -> np.ndarray:
@@ -347,6 +362,12 @@ ROPE_BUFFERS_FP32 = _table("rope_buffers_fp32")
 """Per framework code: RoPE cos/sin are persistent fp32 buffers."""
 FULL_RECOMPUTE_TOP_MOMENT = _table("full_recompute_top_moment")
 """Per framework code: full recompute's top-block moment in backward (FrameworkSpec)."""
+LOSS_POLICY = np.array(
+    [LOSSES.index(FRAMEWORK_SPECS[name].loss) for name in FRAMEWORKS], dtype=np.int64
+)
+"""Per framework code: the LOSSES code `--loss auto` resolves to."""
+ROPE_CACHE_PER_BLOCK = _table("rope_cache_per_block")
+"""Per framework code: a complex64 RoPE cache in every block."""
 SELECTIVE_POLICY = np.array(
     [RECOMPUTE.index(FRAMEWORK_SPECS[name].selective) for name in FRAMEWORKS], dtype=np.int64
 )
@@ -359,6 +380,19 @@ def recompute_policy(fw, rc) -> np.ndarray:
     fw = np.asarray(fw, dtype=np.int64)
     rc = np.asarray(rc, dtype=np.int64)
     return np.where(rc == RECOMPUTE_SELECTIVE, SELECTIVE_POLICY[fw], rc)
+
+
+def loss_policy(fw, loss) -> np.ndarray:
+    """The loss a row runs: `auto` becomes the framework's own (FrameworkSpec.loss); every other
+    code is itself."""
+    fw = np.asarray(fw, dtype=np.int64)
+    loss = np.asarray(loss, dtype=np.int64)
+    return np.where(loss == LOSSES.index("auto"), LOSS_POLICY[fw], loss)
+
+
+def resolved_loss(framework: str, loss: str) -> str:
+    """The loss name a configuration runs (`auto`: FrameworkSpec.loss of `framework`)."""
+    return FRAMEWORK_SPECS[framework].loss if loss == "auto" else loss
 
 
 def state_shard_degree(dp, cp, dp_shard=0) -> np.ndarray:

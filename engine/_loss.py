@@ -40,6 +40,63 @@ the next iteration's forward returns: one [T, v] set of logits alive in every ph
 new one at the next forward's end, when the old is dropped). Source: litgpt 0.5.13
 finetune/lora.py fit; traced: tests/data/framework_traces/litgpt_lora.json (the optimizer
 step's peak holds them)."""
+WRAPPER_CHUNKS = 8.0
+"""torchtitan ChunkedLossWrapper.Config.num_chunks (the llama3 registry keeps the default).
+Source: torchtitan 0.3.0 components/loss.py ChunkedLossWrapper.Config."""
+WRAPPER_CHUNK_TENSORS = 3.0
+"""fp32 [rows, v] tensors of one chunk at its log-softmax backward: the saved log-probs, the
+nll gradient and the log-softmax gradient (beside the chunk's 16-bit logits). Source: torch
+aten/src/ATen/native/LossNLL.cpp cross_entropy_loss (log_softmax + nll_loss),
+nll_loss_backward, _log_softmax_backward_data; traced: torchtitan_trainer_defaults.json (debug
+case's loss peak)."""
+
+
+def wrapper_loss_bytes(
+    m: ModelSpec, *, T, b, e, loss_tp_div, head_grad_e, dp, fsdp, head_trainable, lp_tensors
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(transient at the loss, largest block, extra at the start of backward) of torchtitan's
+    ChunkedLossWrapper
+    (`--loss chunked-head`): the model returns the final norm's output, the wrapper splits it
+    into WRAPPER_CHUNKS along the (local) sequence and runs lm_head, cross entropy and their
+    backward chunk by chunk inside the loss call, then hands the decoder the assembled [T, h]
+    gradient (which replaces the head input among the saved tensors: same bytes).
+
+    Held over the loop: GradAccumulator's fp32 [T, h] buffer (zeros_like, dtype float32); the
+    chunks' .contiguous() copies ([T, h] when b > 1: a sequence split of a [b, s, h] tensor is
+    not contiguous); the head's gradient from the first chunk's backward on (FSDP2 with
+    gradient sync off accumulates the unsharded gradient in its fp32 reduce dtype:
+    `head_grad_e`). Chunk moments, the larger counts: a chunk's log-softmax backward (its
+    16-bit logits and WRAPPER_CHUNK_TENSORS fp32 tensors, a vocab-parallel loss's
+    `lp_tensors` more), or under FSDP2 on dp > 1 ranks the last chunk's reduce-scatter: an
+    fp32 copy of the unsharded head gradient and its fp32 shard beside the accumulated one,
+    with the chunk's logits and input gradient.
+    Start of backward: the head's gradient (its shard under FSDP2); under FSDP2 on dp > 1
+    ranks the head's fp32 reduce-scatter input, which FSDP2 holds until the next
+    reduce-scatter (the first block's), and the [norm, lm_head] unit gathered again for the
+    final norm's backward: its 16-bit all-gather output beside the unsharded copy (the copy is
+    FSDP's unsharded buffer, counted by the states).
+    Source: torchtitan 0.3.0 components/loss.py ChunkedLossWrapper.__call__, GradAccumulator,
+    _DecoderOutputGradientBackProp; torch distributed/fsdp/_fully_shard/_fsdp_param.py
+    (unsharded_accumulated_grad in reduce_dtype), _fsdp_collectives.py foreach_reduce,
+    _fsdp_param_group.py (reduce_scatter_state kept until the next reduce-scatter, pre_backward
+    unshard).
+    Traced: tests/data/framework_traces/torchtitan_trainer_defaults.json.
+    Assumes: seq_len divisible by the chunks (the wrapper checks it); an untied head;
+    16-bit gathers (mixed precision's param_dtype).
+    """
+    h, v = m.hidden_size, m.vocab_size / loss_tp_div
+    T = np.asarray(T, dtype=np.float64)
+    rows = T / WRAPPER_CHUNKS
+    held = 4.0 * T * h + np.where(np.asarray(b) > 1, e * T * h, 0.0)
+    head = np.where(head_trainable, v * h, 0.0)
+    accumulated = head_grad_e * head
+    chunk = (e + 4.0 * (WRAPPER_CHUNK_TENSORS + lp_tensors)) * rows * v
+    scatter = np.where(fsdp & (dp > 1), 4.0 * head * (1.0 + 1.0 / dp), 0.0)
+    last_chunk = np.where(fsdp & (dp > 1), scatter + e * rows * (v + h), 0.0)
+    transient = held + accumulated + np.maximum(chunk, last_chunk)
+    grad_kept = accumulated / np.where(fsdp, dp, 1.0)
+    regathered = np.where(fsdp & (dp > 1), 4.0 * head + 2.0 * v * h, 0.0)
+    return transient, 4.0 * rows * v, grad_kept + regathered
 
 
 def head_chunk_rows(T, b, chunk_tokens) -> np.ndarray:
@@ -134,8 +191,9 @@ def outside_layers_bytes(
     The full loss saves the fp32 log-softmax [T, v]; the chunked one replaces it with its saved
     gradients (chunked_loss_bytes); a compiled one its logits input (fp32 where the model
     upcasts them itself, `fp32_logits_in`); a head run over chunks its chunks' log-softmax
-    (`head`: the terms of head_chunked_loss_bytes by name and the rows' `chunked` mask).
-    Source: hf_outside_bytes, chunked_loss_bytes, compiled_loss_kept_bytes.
+    (`head`: the terms of head_chunked_loss_bytes by name, the rows' `chunked` mask); rows
+    `head["wrapped"]` (ChunkedLossWrapper) none: the decoder's [T, h] gradient takes the head
+    input's place. Source: hf_outside_bytes, chunked_loss_bytes, compiled_loss_kept_bytes.
     """
     outside_all = hf_outside_bytes(
         m,
@@ -163,9 +221,8 @@ def outside_layers_bytes(
     outside_all = np.where(compiled, outside_all - log_softmax + kept_logits, outside_all)
     outside_all = np.where(chunked, outside_all - log_softmax + chunk_saved, outside_all)
     if head is not None:
-        outside_all = np.where(
-            head["chunked"], outside_all - log_softmax + head["saved"], outside_all
-        )
+        drop = np.where(head["chunked"], log_softmax - head["saved"], 0.0)
+        outside_all = outside_all - np.where(head.get("wrapped", False), log_softmax, drop)
     return outside_all, chunk_transient
 
 

@@ -22,6 +22,7 @@ from ._codes import (
     FLASH,
     HF,
     LOSS_CHUNKED,
+    LOSS_CHUNKED_HEAD,
     LOSS_CHUNKED_OUTPUT,
     LOSS_FULL,
     MEGATRON,
@@ -33,6 +34,7 @@ from ._codes import (
 )
 from ._compile import compiled_mlp_delta_bytes, compiled_op_sac_delta_bytes
 from ._context_parallel import ring_buffer_bytes
+from ._data_parallel import is_fsdp2
 from ._expert_parallel import all_to_all_buffer_bytes, routed_rows
 from ._frameworks import (
     ADAPTERS_IN_PARAM_DTYPE,
@@ -52,7 +54,10 @@ from ._frameworks import (
     O_PROJ_INPUT_KEPT,
     QLORA_KBIT_PREPARED,
     ROPE_BUFFERS_FP32,
+    ROPE_CACHE_PER_BLOCK,
+    loss_policy,
     recompute_policy,
+    state_shard_degree,
 )
 from ._lora import (
     adapters_in_compute_dtype,
@@ -73,6 +78,7 @@ from ._loss import (
     loss_forward_extra_bytes,
     loss_gradient_bytes,
     outside_layers_bytes,
+    wrapper_loss_bytes,
 )
 from ._model import ModelSpec
 from ._offload import offloaded_activation_bytes
@@ -135,7 +141,11 @@ ACT_KEYS = (
     "lora_zero3",
     "loss",
     "activation_offload",
+    "zero",
+    "dp",
+    "dp_shard",
 )
+"""zero, dp, dp_shard: FSDP2's part in torchtitan's chunked loss (wrapper_loss_bytes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +201,13 @@ class MicroBatch:
     bits: dict[str, np.ndarray]
     chunked: np.ndarray
     chunked_output: np.ndarray
+    chunked_head: np.ndarray
+    """torchtitan's ChunkedLossWrapper runs (`--loss chunked-head`, or auto on torchtitan); with
+    `--compile blocks+loss` (its per-chunk loss compiled) counted as the eager wrapper."""
+    fsdp2: np.ndarray
+    shard_dp: np.ndarray
+    """Ranks that shard the model states (state_shard_degree)."""
+    rope_cache_per_block: np.ndarray
     head_chunked: np.ndarray
     """The framework's own loss over head chunks (FrameworkSpec.head_chunk_tokens) runs."""
     head_chunk_tokens: np.ndarray
@@ -209,7 +226,7 @@ class MicroBatch:
 
 def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
     """The symbols of the rows `c` (per-key columns), bound once."""
-    fw = c["framework"].astype(np.int64)
+    fw, loss = c["framework"].astype(np.int64), loss_policy(c["framework"], c["loss"])
     kbit_prepared = c["qlora"] & (c["lora_rank"] > 0) & QLORA_KBIT_PREPARED[fw]
     prec = kbit_activation_precision(c["precision"], prepared=kbit_prepared)
     tp, sp, cp = c["tp"].astype(np.float64), c["sp"], c["cp"].astype(np.float64)
@@ -247,8 +264,8 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         adapters_in_param_dtype=ADAPTERS_IN_PARAM_DTYPE[fw]
         | adapters_in_compute_dtype(fw, c["lora_zero3"], IS_MIXED[prec], hf_code=HF),
         compiled=c["compile"] != COMPILE_NONE,
-        compiled_loss=c["compile"] == COMPILE_BLOCKS_AND_LOSS,
-        fp32_logits_in=LOGITS_UPCAST_IN_MODEL[fw] & (c["loss"] != LOSS_CHUNKED_OUTPUT),
+        compiled_loss=(c["compile"] == COMPILE_BLOCKS_AND_LOSS) & (loss != LOSS_CHUNKED_HEAD),
+        fp32_logits_in=LOGITS_UPCAST_IN_MODEL[fw] & (loss != LOSS_CHUNKED_OUTPUT),
         num_checkpointed=checkpointed_layers(rc, num_layers=counts["layer"], every=every),
         first=first,
         last=last,
@@ -259,9 +276,9 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         qlora=c["qlora"] & (rank > 0),
         kbit_prepared=kbit_prepared,
         bits=target_bits(c["lora_targets"]),
-        chunked=c["loss"] == LOSS_CHUNKED,
-        chunked_output=c["loss"] == LOSS_CHUNKED_OUTPUT,
-        **_stack_fields(fw, c),
+        chunked=loss == LOSS_CHUNKED,
+        chunked_output=loss == LOSS_CHUNKED_OUTPUT,
+        **_stack_fields(fw, c, loss),
         capacity=c["capacity_factor_pct"].astype(np.float64) / 100.0,
         softmax_in_place_loss=LOSS_SOFTMAX_IN_PLACE[fw],
         activation_offload=c["activation_offload"],
@@ -269,12 +286,17 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
     )
 
 
-def _stack_fields(fw: np.ndarray, c: dict[str, np.ndarray]) -> dict[str, Any]:
-    """MicroBatch's per-framework fields of LitGPT's behaviour (engine/_frameworks.py); the
-    head-chunked loss runs in place of `--loss full`, not when the loss is compiled."""
+def _stack_fields(fw: np.ndarray, c: dict[str, np.ndarray], loss: np.ndarray) -> dict[str, Any]:
+    """MicroBatch's per-framework fields (engine/_frameworks.py: LitGPT's behaviour, torchtitan's
+    loss wrapper and RoPE caches; `loss`: the resolved loss); LitGPT's head-chunked loss runs in
+    place of `--loss full`, not when the loss is compiled."""
     return {
+        "chunked_head": loss == LOSS_CHUNKED_HEAD,
+        "fsdp2": is_fsdp2(fw, c["zero"]),
+        "shard_dp": state_shard_degree(c["dp"], c["cp"], c["dp_shard"]),
+        "rope_cache_per_block": ROPE_CACHE_PER_BLOCK[fw],
         "head_chunked": (HEAD_CHUNK_TOKENS[fw] > 0)
-        & (c["loss"] == LOSS_FULL)
+        & (loss == LOSS_FULL)
         & (c["compile"] != COMPILE_BLOCKS_AND_LOSS),
         "head_chunk_tokens": HEAD_CHUNK_TOKENS[fw],
         "lora_dropout": LORA_DROPOUT[fw],
@@ -562,7 +584,7 @@ def _outside(m: ModelSpec, x: MicroBatch, layers: dict[str, np.ndarray]) -> dict
         head=head,
     )
     logits_held = held_logits_bytes(
-        m, T=T, e=e, pp=pp, chunked=x.chunked, loss_tp_div=x.loss_tp_div
+        m, T=T, e=e, pp=pp, chunked=x.chunked | x.chunked_head, loss_tp_div=x.loss_tp_div
     )
     outside_all, rope, run_held = _rope_buffers(m, x, outside_all, rope, held=head["held"])
     final_norm = lora_frozen_norm_bytes(
@@ -589,15 +611,38 @@ def _outside(m: ModelSpec, x: MicroBatch, layers: dict[str, np.ndarray]) -> dict
     }
 
 
+def _wrapper(m: ModelSpec, x: MicroBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """wrapper_loss_bytes of the rows (ChunkedLossWrapper), for every row (callers mask)."""
+    return wrapper_loss_bytes(
+        m,
+        T=x.T,
+        b=x.b,
+        e=x.e,
+        loss_tp_div=x.loss_tp_div,
+        head_grad_e=np.where(x.fsdp2 & (IS_MIXED[x.prec] | x.amp), 4.0, PARAM_BYTES[x.prec]),
+        dp=x.shard_dp,
+        fsdp=x.fsdp2,
+        head_trainable=~x.lora,
+        lp_tensors=np.where(x.loss_tp_div > 1, LOSS_PARALLEL_FP32_TENSORS[x.fw], 0.0),
+    )
+
+
 def _rope_buffers(m: ModelSpec, x: MicroBatch, outside_all, rope, *, held) -> tuple:
     """(outside, rope, run_held): persistent fp32 rope buffers (FrameworkSpec.rope_buffers_fp32)
-    replace the per-forward tables; they and the training loop's held logits (last stage) are
-    alive in every phase (`run_held`, counted with the small buffers)."""
+    or per-block complex caches (rope_cache_per_block, the stage's blocks) replace the
+    per-forward tables; they and the training loop's held logits (last stage) are alive in
+    every phase (`run_held`, counted with the small buffers)."""
     buffers = x.rope_buffers_fp32
-    outside_all = outside_all - np.where(buffers, act.rope_table_bytes(m, s=x.s, r=x.r), 0.0)
+    tables_gone = buffers | x.rope_cache_per_block  # the attention reads the buffers' slices
+    outside_all = outside_all - np.where(tables_gone, act.rope_table_bytes(m, s=x.s, r=x.r), 0.0)
     run_held = np.where(buffers, act.rope_buffer_bytes(m, s=x.s), 0.0)
+    run_held = run_held + np.where(
+        x.rope_cache_per_block,
+        act.rope_block_cache_bytes(m, s=x.s) * x.counts["layer"] / x.pp,
+        0.0,
+    )
     run_held = run_held + np.where(x.last & x.head_chunked, held, 0.0)
-    return outside_all, np.where(buffers, 0.0, rope), run_held
+    return outside_all, np.where(tables_gone, 0.0, rope), run_held
 
 
 def _head_chunked(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
@@ -613,7 +658,7 @@ def _head_chunked(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
         loss_tp_div=x.loss_tp_div,
     )
     out = {k: np.where(x.head_chunked, t, 0.0) for k, t in zip(names, terms, strict=True)}
-    return {**out, "chunked": x.head_chunked}
+    return {**out, "chunked": x.head_chunked, "wrapped": x.chunked_head}
 
 
 def _backward_transients(
@@ -698,8 +743,8 @@ def _copies_and_loss(
     gradients, for the rows of `x` (`out`: _outside's terms)."""
     T, e, pp, last = x.T, x.e, x.pp, x.last
     copies, copies_layers = _autocast_copies(m, x, full=full)
-    kinds = {  # what kind of loss the rows run, for both loss terms
-        "chunked": x.chunked,
+    kinds = {  # what kind of loss the rows run, for both loss terms (the wrapper's: a chunked one)
+        "chunked": x.chunked | x.chunked_head,
         "chunked_output": x.chunked_output,
         "loss_tp_div": x.loss_tp_div,
         "zero_col": x.zero_col,
@@ -717,7 +762,7 @@ def _copies_and_loss(
         pp=pp,
         last=last,
         logits_held=out["logits_held"],
-        chunk_transient=out["chunk_transient"],
+        chunk_transient=np.where(x.chunked_head, _wrapper(m, x)[0], out["chunk_transient"]),
         **kinds,
     )
     loss_grads = loss_gradient_bytes(
@@ -737,7 +782,12 @@ def _parallel_loss_extra(m: ModelSpec, x: MicroBatch) -> np.ndarray:
     """torchtitan's vocab-parallel loss: one more fp32 [T, v/tp] tensor than a plain cross
     entropy in its forward and in its backward (engine/_frameworks.py)."""
     return np.where(
-        x.last & (x.loss_tp_div > 1) & ~x.chunked & ~x.compiled_loss & (x.pp <= 1),
+        x.last
+        & (x.loss_tp_div > 1)
+        & ~x.chunked
+        & ~x.chunked_head
+        & ~x.compiled_loss
+        & (x.pp <= 1),
         LOSS_PARALLEL_FP32_TENSORS[x.fw] * 4.0 * x.T * m.vocab_size / x.loss_tp_div,
         0.0,
     )
@@ -787,8 +837,9 @@ def _recompute_terms(
 
 
 def _largest_block(m: ModelSpec, x: MicroBatch, head) -> np.ndarray:
-    """The step's largest tensor on this stage (largest_loss_block_bytes)."""
-    return largest_loss_block_bytes(
+    """The step's largest tensor on this stage (largest_loss_block_bytes; the wrapper's
+    chunk block, wrapper_loss_bytes)."""
+    block = largest_loss_block_bytes(
         m,
         T=x.T,
         e=x.e,
@@ -801,6 +852,17 @@ def _largest_block(m: ModelSpec, x: MicroBatch, head) -> np.ndarray:
         zero_col=x.zero_col,
         head=head,
     )
+    return np.where(x.last & x.chunked_head, _wrapper(m, x)[1], block)
+
+
+def _checkpointed_copies(x: MicroBatch, copies_layers: np.ndarray, *, full) -> np.ndarray:
+    """The layers' autocast casts alive in a full-recompute forward: only what autocast caches.
+
+    Source: aten/src/ATen/autocast_mode.cpp cached_cast (trainable fp32 leaves only): a frozen
+    LoRA base is cast per use inside the checkpointed block's forward and freed with it (traced:
+    tests/unit/trace/test_lora_trace.py, llama-3.2-1b dims at amp-bf16, recompute full).
+    """
+    return np.where(x.amp & full & ~x.lora, copies_layers, 0.0)
 
 
 def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -825,10 +887,7 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
     )
     # A pipeline schedule splits the whole batch up front: every micro-batch's input ids stay.
     inputs_per_extra_micro = np.where(multi, INPUT_BYTES_PER_TOKEN * T, 0.0)
-    # Under full recompute the layers' casts stay only where autocast caches them: trainable
-    # fp32 leaves (cached_cast); a frozen LoRA base is cast per use inside the checkpointed
-    # block's forward and freed with it (traced: llama-3.2-1b amp-bf16 LoRA, recompute full).
-    amp_ckpt_copies = np.where(x.amp & full & ~x.lora, copies_layers, 0.0)
+    amp_ckpt_copies = _checkpointed_copies(x, copies_layers, full=full)
     per_micro, fixed = receive_buffer_bytes(
         np.where(multi, e * T * m.hidden_size / x.sp_div, 0.0), fw=x.fw
     )
@@ -853,7 +912,11 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
             small + copies + amp_ckpt_copies + a2a + cp_fwd + bwd["fwd_working"],
             -np.inf,
         ),
-        "bwd_start_extra": small + loss_grads + a2a + cp_bwd,
+        "bwd_start_extra": small
+        + loss_grads
+        + a2a
+        + cp_bwd
+        + np.where(last & x.chunked_head, _wrapper(m, x)[2], 0.0),
         "largest_block": _largest_block(m, x, out["head"]),
         "bwd_end_extra": small + bwd["act_end"] + bwd["temp_end"] - stage_act,
         "embed_extra": small + np.where(x.first, T * m.hidden_size * x.r, 0.0),

@@ -27,7 +27,10 @@ softmax is unfused already, so there it means eager)."""
 FRAMEWORKS = ("hf", "megatron", "deepspeed", "torchtitan", "torchtune", "litgpt")
 """Appended names keep the codes of the older ones (points tables stay readable)."""
 OFFLOADS = ("none", "optimizer", "optimizer+params")
-LOSSES = ("full", "chunked", "chunked-output")
+LOSSES = ("full", "chunked", "chunked-output", "chunked-head", "auto")
+"""chunked-head: torchtitan 0.3's ChunkedLossWrapper (the head and cross entropy run forward and
+backward per sequence chunk inside the loss call); auto: the framework's own loss
+(FrameworkSpec.loss). Appended names keep the codes of the older ones."""
 COMPILES = ("none", "blocks", "blocks+loss")
 """torch.compile of nothing, of each transformer block, or of the blocks and the loss."""
 ALLOCATORS = ("native", "expandable-segments")

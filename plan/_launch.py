@@ -771,6 +771,13 @@ def torchtitan_script(plan: dict[str, Any]) -> str:
             "returning Trainer.Config with its model_spec (as torchtitan/models/llama3/"
             "config_registry.py does) and set TORCHTITAN_MODULE and TORCHTITAN_CONFIG"
         ]
+    loss = plan.get("loss", "auto")
+    if loss not in ("auto", "chunked-head"):  # the registry's functions wrap the loss
+        notes.append(
+            "# note: torchtitan 0.3.0's llama3 config functions run ChunkedLossWrapper (trainmem "
+            f"--loss chunked-head); --loss {loss} needs a config function that sets it "
+            "(llama3_debugmodel_ce_loss sets CrossEntropyLoss)"
+        )
     head = (
         f"torchrun --nnodes={plan['num_nodes']} --nproc-per-node={plan['gpus_per_node']} "
         f"--rdzv-backend=c10d --rdzv-endpoint=${{MASTER_ADDR:-localhost}}:{MASTER_PORT} "

@@ -31,6 +31,7 @@ from trainmem.engine import (
     KNOBS,
     PRECISIONS,
     TrainingConfig,
+    resolved_loss,
 )
 from trainmem.hardware import GIB, Fleet, load_gpus, parse_fleet
 from trainmem.report import (
@@ -533,6 +534,8 @@ def estimate_command(
     for key, value in (extra or {}).items():
         if key in plan or value == DEFAULTS_BY_FIELD[key]:
             continue
+        if key == "loss" and value == resolved_loss(str(plan["framework"]), "auto"):
+            continue  # what `--loss auto` (the default) resolves to
         flag = KNOBS[key].flag or "--" + key.replace("_", "-")
         args += [flag] if isinstance(value, bool) else [flag, str(value)]
     args += ["--headroom", repr(float(headroom))]

@@ -37,6 +37,7 @@ from trainmem.engine import (
     overheads_for,
     ranks_per_node,
     reason_text,
+    resolved_loss,
     time_inputs,
 )
 from trainmem.hardware import GIB, GpuProfile, get_gpu
@@ -157,7 +158,9 @@ def training_config(
     *,
     defaults: Mapping[str, Any] = DEFAULTS_BY_FIELD,
 ) -> dict[str, Any]:
-    """The training fields of a call: `defaults`, then `training`, then keyword fields.
+    """The training fields of a call: `defaults`, then `training`, then keyword fields; `loss
+    auto` resolved to the framework's own loss (what the engine runs, and what the reports and
+    their JSON show).
 
     An unknown name is a TypeError (as for any unexpected keyword argument).
     """
@@ -168,6 +171,8 @@ def training_config(
         raise TypeError(
             f"unexpected keyword argument {unknown[0]!r}; training fields: {', '.join(FIELD_NAMES)}"
         )
+    if values.get("loss") == "auto" and isinstance(values.get("framework"), str):
+        values["loss"] = resolved_loss(values["framework"], "auto")
     return values
 
 

@@ -25,6 +25,7 @@ from trainmem.engine import (
     overheads_for,
     parallel_layout,
     reason_text,
+    resolved_loss,
 )
 from trainmem.hardware import GIB, GpuProfile, get_gpu
 from trainmem.report import choice
@@ -374,6 +375,8 @@ def from_flags(
     """Validate, evaluate the grid in one engine call, draw; returns the JSON report."""
     x, y = plot.x, plot.y
     check_axes(x, y, FLAG_AXES)
+    if config.get("loss") == "auto" and not {"loss", "framework"} & {x, y}:
+        config = {**config, "loss": resolved_loss(str(config["framework"]), "auto")}  # shown so
     for name, allowed in CATEGORICAL.items():  # every closed vocabulary, as declared
         if name != "optimizer" and name in config:
             choice(name, config[name], allowed)

@@ -32,6 +32,7 @@ from trainmem.engine import (
     overheads_for,
     parallel_layout,
     ranks_per_node,
+    resolved_loss,
     time_inputs,
 )
 from trainmem.hardware import Fleet, GpuProfile, Pool
@@ -334,6 +335,12 @@ def _host_limit_bytes(space: Space, pool: Pool, profile: GpuProfile) -> float:
     return np.inf if host is None else float(host)
 
 
+def _auto_loss(name: str, value: Any, framework: str) -> bool:
+    """`value` is the loss `--loss auto` (the default) resolves to for `framework`: not a
+    fixed field of the space (the grid's default resolves the same way)."""
+    return name == "loss" and value == resolved_loss(framework, "auto")
+
+
 def make_space(
     model: ModelSpec,
     fleet: Fleet,
@@ -416,14 +423,17 @@ def make_space(
         "sequence_parallel": True,
         **({"attention": traced.attention} if traced is not None else {}),
     }
+    job_framework = str((training or {}).get("framework", framework))
     for name, value in (training or {}).items():
         if name in axes:
             axes[name] = (value,)
-        elif value != DEFAULTS_BY_FIELD[name]:
+        elif value != DEFAULTS_BY_FIELD[name] and not _auto_loss(name, value, job_framework):
             fixed.update(grid_columns({name: value}))
     make_grid(fixed)  # validates the fixed fields' names and values
     labels = {**DEFAULTS_BY_FIELD, **{k: v for k, v in fixed.items() if k in DEFAULTS_BY_FIELD}}
     labels.update({k: v for k, v in (training or {}).items() if k not in axes})
+    if labels.get("loss") == "auto":  # shown as the loss the framework runs
+        labels["loss"] = resolved_loss(str(labels["framework"]), "auto")
     labels["optimizer"] = optimizer_name or (optimizer if isinstance(optimizer, str) else "custom")
     labels = {k: v for k, v in labels.items() if k not in axes}
     return Space(

@@ -30,6 +30,10 @@ TRACE_POLICY = {
     "selective_layer_2": "selective-layer",
 }
 """The traces' AC policy names -> --recompute."""
+TRACED_LOSS = "full"
+"""torchtitan_llama3_ac.json, _8b_fsdp.json and _compile.json ran torchtitan's CrossEntropyLoss on
+the whole logits (the 2024-12 benchmark era's loss; 0.3's registry default, ChunkedLossWrapper,
+is `--loss auto`: torchtitan_trainer_defaults.json)."""
 TUNE_DIMS = {
     "hidden": 512,
     "intermediate": 1536,
@@ -75,6 +79,7 @@ def estimate_torchtitan_ac(case: dict[str, Any]) -> dict[str, float]:
         seq_len=case["seq_len"],
         precision="bf16",
         framework="torchtitan",
+        loss=TRACED_LOSS,
         recompute=TRACE_POLICY[case["policy"]],
         recompute_every=2,
         optimizer=case["optimizer"],
@@ -92,6 +97,7 @@ def estimate_torchtitan_fsdp(case: dict[str, Any]) -> dict[str, float]:
         micro_batch_size=case["local_batch_size"],
         seq_len=case["seq_len"],
         framework="torchtitan",
+        loss=TRACED_LOSS,
         precision="mixed-bf16",
         recompute=TRACE_POLICY[case["policy"]],
         optimizer="adamw-fused",
@@ -360,8 +366,9 @@ def modes_markdown() -> str:
         "| LoRA adapters in the model dtype | fused RMSNorm | one qkv projection "
         "| fp8 weight cache | fp32 logits from the model | FSDP2 embedding unit "
         "| extra fp32 [T, v/tp] of the parallel loss | QLoRA on a k-bit-prepared model "
-        "| head chunk of its own loss (positions) | LoRA dropout on | follows |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| head chunk of its own loss (positions) | LoRA dropout on | `--loss auto` means "
+        "| RoPE cache per block | follows |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, spec in FRAMEWORK_SPECS.items():
         lines.append(
@@ -372,6 +379,7 @@ def modes_markdown() -> str:
             f"| {yes(spec.fsdp2_embedding_unit)} | {spec.loss_parallel_fp32_tensors:g} "
             f"| {yes(spec.qlora_kbit_prepared)} "
             f"| {spec.head_chunk_tokens or '-'} | {yes(spec.lora_dropout)} "
+            f"| {spec.loss} | {yes(spec.rope_cache_per_block)} "
             f"| {spec.source} |"
         )
     return "\n".join(lines)

@@ -19,6 +19,7 @@ import pytest
 
 from tests.framework_accuracy import (
     TRACE_POLICY,
+    TRACED_LOSS,
     estimate_hf_qlora,
     estimate_megatron,
     estimate_one,
@@ -30,15 +31,18 @@ from tests.framework_accuracy import (
 
 DATA = Path(__file__).parents[1] / "data" / "framework_traces" / "torchtitan_llama3_ac.json"
 CASES = [c for c in json.loads(DATA.read_text())["cases"] if c["rms_norm"] == "fused"]
-ACTIVATIONS_TOLERANCE = 0.02
-"""The engine counts the rotary cos/sin tables as activations (model-level, [s, head_dim] in the
-compute dtype); torchtitan 0.3.0 keeps a complex64 freqs_cis buffer in every block instead, in
-the trace's buffers. At these toy sizes (4 blocks of width 512) that is up to 1.8% of the
-activations; at 8B / 8192 tokens, 0.01%."""
-PEAK_TOLERANCE = 0.01
-"""The same tables on the peak side (the buffers are in every traced peak), and the top block's
-recompute moment modelled on layer 0's end-of-backward transients (engine/_recompute.py
-single_stage_recompute_delta): within 0.8% on every case."""
+ACTIVATIONS_TOLERANCE = 0.002
+"""torchtitan 0.3.0 keeps a complex64 RoPE cache in every block (FrameworkSpec
+rope_cache_per_block, alive all run, in the trace's buffers) and the attention reads its slices:
+no rotary tables among the activations. Within 0.06% on every case."""
+PEAK_TOLERANCE = 0.001
+"""Without recompute the peaks agree within 0.01% (the per-block caches counted in every
+phase)."""
+RECOMPUTE_PEAK_TOLERANCE = 0.02
+"""Under recompute the peak is the top block's recompute moment, modelled on layer 0's
+end-of-backward transients (engine/_recompute.py single_stage_recompute_delta), which counts
+up to 1.5% more than traced here (0.6% at 1x1024); the debug model of
+torchtitan_trainer_defaults.json shows the same moment 9.6% high at dim 256."""
 
 
 def _id(case: dict[str, Any]) -> str:
@@ -64,7 +68,8 @@ def test_activations_and_peak(case: dict[str, Any]) -> None:
     activations = got["activations_total"] / case["activations_bytes"] - 1.0
     peak = got["peak_allocated_bytes"] / case["peak_allocated_bytes"] - 1.0
     assert abs(activations) <= ACTIVATIONS_TOLERANCE, activations
-    assert abs(peak) <= PEAK_TOLERANCE, peak
+    tolerance = PEAK_TOLERANCE if case["policy"] == "none" else RECOMPUTE_PEAK_TOLERANCE
+    assert 0.0 <= peak <= tolerance or abs(peak) <= PEAK_TOLERANCE, peak
     assert got["peak_phase"] == 1  # backward, as traced
 
 
@@ -91,9 +96,9 @@ FSDP_DATA = DATA.parent / "torchtitan_llama3_8b_fsdp.json"
 FSDP_CASES = [
     c for c in json.loads(FSDP_DATA.read_text())["cases"] if c["silu_backward"] == "fused"
 ]
-FSDP_PEAK_TOLERANCE = 0.01
-"""torchtitan 0.3.0 keeps a complex64 rotary cache in every block (0.125 GiB at 8192 tokens,
-0.5 GiB at 32768) that the engine does not count: 0.2-0.7% of these peaks."""
+FSDP_PEAK_TOLERANCE = 0.001
+"""torchtitan 0.3.0's per-block complex64 RoPE caches (0.125 GiB at 8192 tokens, 0.5 GiB at
+32768) are counted (FrameworkSpec.rope_cache_per_block): within 0.01% on every case."""
 
 
 @pytest.mark.parametrize("case", FSDP_CASES, ids=lambda c: c["case"])
@@ -113,10 +118,12 @@ COMPILE_DATA = DATA.parent / "torchtitan_llama3_compile.json"
 COMPILE_CASES = [
     c for c in json.loads(COMPILE_DATA.read_text())["cases"] if c["rms_norm"] == "fused"
 ]
-COMPILE_PEAK_TOLERANCE = 0.03
+COMPILE_PEAK_TOLERANCE = 0.035
 """The compiled backward was run op by op (inductor cannot generate kernels for the fake
 device), so its transients are eager's: an upper bound the engine does not follow (it keeps
-eager's backward transients, engine/_compile.py). Within 2.6% on every case."""
+eager's backward transients, engine/_compile.py). Within 3.1% on every case (per-op SAC at
+2048 tokens: the top block's recompute moment, RECOMPUTE_PEAK_TOLERANCE, with the per-block
+RoPE caches counted)."""
 
 
 @pytest.mark.parametrize(
@@ -135,6 +142,7 @@ def test_compiled_blocks_keep_what_the_partitioner_keeps(case: dict[str, Any]) -
         seq_len=case["seq_len"],
         precision="bf16",
         framework="torchtitan",
+        loss=TRACED_LOSS,
         recompute=TRACE_POLICY[case["policy"]],
         compile="blocks" if case["compiled"] else "none",
         optimizer="adamw",

@@ -12,7 +12,15 @@ import typer.main
 
 import trainmem
 from trainmem.cli import app
-from trainmem.engine import DEFAULTS, FIELD_NAMES, FIELDS, KNOBS, TrainingConfig, grid_columns
+from trainmem.engine import (
+    DEFAULTS,
+    FIELD_NAMES,
+    FIELDS,
+    KNOBS,
+    TrainingConfig,
+    grid_columns,
+    resolved_loss,
+)
 
 COMMANDS = ("estimate", "fit", "sweep", "heatmap", "recommend")
 ALWAYS_ON_IN_SEARCHES = {"sweep": {"sequence_parallel"}, "recommend": {"sequence_parallel"}}
@@ -69,7 +77,9 @@ def test_the_python_api_takes_every_field_by_name() -> None:
         report = verb(**{f.name: f.default for f in FIELDS}, model="gpt2")
         assert report is not None
     config = TrainingConfig(**{f.name: f.default for f in FIELDS})
-    assert trainmem.estimate(config, model="gpt2")["config"] == grid_columns(config.as_dict())
+    # The report shows `--loss auto` resolved: the loss the framework runs.
+    shown = {**config.as_dict(), "loss": resolved_loss(config.framework, config.loss)}
+    assert trainmem.estimate(config, model="gpt2")["config"] == grid_columns(shown)
 
 
 def test_grid_columns_are_the_fields() -> None:
