@@ -186,10 +186,11 @@ def deepspeed_offloaded_states(
     (or reduced alone), reduced, its partition copied to the pinned fp32 host grads and freed:
     besides the buckets (deepspeed_buffer_bytes) one whole 16-bit gradient is in flight, the
     largest bounding it. `gpu_staging` (ZeRO-1/2): temp_grad_buffer_for_gpu_offload, the
-    largest parameter in 16 bits, all run. `accum_end_grads` (ZeRO-2, accumulation
-    micro-steps): a non-boundary copy_grads_in_partition does not clear the gradient, so the
-    partition's bucket-sized parameters (reduced alone, not in the reused bucket) keep theirs
-    until the epilogue: their 1/dp share plus one straddling the partition edge. Parameters
+    largest parameter in 16 bits, all run (LoRA: an adapter's, negligible).
+    `accum_end_grads` (ZeRO-2, accumulation micro-steps): a non-boundary
+    copy_grads_in_partition does not clear the gradient, so the partition's bucket-sized
+    parameters (reduced alone, not in the reused bucket) keep theirs until the epilogue: their
+    1/dp share plus one straddling the partition edge. Parameters
     (ZeRO-3, offloaded): the persistent ones whole; the gathered ones are the buckets.
     Host (deepspeed_host_bytes); `host_accum_bytes`: see there.
     Source: FrameworkSpec.offload_streams_gradients (stage_1_and_2.py, stage3.py).
@@ -214,7 +215,7 @@ def deepspeed_offloaded_states(
     accum = np.where(dp > 1, np.minimum(big, big / dp + n["big_largest"]), big)
     return out, {
         "streams": streams,
-        "gpu_staging": np.where(zero12, grad_e * largest, 0.0),
+        "gpu_staging": np.where(zero12 & ~lora, grad_e * largest, 0.0),
         "accum_end_grads": np.where(streams & (zero == 2), grad_e * accum, 0.0),
         "host_accum_bytes": np.where(zero12, host_accum, 0.0),
     }
@@ -241,7 +242,8 @@ def deepspeed_host_bytes(
         before["optimizer_states"]
         + before["master_weights"]
         + 4.0 * state_numel  # the fp32 gradient partition, pinned
-        + np.where(zero <= 2, param_e * state_numel + grad_e * largest, grad_e * state_numel)
+        + np.where(zero <= 2, param_e * state_numel, grad_e * state_numel)
+        + np.where((zero <= 2) & ~lora, grad_e * largest, 0.0)  # staging: LoRA's is an adapter
         + np.where(offload == OFFLOAD_PARAMS, before["parameters"], 0.0)
     )
     accum = np.where(lora, 0.0, grad_e * np.minimum(numels["total"], state_numel + largest))
