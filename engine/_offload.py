@@ -185,8 +185,11 @@ def deepspeed_offloaded_states(
     Gradients (ZeRO-2/3, optimizer offloaded, not LoRA): each is copied into the reduce bucket
     (or reduced alone), reduced, its partition copied to the pinned fp32 host grads and freed:
     besides the buckets (deepspeed_buffer_bytes) one whole 16-bit gradient is in flight, the
-    largest bounding it. `gpu_staging` (ZeRO-1/2): temp_grad_buffer_for_gpu_offload, the
-    largest parameter in 16 bits, all run (LoRA: an adapter's, negligible).
+    largest bounding it, and no more than the layout without offload keeps (which, like every
+    layout here, leaves that transient out: a small model's embedding gradient at many ranks
+    is larger than its gradient shard). `gpu_staging` (ZeRO-1/2):
+    temp_grad_buffer_for_gpu_offload, the largest parameter in 16 bits, all run (LoRA: an
+    adapter's, negligible).
     `accum_end_grads` (ZeRO-2, accumulation micro-steps): a non-boundary
     copy_grads_in_partition does not clear the gradient, so the partition's bucket-sized
     parameters (reduced alone, not in the reused bucket) keep theirs until the epilogue: their
@@ -208,7 +211,9 @@ def deepspeed_offloaded_states(
     )  # fmt: skip
     out = {
         **states,
-        "gradients": np.where(streams, grad_e * largest, states["gradients"]),
+        "gradients": np.where(
+            streams, np.minimum(grad_e * largest, states["gradients"]), states["gradients"]
+        ),
         "parameters": np.where(off_params, param_e * n["persistent"], states["parameters"]),
         "host_bytes": np.where(off_opt, host, states["host_bytes"]),
     }
