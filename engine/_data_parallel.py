@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._codes import DEEPSPEED
+from ._codes import OFFLOAD_OPTIMIZER
 from ._collectives import exposed_s, ring_time_s
-from ._frameworks import FSDP2_FRAMEWORKS
+from ._frameworks import FSDP2_FRAMEWORKS, ZERO3_MODULE_COLLECTIVES, ZERO_BUCKET_BUFFERS
 from ._model import BLOCK_GROUPS, ModelSpec
 from ._precision import GRAD_BYTES, IS_MIXED, MASTER_BYTES, PARAM_BYTES
 from ._time_params import TimeParams
@@ -76,15 +76,20 @@ def fp32_gradient_partition_bytes(state_numel, *, mixed, fsdp2, megatron, lora) 
     return np.where(mixed & ~fsdp2 & ~megatron & ~lora, 4.0 * state_numel, 0.0)
 
 
-def deepspeed_buffer_bytes(m: ModelSpec, *, fw, zero, dp, layer_numel) -> np.ndarray:
-    """DeepSpeed ZeRO's 16-bit bucket buffers: two reduce buckets; under ZeRO-3 also the
-    prefetch bucket and one gathered block.
+def deepspeed_buffer_bytes(m: ModelSpec, *, fw, zero, dp, layer_numel, offload=0) -> np.ndarray:
+    """DeepSpeed ZeRO's 16-bit bucket buffers (FrameworkSpec.zero_bucket_buffers): two reduce
+    buckets; under ZeRO-3 also the prefetch bucket and one gathered block. With more than one
+    rank, or on one rank with an offloaded optimizer (ZeRO-Offload reduces through the same
+    buckets on a single GPU).
 
     Source: DEEPSPEED_BUCKET_ELEMS_PER_H2 (HF Trainer's "auto" bucket sizes).
     """
     h2 = float(m.hidden_size) ** 2
+    fw = np.asarray(fw, dtype=np.int64)
     return np.where(
-        (fw == DEEPSPEED) & (zero >= ZERO_STATES) & (dp > 1),
+        ZERO_BUCKET_BUFFERS[fw]
+        & (zero >= ZERO_STATES)
+        & ((dp > 1) | (offload >= OFFLOAD_OPTIMIZER)),
         2.0 * DEEPSPEED_BUCKET_ELEMS_PER_H2 * h2 * 2.0
         + np.where(
             zero >= ZERO_PARAMETERS,
@@ -211,7 +216,7 @@ def fsdp_exposed_s(
     Table 2, at the per-GPU network share. Source: Rajbhandari et al. 2020 Sec. 7.2.2 (1.5x
     DDP's volume); TimeParams.fsdp_overlap_fraction.
     """
-    deepspeed = fw == DEEPSPEED
+    deepspeed = ZERO3_MODULE_COLLECTIVES[np.asarray(fw, dtype=np.int64)]
     calls = m.num_hidden_layers / p * np.where(deepspeed, float(modules_per_layer(m)), 1.0)
     bw3 = np.where(deepspeed, np.where(dp_group * t > gpn, inter, intra), dp_bw)
     gather3 = ring_time_s(

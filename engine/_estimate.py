@@ -122,6 +122,7 @@ _S_TERMS = (
     "optimizer_states",
     "load_peak",
     "load_host_bytes",
+    "accum_end_grads",
 )
 _A_TERMS = (
     "stage_act",
@@ -141,7 +142,7 @@ _OPTIONAL_TERMS = {  # output column -> (state terms, activation terms) it needs
     "optimizer_step_temporaries": (("optimizer_step_temporaries",), ()),
     "activations_per_layer": ((), ("activations_per_layer",)),
     "activations_outside_layers": ((), ("activations_outside_layers",)),
-    "host_bytes": (("host_bytes",), ("activations_offloaded",)),
+    "host_bytes": (("host_bytes", "host_accum_bytes"), ("activations_offloaded",)),
 }
 
 
@@ -294,9 +295,11 @@ def _phase_peaks(
     forward_peak = live + stored + S["fsdp_fwd"] + A["fwd_max"]
     live_acts = live + activations
     backward_start = live_acts + S["fsdp_fwd"] + A["bwd_start_extra"]
-    backward_end = base + S["end_grads"] + stored + A["bwd_end_extra"]
+    # What an accumulation micro-step keeps to the end of its backward besides (ZeRO-Offload).
+    accum = np.where(num_micro > 1, S["accum_end_grads"], 0.0)
+    backward_end = base + S["end_grads"] + accum + stored + A["bwd_end_extra"]
     # The embedding's backward: every other gradient done, its own being written.
-    backward_embed = base + gradients + A["embed_extra"] + S["tied_embedding_grad"]
+    backward_embed = base + gradients + accum + A["embed_extra"] + S["tied_embedding_grad"]
     # A single stage's top block recomputing: with the gradients of what is above it.
     backward_recompute = live_acts + A["recompute_extra"] + np.where(multi, 0.0, S["top_grads"])
     backward_peak = np.maximum(
@@ -354,7 +357,12 @@ def _assemble(
     }
     out.update({k: x for k, x in optional.items() if k in want})
     if "host_bytes" in want:
-        out["host_bytes"] = T["host_bytes"] + peaks["in_flight"] * T["activations_offloaded"]
+        out["host_bytes"] = host_bytes_of(
+            T["host_bytes"],
+            T["host_accum_bytes"],
+            peaks["in_flight"] * T["activations_offloaded"],
+            num_micro,
+        )
     out.update(
         {
             k: T[k]
@@ -702,7 +710,7 @@ def _compiled_columns(module, job: _Job) -> dict[str, np.ndarray]:
     n = len(reason)
     passed = [k for k in (*_OPTIONAL_TERMS, "activations_autocast_weight_copies") if k in want]
     if "host_bytes" in want:
-        passed.append("activations_offloaded")
+        passed += ["host_accum_bytes", "activations_offloaded"]
     extra = (
         [terms[0].index(k) for k in passed if k in terms[0]],
         [terms[1].index(k) for k in passed if k in terms[1]],
@@ -729,8 +737,19 @@ def _compiled_columns(module, job: _Job) -> dict[str, np.ndarray]:
     cols.update(zip(named, extra_out, strict=True))
     cols["framework_overhead"] = overhead
     if "host_bytes" in want:
-        cols["host_bytes"] = cols["host_bytes"] + cols["in_flight"] * cols["activations_offloaded"]
+        cols["host_bytes"] = host_bytes_of(
+            cols["host_bytes"],
+            cols["host_accum_bytes"],
+            cols["in_flight"] * cols["activations_offloaded"],
+            num_micro,
+        )
     return {k: cols[k] for k in want if k in cols}
+
+
+def host_bytes_of(host, host_accum, activations_offloaded, num_micro) -> np.ndarray:
+    """A rank's host bytes: its model states' (`host`), what gradient accumulation adds there
+    (`host_accum`, DeepSpeed's accumulated_grads_in_cpu), and the activations it offloads."""
+    return host + np.where(num_micro > 1, host_accum, 0.0) + activations_offloaded
 
 
 def _usable_limit(usable_bytes, headroom, n: int) -> np.ndarray:

@@ -128,6 +128,34 @@ class FrameworkSpec:
     rope_cache_per_block: bool = False
     """Every block owns a complex64 RoPE cache [training length, rotary dim / 2] (a buffer
     built at init, alive all run) beside the tables the attention saves."""
+    zero_bucket_buffers: bool = False
+    """ZeRO keeps its own 16-bit bucket buffers on the GPU: reduce (ipg) buckets from ZeRO-1 on
+    and, under ZeRO-3, the prefetch bucket and a gathered block (deepspeed_buffer_bytes).
+    Source: deepspeed 0.19.8 runtime/zero/stage_1_and_2.py setup_buckets, stage3.py
+    _setup_for_real_optimizer (ipg_buckets)."""
+    zero3_module_collectives: bool = False
+    """ZeRO-3 gathers and reduce-scatters per module (a Linear or a norm), not per block, at
+    the per-GPU share of the network (fsdp_exposed_s). Source: deepspeed 0.19.8
+    runtime/zero/partitioned_param_coordinator.py (fetch_sub_module per submodule)."""
+    offload_streams_gradients: bool = False
+    """ZeRO-2/3 with the optimizer offloaded streams each reduced gradient to pinned host
+    memory as its bucket is reduced: the GPU keeps the reduce bucket(s), the gradient being
+    reduced and (ZeRO-2) one largest-parameter 16-bit staging buffer, not the gradient
+    partition; under gradient accumulation ZeRO-2 keeps the 16-bit gradients of its
+    partition's bucket-sized-or-larger parameters until the end of each micro-step's backward.
+    ZeRO-1 reduces only after backward (the whole 16-bit gradients stay on the GPU).
+    Source: deepspeed 0.19.8 runtime/zero/stage_1_and_2.py (reduce_independent_p_g_buckets_
+    and_remove_grads, copy_grads_in_partition, async_accumulate_grad_in_cpu_via_gpu,
+    async_inplace_copy_grad_to_fp32_buffer_from_gpu, independent_gradient_partition_epilogue
+    _clear_param_grad_only), stage3.py partition_grads (grad_partitions_flat_buffer on the
+    host under offload_optimizer)."""
+    offload_params_persistent_only: bool = False
+    """ZeRO-3 with the parameters offloaded keeps on the GPU only the persistent parameters
+    (those under stage3_param_persistence_threshold elements, whole) and the live gathered
+    ones (the prefetch bucket and the block at work, deepspeed_buffer_bytes); every other
+    16-bit partition lives in pinned host memory. Source: deepspeed 0.19.8
+    runtime/zero/partition_parameters.py (ds_persist, _partition_param with offload to
+    OffloadDeviceEnum.cpu), stage3.py (persistent_parameters, param_persistence_threshold)."""
     source: str
 
 
@@ -200,6 +228,10 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         fused_rms_norm=False,
         fused_qkv=False,
         qlora_kbit_prepared=True,
+        zero_bucket_buffers=True,
+        zero3_module_collectives=True,
+        offload_streams_gradients=True,
+        offload_params_persistent_only=True,
         source="deepspeed/runtime/activation_checkpointing/checkpointing.py (whole-module "
         "checkpoints only; `selective` is the attention-core rule); HF model heads; QLoRA "
         "through the same peft + bitsandbytes recipe as hf.",
@@ -368,6 +400,14 @@ LOSS_POLICY = np.array(
 """Per framework code: the LOSSES code `--loss auto` resolves to."""
 ROPE_CACHE_PER_BLOCK = _table("rope_cache_per_block")
 """Per framework code: a complex64 RoPE cache in every block."""
+ZERO_BUCKET_BUFFERS = _table("zero_bucket_buffers")
+"""Per framework code: DeepSpeed's ZeRO bucket buffers (FrameworkSpec.zero_bucket_buffers)."""
+ZERO3_MODULE_COLLECTIVES = _table("zero3_module_collectives")
+"""Per framework code: ZeRO-3 collectives per module (FrameworkSpec)."""
+OFFLOAD_STREAMS_GRADIENTS = _table("offload_streams_gradients")
+"""Per framework code: an offloaded optimizer streams the gradients to the host (FrameworkSpec)."""
+OFFLOAD_PARAMS_PERSISTENT_ONLY = _table("offload_params_persistent_only")
+"""Per framework code: offloaded parameters leave only the persistent ones (FrameworkSpec)."""
 SELECTIVE_POLICY = np.array(
     [RECOMPUTE.index(FRAMEWORK_SPECS[name].selective) for name in FRAMEWORKS], dtype=np.int64
 )

@@ -16,10 +16,12 @@ set NUMBA_NUM_THREADS to their share).
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -49,18 +51,35 @@ _unavailable: list[str] = []
 """Why the compiled kernel did not load (empty: not tried, or loaded)."""
 
 
+def engine_sources_digest() -> str:
+    """A name for the engine's sources as they are: the start of the SHA-256 of every engine
+    module. numba's cache=True checks only the timestamp of the file that defines a jitted
+    function, so `assemble_rows` (engine/_kernel_numba.py) would reuse machine code that
+    inlined an older engine/_assembly.py (its constants and its assembly) after an upgrade or a
+    checkout; one cache folder per version of the sources cannot."""
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 @functools.cache
 def _compiled() -> ModuleType | None:
     """engine/_kernel_numba, or None where it does not load: numba missing, a numba that does
     not support this numpy, or nowhere to cache the machine code (numba refuses cache=True
     without a writable folder beside the module or in its user cache, NUMBA_CACHE_DIR)."""
-    if "numba" not in sys.modules and not os.environ.get("NUMBA_CACHE_DIR", "").strip():
+    if not os.environ.get("NUMBA_CACHE_DIR", "").strip():
         # numba keeps machine code beside the module by default: inside site-packages, where
         # pip's uninstall leaves it behind (a later `pip install -e .` then finds a `trainmem`
-        # folder without __init__.py). Set before numba is imported: it reads it then.
+        # folder without __init__.py), and there it is reused after the engine's sources
+        # change. numba reads the setting at import: where something imported it already
+        # (a caller, a test), its config is read again.
         from ._formula_kernels import cache_root
 
-        os.environ["NUMBA_CACHE_DIR"] = str(cache_root() / "numba")
+        os.environ["NUMBA_CACHE_DIR"] = str(cache_root() / "numba" / engine_sources_digest())
+        if "numba" in sys.modules:
+            sys.modules["numba"].core.config.reload_config()
     try:
         return importlib.import_module("._kernel_numba", __package__)
     except (ImportError, RuntimeError, OSError) as error:

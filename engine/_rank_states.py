@@ -46,7 +46,7 @@ from ._lora import (
     rank_adapters,
 )
 from ._model import ModelSpec
-from ._offload import offloaded_states
+from ._offload import deepspeed_offloaded_states, offloaded_states
 from ._optimizers import (
     optimizer_state_bytes,
     state_counts,
@@ -242,12 +242,20 @@ def _optimizer_bytes(
     return {"optimizer_states": optimizer_states, "optimizer_step_temporaries": step_temp}
 
 
+def _load_columns(x: RankLayout, c, param_e, parameters, *, resident) -> dict[str, np.ndarray]:
+    """The load phase's state columns (_load_terms): its device peak over the resident
+    parameters, and its host bytes."""
+    load = _load_terms(x, c, param_e, parameters, resident=resident)
+    return {"load_peak": resident + load["buffer"], "load_host_bytes": load["host"]}
+
+
 def _end_of_backward_gradients(
-    m: ModelSpec, x: RankLayout, grad_e: np.ndarray, gradients: np.ndarray, fsdp_active
+    m: ModelSpec, x: RankLayout, grad_e: np.ndarray, gradients: np.ndarray, fsdp_active, *, streams
 ) -> tuple[np.ndarray, np.ndarray]:
     """Gradients alive at the end of backward: all but the embedding's, layer 0's attention and
     one MLP matrix (and, under FSDP2, the root's and two layers' not yet reduce-scattered); and
-    those alive in the top block's MLP backward.
+    those alive in the top block's MLP backward. Where ZeRO-Offload `streams` them, the one
+    gradient in flight (`gradients`) at either moment (deepspeed_offloaded_states).
     Source: the ground-truth traces (the end-of-backward peak is in layer 0's MLP backward,
     see _rank_activations._backward_transients)."""
     sharded = x.zero >= ZERO_GRADIENTS
@@ -273,7 +281,7 @@ def _end_of_backward_gradients(
     # The top block's MLP backward (a single stage recomputing it, see single_stage_recompute_
     # delta): the head's and final norm's gradients and the MLP matrices done so far.
     top = np.where(fsdp_active, 0.0, grad_final_head) + grad_mlp_done
-    return end, top
+    return np.where(streams, gradients, end), np.where(streams, gradients, top)
 
 
 def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -305,17 +313,14 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
         **_optimizer_bytes(m, x, c, state_numel),
     }
     layer = layer_numel(x.full, x.counts)
-    s = offloaded_states(
-        m, offload=x.offload, states=states, state_numel=state_numel, layer_numel=layer
-    )
-    load = _load_terms(x, c, param_e, states["parameters"], resident=s["parameters"])
+    s, ds = _offloaded(m, x, states, state_numel=state_numel, layer=layer, grad_e=grad_e)
     fp8_cache = _fp8_cache(x)
     fsdp_active = x.fsdp2 & (x.dp > 1)
     fsdp_fwd, fsdp_bwd = _fsdp2_buffers(m, x, layer, active=fsdp_active, single_stage=c["pp"] <= 1)
-    fsdp_top = fsdp_bwd + _fsdp2_block_grads(m, x, active=fsdp_active)
-    ds_buffers = deepspeed_buffer_bytes(m, fw=x.fw, zero=x.zero, dp=x.dp, layer_numel=layer)
     dequant = qlora_dequant_bytes(x.full, qlora=x.qlora, dp=x.dp)
-    grads_end, grads_top = _end_of_backward_gradients(m, x, grad_e, s["gradients"], fsdp_active)
+    grads_end, grads_top = _end_of_backward_gradients(
+        m, x, grad_e, s["gradients"], fsdp_active, streams=ds["streams"]
+    )
     in_backward = c["optimizer_in_backward"]
     s = _optimizer_in_backward(x, s, grad_e, in_backward=in_backward)
     grads_end = np.where(in_backward, s["gradients"], grads_end)
@@ -325,17 +330,48 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     held = s["parameters"] + s["master_weights"] + s["optimizer_states"]
     return {
         **s,
-        "load_peak": s["parameters"] + load["buffer"],
-        "load_host_bytes": load["host"],
-        "persistent": held + ds_buffers + fp8_cache,
+        **_load_columns(x, c, param_e, states["parameters"], resident=s["parameters"]),
+        "persistent": held + ds["buffers"] + fp8_cache,
         "fp8_weight_cache": fp8_cache,
         "fsdp_fwd": fsdp_fwd + dequant,
         "end_grads": grads_end + fsdp_bwd + dequant,
         "grads_persistent": grads_persistent,
         "tied_embedding_grad": _tied_embedding_grad(m, x, grad_e, single_stage=c["pp"] <= 1),
-        "top_grads": np.where(in_backward, s["gradients"], grads_top) + fsdp_top,
+        "top_grads": np.where(in_backward, s["gradients"], grads_top)
+        + fsdp_bwd
+        + _fsdp2_block_grads(m, x, active=fsdp_active),
         "optimizer_peak": held + s["gradients"] + s["optimizer_step_temporaries"] + fp8_cache,
+        **{k: ds[k] for k in ("accum_end_grads", "host_accum_bytes")},
     }
+
+
+def _offloaded(
+    m: ModelSpec, x: RankLayout, states: dict[str, np.ndarray], *, state_numel, layer, grad_e
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """offloaded_states, then DeepSpeed ZeRO-Offload's own layout where the stack has it
+    (deepspeed_offloaded_states): (states, DeepSpeed's extra terms, `buffers` among them: its
+    bucket buffers, deepspeed_buffer_bytes, and the offload staging buffer)."""
+    s = offloaded_states(
+        m, offload=x.offload, states=states, state_numel=state_numel, layer_numel=layer
+    )
+    buffers = deepspeed_buffer_bytes(
+        m, fw=x.fw, zero=x.zero, dp=x.dp, layer_numel=layer, offload=x.offload
+    )
+    s, ds = deepspeed_offloaded_states(
+        m,
+        fw=x.fw,
+        zero=x.zero,
+        offload=x.offload,
+        lora=x.lora,
+        dp=x.dp,
+        full=x.full,
+        grad_e=grad_e,
+        param_e=PARAM_BYTES[x.prec],
+        state_numel=state_numel,
+        before=states,
+        states=s,
+    )
+    return s, {**ds, "buffers": buffers + ds["gpu_staging"]}
 
 
 def _load_terms(

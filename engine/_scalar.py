@@ -207,7 +207,7 @@ def estimate_one(
         peak_load_bytes=load_device,
         load_host_bytes=load_host,
     )
-    out.update(_terms_out(s, a, out["in_flight"]))
+    out.update(_terms_out(s, a, out["in_flight"], num_micro))
     if columns is None:
         return dict(zip(OUTPUTS, _OUTPUTS_OF(out), strict=True))
     return {k: out[k] for k in OUTPUTS if k in columns}
@@ -262,8 +262,12 @@ def _load(
     return peak + outside_torch, host
 
 
-def _terms_out(s: tuple[float, ...], a: tuple[float, ...], in_flight: float) -> dict[str, float]:
-    """The output columns that are per-key terms of the worst rank's stage."""
+def _terms_out(
+    s: tuple[float, ...], a: tuple[float, ...], in_flight: float, num_micro: float
+) -> dict[str, float]:
+    """The output columns that are per-key terms of the worst rank's stage (host_bytes:
+    _estimate.host_bytes_of)."""
+    host_accum = s[_S_INDEX["host_accum_bytes"]] if num_micro > 1 else 0.0
     return {
         "parameters": s[_assembly.S_PARAMETERS],
         "master_weights": s[_assembly.S_MASTER_WEIGHTS],
@@ -272,7 +276,9 @@ def _terms_out(s: tuple[float, ...], a: tuple[float, ...], in_flight: float) -> 
         "optimizer_step_temporaries": s[_S_INDEX["optimizer_step_temporaries"]],
         "activations_per_layer": a[_A_INDEX["activations_per_layer"]],
         "activations_outside_layers": a[_A_INDEX["activations_outside_layers"]],
-        "host_bytes": s[_S_INDEX["host_bytes"]] + in_flight * a[_A_INDEX["activations_offloaded"]],
+        "host_bytes": s[_S_INDEX["host_bytes"]]
+        + host_accum
+        + in_flight * a[_A_INDEX["activations_offloaded"]],
     }
 
 
