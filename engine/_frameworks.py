@@ -110,6 +110,22 @@ class FrameworkSpec:
     rope_buffers_fp32: bool = False
     """RoPE's cos/sin are fp32 model buffers of the training length, alive all run, not
     per-forward tables in the hidden dtype that the attention saves."""
+    qlora_every_linear: bool = False
+    """`--qlora` quantises every nn.Linear, the (untied) head included, not only the block
+    linears: Lightning's BitsandbytesPrecision.module_init_context replaces the class
+    torch.nn.Linear by _NF4Linear while the model is built (lightning 2.6.6
+    fabric/plugins/precision/bitsandbytes.py _ClassReplacementContextManager; no ignore_modules
+    from litgpt 0.5.13 finetune/lora.py). The head is then NF4 too and its [v, h] weight is the
+    largest one dequantised, per 128-token chunk in forward and in backward."""
+    qlora_double_quant: bool = True
+    """`--qlora`'s NF4 weights use double quantisation (8-bit absmax with a nested fp32 absmax,
+    transformers' bnb_4bit_use_double_quant=True); False: one fp32 absmax per 64 weights
+    (Lightning's _NF4Linear, `--quantize bnb.nf4`: compress_statistics=False)."""
+    qlora_stable_embedding: bool = False
+    """`--qlora` swaps the token embedding for bitsandbytes' StableEmbedding after the
+    optimizer is built, keeping the old one referenced and giving the new one a gradient no
+    optimizer frees (litgpt 0.5.13 finetune/lora.py main): two more [v, h] tensors in the
+    parameter dtype, alive all run (engine/_lora.py qlora_stable_embedding_bytes)."""
     source: str
 
 
@@ -255,6 +271,9 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         norm_scale_fp32=True,
         rope_buffers_fp32=True,
         o_proj_input_kept=True,
+        qlora_every_linear=True,
+        qlora_double_quant=False,
+        qlora_stable_embedding=True,
         load="meta-init",
         load_source=(
             "litgpt 0.5.13 finetune/lora.py main (fabric.init_module(empty_init=world_size > 1): "
@@ -275,7 +294,10 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         "((x.float() * rsqrt(...) * weight.float()).to(dtype)); lora.py LoRALinear / "
         "LoRAQKVLinear (lora_dropout per module, one lora_A over the enabled q/k/v, zero_pad "
         "index_copy_). LitGPT has no selective mode: `selective` is the attention-core rule. "
-        "Traced: tests/data/framework_traces/litgpt_lora.json.",
+        "QLoRA (--quantize bnb.nf4, bitsandbytes 0.50.2): lightning 2.6.6 "
+        "fabric/plugins/precision/bitsandbytes.py (every nn.Linear NF4, no double "
+        "quantisation), finetune/lora.py main (bnb PagedAdamW, StableEmbedding swap). "
+        "Traced: tests/data/framework_traces/litgpt_lora.json, litgpt_qlora.json.",
     ),
 }
 assert tuple(FRAMEWORK_SPECS) == FRAMEWORKS, "one spec per framework, in vocabulary order"
@@ -309,6 +331,12 @@ LOGITS_UPCAST_IN_MODEL = _table("logits_upcast_in_model")
 """Per framework code: the model returns fp32 logits."""
 QLORA_KBIT_PREPARED = _table("qlora_kbit_prepared")
 """Per framework code: QLoRA as bitsandbytes + peft's kbit preparation run it (FrameworkSpec)."""
+QLORA_EVERY_LINEAR = _table("qlora_every_linear")
+"""Per framework code: QLoRA quantises the head too (FrameworkSpec)."""
+QLORA_DOUBLE_QUANT = _table("qlora_double_quant")
+"""Per framework code: QLoRA's NF4 absmax double-quantised (FrameworkSpec)."""
+QLORA_STABLE_EMBEDDING = _table("qlora_stable_embedding")
+"""Per framework code: QLoRA keeps a second embedding and its gradient (FrameworkSpec)."""
 LOSS_SOFTMAX_IN_PLACE = _table("loss_softmax_in_place")
 """Per framework code: the cross entropy's softmax and gradient live in its one fp32 copy."""
 EAGER_SOFTMAX_FUSED = _table("eager_softmax_fused")

@@ -169,7 +169,8 @@ fc_1 = gate, fc_2 = up, proj = down)."""
 
 
 def estimate_litgpt(case: dict[str, Any], *, framework: str = "litgpt") -> dict[str, float]:
-    """A litgpt_lora.json case (a small Llama in litgpt.lora.GPT, rank 16, bf16-true)."""
+    """A litgpt_lora.json case (a small Llama in litgpt.lora.GPT, rank 16, bf16-true); a
+    litgpt_qlora.json case (it records quant_state_bytes) with --qlora."""
     targets = ",".join(LITGPT_TARGETS[k] for k, on in case["targets"].items() if on)
     return estimate_one(
         small_llama_spec(case["dims"]),
@@ -181,6 +182,7 @@ def estimate_litgpt(case: dict[str, Any], *, framework: str = "litgpt") -> dict[
         lora_targets=targets,
         recompute="full" if case["ac"] else "none",
         optimizer=case["optimizer"],
+        qlora="quant_state_bytes" in case,
     )
 
 
