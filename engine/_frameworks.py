@@ -126,6 +126,11 @@ class FrameworkSpec:
     optimizer is built, keeping the old one referenced and giving the new one a gradient no
     optimizer frees (litgpt 0.5.13 finetune/lora.py main): two more [v, h] tensors in the
     parameter dtype, alive all run (engine/_lora.py qlora_stable_embedding_bytes)."""
+    logits_cast_fp32: bool = False
+    """The training loop's model wrapper casts the returned chunk logits to fp32 (the default
+    dtype) after forward, so the loop holds fp32 logits and the chunked loss runs on them
+    (lightning 2.6.6 fabric/wrappers.py _FabricModule.forward, plugins/precision/half.py,
+    amp.py and bitsandbytes.py convert_output); only with head_chunk_tokens."""
     source: str
 
 
@@ -274,6 +279,7 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         qlora_every_linear=True,
         qlora_double_quant=False,
         qlora_stable_embedding=True,
+        logits_cast_fp32=True,
         load="meta-init",
         load_source=(
             "litgpt 0.5.13 finetune/lora.py main (fabric.init_module(empty_init=world_size > 1): "
@@ -288,8 +294,9 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         "parallelize_fn, fully_shard per trainable Linear and per Block, every Block in "
         "checkpoint_wrapper; one device: no checkpointing; precision bf16-true builds the "
         "model, adapters included, in bf16 (fabric.init_module)); utils.py "
-        "chunked_cross_entropy (F.cross_entropy per chunk, reduction none, on the 16-bit "
-        "logits); model.py GPT.forward (lm_head per x.split(128, dim=1)), CausalSelfAttention "
+        "chunked_cross_entropy (F.cross_entropy per chunk, reduction none, on the logits "
+        "Fabric's convert_output cast to fp32: lightning 2.6.6 fabric/wrappers.py); model.py "
+        "GPT.forward (lm_head per x.split(128, dim=1)), CausalSelfAttention "
         "(one qkv Linear; k, v repeat_interleave'd to the query heads before SDPA), RMSNorm "
         "((x.float() * rsqrt(...) * weight.float()).to(dtype)); lora.py LoRALinear / "
         "LoRAQKVLinear (lora_dropout per module, one lora_A over the enabled q/k/v, zero_pad "
@@ -331,6 +338,8 @@ LOGITS_UPCAST_IN_MODEL = _table("logits_upcast_in_model")
 """Per framework code: the model returns fp32 logits."""
 QLORA_KBIT_PREPARED = _table("qlora_kbit_prepared")
 """Per framework code: QLoRA as bitsandbytes + peft's kbit preparation run it (FrameworkSpec)."""
+LOGITS_CAST_FP32 = _table("logits_cast_fp32")
+"""Per framework code: the loop's wrapper casts the chunk logits to fp32 (FrameworkSpec)."""
 QLORA_EVERY_LINEAR = _table("qlora_every_linear")
 """Per framework code: QLoRA quantises the head too (FrameworkSpec)."""
 QLORA_DOUBLE_QUANT = _table("qlora_double_quant")
