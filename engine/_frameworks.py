@@ -156,6 +156,27 @@ class FrameworkSpec:
     16-bit partition lives in pinned host memory. Source: deepspeed 0.19.8
     runtime/zero/partition_parameters.py (ds_persist, _partition_param with offload to
     OffloadDeviceEnum.cpu), stage3.py (persistent_parameters, param_persistence_threshold)."""
+    qlora_every_linear: bool = False
+    """`--qlora` quantises every nn.Linear, the (untied) head included, not only the block
+    linears: Lightning's BitsandbytesPrecision.module_init_context replaces the class
+    torch.nn.Linear by _NF4Linear while the model is built (lightning 2.6.6
+    fabric/plugins/precision/bitsandbytes.py _ClassReplacementContextManager; no ignore_modules
+    from litgpt 0.5.13 finetune/lora.py). The head is then NF4 too and its [v, h] weight is the
+    largest one dequantised, per 128-token chunk in forward and in backward."""
+    qlora_double_quant: bool = True
+    """`--qlora`'s NF4 weights use double quantisation (8-bit absmax with a nested fp32 absmax,
+    transformers' bnb_4bit_use_double_quant=True); False: one fp32 absmax per 64 weights
+    (Lightning's _NF4Linear, `--quantize bnb.nf4`: compress_statistics=False)."""
+    qlora_stable_embedding: bool = False
+    """`--qlora` swaps the token embedding for bitsandbytes' StableEmbedding after the
+    optimizer is built, keeping the old one referenced and giving the new one a gradient no
+    optimizer frees (litgpt 0.5.13 finetune/lora.py main): two more [v, h] tensors in the
+    parameter dtype, alive all run (engine/_lora.py qlora_stable_embedding_bytes)."""
+    logits_cast_fp32: bool = False
+    """The training loop's model wrapper casts the returned chunk logits to fp32 (the default
+    dtype) after forward, so the loop holds fp32 logits and the chunked loss runs on them
+    (lightning 2.6.6 fabric/wrappers.py _FabricModule.forward, plugins/precision/half.py,
+    amp.py and bitsandbytes.py convert_output); only with head_chunk_tokens."""
     source: str
 
 
@@ -315,6 +336,10 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         norm_scale_fp32=True,
         rope_buffers_fp32=True,
         o_proj_input_kept=True,
+        qlora_every_linear=True,
+        qlora_double_quant=False,
+        qlora_stable_embedding=True,
+        logits_cast_fp32=True,
         load="meta-init",
         load_source=(
             "litgpt 0.5.13 finetune/lora.py main (fabric.init_module(empty_init=world_size > 1): "
@@ -329,13 +354,17 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         "parallelize_fn, fully_shard per trainable Linear and per Block, every Block in "
         "checkpoint_wrapper; one device: no checkpointing; precision bf16-true builds the "
         "model, adapters included, in bf16 (fabric.init_module)); utils.py "
-        "chunked_cross_entropy (F.cross_entropy per chunk, reduction none, on the 16-bit "
-        "logits); model.py GPT.forward (lm_head per x.split(128, dim=1)), CausalSelfAttention "
+        "chunked_cross_entropy (F.cross_entropy per chunk, reduction none, on the logits "
+        "Fabric's convert_output cast to fp32: lightning 2.6.6 fabric/wrappers.py); model.py "
+        "GPT.forward (lm_head per x.split(128, dim=1)), CausalSelfAttention "
         "(one qkv Linear; k, v repeat_interleave'd to the query heads before SDPA), RMSNorm "
         "((x.float() * rsqrt(...) * weight.float()).to(dtype)); lora.py LoRALinear / "
         "LoRAQKVLinear (lora_dropout per module, one lora_A over the enabled q/k/v, zero_pad "
         "index_copy_). LitGPT has no selective mode: `selective` is the attention-core rule. "
-        "Traced: tests/data/framework_traces/litgpt_lora.json.",
+        "QLoRA (--quantize bnb.nf4, bitsandbytes 0.50.2): lightning 2.6.6 "
+        "fabric/plugins/precision/bitsandbytes.py (every nn.Linear NF4, no double "
+        "quantisation), finetune/lora.py main (bnb PagedAdamW, StableEmbedding swap). "
+        "Traced: tests/data/framework_traces/litgpt_lora.json, litgpt_qlora.json.",
     ),
 }
 assert tuple(FRAMEWORK_SPECS) == FRAMEWORKS, "one spec per framework, in vocabulary order"
@@ -370,6 +399,14 @@ LOGITS_UPCAST_IN_MODEL = _table("logits_upcast_in_model")
 """Per framework code: the model returns fp32 logits."""
 QLORA_KBIT_PREPARED = _table("qlora_kbit_prepared")
 """Per framework code: QLoRA as bitsandbytes + peft's kbit preparation run it (FrameworkSpec)."""
+LOGITS_CAST_FP32 = _table("logits_cast_fp32")
+"""Per framework code: the loop's wrapper casts the chunk logits to fp32 (FrameworkSpec)."""
+QLORA_EVERY_LINEAR = _table("qlora_every_linear")
+"""Per framework code: QLoRA quantises the head too (FrameworkSpec)."""
+QLORA_DOUBLE_QUANT = _table("qlora_double_quant")
+"""Per framework code: QLoRA's NF4 absmax double-quantised (FrameworkSpec)."""
+QLORA_STABLE_EMBEDDING = _table("qlora_stable_embedding")
+"""Per framework code: QLoRA keeps a second embedding and its gradient (FrameworkSpec)."""
 LOSS_SOFTMAX_IN_PLACE = _table("loss_softmax_in_place")
 """Per framework code: the cross entropy's softmax and gradient live in its one fp32 copy."""
 EAGER_SOFTMAX_FUSED = _table("eager_softmax_fused")

@@ -115,19 +115,29 @@ def lora_width(m: ModelSpec, targets: np.ndarray) -> np.ndarray:
     return width
 
 
-def nf4_bytes(numel: np.ndarray) -> np.ndarray:
-    """Bytes of one NF4-quantised weight with double quantisation (QLoRA).
+def nf4_bytes(numel: np.ndarray, double_quant=True) -> np.ndarray:
+    """Bytes of one NF4-quantised weight, with double quantisation (QLoRA) or without it.
 
     Source: Dettmers et al. 2023 (QLoRA), Sec. 2 (NF4, block 64; double quantisation: 8-bit
     absmax, fp32 second-level absmax per 256 blocks) and bitsandbytes Linear4bit storage:
     packed uint8 weight (2 per byte), uint8 absmax, fp32 nested absmax, the nested code.
+    Without double quantisation (bitsandbytes quantize_4bit(compress_statistics=False), Lightning's
+    `bnb.nf4`): the packed weight and one fp32 absmax per block.
     """
-    return (
-        round_to_block(numel / 2.0)
-        + round_to_block(numel / NF4_BLOCK)
+    nested = (
+        round_to_block(numel / NF4_BLOCK)
         + round_to_block(4.0 * numel / (NF4_BLOCK * NF4_NESTED_BLOCK))
         + NF4_STATE_BYTES_PER_TENSOR
     )
+    plain = round_to_block(4.0 * numel / NF4_BLOCK)
+    return round_to_block(numel / 2.0) + np.where(double_quant, nested, plain)
+
+
+def qlora_quantised(p: ParamTensor, every_linear) -> np.ndarray:
+    """Whether QLoRA quantises `p`: a block linear, or (`every_linear`, FrameworkSpec
+    qlora_every_linear) also the untied head's weight."""
+    head = p.group == "head" and len(p.shape) == 2
+    return np.asarray(p.is_block_linear) | (np.asarray(every_linear) & head)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,17 +172,38 @@ def rank_adapters(
     return Adapters(numel, np.where(sharded, np.ceil(numel / dp), numel))
 
 
-def nf4_base_bytes(full: Sequence[LocalTensor], *, dp: np.ndarray, sharded) -> np.ndarray:
-    """NF4 bytes of the rank's block linears (QLoRA), divided over dp where `sharded`.
+def nf4_base_bytes(
+    full: Sequence[LocalTensor], *, dp: np.ndarray, sharded, every_linear=False, double_quant=True
+) -> np.ndarray:
+    """NF4 bytes of the rank's quantised linears (QLoRA: the block linears; `every_linear`: the
+    head too), divided over dp where `sharded`.
 
     Source: nf4_bytes. ZeRO-3/FSDP shard the NF4 base too (bitsandbytes >= 0.43
     `bnb_4bit_quant_storage`, the "FSDP-QLoRA" recipe; older stacks kept it whole: xtuner #88).
     """
     quantised = np.zeros_like(dp)
     for t in full:
-        if t.tensor.is_block_linear:
-            quantised = quantised + nf4_bytes(t.numel) * t.count
+        on = qlora_quantised(t.tensor, every_linear)
+        quantised = quantised + np.where(on, nf4_bytes(t.numel, double_quant), 0.0) * t.count
     return np.where(sharded, quantised / dp, quantised)
+
+
+def qlora_stable_embedding_bytes(full: Sequence[LocalTensor], *, on, param_e) -> np.ndarray:
+    """What LitGPT's QLoRA keeps beside its token embedding: the replaced embedding and the new
+    StableEmbedding's gradient, [v, h] in the parameter dtype each, alive all run.
+
+    Source: litgpt 0.5.13 finetune/lora.py main (under BitsandbytesPrecision, after
+    instantiate_bnb_optimizer(model.parameters()): `old_embedding = model.transformer.wte`,
+    wte = bnb StableEmbedding copied from it; the local and the optimizer's param group keep the
+    old one; the new weight requires grad but is in no optimizer, so optimizer.zero_grad never
+    frees its gradient). Traced: tests/data/framework_traces/litgpt_qlora.json.
+    Ignores: StableEmbedding's LayerNorm (h weights; its saved input, [T, h]).
+    """
+    numel = np.zeros_like(np.asarray(param_e, dtype=np.float64))
+    for t in full:
+        if t.tensor.group == "embed" and t.tensor.name.endswith("embed_tokens.weight"):
+            numel = numel + t.numel * t.count
+    return np.where(on, 2.0 * param_e * numel, 0.0)
 
 
 def lora_parameter_bytes(
@@ -192,19 +223,28 @@ def lora_parameter_bytes(
     return np.where(lora, base + adapter_e * adapters, base)
 
 
-def qlora_dequant_bytes(full: Sequence[LocalTensor], *, qlora, dp: np.ndarray) -> np.ndarray:
-    """The 16-bit copy of the largest dense linear weight QLoRA dequantises (a transient).
+def qlora_dequant_bytes(
+    full: Sequence[LocalTensor], *, qlora, dp: np.ndarray, every_linear=False
+) -> np.ndarray:
+    """The 16-bit copy of the largest dense linear weight QLoRA dequantises (a transient);
+    `every_linear` (FrameworkSpec qlora_every_linear): the quantised head's too.
 
     Source: bitsandbytes Linear4bit.forward (dequantize_4bit, then the 16-bit matmul; the same
     in backward).
     Assumes: MoE experts are not quantised this way (grouped experts are 3-D tensors).
     """
+    every = np.asarray(every_linear)
     max_linear = np.max(
         np.stack(
             [
                 np.broadcast_to(t.numel, dp.shape)
                 for t in full
                 if len(t.tensor.shape) == 2 and t.tensor.group in ("layer", "mlp")
+            ]
+            + [
+                np.broadcast_to(np.where(every & (t.count > 0), t.numel, 0.0), dp.shape)
+                for t in full
+                if len(t.tensor.shape) == 2 and t.tensor.group == "head"
             ]
             or [np.zeros_like(dp)]
         ),

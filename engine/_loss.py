@@ -108,7 +108,7 @@ def head_chunk_rows(T, b, chunk_tokens) -> np.ndarray:
 
 
 def head_chunked_loss_bytes(
-    m: ModelSpec, *, T, b, e, amp, chunk_tokens, loss_tp_div
+    m: ModelSpec, *, T, b, e, amp, chunk_tokens, loss_tp_div, cast_fp32=False
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(saved, held, forward transient, backward transient, largest block) bytes of a head run
     over chunks with a cross entropy per chunk (FrameworkSpec.head_chunk_tokens, LitGPT).
@@ -125,16 +125,21 @@ def head_chunked_loss_bytes(
     Source: litgpt 0.5.13 utils.py chunked_cross_entropy, model.py GPT.forward; torch
     aten/src/ATen/native/LossNLL.cpp cross_entropy_loss; autograd's ready queue (higher
     sequence numbers first). Traced: tests/data/framework_traces/litgpt_lora.json.
+    `cast_fp32` (FrameworkSpec logits_cast_fp32: Fabric's convert_output casts the returned
+    chunks to fp32): the held logits and every log-softmax fp32; in forward the 16-bit chunks
+    while they are cast, in backward each chunk's gradient cast back to 16 bits.
     Assumes: the logits are not soft-capped (Gemma 2's cap adds its own tensors per chunk).
     """
     v = m.vocab_size / loss_tp_div
     T = np.asarray(T, dtype=np.float64)
     rows = head_chunk_rows(T, b, chunk_tokens)
-    lp_e = np.where(amp, 4.0, e)  # log-probs: fp32 under autocast, else the logits' dtype
+    cast = np.asarray(cast_fp32)
+    upcast = np.asarray(amp) | cast
+    lp_e = np.where(upcast, 4.0, e)  # log-probs: fp32 under autocast or cast, else 16-bit
     saved = lp_e * T * v
-    held = LOOP_HELD_LOGITS * e * T * v
-    forward = np.where(amp, 4.0, 0.0) * rows * v
-    backward = (2.0 * lp_e + np.where(amp, e, 0.0)) * rows * v
+    held = LOOP_HELD_LOGITS * np.where(cast, 4.0, e) * T * v
+    forward = np.where(cast, e * T, np.where(amp, 4.0, 0.0) * rows) * v
+    backward = (2.0 * lp_e + np.where(upcast, e, 0.0)) * rows * v
     return saved, held, forward, backward, lp_e * rows * v
 
 

@@ -44,6 +44,7 @@ from ._frameworks import (
     FUSED_RMS_NORM,
     GQA_KV_EXPANDED,
     HEAD_CHUNK_TOKENS,
+    LOGITS_CAST_FP32,
     LOGITS_UPCAST_IN_MODEL,
     LORA_DROPOUT,
     LORA_QKV_ZERO_PAD,
@@ -216,6 +217,9 @@ class MicroBatch:
     norm_scale_fp32: np.ndarray
     rope_buffers_fp32: np.ndarray
     o_proj_input_kept: np.ndarray
+    logits_cast_fp32: np.ndarray
+    """The training loop's wrapper casts the chunked head's logits to fp32
+    (FrameworkSpec.logits_cast_fp32)."""
     capacity: np.ndarray
     softmax_in_place_loss: np.ndarray
     """The cross entropy's softmax and gradient live in its one fp32 copy (FrameworkSpec
@@ -304,6 +308,7 @@ def _stack_fields(fw: np.ndarray, c: dict[str, np.ndarray], loss: np.ndarray) ->
         "norm_scale_fp32": NORM_SCALE_FP32[fw],
         "rope_buffers_fp32": ROPE_BUFFERS_FP32[fw],
         "o_proj_input_kept": O_PROJ_INPUT_KEPT[fw],
+        "logits_cast_fp32": LOGITS_CAST_FP32[fw],
     }
 
 
@@ -656,6 +661,7 @@ def _head_chunked(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
         amp=x.amp,
         chunk_tokens=x.head_chunk_tokens,
         loss_tp_div=x.loss_tp_div,
+        cast_fp32=x.logits_cast_fp32,
     )
     out = {k: np.where(x.head_chunked, t, 0.0) for k, t in zip(names, terms, strict=True)}
     return {**out, "chunked": x.head_chunked, "wrapped": x.chunked_head}

@@ -31,7 +31,10 @@ from ._frameworks import (
     FP8_WEIGHT_CACHE,
     FSDP2_EMBEDDING_UNIT,
     LOAD_POLICY,
+    QLORA_DOUBLE_QUANT,
+    QLORA_EVERY_LINEAR,
     QLORA_KBIT_PREPARED,
+    QLORA_STABLE_EMBEDDING,
     state_shard_degree,
 )
 from ._load import load_buffer_bytes, load_host_bytes, load_policy
@@ -43,6 +46,8 @@ from ._lora import (
     lora_parameter_bytes,
     nf4_base_bytes,
     qlora_dequant_bytes,
+    qlora_quantised,
+    qlora_stable_embedding_bytes,
     rank_adapters,
 )
 from ._model import ModelSpec
@@ -167,13 +172,20 @@ def _parameter_bytes(x: RankLayout, param_e: np.ndarray, adapters: Adapters) -> 
     adapters."""
     sharded = x.zero >= ZERO_PARAMETERS
     base = rank_bytes(x.full, x.part, param_e, sharded)
+    every = QLORA_EVERY_LINEAR[x.fw]
     base_linear = rank_bytes(
-        x.full, x.part, param_e, sharded, where=lambda p: np.asarray(p.is_block_linear)
+        x.full, x.part, param_e, sharded, where=lambda p: qlora_quantised(p, every)
     )
-    nf4 = nf4_base_bytes(x.full, dp=x.dp, sharded=sharded)
+    nf4 = nf4_base_bytes(
+        x.full, dp=x.dp, sharded=sharded, every_linear=every,
+        double_quant=QLORA_DOUBLE_QUANT[x.fw],
+    )  # fmt: skip
+    kept = qlora_stable_embedding_bytes(
+        x.full, on=x.qlora & QLORA_STABLE_EMBEDDING[x.fw], param_e=param_e
+    )
     upcast = kbit_pure_16(x.prec, prepared=QLORA_KBIT_PREPARED[x.fw])
     qlora_base = kbit_prepared_base_bytes(base, base_linear, param_e=param_e, upcast=upcast)
-    return lora_parameter_bytes(
+    return kept + lora_parameter_bytes(
         np.where(x.qlora, qlora_base, base),
         base_linear,
         nf4,
@@ -240,6 +252,14 @@ def _optimizer_bytes(
         lora=x.lora,
     )
     return {"optimizer_states": optimizer_states, "optimizer_step_temporaries": step_temp}
+
+
+def _dequant(x: RankLayout) -> np.ndarray:
+    """QLoRA's dequantised weight in flight (qlora_dequant_bytes), over every Linear where the
+    framework quantises them all (FrameworkSpec.qlora_every_linear)."""
+    return qlora_dequant_bytes(
+        x.full, qlora=x.qlora, dp=x.dp, every_linear=QLORA_EVERY_LINEAR[x.fw]
+    )
 
 
 def _load_columns(x: RankLayout, c, param_e, parameters, *, resident) -> dict[str, np.ndarray]:
@@ -317,7 +337,7 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     fp8_cache = _fp8_cache(x)
     fsdp_active = x.fsdp2 & (x.dp > 1)
     fsdp_fwd, fsdp_bwd = _fsdp2_buffers(m, x, layer, active=fsdp_active, single_stage=c["pp"] <= 1)
-    dequant = qlora_dequant_bytes(x.full, qlora=x.qlora, dp=x.dp)
+    dequant = _dequant(x)
     grads_end, grads_top = _end_of_backward_gradients(
         m, x, grad_e, s["gradients"], fsdp_active, streams=ds["streams"]
     )

@@ -175,7 +175,8 @@ fc_1 = gate, fc_2 = up, proj = down)."""
 
 
 def estimate_litgpt(case: dict[str, Any], *, framework: str = "litgpt") -> dict[str, float]:
-    """A litgpt_lora.json case (a small Llama in litgpt.lora.GPT, rank 16, bf16-true)."""
+    """A litgpt_lora.json case (a small Llama in litgpt.lora.GPT, rank 16, bf16-true); a
+    litgpt_qlora.json case (it records quant_state_bytes) with --qlora."""
     targets = ",".join(LITGPT_TARGETS[k] for k, on in case["targets"].items() if on)
     return estimate_one(
         small_llama_spec(case["dims"]),
@@ -187,6 +188,7 @@ def estimate_litgpt(case: dict[str, Any], *, framework: str = "litgpt") -> dict[
         lora_targets=targets,
         recompute="full" if case["ac"] else "none",
         optimizer=case["optimizer"],
+        qlora="quant_state_bytes" in case,
     )
 
 
@@ -220,12 +222,13 @@ def traced_rows() -> list[dict[str, Any]]:
             f"llama small LoRA r{c['lora_rank']} ({adapted}), {c['precision']}, "
             f"AC {'on' if c['ac'] else 'off'}, dropout {c['lora_dropout']}, {shape}"
         )
-        got = estimate_litgpt(c)
-        # fit's list of bf16 logits is in the trace's activations; the engine counts it apart
-        # (alive in every phase, engine/_loss.py LOOP_HELD_LOGITS): compared as the trace does.
-        held = 2.0 * c["tokens"] * c["dims"]["vocab"]
-        got = {**got, "activations_total": got["activations_total"] + held}
-        out.append({**_traced(name, c, got), "framework": "litgpt"})
+        out.append({**_traced(name, c, _with_held_logits(c)), "framework": "litgpt"})
+    for c in json.loads((folder / "litgpt_qlora.json").read_text())["cases"]:
+        if c["bnb_saves_input"]:
+            continue  # bitsandbytes <= 0.43.0's MatMul4Bit, not modelled (docs/techniques.md)
+        adapted = "+".join(k.removeprefix("lora_") for k, on in c["targets"].items() if on)
+        name = f"llama small QLoRA bnb.nf4 r{c['lora_rank']} ({adapted}), bf16, AC off"
+        out.append({**_traced(name, c, _with_held_logits(c)), "framework": "litgpt"})
     big = json.loads((folder / "torchtitan_llama3_8b_fsdp.json").read_text())["cases"]
     for c in (c for c in big if c["silu_backward"] == "fused"):
         name = (
@@ -234,6 +237,15 @@ def traced_rows() -> list[dict[str, Any]]:
         )
         out.append(_traced(name, c, estimate_torchtitan_fsdp(c)))
     return out
+
+
+def _with_held_logits(c: dict[str, Any]) -> dict[str, float]:
+    """estimate_litgpt with fit's list of fp32 logits (Fabric's convert_output) added to the
+    activations: the trace counts it there, the engine apart (alive in every phase,
+    engine/_loss.py LOOP_HELD_LOGITS)."""
+    got = estimate_litgpt(c)
+    held = 4.0 * c["tokens"] * c["dims"]["vocab"]
+    return {**got, "activations_total": got["activations_total"] + held}
 
 
 def _traced(name: str, case: dict[str, Any], got: dict[str, float]) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 tests/data/framework_traces/litgpt_lora.json: litgpt.lora.GPT (a small Llama: fused qkv,
 LitGPT's RMSNorm, k/v repeated to the query heads) under bf16-true, LoRA rank 16 with LitGPT's
-default dropout 0.05, its fit loop's head over 128-token chunks and chunked_cross_entropy,
+default dropout 0.05, its fit loop's head over 128-token chunks (cast to fp32 by Fabric's
+convert_output) and chunked_cross_entropy,
 torch AdamW (foreach), traced on the fake CUDA device (make_litgpt_traces.py says how). No
 torch needed: the traced figures are data.
 """
@@ -31,9 +32,10 @@ def _case_id(c: dict[str, Any]) -> str:
 
 
 def _held_logits_bytes(c: dict[str, Any]) -> float:
-    """fit's list of bf16 logits: made in forward, so in the trace's activations; the engine
-    counts it apart (alive in every phase, engine/_loss.py LOOP_HELD_LOGITS)."""
-    return 2.0 * c["tokens"] * c["dims"]["vocab"]
+    """fit's list of logits, fp32 (Fabric's convert_output casts the chunks): made in forward,
+    so in the trace's activations; the engine counts it apart (alive in every phase,
+    engine/_loss.py LOOP_HELD_LOGITS)."""
+    return 4.0 * c["tokens"] * c["dims"]["vocab"]
 
 
 LAYER_TOLERANCE = 0.026
@@ -48,14 +50,15 @@ dropout; +4.7% with dropout off."""
 OUTSIDE_TOLERANCE = 0.0005
 """The head side: final norm's fp32 copy, each chunk's bf16 log-softmax, the held logits
 (+0.02%: int64 label chunks the engine counts once as [T])."""
-PEAK_TOLERANCE = 0.021
-"""Allocated peak (backward in every case): within 0.5% without checkpointing (the top
-block's MLP backward, with the held logits), +2.1% with it (the recompute moment is modelled on
-layer 0's end-of-backward transients)."""
-FORWARD_TOLERANCE = 0.02
-"""Forward peak without checkpointing: within 2% (the step's peak is in backward). With
-checkpointing the engine's checkpointed-block working set (FORWARD_WORKING_FREED_TF, read off
-transformers traces) is +13% over LitGPT's block; not asserted there."""
+PEAK_TOLERANCE = 0.036
+"""Allocated peak (forward without checkpointing: at the end of the head, fit's previous fp32
+logits, the new chunks and their fp32 casts alive together; backward with it): +1.7% to +2.2%
+with the default dropout, +3.6% with dropout off (the bool masks above), +1.9% with
+checkpointing (the recompute moment is modelled on layer 0's end-of-backward transients)."""
+FORWARD_TOLERANCE = 0.036
+"""Forward peak without checkpointing: +1.7% to +3.6% (as the peak). With checkpointing the
+engine's checkpointed-block working set (FORWARD_WORKING_FREED_TF, read off transformers
+traces) is +22% over LitGPT's block; not asserted there."""
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
@@ -84,7 +87,8 @@ def test_litgpt_lora_step(case: dict[str, Any]) -> None:
         assert abs(forward) <= FORWARD_TOLERANCE, forward
     peak = got["peak_allocated_bytes"] / case["peak_allocated_bytes"] - 1.0
     assert abs(peak) <= PEAK_TOLERANCE, peak
-    assert case["peak_phase"] == "backward" and got["peak_phase"] == 1.0
+    assert case["peak_phase"] == ("backward" if case["ac"] else "forward")
+    assert got["peak_phase"] == (1.0 if case["ac"] else 0.0)
     # The optimizer step holds fit's logits (and the fp32 rope buffers): within 0.1%.
     opt = got["peak_optimizer_step_bytes"] / case["peak_optimizer_step_bytes"] - 1.0
     assert abs(opt) <= 0.001, opt
@@ -115,14 +119,15 @@ def test_litgpt_lora_step_bf16_mixed(case: dict[str, Any]) -> None:
         assert abs(err) <= 0.03, (key, err)
 
 
-def test_litgpt_loss_keeps_16_bit_log_probs() -> None:
-    # What the trace shows chunked_cross_entropy keeps: one bf16 [b * 128, v] log-softmax per
-    # chunk (no fp32 copy), and the fit loop's bf16 logits; 8 chunks of 2 x 128 tokens here.
+def test_litgpt_loss_keeps_fp32_log_probs() -> None:
+    # What the trace shows chunked_cross_entropy keeps: one fp32 [b * 128, v] log-softmax per
+    # chunk (Fabric's convert_output cast the chunks to fp32 first), and the fit loop's fp32
+    # logits (the casts); 8 chunks of 2 x 128 tokens here.
     case = CASES[0]
     outside = case["saved_at_end_of_forward"]["outside"]
     log_probs = [s for s in outside if s.startswith("_log_softmax")]
     assert len(log_probs) == case["seq_len"] // case["lm_head_chunk_size"] == 8
-    assert all(" bfloat16 " in s for s in log_probs)
-    assert not any(" float32 " in s and "2048]" in s for s in outside)  # no fp32 [*, v]
-    logits = [s for s in outside if s.startswith("bmm")]
+    assert all(" float32 " in s for s in log_probs)
+    assert not any(" bfloat16 " in s and "2048]" in s for s in outside)  # no 16-bit [*, v]
+    logits = [s for s in outside if s.startswith("_to_copy") and s.split("]")[0].endswith("2048")]
     assert sum(int(s.rsplit(" ", 1)[1]) for s in logits) == _held_logits_bytes(case)

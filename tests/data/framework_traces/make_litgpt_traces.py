@@ -21,7 +21,10 @@ on CUDA). Forward: model(input_ids, lm_head_chunk_size=128); logits[-1] = logits
 chunked_cross_entropy(logits, targets[..., 1:]). fit keeps `logits` in a local variable until
 the next iteration's forward returns: the loss closure holds the list the same way and the step
 is warmed up by a whole step, so the measured step meets the previous logits as fit's second
-iteration does. `--precision bf16-mixed` (lightning MixedPrecision, litgpt's default when none
+iteration does. Fabric's _FabricModule.forward then casts the returned chunks to the default
+dtype, fp32, outside the precision's forward context (lightning 2.6.6 fabric/wrappers.py,
+plugins/precision/half.py and amp.py convert_output): fit holds, and chunked_cross_entropy
+reads, fp32 logits. `--precision bf16-mixed` (lightning MixedPrecision, litgpt's default when none
 is given: utils.py get_default_supported_precision(training=True)): an fp32 model under
 torch.autocast(bf16) (run_step's amp-bf16). AC: the FSDP path's parallelize_fn wraps every Block in
 checkpoint_wrapper(preserve_rng_state=False) (finetune/lora.py); traced on one device.
@@ -150,6 +153,7 @@ def trace(ac: bool, targets: dict, *, dropout: float = 0.05, micro_batch: int = 
 
         def loss(m, batch):  # fit's forward: the list of logits stays bound until the next
             logits = m(batch[0], lm_head_chunk_size=LM_HEAD_CHUNK_SIZE)
+            logits = [t.float() for t in logits]  # Fabric convert_output: the default dtype
             held["logits"] = logits  # forward returns (fit's `logits` local)
             logits[-1] = logits[-1][..., :-1, :]
             return chunked_cross_entropy(logits, batch[1][..., 1:])
@@ -226,6 +230,8 @@ def main() -> None:
                 "rebuilds them (model.max_seq_length = seq_len); parameters_bytes excludes them",
                 "the previous step's logits (fit's `logits` local) are alive until the "
                 "measured forward returns: the warm-up is a whole step",
+                "the logits are cast to fp32 as Fabric's convert_output does (lightning "
+                "2.6.6 fabric/wrappers.py _FabricModule.forward)",
             ],
         },
         "cases": cases,

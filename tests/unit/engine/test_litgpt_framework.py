@@ -72,19 +72,22 @@ def test_loss_of_128_token_chunks(job) -> None:
     # chunk's nll and log-softmax gradients in backward, none in forward; no fp32 [T, v].
     assert (saved[0], held[0]) == (2 * T * V, 2 * T * V)
     assert (forward[0], backward[0], block[0]) == (0, 2 * 2 * chunk, 2 * chunk)
-    # Outside the blocks: the final norm (x.float(), rsqrt), the log-probs, labels and loss
+    # Outside the blocks: the final norm (x.float(), rsqrt), the log-probs (fp32: Fabric's
+    # convert_output casts the chunks, FrameworkSpec.logits_cast_fp32), labels and loss
     # scalars; the fp32 rope buffers and the held logits are counted in every phase instead.
-    outside = 4 * T * H + 4 * T + 2 * T * V + 8 * T + 3 * SMALL_TENSOR_BYTES
+    outside = 4 * T * H + 4 * T + 4 * T * V + 8 * T + 3 * SMALL_TENSOR_BYTES
     assert job["litgpt"]["activations_outside_layers"] == outside
-    # hf: fp32 log-softmax [T, v] among the saved tensors, logits + fp32 copy as transients.
-    assert job["hf"]["activations_outside_layers"] - outside > 2 * T * V
+    # hf: the same fp32 log-softmax [T, v] among the saved tensors (logits + fp32 copy as
+    # transients); litgpt's fp32 logits are held apart, in every phase.
+    assert job["hf"]["activations_outside_layers"] > outside
 
 
 def test_litgpt_below_hf_on_this_job(job) -> None:
-    # Figures quoted in the brief's report (GiB of the device metric): hf 39.76, litgpt 33.89.
+    # Figures quoted in the brief's report (GiB of the device metric): hf 39.76, litgpt 33.89
+    # then; 35.46 since the chunk logits are cast to fp32 (Fabric's convert_output).
     hf, lit = job["hf"]["peak_device_bytes"], job["litgpt"]["peak_device_bytes"]
     assert round(hf / 2**30, 2) == 39.76
-    assert round(lit / 2**30, 2) == 33.89
+    assert round(lit / 2**30, 2) == 35.46
 
 
 def test_report_names_what_litgpt_keeps() -> None:
