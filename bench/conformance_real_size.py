@@ -16,18 +16,15 @@ Run: python -m bench.conformance --real-size [--all-rows] [--json FILE]
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT / "tests" / "data" / "real_size_traces.json"
-PRESETS = ROOT / "catalog" / "presets"
+from tests.real_size_cells import TRACES, estimate_cell_report, load_traces
 
 
 def real_size_cells(path: Path = TRACES) -> list[dict[str, Any]]:
     """The stored cells: {"cell", "flags", "measured"} each."""
-    return list(json.loads(path.read_text())["cells"])
+    return list(load_traces(path)["cells"])
 
 
 def cell_name(cell: dict[str, Any]) -> str:
@@ -40,25 +37,9 @@ def cell_name(cell: dict[str, Any]) -> str:
 
 def estimate_cell(flags: dict[str, Any]) -> dict[str, Any]:
     """The formulas' comparable figures for a cell's flags (trace_report's comparison)."""
-    from trainmem.report import estimate_report
     from trainmem.trace._report import _estimate_figures
 
-    report = estimate_report(
-        model=str(PRESETS / f"{flags['model']}.json"),
-        gpu="h100-sxm-80gb",
-        seq_len=flags["seq_len"],
-        micro_batch_size=flags["micro_batch_size"],
-        precision=flags["precision"],
-        optimizer=flags["optimizer"],
-        recompute=flags["recompute"],
-        attention=flags["attention"],
-        framework=flags["framework"],
-        num_gpus=flags["num_gpus"],
-        zero=flags["zero"],
-        tp=1,
-        sequence_parallel=False,
-    )
-    return _estimate_figures(report)
+    return _estimate_figures(estimate_cell_report(flags))
 
 
 def real_size_rows() -> list[dict[str, Any]]:

@@ -21,38 +21,15 @@ Only the estimate runs here (a few seconds); the traces are stored.
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Any
 
 import pytest
 
-from trainmem.report import estimate_report
+from tests.real_size_cells import PRESETS, estimate_cell_report, load_traces
 
-ROOT = Path(__file__).resolve().parents[2]
-DATA = json.loads((ROOT / "tests" / "data" / "real_size_traces.json").read_text())
+DATA = load_traces()
 CELLS = {cell["cell"]: cell for cell in DATA["cells"]}
-PRESETS = ROOT / "catalog" / "presets"
 PEAK_TOLERANCE = 0.03
 ACTIVATIONS_TOLERANCE = 0.02
-
-
-def estimate(flags: dict[str, Any]) -> dict[str, Any]:
-    """The engine's figures for a cell's flags (what `trainmem estimate --json` reports)."""
-    return estimate_report(
-        model=str(PRESETS / f"{flags['model']}.json"),
-        gpu="h100-sxm-80gb",
-        seq_len=flags["seq_len"],
-        micro_batch_size=flags["micro_batch_size"],
-        precision=flags["precision"],
-        optimizer=flags["optimizer"],
-        recompute=flags["recompute"],
-        attention=flags["attention"],
-        framework=flags["framework"],
-        num_gpus=flags["num_gpus"],
-        zero=flags["zero"],
-        tp=1,
-        sequence_parallel=False,
-    )
 
 
 def test_the_stored_traces_have_provenance() -> None:
@@ -68,7 +45,7 @@ def test_the_stored_traces_have_provenance() -> None:
 @pytest.mark.parametrize("name", sorted(n for n in CELLS if n.startswith("fsdp70b")))
 def test_fsdp2_full_recompute_at_real_size(name: str) -> None:
     cell = CELLS[name]
-    measured, report = cell["measured"], estimate(cell["flags"])
+    measured, report = cell["measured"], estimate_cell_report(cell["flags"])
     for key, trace_key in (
         ("parameters", "parameters_bytes"),
         ("gradients", "gradients_bytes"),
@@ -93,7 +70,7 @@ def test_fsdp2_full_recompute_at_real_size(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(n for n in CELLS if n.startswith("swa")))
 def test_sliding_window_at_its_length(name: str) -> None:
     cell = CELLS[name]
-    measured, report = cell["measured"], estimate(cell["flags"])
+    measured, report = cell["measured"], estimate_cell_report(cell["flags"])
     assert report["bytes"]["activations"] == pytest.approx(
         measured["activations_bytes"], rel=ACTIVATIONS_TOLERANCE
     )
