@@ -262,13 +262,6 @@ def _dequant(x: RankLayout) -> np.ndarray:
     )
 
 
-def _load_columns(x: RankLayout, c, param_e, parameters, *, resident) -> dict[str, np.ndarray]:
-    """The load phase's state columns (_load_terms): its device peak over the resident
-    parameters, and its host bytes."""
-    load = _load_terms(x, c, param_e, parameters, resident=resident)
-    return {"load_peak": resident + load["buffer"], "load_host_bytes": load["host"]}
-
-
 def _end_of_backward_gradients(
     m: ModelSpec, x: RankLayout, grad_e: np.ndarray, gradients: np.ndarray, fsdp_active, *, streams
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -350,7 +343,7 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     held = s["parameters"] + s["master_weights"] + s["optimizer_states"]
     return {
         **s,
-        **_load_columns(x, c, param_e, states["parameters"], resident=s["parameters"]),
+        **_load_terms(x, c, param_e, states["parameters"], resident=s["parameters"]),
         "persistent": held + ds["buffers"] + fp8_cache,
         "fp8_weight_cache": fp8_cache,
         "fsdp_fwd": fsdp_fwd + dequant,
@@ -397,7 +390,8 @@ def _offloaded(
 def _load_terms(
     x: RankLayout, c: dict[str, np.ndarray], param_e, parameters, *, resident
 ) -> dict[str, np.ndarray]:
-    """The load phase's GPU buffer and host bytes of the rank (engine/_load.py), from its model
+    """The load phase's state columns (engine/_load.py): `load_peak`, the resident parameters
+    and the load's GPU buffer, and `load_host_bytes`, from the rank's model
     slice: the unsharded tensors of its tp/pp part in the parameters' dtype (LoRA: the rank's
     `parameters`, base and adapters, times the shard degree where ZeRO-3 shards them);
     `resident`: the parameter bytes the GPU keeps (none of the offloaded ones).
@@ -420,7 +414,10 @@ def _load_terms(
         largest_tensor_bytes=param_e * largest,
         shard_degree=np.where(sharded, x.dp, 1.0),
     )
-    return {"buffer": buffer, "host": load_host_bytes(mode, slice_bytes=slice_bytes)}
+    return {
+        "load_peak": resident + buffer,
+        "load_host_bytes": load_host_bytes(mode, slice_bytes=slice_bytes),
+    }
 
 
 def _fp8_cache(x: RankLayout) -> np.ndarray:
