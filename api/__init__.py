@@ -12,6 +12,8 @@ line, as functions (each returns what `trainmem VERB --json` prints):
 >>> trainmem.fit(config, model="llama-3.1-8b")["max_micro_batch_size"]
 3
 
+`trainmem.check(files)` reads a job's own config files (torchtune,
+LitGPT, HF / TRL, accelerate, DeepSpeed, torchtitan, Megatron) and answers as estimate does.
 `trainmem.sweep(...)` searches a fleet (it is also the `trainmem.sweep` package, callable),
 `trainmem.recommend(...)` plans a job with its launch configs; `load_model` and `load_gpu` read
 presets, Hugging Face config.json files and GPU profiles. Sizes are bytes; GiB = 2**30.
@@ -30,6 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "TrainingConfig",
+    "check",
     "estimate",
     "fit",
     "load_gpu",
@@ -53,6 +56,29 @@ def estimate(training: TrainingConfig | dict[str, Any] | None = None, /, **optio
     from trainmem.report import estimate_report
 
     return estimate_report(training, **options)
+
+
+def check(files: Any, /, **options: Any) -> dict:
+    """A job's own config files in, estimate's report out, plus what was read and from where.
+
+    `files`: paths (a list, or one path), or a mapping of file name -> the file's text (as
+    `POST /v1/check` takes them). `options`: any `trainmem check` flag (stack, fleet, fix, model,
+    gpu, training fields...); a flag overrides the files. Same keys as `trainmem check --json`.
+
+    >>> r = check({"ds.json": '{"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true}}'},
+    ...           model="llama-3.2-1b")
+    >>> r["read"]["micro_batch_size"], r["config"]["framework"]
+    ({'value': 2, 'from': 'file:train_micro_batch_size_per_gpu', 'file': 'ds.json'}, 'deepspeed')
+    """
+    from trainmem.stacks import check_report, read_files
+    from trainmem.stacks._check import base_dir_of
+
+    if isinstance(files, (str, bytes)) or hasattr(files, "__fspath__"):
+        files = [files]
+    if isinstance(files, dict):
+        return check_report(files, **options)
+    paths = [str(f) for f in files]
+    return check_report(read_files(paths), base_dir=base_dir_of(paths), **options)
 
 
 def fit(training: TrainingConfig | dict[str, Any] | None = None, /, **options: Any) -> dict:

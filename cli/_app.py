@@ -34,6 +34,7 @@ LAZY_COMMANDS = {
     "recommend": "._recommend",
     "serve": "._serve",
     "heatmap": "._heatmap",
+    "check": "._check",
 }
 """Commands built from their module (its `register(app)`) when named, after this file's own
 (in this order in `--help`): `trainmem estimate` neither imports what they run (polars, Optuna,

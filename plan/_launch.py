@@ -99,7 +99,7 @@ def _summary(plan: dict[str, Any]) -> str:
 
 DEEPSPEED_OPTIMIZERS: dict[str, dict[str, Any]] = {
     "adamw": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8,
-                                          "weight_decay": 0.1}},
+                                          "weight_decay": 0.1, "torch_adam": True}},
     "adamw-fused": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8,
                                                 "weight_decay": 0.1}},
     "sgd": {"type": "SGD", "params": {"lr": 1e-2, "momentum": 0.0, "weight_decay": 0.0}},
@@ -107,8 +107,11 @@ DEEPSPEED_OPTIMIZERS: dict[str, dict[str, Any]] = {
     "lion": {"type": "Lion", "params": {"lr": 1e-4, "betas": [0.9, 0.99], "weight_decay": 0.1}},
     "adafactor": {"type": "Adafactor", "params": {"lr": 1e-2}},
 }  # fmt: skip
-"""`optimizer` blocks by trainmem optimizer (learning rates are placeholders). DeepSpeed builds
-Adam/AdamW/Lion itself (CPU variants under offload) and any other type as
+"""`optimizer` blocks by trainmem optimizer (learning rates are placeholders). `adamw` is torch's
+AdamW (foreach; `torch_adam`, which deepspeed 0.19.8 runtime/engine.py get_optimizer_configuration
+reads first), `adamw-fused` DeepSpeed's FusedAdam (no foreach temporaries). DeepSpeed builds
+Adam/AdamW/Lion itself (CPU variants under offload, where `torch_adam` is not written: the
+states are on the host either way) and any other type as
 getattr(torch.optim, type) (deepspeed/runtime/engine.py _configure_basic_optimizer; Adafactor
 needs torch >= 2.5). Others (adamw-8bit, user optimizers) are passed to deepspeed.initialize by
 the script: no block, and `zero_allow_untested_optimizer`."""
@@ -148,6 +151,8 @@ def deepspeed_config(plan: dict[str, Any]) -> dict[str, Any]:
         cfg["zero_allow_untested_optimizer"] = True
     else:
         cfg["optimizer"] = json.loads(json.dumps(block))  # a copy
+        if plan["offload"] != "none":
+            cfg["optimizer"]["params"].pop("torch_adam", None)
     z: dict[str, Any] = {"stage": zero}
     if zero >= 1:
         z.update(overlap_comm=True, reduce_bucket_size=h * h)
@@ -568,7 +573,10 @@ def accelerate_config(plan: dict[str, Any]) -> str:
     fsdp: dict[str, Any] = {
         "fsdp_activation_checkpointing": plan["recompute"] == "full",
         "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-        "fsdp_cpu_ram_efficient_loading": True,
+        # The load the plan was estimated with: meta-init is accelerate's cpu_ram_efficient
+        # loading (rank 0 reads, broadcasts per tensor); the hf stack's own default (`--load
+        # auto`) is a whole CPU model that fully_shard moves to the GPUs (engine/_load.py).
+        "fsdp_cpu_ram_efficient_loading": plan.get("load") == "meta-init",
         "fsdp_offload_params": plan["offload"] == "optimizer+params",
         "fsdp_reshard_after_forward": SHARDING[zero] if version == 1 else zero == 3,
         "fsdp_sharding_strategy": SHARDING[zero],
@@ -675,6 +683,11 @@ master parameters stay training.dtype float32)."""
 TORCHTITAN_COMPILE = {"blocks": "model", "blocks+loss": "model,loss"}
 
 
+TORCHTITAN_ADAMW = {"adamw": "foreach", "adamw-fused": "fused"}
+"""torchtitan 0.3.0 components/optimizer/optimizer.py Config.implementation (foreach,
+fused: torch.optim.AdamW(foreach=True | fused=True)) of a plan's optimizer."""
+
+
 def torchtitan_args(plan: dict[str, Any]) -> list[list[str]]:
     """torchtitan 0.3.0 `torchtitan.train` overrides (torchtitan/config/manager.py ConfigManager:
     --section.field flags over the --module/--config function's Trainer.Config), grouped by
@@ -721,6 +734,14 @@ def torchtitan_args(plan: dict[str, Any]) -> list[list[str]]:
                 "Interleaved1F1B",
                 "--parallelism.pipeline_parallel_layers_per_stage",
                 layers // (pp * plan["virtual_stages"]),
+                # Even stages, as estimated: torchtitan 0.3.0 otherwise counts the embedding
+                # and the head as one layer each (distributed/pipeline_parallel.py,
+                # config/configs.py pipeline_parallel_{first,last}_stage_less_layers = 1) and
+                # refuses a stage count that pp does not divide.
+                "--parallelism.pipeline_parallel_first_stage_less_layers",
+                0,
+                "--parallelism.pipeline_parallel_last_stage_less_layers",
+                0,
             ]
         else:
             parallel += ["--parallelism.pipeline_parallel_schedule", "1F1B"]
@@ -733,6 +754,9 @@ def torchtitan_args(plan: dict[str, Any]) -> list[list[str]]:
         plan["seq_len"],
     ]
     numerics: list[Any] = ["--training.mixed_precision_param", precision]
+    implementation = TORCHTITAN_ADAMW.get(plan["optimizer"])
+    if implementation:  # the AdamW the plan was estimated with (0.3.0's own default: fused)
+        numerics += ["--optimizer.implementation", implementation]
     if pp > 1:  # CUDA graphs do not run pipelines (Trainer.Config._validate_cuda_graphs)
         numerics.append("--training.disable_cuda_graphs")
     components = TORCHTITAN_COMPILE.get(plan.get("compile", "none"))

@@ -6,6 +6,8 @@
     POST /v1/fit           the fit flags -> `trainmem fit --json`
     POST /v1/recommend     the recommend flags -> `trainmem recommend --format json`
                            (+ `launch`: the rendered config when `format` is not json)
+    POST /v1/check         {"files": {NAME: TEXT}} + any check flag -> `trainmem check --json`
+                           (HTTP 200 whether it fits or not: read `fits`)
     GET  /openapi.json     the schema (FastAPI), /docs its browsable form
 
 The request models are generated from the commands' declared options (trainmem.report.Option:
@@ -49,7 +51,16 @@ from trainmem.sweep import FIT_OPTIONS
 
 from ._asgi import Guard, logger
 from ._fleet import MAX_POOLS, inline_pools, pool_model
-from ._work import Busy, Runner, WorkerFault, WorkLimit, estimate_work, fit_work, recommend_work
+from ._work import (
+    Busy,
+    Runner,
+    WorkerFault,
+    WorkLimit,
+    check_work,
+    estimate_work,
+    fit_work,
+    recommend_work,
+)
 
 SERVER_FIELDS = ("hardware_dir", "models_dir", "optimizers_dir")
 """Command options the server fixes at start-up; a request cannot name a path."""
@@ -312,7 +323,38 @@ def create_app(
     app.post("/v1/estimate")(estimate)
     app.post("/v1/fit")(fit)
     _add_recommend(app, choices=choices, dirs=dirs, limits=limits, run=run)
+    _add_check(app, choices=choices, dirs=dirs, run=run)
     return app
+
+
+MAX_FILES = 16
+MAX_FILE_NAME_CHARS = 256
+
+
+def _add_check(
+    app: Any, *, choices: Mapping[str, tuple[str, ...]], dirs: Mapping[str, str | None], run: Runner
+) -> None:
+    from pydantic import Field
+
+    from trainmem.stacks._options import CHECK_OPTIONS
+
+    files_type = Annotated[
+        dict[Annotated[str, Field(min_length=1, max_length=MAX_FILE_NAME_CHARS)], str],
+        Field(min_length=1, max_length=MAX_FILES),
+    ]
+    files_option = Option(name="files", type=dict, default=..., help="File name -> its text.")
+    CheckRequest = request_model(
+        "CheckRequest", [files_option, *CHECK_OPTIONS], choices=choices, types={"files": files_type}
+    )
+
+    def check(body: CheckRequest) -> dict[str, Any]:  # type: ignore[valid-type]
+        """`trainmem check --json` of the job's config files (their names and texts): the
+        estimate, what was read and from where, `unmodelled`, `warnings` (and `fix`)."""
+        fields = {**body.model_dump(), **dirs}  # type: ignore[attr-defined]
+        check_overheads(fields["overhead"])
+        return run(check_work, fields)  # type: ignore[no-any-return]
+
+    app.post("/v1/check")(check)
 
 
 def _add_recommend(

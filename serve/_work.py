@@ -211,3 +211,12 @@ class Runner:
         """Stop every worker (the server's shutdown)."""
         for slot in self.slots:
             slot.stop()
+
+
+def check_work(fields: dict[str, Any]) -> dict[str, Any]:
+    """`trainmem check --json` of the files' texts in `fields["files"]` (a model name never
+    reads a server file: local_paths False)."""
+    from trainmem.stacks import check_report
+
+    files = fields.pop("files")
+    return jsonable(check_report(files, local_paths=False, **fields))

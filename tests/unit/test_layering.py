@@ -1,9 +1,10 @@
 """The import graph keeps the layering: every arrow points one way (down this table).
 
     cli      -> anything below (the command line; nothing imports it)
-    serve    -> plan, sweep, report, results, engine, hardware (the HTTP face)
-    api      -> plan, sweep, trace, report, results, engine, hardware (`import trainmem`)
+    serve    -> stacks, plan, sweep, report, results, engine, hardware (the HTTP face)
+    api      -> stacks, plan, sweep, trace, report, results, engine, hardware (`import trainmem`)
     plan     -> sweep, report, results, engine, hardware (recommendations, launch configs)
+    stacks   -> report, catalog, engine, hardware (`check`: a job's own config files read)
     trace    -> report, engine, hardware (fake-tensor training steps)
     sweep    -> report, results, engine, hardware (space, searches, fit)
     report   -> engine, hardware (one configuration's answer)
@@ -36,6 +37,7 @@ FOLDERS = {
     "report": "trainmem.report",
     "results": "trainmem.results",
     "serve": "trainmem.serve",
+    "stacks": "trainmem.stacks",
     "sweep": "trainmem.sweep",
     "trace": "trainmem.trace",
 }
@@ -55,10 +57,22 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "sweep": ("report", "results", "catalog", "engine", "hardware"),
     "trace": ("report", "catalog", "engine", "hardware"),
     "plan": ("sweep", "report", "results", "catalog", "engine", "hardware"),
-    "api": ("plan", "sweep", "trace", "report", "results", "catalog", "engine", "hardware"),
-    "serve": ("plan", "sweep", "report", "results", "catalog", "engine", "hardware"),
+    "stacks": ("report", "catalog", "engine", "hardware"),
+    "api": (
+        "stacks",
+        "plan",
+        "sweep",
+        "trace",
+        "report",
+        "results",
+        "catalog",
+        "engine",
+        "hardware",
+    ),
+    "serve": ("stacks", "plan", "sweep", "report", "results", "catalog", "engine", "hardware"),
     "cli": (
         "serve",
+        "stacks",
         "plan",
         "sweep",
         "trace",

@@ -67,7 +67,18 @@ def test_import_trainmem_loads_nothing_heavy() -> None:
     assert loaded.strip() == "[]", loaded
 
 
-SUBPACKAGES = ("cli", "engine", "hardware", "plan", "report", "results", "serve", "sweep", "trace")
+SUBPACKAGES = (
+    "cli",
+    "engine",
+    "hardware",
+    "plan",
+    "report",
+    "results",
+    "serve",
+    "stacks",
+    "sweep",
+    "trace",
+)
 
 
 def _undocumented(module: types.ModuleType) -> list[str]:

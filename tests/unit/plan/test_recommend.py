@@ -681,7 +681,10 @@ def test_accelerate_config_runs_accelerate_launch(fsdp, tmp_path, monkeypatch) -
         for key, value in env.items():
             if key.startswith(("FSDP_", "ACCELERATE_")):
                 monkeypatch.setenv(key, value)
-        assert env["FSDP_SYNC_MODULE_STATES"] == env["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "true"
+        # The plan's load: the hf stack's own (a whole CPU model sharded by fully_shard), not
+        # accelerate's rank-0 broadcast (engine/_load.py).
+        assert env["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "false"
+        assert env["FSDP_SYNC_MODULE_STATES"] == "true"  # accelerate launch's default
         for key in ("FSDP_SYNC_MODULE_STATES", "FSDP_CPU_RAM_EFFICIENT_LOADING"):
             monkeypatch.setenv(key, "false")  # with these FSDP1 wants a GPU at construction
         plugin = FullyShardedDataParallelPlugin()

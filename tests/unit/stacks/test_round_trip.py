@@ -1,0 +1,110 @@
+"""Every launch config `recommend` writes is read back by `check` to the plan it was rendered
+from: the layout, batch, precision, recompute and offload fields, and the same peak.
+
+Flags are given only for what a format does not carry: the GPU (but for sbatch's --gres), the
+model (a DeepSpeed JSON, an accelerate config, a Trainer launch line name none), the sequence
+length and the Trainer's batch arguments where they are a comment of the file. Megatron runs Adam
+fused (megatron/core/optimizer/__init__.py: Transformer Engine's or apex's FusedAdam; there is no
+foreach AdamW to ask for), so a Megatron plan of torch's AdamW reads back as adamw-fused: the
+peak is compared with the plan's optimizer given as the flag, and the difference is said here
+rather than hidden.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import trainmem
+from trainmem.plan import render
+from trainmem.stacks import check_report
+
+FIELDS = ("num_gpus", "tp", "pp", "cp", "zero", "micro_batch_size", "precision", "recompute",
+          "offload", "framework")  # fmt: skip
+
+JOBS = {
+    "deepspeed": dict(model="llama-3.2-1b", fleet="8xh100-sxm-80gb", framework="deepspeed",
+                      seq_len=2048, global_batch_size=64),
+    "deepspeed-offload": dict(model="llama-3.1-8b", fleet="2xa10g", framework="deepspeed",
+                              seq_len=1024, global_batch_size=16, max_pp=1, max_cp=1),
+    "megatron": dict(model="llama-3.1-8b", fleet="16xh100-sxm-80gb", framework="megatron",
+                     seq_len=4096, global_batch_size=256),
+    "hf": dict(model="llama-3.2-1b", fleet="8xh100-sxm-80gb", framework="hf", seq_len=2048,
+               global_batch_size=64),
+    "torchtitan": dict(model="llama-3.1-8b", fleet="8xh100-sxm-80gb", framework="torchtitan",
+                       seq_len=8192, global_batch_size=64),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def plans() -> dict[str, dict[str, Any]]:
+    return {name: trainmem.recommend(**job) for name, job in JOBS.items()}
+
+
+def _trainer_flags(plan: dict[str, Any], job: dict[str, Any]) -> dict[str, Any]:
+    """What a Trainer script's own arguments say (the model, the length, the batch)."""
+    gbs = plan["micro_batch_size"] * plan["grad_accum_steps"] * plan["dp"]
+    return {"model": job["model"], "seq_len": job["seq_len"], "global_batch_size": gbs}
+
+
+CASES = [
+    ("deepspeed", "deepspeed", ("deepspeed",)),
+    ("deepspeed-offload", "deepspeed", ("deepspeed",)),
+    ("deepspeed", "deepspeed", ("torchrun", "deepspeed")),
+    ("deepspeed", "deepspeed", ("slurm", "deepspeed")),
+    ("megatron", "megatron", ("torchrun",)),
+    ("megatron", "megatron", ("slurm",)),
+    ("hf", "accelerate", ("accelerate",)),
+    ("torchtitan", "torchtitan", ("torchtitan",)),
+]
+NAMES = {"deepspeed": "ds_config.json", "torchrun": "run.sh", "slurm": "job.sbatch",
+         "accelerate": "accelerate.yaml", "torchtitan": "train.sh"}  # fmt: skip
+
+
+def _id(value: Any) -> str:
+    return "+".join(value) if isinstance(value, tuple) else str(value)
+
+
+@pytest.mark.parametrize(("job", "stack", "formats"), CASES, ids=_id)
+def test_recommend_reads_back_to_its_plan(
+    plans: dict[str, dict[str, Any]], job: str, stack: str, formats: tuple[str, ...]
+) -> None:
+    plan = plans[job]
+    assert plan["fits"]
+    files = {NAMES[f]: render(plan, f) for f in formats}
+    flags: dict[str, Any] = {}
+    if job.startswith("deepspeed") or job == "hf":
+        flags = _trainer_flags(plan, JOBS[job])
+    if formats == ("deepspeed",):
+        flags["num_gpus"] = plan["num_gpus"]  # a DeepSpeed JSON alone says no GPU count
+    if job == "hf":
+        flags["micro_batch_size"] = plan["micro_batch_size"]  # a comment of the YAML
+    if job == "megatron":
+        flags["optimizer"] = plan["optimizer"]  # see the module docstring
+    if "slurm" not in formats:
+        flags["gpu"] = plan["gpu"]  # only an sbatch script's --gres names the GPU
+    report = check_report(files, **flags)
+    assert report["stack"] == stack
+    assert report["unmodelled"] == []
+    for field in FIELDS:
+        assert report["config"][field] == plan[field], field
+        if field not in flags:
+            assert (
+                report["read"][field]["from"] != "trainmem-default"
+                or plan[field] == (report["read"][field]["value"])
+            ), field
+    gbs = plan["micro_batch_size"] * plan["grad_accum_steps"] * plan["dp"]
+    assert report["config"]["global_batch_size"] in (0, gbs)
+    assert report["config"]["optimizer"] == plan["optimizer"]
+    assert report["peak_device_bytes"] == pytest.approx(plan["peak_device_bytes"], abs=1)
+
+
+def test_megatron_plan_reads_back_as_fused_adam(plans: dict[str, dict[str, Any]]) -> None:
+    """Without the flag, the Megatron script reads back as what Megatron runs."""
+    plan = plans["megatron"]
+    report = check_report({"run.sh": render(plan, "torchrun")})
+    assert report["read"]["optimizer"]["value"] == "adamw-fused"
+    # Fused: no foreach temporaries at the step, a device step counter per tensor; the peak of
+    # this plan is not at the step, so they differ by the counters only.
+    assert report["peak_device_bytes"] == pytest.approx(plan["peak_device_bytes"], rel=1e-5)
