@@ -69,7 +69,9 @@ def _command() -> Any:
     files = inspect.Parameter(
         "files",
         inspect.Parameter.KEYWORD_ONLY,
-        annotation=Annotated[list[str], typer.Argument(help="The job's config files.")],
+        annotation=Annotated[
+            list[str], typer.Argument(metavar="FILE", help="The job's config files.")
+        ],
     )
     parameters = [files, *(typer_parameter(o) for o in CHECK_OPTIONS)]
     run.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]

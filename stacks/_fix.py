@@ -90,7 +90,14 @@ KEYS: dict[str, dict[str, Edit]] = {
         "recompute": _when("--recompute-granularity", "full", "full"),
         "tp": _key("--tensor-model-parallel-size"),
         "pp": _key("--pipeline-model-parallel-size"),
-        "zero": _when("--use-distributed-optimizer", 1, True),
+        # ZeRO 1: the distributed optimizer; 2 and 3: Megatron-FSDP's sharding levels
+        # (megatron/training/arguments.py --data-parallel-sharding-strategy, with
+        # --use-megatron-fsdp), as plan/_launch.py megatron_args writes them.
+        "zero": lambda z: {
+            1: ("--use-distributed-optimizer", True),
+            2: ("--data-parallel-sharding-strategy", "optim_grads"),
+            3: ("--data-parallel-sharding-strategy", "optim_grads_params"),
+        }.get(z),
         "sequence_parallel": _when("--sequence-parallel", True, True),
     },
 }

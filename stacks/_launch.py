@@ -289,17 +289,34 @@ def detect(doc: Doc) -> int:
     return 5 if _sbatch_gpus(script) or gpu_of(script) else 0
 
 
+ALLOC_CONF = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+"""The caching allocator's settings (torch c10/cuda/CUDAAllocatorConfig.cpp reads both, the
+second since torch 2.9)."""
+
+
+def read_allocator(doc: Doc, reading: Reading, script: Script) -> None:
+    """allocator expandable-segments when the launched command sees
+    `expandable_segments:True` in the allocator's settings (what `recommend` exports)."""
+    for command in script.commands:
+        for name in ALLOC_CONF:
+            value = command.env.get(name)
+            if isinstance(value, str) and "expandable_segments:true" in value.lower():
+                reading.put("allocator", "expandable-segments", doc, name)
+                return
+
+
 def read(doc: Doc, reading: Reading) -> None:
     script = parse_script(doc.text)
     found = gpus_of(doc, reading, script)
     if found is not None:
         reading.put("num_gpus", found[0], doc, found[1])
     read_gpu(doc, reading, script)
+    read_allocator(doc, reading, script)
 
 
 STACK = Stack(
     name="launch",
-    version="torch 2.x torchrun",
+    version="torch 2.13 (torchrun, srun, deepspeed, accelerate launch)",
     framework="hf",
     detect=detect,
     read=read,

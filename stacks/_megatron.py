@@ -586,12 +586,13 @@ def read(doc: Doc, reading: Reading) -> None:
     read_unmodelled(doc, reading, args)
     read_model(doc, reading, args)
     if script is not None:
-        from ._launch import gpus_of, read_gpu
+        from ._launch import gpus_of, read_allocator, read_gpu
 
         gpus = gpus_of(doc, reading, script)
         if gpus is not None:
             reading.put("num_gpus", gpus[0], doc, gpus[1])
         read_gpu(doc, reading, script)
+        read_allocator(doc, reading, script)
     elif not reading.has("num_gpus"):
         reading.warn(
             f"{doc.name}: the GPU count is the test recipe's, not this file's; give --num-gpus"

@@ -52,7 +52,10 @@ def test_reads_each_file(name: str) -> None:
     launch_read(doc, reading)
     got = {k: (r.value, r.origin) for k, r in reading.fields.items()}
     want = EXPECTED[name]
-    assert got == ({} if want is None else {"num_gpus": (want[0], f"file:{want[1]}")})
+    expected = {} if want is None else {"num_gpus": (want[0], f"file:{want[1]}")}
+    if name == "torchtitan_run_train.sh":  # PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True"
+        expected["allocator"] = ("expandable-segments", "file:PYTORCH_CUDA_ALLOC_CONF")
+    assert got == expected
 
 
 @pytest.mark.parametrize("name", sorted(set(EXPECTED) - CLAIMED_BY_TORCHTITAN))
@@ -147,3 +150,20 @@ def test_check_report_with_a_launch_file_equals_estimate() -> None:
     assert (
         report["peak_device_bytes"] == trainmem.estimate(model="gpt2", **flags)["peak_device_bytes"]
     )
+
+
+def test_allocator_setting_of_the_launched_command() -> None:
+    """`export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (what recommend writes) before
+    the launcher: allocator expandable-segments, at that variable."""
+    text = (
+        "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n"
+        "torchrun --nnodes 1 --nproc_per_node 8 train.py\n"
+    )
+    reading = Reading(stack="hf", stack_version="x")
+    launch_read(parse("run.sh", text), reading)
+    assert reading.get("num_gpus") == 8
+    assert reading.get("allocator") == "expandable-segments"
+    assert reading.fields["allocator"].origin == "file:PYTORCH_CUDA_ALLOC_CONF"
+    plain = Reading(stack="hf", stack_version="x")
+    launch_read(parse("run.sh", text.replace("True", "False")), plain)
+    assert not plain.has("allocator")
