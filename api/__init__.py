@@ -12,7 +12,7 @@ line, as functions (each returns what `trainmem VERB --json` prints):
 >>> trainmem.fit(config, model="llama-3.1-8b")["max_micro_batch_size"]
 3
 
-`trainmem.check(files)` reads a job's own config files (torchtune,
+`trainmem.check(files)` reads a job's own config files (torchtune, axolotl, LLaMA-Factory,
 LitGPT, HF / TRL, accelerate, DeepSpeed, torchtitan, Megatron) and answers as estimate does.
 `trainmem.sweep(...)` searches a fleet (it is also the `trainmem.sweep` package, callable),
 `trainmem.recommend(...)` plans a job with its launch configs; `load_model` and `load_gpu` read

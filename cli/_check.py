@@ -1,5 +1,5 @@
-"""`trainmem check FILE [FILE ...]`: a job's own config files in (torchtune,
-LitGPT, HF / TRL, accelerate, DeepSpeed, torchtitan, Megatron, launch lines),
+"""`trainmem check FILE [FILE ...]`: a job's own config files in (torchtune, axolotl,
+LLaMA-Factory, LitGPT, HF / TRL, accelerate, DeepSpeed, torchtitan, Megatron, launch lines),
 estimate's answer out, with what was read and from where (trainmem.stacks).
 
 Exit codes: 0 fits, 1 does not fit, 2 bad input (one line on stderr naming the file and key).

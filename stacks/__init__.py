@@ -1,6 +1,6 @@
 """`trainmem check`: a training job's own config files, read and estimated.
 
-The readers cover torchtune, LitGPT, HF Trainer / TRL, accelerate,
+The readers cover torchtune, axolotl, LLaMA-Factory, LitGPT, HF Trainer / TRL, accelerate,
 DeepSpeed, torchtitan, Megatron and launch lines; every field keeps where it came from.
 """
 

@@ -69,7 +69,9 @@ DEEPSPEED_FILES = {
     "zero3_bf16.json": Shipped(3, "none", _Z3),
     "zero3_bf16_cpuoffload_all.json": Shipped(3, "optimizer+params", _Z3),
     "zero3_bf16_cpuoffload_params.json": Shipped(
-        3, "none", f"offload_param cpu without offload_optimizer (parameters offloaded alone); {_Z3}"
+        3,
+        "none",
+        f"offload_param cpu without offload_optimizer (parameters offloaded alone); {_Z3}",
     ),
 }
 """axolotl 0.18.0 deepspeed_configs/*.json: stage, offload and what trainmem does not model. All
@@ -324,8 +326,9 @@ def _fsdp_config(
 def _parallel(data: Mapping[str, Any], doc: Doc, reading: Reading) -> None:
     """The N-D parallel sizes (schemas/config.py): tp (transformers tp_plan), cp (ring
     attention), the FSDP shard group."""
-    for key, field in (("tensor_parallel_size", "tp"), ("context_parallel_size", "cp"),
-                       ("sequence_parallel_degree", "cp"), ("dp_shard_size", "dp_shard")):  # fmt: skip
+    sizes = (("tensor_parallel_size", "tp"), ("context_parallel_size", "cp"),
+             ("sequence_parallel_degree", "cp"), ("dp_shard_size", "dp_shard"))  # fmt: skip
+    for key, field in sizes:
         if data.get(key) is not None:
             value = as_int(doc, key, data[key], ge=1)
             if value > 1:
@@ -359,12 +362,15 @@ def _adapter(data: Mapping[str, Any], doc: Doc, reading: Reading) -> None:
         reading.put("qlora", True, doc, "adapter")
     elif four:
         reading.put("qlora", True, doc, "load_in_4bit")
+    if reading.get("qlora") and (reading.get("zero", 0) > 0):
+        reading.warn(f"{doc.name}: QLoRA sharded: axolotl skips prepare_model_for_kbit_training "
+                     "(loaders/model.py), unquantised layers stay 16-bit; trainmem's hf QLoRA "
+                     "counts them in fp32 (an over-estimate)")  # fmt: skip
     for key, why in (("peft_use_dora", "DoRA magnitudes"),
                      ("lora_modules_to_save", "fully trained extra modules"),
                      ("lora_target_parameters", "LoRA on parameters (MoE experts)"),
-                     ("peft_layers_to_transform", "adapters on some layers only"),
-                     ("peft_use_rslora", None)):  # fmt: skip
-        if why and data.get(key) and (key.startswith("lora_") or key.startswith("peft_layers")
+                     ("peft_layers_to_transform", "adapters on some layers only")):  # fmt: skip
+        if data.get(key) and (key.startswith("lora_") or key.startswith("peft_layers")
                                       or as_bool(doc, key, data[key])):  # fmt: skip
             reading.unmodelled_key(doc, key, why)
     if data.get("peft_autocast_adapter_dtype") is False:

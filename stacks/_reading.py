@@ -101,8 +101,10 @@ class Reading:
         return name in self.fields
 
     def unmodelled_key(self, doc: Doc, key: str, why: str) -> None:
-        """A key that changes memory and that trainmem does not model: listed and warned."""
-        self.unmodelled.append(f"{doc.name}:{key}")
+        """A key that changes memory and that trainmem does not model: warned with why, listed
+        once (two readings of one key, a name guess and the JSON, say two reasons)."""
+        if f"{doc.name}:{key}" not in self.unmodelled:
+            self.unmodelled.append(f"{doc.name}:{key}")
         self.warnings.append(f"{doc.name}:{key}: not modelled ({why})")
 
     def warn(self, text: str) -> None:

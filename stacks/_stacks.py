@@ -41,6 +41,8 @@ class Stack:
 
 STACK_MODULES = (
     "torchtune",
+    "axolotl",
+    "llamafactory",
     "litgpt",
     "hf",
     "accelerate",
