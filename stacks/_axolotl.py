@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from . import _deepspeed
+from . import _deepspeed, _hf
 from ._reading import Doc, Reading, as_bool, as_int, bad, dig
 from ._stacks import Stack
 
@@ -32,14 +32,7 @@ MARKERS = ("base_model", "sequence_len", "micro_batch_size", "sample_packing", "
 """Top-level keys only axolotl's schema has (the HF Trainer's names differ)."""
 FOREIGN = ("model_name_or_path", "_component_", "checkpoint_dir", "finetuning_type", "cutoff_len")
 
-OPTIMIZERS = {"adamw_torch": "adamw", "adamw_hf": "adamw", "adamw_torch_fused": "adamw-fused",
-              "adamw_apex_fused": "adamw-fused", "adamw_torch_xla": "adamw",
-              "adamw_torch_npu_fused": "adamw", "adamw_bnb_8bit": "adamw-8bit",
-              "adamw_8bit": "adamw-8bit", "paged_adamw_8bit": "adamw-8bit",
-              "paged_adamw_32bit": "adamw", "paged_adamw": "adamw",
-              "adamw_torch_8bit": "adamw-8bit", "ao_adamw_8bit": "adamw-8bit",
-              "adafactor": "adafactor", "lion_32bit": "lion", "paged_lion_32bit": "lion",
-              "paged_lion": "lion", "sgd": "sgd"}  # fmt: skip
+OPTIMIZERS = {**_hf.OPTIMIZERS, "adamw_torch_8bit": "adamw-8bit", "ao_adamw_8bit": "adamw-8bit"}
 """transformers OptimizerNames (training_args.py) and axolotl's CustomSupportedOptimizers
 (schemas/enums.py) -> trainmem; `paged_*` are counted as resident and said unmodelled; the
 torchao 8-bit AdamWs are counted as bitsandbytes' (8-bit states in blocks)."""
