@@ -12,7 +12,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from trainmem.engine import DEFAULTS_BY_FIELD, FIELD_NAMES
+from trainmem.engine import DEFAULTS_BY_FIELD, FIELD_NAMES, parallel_layout
+from trainmem.report import ESTIMATE_OPTIONS, GPU
 
 from ._files import parse
 from ._models import resolve_model
@@ -82,22 +83,20 @@ def read_job(files: Mapping[str, str], stack: str = "auto") -> Reading:
     return reading
 
 
-ESTIMATE_ONLY = (
-    "gpu",
-    "headroom",
-    "host_memory_gib",
-    "overhead",
-    "per_stage",
-    "tokens",
-    "time_param",
-    "family",
-    "hardware_dir",
-    "models_dir",
-    "optimizers_dir",
-    "profile_file",
+ESTIMATE_ONLY = tuple(
+    o.name
+    for o in ESTIMATE_OPTIONS
+    if o.name not in FIELD_NAMES and o.name not in ("model", "as_json", "check")
 )
 """estimate options that are not training fields (flags only; a file may give `gpu`)."""
-TRAINMEM_DEFAULTS = {**DEFAULTS_BY_FIELD, "gpu": "h100-sxm-80gb"}
+TRAINMEM_DEFAULTS = {**DEFAULTS_BY_FIELD, "gpu": GPU.default}
+
+
+def data_parallel(values: Mapping[str, Any]) -> int:
+    """The data-parallel degree of a job's fields: the engine's one derivation
+    (engine parallel_layout: num_gpus // (tp x pp x cp), at least 1)."""
+    layout = {k: values[k] for k in ("num_gpus", "tp", "pp", "cp", "micro_batch_size")}
+    return int(parallel_layout({**layout, "global_batch_size": 0})["dp"])
 
 
 def resolved_fields(
@@ -147,9 +146,8 @@ def global_batch(reading: Reading) -> None:
     gbs = reading.fields["global_batch_size"]
     if accum is None or gbs.origin != "trainmem-default":
         return
-    get = reading.get
-    dp = max(int(get("num_gpus")) // (int(get("tp")) * int(get("pp")) * int(get("cp"))), 1)
-    total = int(get("micro_batch_size")) * int(accum.value) * dp
+    values = {name: read.value for name, read in reading.fields.items()}
+    total = int(values["micro_batch_size"]) * int(accum.value) * data_parallel(values)
     reading.fields["global_batch_size"] = Read(total, accum.origin, accum.file, accum.raw)
 
 
@@ -224,23 +222,17 @@ def reading_report(reading: Reading) -> dict[str, Any]:
 
 def _reads_back(files: Mapping[str, str], stack: str, found: list[dict[str, Any]]) -> bool:
     """Whether the files with `found` edits applied read back (the stack's reader accepts them)
-    to the edits' values."""
+    to the edits' values (flag edits are the command line's: nothing to read back)."""
     from ._fix import edited_texts
 
-    edited = edited_texts(dict(files), found)
-    if edited is None:
+    texts = edited_texts(dict(files), found)
+    if texts is None:
         return True  # a script or TOML edit: shown, not re-read
-    texts, flags = edited
     try:
         again = read_job(texts, stack)
     except ValueError:
         return False
-    values = {**{k: r.value for k, r in again.fields.items()}, **flags}
-    return all(
-        values.get(e["field"], TRAINMEM_DEFAULTS.get(e["field"])) == e["value"]
-        for e in found
-        if e["file"] is None
-    ) and all(_same(again, e) for e in found if e["file"] is not None)
+    return all(_same(again, e) for e in found if e["file"] is not None)
 
 
 def _same(again: Reading, edit: dict[str, Any]) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ._check import data_parallel
 from ._reading import Reading
 
 Edit = Callable[[Any], tuple[str, Any] | None]
@@ -170,8 +171,7 @@ def _accumulation_edit(reading: Reading, micro: int) -> list[dict[str, Any]]:
     gbs = reading.fields.get("global_batch_size")
     if gbs is None or gbs.file is None or not gbs.value or "accum" not in gbs.origin:
         return []
-    g = {k: int(reading.get(k) or 1) for k in ("num_gpus", "tp", "pp", "cp")}
-    dp = max(g["num_gpus"] // (g["tp"] * g["pp"] * g["cp"]), 1)
+    dp = data_parallel({name: read.value for name, read in reading.fields.items()})
     if gbs.value % (micro * dp):
         return []
     return [
@@ -225,7 +225,7 @@ def smaller_micro_batch(
     `estimate(changes)` is estimate's report of the job with `changes`. Peaks grow with the
     micro-batch, so a bisection over the valid values finds it."""
     config = report["config"]
-    dp = max(config["num_gpus"] // (config["tp"] * config["pp"] * config["cp"]), 1)
+    dp = data_parallel(config)
     gbs = config["global_batch_size"]
     valid = [m for m in range(1, config["micro_batch_size"]) if not gbs or gbs % (m * dp) == 0]
     best, lo, hi = None, 0, len(valid) - 1
@@ -280,22 +280,19 @@ def fix_report(
     return None
 
 
-def edited_texts(
-    files: dict[str, str], found: list[dict[str, Any]]
-) -> tuple[dict[str, str], dict[str, Any]] | None:
+def edited_texts(files: dict[str, str], found: list[dict[str, Any]]) -> dict[str, str] | None:
     """The files with the edits applied (YAML and JSON files: the dotted key set; comments are
-    not kept, this is for reading back only) and the flag edits; None when an edit is in a file
-    this cannot rewrite (a TOML file, a script)."""
+    not kept, this is for reading back only; flag edits leave them be); None when an edit is in
+    a file this cannot rewrite (a TOML file, a script)."""
     import json
 
     import yaml
 
     from ._files import parse
 
-    out, flags = dict(files), {}
+    out = dict(files)
     for edit in found:
         if edit["file"] is None:
-            flags[edit["field"]] = edit["to"]
             continue
         doc = parse(edit["file"], out[edit["file"]])
         if doc.syntax not in ("yaml", "json"):
@@ -309,4 +306,4 @@ def edited_texts(
         data[last] = edit["to"]
         dump = json.dumps if doc.syntax == "json" else yaml.safe_dump
         out[edit["file"]] = dump(doc.data)
-    return out, flags
+    return out
