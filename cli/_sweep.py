@@ -19,6 +19,7 @@ from trainmem.report import (
     jsonable,
 )
 from trainmem.sweep import SWEEP_OPTIONS
+from trainmem.sweep._axes import SHOW, heading
 
 from ._options import command
 from ._progress import progress_bar
@@ -27,22 +28,6 @@ if TYPE_CHECKING:
     from trainmem.sweep import SearchResult
 
 # ---- sweep -------------------------------------------------------------------------------------
-
-SHOW = (
-    "gpu",
-    "num_gpus",
-    "tp",
-    "pp",
-    "virtual_stages",
-    "cp",
-    "ep",
-    "dp",
-    "zero",
-    "recompute",
-    "offload",
-    "micro_batch_size",
-    "grad_accum_steps",
-)
 
 
 def _best_json(row: dict[str, Any]) -> dict[str, Any]:
@@ -62,20 +47,7 @@ def _best_json(row: dict[str, Any]) -> dict[str, Any]:
 
 def _top_table(result: SearchResult) -> str:
     cols = tuple(c for c in SHOW if c != "dp")
-    heads = (
-        "gpu",
-        "n",
-        "tp",
-        "pp",
-        "v",
-        "cp",
-        "ep",
-        "zero",
-        "recompute",
-        "offload",
-        "mbs",
-        "accum",
-    )
+    heads = tuple(heading(c) for c in cols)
     lines = [
         " ".join(f"{h:>9}" if i else f"{h:<16}" for i, h in enumerate(heads))
         + f"{'GiB':>8}{'step s':>9}{'$/Mtok':>9}"

@@ -52,7 +52,20 @@ class Knob:
     grid: str | None = None
     """The grid column, where it differs from the field (capacity_factor -> capacity_factor_pct)."""
     sweep_axis: bool = False
-    """Searched by `trainmem sweep` / `recommend` (a value given there pins the axis)."""
+    """Searched by `trainmem sweep` / `recommend` (a value given there pins the axis): an axis of
+    the space, of Optuna's trials, of the points and recommend tables (trainmem.sweep._axes)."""
+    layout: bool = False
+    """A search axis that places ranks: points differing in it are different layouts (an Optuna
+    trial samples it; the other axes are enumerated within a layout)."""
+    axis_order: int | None = None
+    """Position among the search axes, slowest-varying first, layout axes before the others
+    (None: after the numbered ones, in declaration order): the flat point index, the tables'
+    columns."""
+    axis_values: tuple[Any, ...] | None = None
+    """A search axis's candidate values where the space has no rule of its own (None: its
+    choices, or off and on for a switch)."""
+    heading: str | None = None
+    """The column heading in the sweep's and recommend's tables (None: the field's name)."""
 
 
 def knob(default: Any, **meta: Any) -> Any:
@@ -75,20 +88,68 @@ class TrainingConfig:
     """
 
     micro_batch_size: int = knob(
-        1, help="Sequences per GPU per step.", ge=1, le=1 << 16, sweep_axis=True
+        1,
+        help="Sequences per GPU per step.",
+        ge=1,
+        le=1 << 16,
+        sweep_axis=True,
+        axis_order=10,
+        heading="mbs",
     )
     seq_len: int = knob(2048, help="Sequence length (tokens).", ge=1, le=1 << 22)
     num_gpus: int = knob(
-        1, help="Total GPUs; dp = num_gpus/(tp*pp*cp).", ge=1, le=1 << 20, sweep_axis=True
+        1,
+        help="Total GPUs; dp = num_gpus/(tp*pp*cp).",
+        ge=1,
+        le=1 << 20,
+        sweep_axis=True,
+        layout=True,
+        axis_order=1,
+        heading="n",
     )
     global_batch_size: int = knob(
         0, help="Sequences per optimizer step (0: micro x dp).", ge=0, le=1 << 24
     )
-    tp: int = knob(1, help="Tensor parallel degree.", ge=1, le=1024, sweep_axis=True)
-    pp: int = knob(1, help="Pipeline parallel degree.", ge=1, le=1024, sweep_axis=True)
-    cp: int = knob(1, help="Context parallel degree.", ge=1, le=1024, sweep_axis=True)
-    virtual_stages: int = knob(1, help="Interleaved stages per rank.", ge=1, le=64, sweep_axis=True)
-    zero: int = knob(0, help="ZeRO stage 0-3 (3 = FSDP full shard).", ge=0, le=3, sweep_axis=True)
+    tp: int = knob(
+        1, help="Tensor parallel degree.", ge=1, le=1024, sweep_axis=True, layout=True, axis_order=2
+    )
+    pp: int = knob(
+        1,
+        help="Pipeline parallel degree.",
+        ge=1,
+        le=1024,
+        sweep_axis=True,
+        layout=True,
+        axis_order=3,
+    )
+    cp: int = knob(
+        1,
+        help="Context parallel degree.",
+        ge=1,
+        le=1024,
+        sweep_axis=True,
+        layout=True,
+        axis_order=5,
+    )
+    virtual_stages: int = knob(
+        1,
+        help="Interleaved stages per rank.",
+        ge=1,
+        le=64,
+        sweep_axis=True,
+        layout=True,
+        axis_order=4,
+        heading="v",
+    )
+    zero: int = knob(
+        0,
+        help="ZeRO stage 0-3 (3 = FSDP full shard).",
+        ge=0,
+        le=3,
+        sweep_axis=True,
+        axis_order=7,
+        axis_values=(0, 1, 2, 3),
+    )
     dp_shard: int = knob(
         0,
         help="Ranks a ZeRO/FSDP shard group spans (HSDP: dp/dp_shard replicas); 0: all of dp.",
@@ -110,6 +171,8 @@ class TrainingConfig:
         help=" | ".join(RECOMPUTE) + " (selective: the framework's own selective mode)",
         choices=RECOMPUTE,
         sweep_axis=True,
+        axis_order=8,
+        axis_values=("none", "selective", "full"),
     )
     recompute_every: int = knob(
         2, help="selective-layer: checkpoint every N-th block.", ge=1, le=1024
@@ -117,7 +180,13 @@ class TrainingConfig:
     attention: str = knob("flash", help=" | ".join(ATTENTION), choices=ATTENTION)
     framework: str = knob("hf", help=" | ".join(FRAMEWORKS), choices=FRAMEWORKS)
     ep: int = knob(
-        1, help="Expert parallel degree (MoE; divides dp*cp).", ge=1, le=1024, sweep_axis=True
+        1,
+        help="Expert parallel degree (MoE; divides dp*cp).",
+        ge=1,
+        le=1024,
+        sweep_axis=True,
+        layout=True,
+        axis_order=6,
     )
     etp: int = knob(1, help="Expert tensor parallel degree (MoE).", ge=1, le=1024)
     capacity_factor: float = knob(
@@ -127,7 +196,9 @@ class TrainingConfig:
         le=64,
         grid="capacity_factor_pct",
     )
-    offload: str = knob("none", help=" | ".join(OFFLOADS), choices=OFFLOADS, sweep_axis=True)
+    offload: str = knob(
+        "none", help=" | ".join(OFFLOADS), choices=OFFLOADS, sweep_axis=True, axis_order=9
+    )
     lora_rank: int = knob(0, help="LoRA rank (0: full fine-tuning).", ge=0, le=1 << 16)
     lora_targets: str = knob(
         "all-linear", help="PEFT target modules, e.g. q_proj,v_proj, or all-linear."

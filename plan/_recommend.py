@@ -47,6 +47,8 @@ from trainmem.sweep import (
     parse_objectives,
     run_exhaustive,
 )
+from trainmem.sweep._axes import AXES, INNER_AXES, SHOW, heading
+from trainmem.sweep._axes import LAYOUT as SWEEP_LAYOUT
 from trainmem.sweep._space import (
     _NAMES,
     Space,
@@ -59,9 +61,9 @@ from trainmem.sweep._space import (
 from ._launch import DEFAULT_FRAMEWORK, TIME_RE
 from ._options import RECOMMEND_OPTIONS
 
-LAYOUT = ("gpu", "num_gpus", "tp", "pp", "virtual_stages", "cp", "ep")
+LAYOUT = SWEEP_LAYOUT
 """Columns that make two plans different layouts (the alternatives are distinct layouts)."""
-TIE_BREAK = ("peak_device_bytes", *LAYOUT, "zero", "recompute", "offload", "micro_batch_size")
+TIE_BREAK = ("peak_device_bytes", *LAYOUT, *INNER_AXES)
 """After the objective and the sweep's tie-break: more headroom first, then a fixed order, so
 that the answer is deterministic."""
 
@@ -232,7 +234,7 @@ def recommend_report(
         "launch": {"script": script, "job_name": job_name, "time_limit": time_limit},
     }
     for plan in plans:  # the space's fixed fields (a traced model may fix precision, attention)
-        plan.update(
+        fixed = dict(
             framework=framework,
             precision=space.fixed["precision"],
             optimizer=optimizer,
@@ -241,6 +243,7 @@ def recommend_report(
             compile=space.fixed.get("compile", DEFAULTS["compile"]),
             allocator=space.fixed.get("allocator", DEFAULTS["allocator"]),
         )
+        plan.update({k: v for k, v in fixed.items() if k not in space.axes})  # axes: the plan's
         plan["estimate_command"] = estimate_command(
             plan,
             model=model,
@@ -463,7 +466,7 @@ def _plan(space: Space, res: dict[str, np.ndarray], j: int) -> dict[str, Any]:
             f"{(peak + headroom_bytes) / GIB:.2f} GiB allowed"
         )
     price = pool.price_per_gpu_hour(profile)
-    return {
+    plan = {
         "gpu": pool.gpu,
         "num_gpus": n,
         "num_nodes": -(-n // per_node),
@@ -491,6 +494,23 @@ def _plan(space: Space, res: dict[str, np.ndarray], j: int) -> dict[str, Any]:
         "cost_per_million_tokens": _number(res["cost_per_million_tokens"][j]),
         "price_per_gpu_hour_usd": price,
     }
+    # A search axis the contract above does not name: its value, after the others.
+    return {**plan, **{a: _axis_item(a, res[a][j]) for a in AXES[1:] if a not in plan}}
+
+
+def _axis_item(axis: str, value: Any) -> Any:
+    """A search axis's value in a plan: a name, a switch or a whole number."""
+    if axis in _NAMES:
+        return _NAMES[axis][int(value)]
+    return bool(value) if isinstance(value, (bool, np.bool_)) else int(value)
+
+
+COMMAND_LEAD = ("num_gpus", "seq_len", "global_batch_size", "micro_batch_size")
+COMMAND_FIELDS = tuple(
+    dict.fromkeys((*COMMAND_LEAD, *AXES[1:], "precision", "optimizer", "attention", "framework"))
+)
+"""The fields `estimate_command` writes, in order: the job's size, every search axis, then the
+space's fixed precision, optimizer, attention and framework (every plan has them)."""
 
 
 def estimate_command(
@@ -510,25 +530,11 @@ def estimate_command(
     args = ["trainmem", "estimate", "--model", model, "--gpu", plan["gpu"]]
     if family is not None:
         args += ["--family", family]
-    for key in (
-        "num_gpus",
-        "seq_len",
-        "global_batch_size",
-        "micro_batch_size",
-        "tp",
-        "pp",
-        "virtual_stages",
-        "cp",
-        "ep",
-        "zero",
-        "recompute",
-        "offload",
-        "precision",
-        "optimizer",
-        "attention",
-        "framework",
-    ):
-        args += ["--" + key.replace("_", "-"), str(plan[key])]
+    for key in COMMAND_FIELDS:
+        if isinstance(plan[key], bool):  # a switch searched: its flag when on
+            args += [KNOBS[key].flag or "--" + key.replace("_", "-")] if plan[key] else []
+        else:
+            args += ["--" + key.replace("_", "-"), str(plan[key])]
     if plan["sequence_parallel"]:
         args.append("--sequence-parallel")
     for key, value in (extra or {}).items():
@@ -553,38 +559,9 @@ def estimate_command(
 
 # ---- human output ------------------------------------------------------------------------------
 
-ROW = (
-    "gpu",
-    "num_gpus",
-    "num_nodes",
-    "tp",
-    "pp",
-    "virtual_stages",
-    "cp",
-    "ep",
-    "dp",
-    "zero",
-    "recompute",
-    "offload",
-    "micro_batch_size",
-    "grad_accum_steps",
-)
-HEADS = (
-    "gpu",
-    "n",
-    "nodes",
-    "tp",
-    "pp",
-    "v",
-    "cp",
-    "ep",
-    "dp",
-    "zero",
-    "recompute",
-    "offload",
-    "mbs",
-    "accum",
-)
+ROW = ("gpu", "num_gpus", "num_nodes", *SHOW[2:])
+"""The alternatives table's columns: the sweep's (SHOW), with the nodes after the GPU count."""
+HEADS = tuple(heading(c) for c in ROW)
 
 
 def summary(report: dict[str, Any]) -> str:

@@ -19,6 +19,7 @@ from trainmem.catalog import load_model, optimizer_columns
 from trainmem.engine import (
     KNOBS,
     OPTIMIZERS,
+    TYPES,
     ModelSpec,
     estimate,
     make_grid,
@@ -30,6 +31,8 @@ from trainmem.engine import (
 from trainmem.hardware import GIB, GpuProfile, get_gpu
 from trainmem.report import choice
 from trainmem.results import query_points, write_heatmap
+
+from ._axes import SEARCHED
 
 CATEGORICAL: dict[str, tuple[str, ...]] = {
     name: OPTIMIZERS if knob.open_choices else knob.choices
@@ -65,30 +68,26 @@ AXIS_LABELS = {
 }
 """Every axis --x/--y accepts, with its label (units where it has one)."""
 
-BOOL_AXES = ("sequence_parallel", "activation_offload", "qlora")
 FLAG_AXES = tuple(
     k for k in AXIS_LABELS if k not in ("dp", "grad_accum_steps", "global_batch_size")
 )
 """Axes from flags: grid fields of make_grid."""
+JOB_POINT_COLUMNS = ("seq_len", "precision", "dp", "grad_accum_steps", "global_batch_size")
+"""Configuration columns of the points table besides the search axes that a heatmap of stored
+points takes: the job's shape (a sweep's flags) and what the layout derives."""
 POINT_AXES = (
-    "micro_batch_size",
-    "seq_len",
-    "num_gpus",
-    "tp",
-    "pp",
-    "cp",
-    "ep",
-    "virtual_stages",
-    "zero",
-    "recompute",
-    "offload",
-    "precision",
-    "dp",
-    "grad_accum_steps",
-    "global_batch_size",
+    *(a for a in AXIS_LABELS if a in SEARCHED or a in JOB_POINT_COLUMNS),
+    *(a for a in SEARCHED if a not in AXIS_LABELS),
 )
-"""Axes from stored points: configuration columns of the points table."""
+"""Axes from stored points: configuration columns of the points table (every search axis)."""
+BOOL_AXES = tuple(a for a in dict.fromkeys((*AXIS_LABELS, *POINT_AXES)) if TYPES.get(a) is bool)
+"""The switches among the axes (values on / off)."""
 MAX_AXIS_VALUES = 64
+
+
+def axis_label(axis: str) -> str:
+    """An axis's label on the picture (a search axis without one in AXIS_LABELS: its name)."""
+    return AXIS_LABELS.get(axis, axis.replace("_", " "))
 
 
 def _powers(first: int, count: int) -> list[int]:
@@ -324,8 +323,8 @@ class Plot:
             y=self.y,
             x_values=xs,
             y_values=ys,
-            x_label=AXIS_LABELS[self.x],
-            y_label=AXIS_LABELS[self.y],
+            x_label=axis_label(self.x),
+            y_label=axis_label(self.y),
             limit_gib=limit_gib,
             limit_label=label,
             title=title,

@@ -16,17 +16,10 @@ import polars as pl
 
 from trainmem.results._store import PendingPart, publish_pending
 
+from ._axes import AXES, LAYOUT, LAYOUT_AXES
 from ._options import STORE_MODES
-from ._space import AXES, Space
+from ._space import Space
 
-LAYOUT_AXES = ("pool", "num_gpus", "tp", "pp", "virtual_stages", "cp", "ep")
-"""The axes of a point's parallel layout: the GPU pool and count and the degrees that place
-ranks (dp follows: num_gpus / (tp x pp x cp)). The other axes (ZeRO stage, recompute, offload,
-micro-batch; gradient accumulation follows) are memory knobs chosen within a layout, as one
-Optuna trial (a layout) enumerates them (`INNER_AXES`) and `trainmem recommend` lists distinct
-layouts. They lead AXES, so the points of one layout are consecutive flat indices."""
-LAYOUT = ("gpu", *LAYOUT_AXES[1:])
-"""The points table's columns of a layout (the pool as its GPU)."""
 PUBLISH_EVERY_S = 5.0
 """Longest wait before the parts written are published (fsynced, then visible): a killed
 sweep loses at most this much evaluation, recomputed by its rerun; most sweeps publish once."""

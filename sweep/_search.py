@@ -49,6 +49,7 @@ from trainmem.results._store import (
     write_pending,
 )
 
+from ._axes import CATEGORICAL_AXES, INNER_AXES
 from ._cluster import check_cluster_storage, executor, parse_scheduler, shared_out
 from ._parts import PublishBatches, check_store, chunk_points, part_name, stored_rows
 from ._space import _NAMES, ALL_REASONS, AXES, POINT_COLUMNS, Space, evaluate_columns
@@ -111,8 +112,7 @@ def _frame(
     cols: dict[str, Any] = {
         **{k: v for k, v in res.items() if k not in space.labels},
         "gpu": _names([p.gpu for p in space.fleet.pools], res["pool"]),
-        "recompute": _names(_NAMES["recompute"], res["recompute"]),
-        "offload": _names(_NAMES["offload"], res["offload"]),
+        **{a: _names(vocab, res[a]) for a, vocab in _NAMES.items()},
         "reason": _names(ALL_REASONS, res["reason"]),
         **{k: v for k, v in space.labels.items() if k not in res},
         "model": space.model.name,
@@ -544,11 +544,6 @@ def _sqlite_storage(url: str) -> Any:
     return storage
 
 
-CATEGORICAL_AXES = ("pool", "recompute", "offload")
-"""Axes suggested as categories; the others are ordered (an index into the sorted values), so
-TPE's kernels see that tp 4 lies between 2 and 8."""
-
-
 def _suggest(space: Space, axis: str, batch: list[Any]) -> np.ndarray:
     values = space.axes[axis]
     if axis in CATEGORICAL_AXES:
@@ -832,12 +827,6 @@ def _run_batch(
         st.tell(t, values if len(values) > 1 else values[0])
     publish_points(out, study=study, part=part)
     return b * k
-
-
-INNER_AXES = ("zero", "recompute", "offload", "micro_batch_size")
-"""Axes each Optuna trial enumerates in full (one vectorized call per batch) instead of
-sampling: a trial is a layout (pool, GPU count, tp, pp, virtual stages, cp, ep); its value is
-the best fitting point over these memory knobs."""
 
 
 def _inner_product(space: Space) -> dict[str, np.ndarray]:

@@ -18,9 +18,7 @@ import numpy as np
 from trainmem.engine import (
     COMPONENTS,
     DEFAULTS_BY_FIELD,
-    OFFLOADS,
     REASONS,
-    RECOMPUTE,
     ModelSpec,
     TimeParams,
     estimate,
@@ -36,6 +34,8 @@ from trainmem.engine import (
     time_inputs,
 )
 from trainmem.hardware import Fleet, GpuProfile, Pool
+
+from ._axes import AXES, NAMED_AXES, declared_values
 
 SWEEP_REASONS = (
     "tp crosses a node (tp > gpus per node)",
@@ -56,21 +56,6 @@ ALL_REASONS = REASONS + SWEEP_REASONS
     PART_OF_POOL,
     SLOWER_THAN_MAX,
 ) = range(len(REASONS), len(ALL_REASONS))
-
-AXES = (
-    "pool",
-    "num_gpus",
-    "tp",
-    "pp",
-    "virtual_stages",
-    "cp",
-    "ep",
-    "zero",
-    "recompute",
-    "offload",
-    "micro_batch_size",
-)
-"""The swept fields, slowest-varying first (the order of the flat point index)."""
 
 
 def _powers_of_two(cap: int) -> list[int]:
@@ -151,8 +136,9 @@ class Space:
         return evaluate_columns(self, cols, time_params=time_params, columns=columns)
 
 
-_NAMES = {"recompute": RECOMPUTE, "offload": OFFLOADS}
-"""Axes whose values are names (the others are whole numbers), with their vocabularies."""
+_NAMES = NAMED_AXES
+"""Axes whose values are names (the others are whole numbers or switches), with their
+vocabularies."""
 
 
 def _axis_array(axis: str, values: tuple[Any, ...]) -> np.ndarray:
@@ -293,12 +279,9 @@ def evaluate_columns(
     dp = out["dp"]
     return {
         "pool": pool,
-        **{k: grid[k] for k in ("micro_batch_size", "tp", "pp", "virtual_stages", "cp", "ep")},
+        **{a: cols[a] if a in _NAMES else grid[a] for a in AXES[1:]},  # names as codes
         "grad_accum_steps": parallel_layout(grid)["grad_accum_steps"],
         "dp": dp,
-        "zero": grid["zero"],
-        "recompute": cols["recompute"],
-        "offload": cols["offload"],
         "num_gpus": num_gpus,
         **out,
         "fits": out["fits"] & valid,
@@ -396,11 +379,11 @@ def make_space(
     if model.is_moe:
         eps = [e for e in _powers_of_two(min(model.num_experts, 64)) if model.num_experts % e == 0]
     cps = [c for c in _powers_of_two(max_cp) if seq_len % c == 0]
-    recomputes: tuple[str, ...] = ("none", "selective", "full")
+    recomputes = declared_values("recompute")
     traced = model.profile
     if traced is not None:  # a traced profile holds for its own precision and policy only
         precision, recomputes, cps = traced.precision, (traced.recompute,), [1]
-    axes: dict[str, tuple[Any, ...]] = {
+    rules: dict[str, tuple[Any, ...]] = {
         "pool": tuple(range(len(fleet.pools))),
         "num_gpus": counts,
         "tp": (1,) if traced is not None else tuple(_powers_of_two(max_per_node)),
@@ -408,11 +391,11 @@ def make_space(
         "virtual_stages": tuple(virtual_stages),
         "cp": tuple(cps),
         "ep": tuple(eps),
-        "zero": (0, 1, 2, 3),
         "recompute": recomputes,
-        "offload": ("none", "optimizer", "optimizer+params"),
         "micro_batch_size": tuple(_powers_of_two(min(max_micro_batch_size, global_batch_size))),
     }
+    # The axes the job decides (above); every other searched field takes its declared values.
+    axes = {a: rules[a] if a in rules else declared_values(a) for a in AXES}
     fixed = {
         "seq_len": seq_len,
         "global_batch_size": global_batch_size,
