@@ -52,7 +52,8 @@ from ._grid import (
 )
 from ._kernel import preload as preload_kernel
 from ._lazy import lazy_names
-from ._model import FAMILIES, ModelSpec, model_from_hf_config
+from ._model import ModelSpec
+from ._model_readers import FAMILIES, model_from_hf_config
 from ._offload import node_host_bytes, ranks_per_node
 from ._optimizers import OptimizerSpec, builtin_optimizers, spec_columns
 from ._overhead import (

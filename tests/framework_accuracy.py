@@ -47,7 +47,7 @@ TUNE_DIMS = {
 
 def small_llama_spec(dims: dict[str, int], *, tied: bool = False) -> Any:
     """A traced toy Llama from its dimensions (the traces' `dims`)."""
-    from trainmem.engine._model import model_from_hf_config
+    from trainmem.engine._model_readers import model_from_hf_config
 
     return model_from_hf_config(
         {
@@ -108,7 +108,7 @@ def estimate_megatron(case: dict[str, Any]) -> dict[str, float]:
     """A megatron_gpt_local.json case (megatron-core GPTModel, distributed optimizer); the traced
     model as a config.json (GPT-2 layout: LayerNorm, biases, GeLU, learned positions, tied
     embeddings: 14,183,424 parameters, as megatron-core built it)."""
-    from trainmem.engine._model import model_from_hf_config
+    from trainmem.engine._model_readers import model_from_hf_config
 
     config = DATA / "framework_traces" / "megatron_gpt_local_config.json"
     return estimate_one(
