@@ -126,8 +126,36 @@ def deepspeed_config(plan: dict[str, Any]) -> dict[str, Any]:
     stage3_prefetch_bucket_size = 0.9 h^2, stage3_param_persistence_threshold = 10 h; source:
     transformers/integrations/deepspeed.py trainer_config_finalize).
     """
-    h = int(plan["architecture"]["hidden_size"])
-    zero, precision, offload = int(plan["zero"]), plan["precision"], plan["offload"]
+    cfg = _deepspeed_batch_and_precision(plan)
+    block = DEEPSPEED_OPTIMIZERS.get(plan["optimizer"])
+    if block is None:
+        cfg["zero_allow_untested_optimizer"] = True
+    else:
+        cfg["optimizer"] = json.loads(json.dumps(block))  # a copy
+        if plan["offload"] != "none":
+            cfg["optimizer"]["params"].pop("torch_adam", None)
+    zero_optimization = _deepspeed_zero(plan)
+    if "offload_optimizer" in zero_optimization and (
+        block is None or block["type"] not in DEEPSPEED_CPU_OPTIMIZERS
+    ):
+        cfg["zero_force_ds_cpu_optimizer"] = False
+    cfg["zero_optimization"] = zero_optimization
+    # Full recompute: the model checkpoints each layer (HF: --gradient_checkpointing).
+    if plan["recompute"] == "full":
+        cfg["activation_checkpointing"] = {
+            "partition_activations": False,  # needs tensor parallelism (an mpu)
+            "contiguous_memory_optimization": False,
+            "cpu_checkpointing": False,
+            "synchronize_checkpoint_boundary": False,
+            "profile": False,
+        }
+    return cfg
+
+
+def _deepspeed_batch_and_precision(plan: dict[str, Any]) -> dict[str, Any]:
+    """The batch sizes, clipping, logging and the bf16 / fp16 blocks (fp16: dynamic loss
+    scaling at DeepSpeed's documented defaults)."""
+    precision = plan["precision"]
     cfg: dict[str, Any] = {
         "train_batch_size": plan["micro_batch_size"] * plan["grad_accum_steps"] * plan["dp"],
         "train_micro_batch_size_per_gpu": plan["micro_batch_size"],
@@ -146,13 +174,13 @@ def deepspeed_config(plan: dict[str, Any]) -> dict[str, Any]:
             hysteresis=2,
             min_loss_scale=1,
         )
-    block = DEEPSPEED_OPTIMIZERS.get(plan["optimizer"])
-    if block is None:
-        cfg["zero_allow_untested_optimizer"] = True
-    else:
-        cfg["optimizer"] = json.loads(json.dumps(block))  # a copy
-        if plan["offload"] != "none":
-            cfg["optimizer"]["params"].pop("torch_adam", None)
+    return cfg
+
+
+def _deepspeed_zero(plan: dict[str, Any]) -> dict[str, Any]:
+    """The zero_optimization block: the stage, its buckets at the estimate's sizes, offload."""
+    h = int(plan["architecture"]["hidden_size"])
+    zero, offload = int(plan["zero"]), plan["offload"]
     z: dict[str, Any] = {"stage": zero}
     if zero >= 1:
         z.update(overlap_comm=True, reduce_bucket_size=h * h)
@@ -168,22 +196,9 @@ def deepspeed_config(plan: dict[str, Any]) -> dict[str, Any]:
         )
     if offload in ("optimizer", "optimizer+params"):
         z["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-        if block is None or block["type"] not in DEEPSPEED_CPU_OPTIMIZERS:
-            cfg["zero_force_ds_cpu_optimizer"] = False
     if offload == "optimizer+params":
         z["offload_param"] = {"device": "cpu", "pin_memory": True}
-    cfg["zero_optimization"] = z
-    if (
-        plan["recompute"] == "full"
-    ):  # the model checkpoints each layer (HF: --gradient_checkpointing)
-        cfg["activation_checkpointing"] = {
-            "partition_activations": False,  # needs tensor parallelism (an mpu)
-            "contiguous_memory_optimization": False,
-            "cpu_checkpointing": False,
-            "synchronize_checkpoint_boundary": False,
-            "profile": False,
-        }
-    return cfg
+    return z
 
 
 # ---- torchrun and sbatch -----------------------------------------------------------------------
@@ -614,6 +629,32 @@ def accelerate_config(plan: dict[str, Any]) -> str:
     FSDP1-only keys (backward/forward prefetch, use_orig_params, sync_module_states) are written
     for FSDP1 only, as `accelerate config` does (accelerate/commands/config/cluster.py).
     """
+    top: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "distributed_type": "FSDP",
+        "downcast_bf16": False,
+        "enable_cpu_affinity": False,
+        "fsdp_config": _fsdp_config(plan),
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "mixed_precision": MIXED_PRECISION[plan["precision"]],
+        "num_machines": plan["num_nodes"],
+        "num_processes": plan["num_gpus"],
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": False,
+    }
+    if plan["num_nodes"] > 1:
+        top["main_process_port"] = MASTER_PORT
+    if plan.get("compile", "none") != "none":  # accelerate/utils/dataclasses.py DynamoBackend
+        top["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}
+    comments = _accelerate_comments(plan)
+    return "\n".join([*("# " + c for c in comments), *_yaml(dict(sorted(top.items())))]) + "\n"
+
+
+def _fsdp_config(plan: dict[str, Any]) -> dict[str, Any]:
+    """accelerate's fsdp_config block, its keys sorted (accelerate_config says which FSDP)."""
     zero = int(plan["zero"])
     version = 1 if zero == 0 else 2
     fsdp: dict[str, Any] = {
@@ -639,26 +680,11 @@ def accelerate_config(plan: dict[str, Any]) -> str:
             fsdp_sync_module_states=True,
             fsdp_use_orig_params=True,
         )
-    top: dict[str, Any] = {
-        "compute_environment": "LOCAL_MACHINE",
-        "debug": False,
-        "distributed_type": "FSDP",
-        "downcast_bf16": False,
-        "enable_cpu_affinity": False,
-        "fsdp_config": dict(sorted(fsdp.items())),
-        "machine_rank": 0,
-        "main_training_function": "main",
-        "mixed_precision": MIXED_PRECISION[plan["precision"]],
-        "num_machines": plan["num_nodes"],
-        "num_processes": plan["num_gpus"],
-        "rdzv_backend": "static",
-        "same_network": True,
-        "use_cpu": False,
-    }
-    if plan["num_nodes"] > 1:
-        top["main_process_port"] = MASTER_PORT
-    if plan.get("compile", "none") != "none":  # accelerate/utils/dataclasses.py DynamoBackend
-        top["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}
+    return dict(sorted(fsdp.items()))
+
+
+def _accelerate_comments(plan: dict[str, Any]) -> list[str]:
+    """The config's header comments: the plan, the Trainer's batch flags, a multi-node launch."""
     m, a = plan["micro_batch_size"], plan["grad_accum_steps"]
     comments = [
         f"trainmem recommend: {_summary(plan)}",
@@ -675,7 +701,7 @@ def accelerate_config(plan: dict[str, Any]) -> str:
             "each node: accelerate launch --config_file THIS --machine_rank RANK "
             "--main_process_ip FIRST_NODE script.py"
         )
-    return "\n".join([*("# " + c for c in comments), *_yaml(dict(sorted(top.items())))]) + "\n"
+    return comments
 
 
 _PLAIN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
@@ -749,7 +775,23 @@ def torchtitan_args(plan: dict[str, Any]) -> list[list[str]]:
             f"precision: torchtitan's command line sets {'|'.join(TORCHTITAN_PRECISIONS)} "
             f"(Float8 is a converter in the config function), not {plan['precision']}"
         )
-    pp, mb = plan["pp"], plan["micro_batch_size"]
+    mb = plan["micro_batch_size"]
+    batch: list[Any] = [
+        "--training.local_batch_size",
+        mb * plan["grad_accum_steps"] if plan["pp"] > 1 else mb,
+        "--training.global_batch_size",
+        mb * plan["grad_accum_steps"] * dp,
+        "--training.seq_len",
+        plan["seq_len"],
+    ]
+    groups = (_torchtitan_parallel(plan), batch, _torchtitan_numerics(plan, precision))
+    return [[str(a) for a in group] for group in groups]
+
+
+def _torchtitan_parallel(plan: dict[str, Any]) -> list[Any]:
+    """The parallel degrees (DDP replicas or FSDP2 shards), sequence parallelism and the
+    pipeline's micro-batch and schedule."""
+    zero, dp, pp = int(plan["zero"]), plan["dp"], plan["pp"]
     parallel: list[Any] = [
         "--parallelism.data_parallel_replicate_degree",
         dp if zero == 0 else 1,
@@ -770,9 +812,8 @@ def torchtitan_args(plan: dict[str, Any]) -> list[list[str]]:
             if plan["sequence_parallel"]
             else "--parallelism.no-enable-sequence-parallel"
         )
-    local = mb * plan["grad_accum_steps"] if pp > 1 else mb
     if pp > 1:
-        parallel += ["--parallelism.pipeline_parallel_microbatch_size", mb]
+        parallel += ["--parallelism.pipeline_parallel_microbatch_size", plan["micro_batch_size"]]
         if plan["virtual_stages"] > 1:
             layers = plan["architecture"]["num_hidden_layers"]
             parallel += [
@@ -791,14 +832,12 @@ def torchtitan_args(plan: dict[str, Any]) -> list[list[str]]:
             ]
         else:
             parallel += ["--parallelism.pipeline_parallel_schedule", "1F1B"]
-    batch: list[Any] = [
-        "--training.local_batch_size",
-        local,
-        "--training.global_batch_size",
-        mb * plan["grad_accum_steps"] * dp,
-        "--training.seq_len",
-        plan["seq_len"],
-    ]
+    return parallel
+
+
+def _torchtitan_numerics(plan: dict[str, Any], precision: str) -> list[Any]:
+    """Precision, the AdamW implementation, CUDA graphs (off with pipelining) and compile."""
+    pp = plan["pp"]
     numerics: list[Any] = ["--training.mixed_precision_param", precision]
     implementation = TORCHTITAN_ADAMW.get(plan["optimizer"])
     if implementation:  # the AdamW the plan was estimated with (0.3.0's own default: fused)
@@ -811,7 +850,7 @@ def torchtitan_args(plan: dict[str, Any]) -> list[list[str]]:
         if components
         else ["--compile.no-enable"]
     )
-    return [[str(a) for a in group] for group in (parallel, batch, numerics)]
+    return numerics
 
 
 def torchtitan_script(plan: dict[str, Any]) -> str:
