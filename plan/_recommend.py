@@ -27,6 +27,7 @@ from trainmem.engine import (
     DEFAULTS,
     DEFAULTS_BY_FIELD,
     FIELD_NAMES,
+    FRAMEWORK_SPECS,
     FRAMEWORKS,
     KNOBS,
     PRECISIONS,
@@ -67,43 +68,16 @@ TIE_BREAK = ("peak_device_bytes", *LAYOUT, *INNER_AXES)
 """After the objective and the sweep's tie-break: more headroom first, then a fixed order, so
 that the answer is deterministic."""
 
-SINGLE = {"tp": (1,), "pp": (1,), "virtual_stages": (1,), "cp": (1,), "ep": (1,)}
 LAUNCHABLE: dict[str, dict[str, tuple[Any, ...]]] = {
-    "megatron": {"offload": ("none", "optimizer"),
-                 "recompute": ("none", "selective", "full", "selective-layer")},
-    "deepspeed": {**SINGLE, "recompute": ("none", "full")},
-    "hf": {**SINGLE, "zero": (0, 2, 3), "recompute": ("none", "full"),
-           "offload": ("none", "optimizer+params")},
-    "torchtitan": {"zero": (0, 3), "offload": ("none",),
-                   "recompute": ("none", "selective", "full", "selective-op")},
-    "torchtune": {**SINGLE, "zero": (0, 3), "offload": ("none", "optimizer+params"),
-                  "recompute": ("none", "selective", "full", "selective-layer")},
-    "litgpt": {**SINGLE, "zero": (0, 3), "offload": ("none",), "recompute": ("none", "full")},
-}  # fmt: skip
-"""Axis values each framework can launch (others are dropped from the sweep's space).
-Megatron-LM: any layout; ZeRO 1 = distributed optimizer, 2/3 = Megatron-FSDP; offload =
---optimizer-cpu-offload; no per-op checkpointing (selective-layer = --recompute-method block).
-DeepSpeed with a Hugging Face model: data parallel only, ZeRO 0-3, offload_optimizer /
-offload_param, whole-layer checkpointing. hf = accelerate FSDP: no ZeRO-1, CPU offload moves
-parameters, gradients and optimizer together. torchtitan: FSDP2 or DDP; its AC modes are none,
-full and selective (per-op, 0.3.0). torchtune (recipes full_finetune_distributed /
-lora_finetune_distributed): FSDP2 on one node or more, data parallel only here,
-fsdp_cpu_offload (parameters, gradients and optimizer). litgpt 0.5.13 (finetune/lora.py,
-full.py): one device, or FSDP over data parallel ranks (ModelParallelStrategy with
-tensor_parallel_size 1, or FSDPStrategy); no CPU offload (cpu_offload=False); whole-Block
-checkpointing or none."""
-FRAMEWORK_PRECISIONS = {
-    "megatron": ("mixed-bf16", "mixed-fp16", "fp8-mixed", "fp32"),
-    "deepspeed": ("mixed-bf16", "mixed-fp16", "fp32"),
-    "hf": ("mixed-bf16", "mixed-fp16", "fp32"),
-    "torchtitan": ("mixed-bf16", "fp8-mixed", "fp32"),
-    "torchtune": ("bf16", "fp32"),
-    "litgpt": ("amp-bf16", "bf16", "amp-fp16", "fp16", "fp32"),
+    name: spec.launch_axes for name, spec in FRAMEWORK_SPECS.items()
 }
-"""Precisions each framework runs (--bf16, bf16.enabled, FSDP MixedPrecision, torchtune's
-`dtype: bf16|fp32`, the whole model in that dtype, litgpt's --precision bf16-mixed (its
-default, utils.py get_default_supported_precision(training=True)), bf16-true, 16-mixed,
-16-true, 32-true, ...)."""
+"""Axis values each framework can launch (others are dropped from the sweep's space): its
+FrameworkSpec.launch_axes, whose reasons are its launch_source (engine/_frameworks.py), so a
+framework added there is launchable here with no other edit."""
+FRAMEWORK_PRECISIONS: dict[str, tuple[str, ...]] = {
+    name: spec.launch_precisions for name, spec in FRAMEWORK_SPECS.items()
+}
+"""Precisions each framework runs, its default first: FrameworkSpec.launch_precisions."""
 OBJECTIVE_WORDS = {"cost": "cheapest", "time": "fastest", "gpus": "fewest GPUs"}
 CONTRACT = (
     "gpu",
