@@ -16,6 +16,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests.strategies import random_grid
 from trainmem.catalog import load_model, load_profile
 from trainmem.engine import _formula_kernels, _formula_trace, _kernel, estimate, make_grid
 
@@ -33,38 +34,18 @@ MODELS = (
 )
 
 
-def _pick(rng: np.random.Generator, values: list, n: int) -> np.ndarray:
-    return np.asarray(values)[rng.integers(0, len(values), n)]
-
-
 def _grid(seed: int, n: int, *, moe: bool) -> dict[str, np.ndarray]:
-    """Every knob the formulas read drawn, valid and invalid layouts both."""
+    """Every declared field drawn (tests/strategies.py), valid and invalid layouts both: a
+    tenth of the rows at a sequence length no cp divides and no allocator block rounds evenly
+    (100 tokens), and on 64 more data-parallel ranks."""
     rng = np.random.default_rng(seed)
-    tp, pp, cp = _pick(rng, [1, 2, 4, 8], n), _pick(rng, [1, 2, 4], n), _pick(rng, [1, 2], n)
-    dp = _pick(rng, [1, 2, 8, 64], n)
-    return make_grid(
-        micro_batch_size=rng.integers(1, 9, n),
-        seq_len=_pick(rng, [100, 512, 2048, 4096, 8192], n),
-        num_gpus=tp * pp * cp * dp,
-        tp=tp,
-        pp=pp,
-        cp=cp,
-        zero=rng.integers(0, 4, n),
-        sequence_parallel=rng.random(n) < 0.5,
-        precision=rng.integers(0, 8, n),
-        optimizer=rng.integers(0, 4, n),
-        recompute=rng.integers(0, 5, n),
-        attention=rng.integers(0, 2, n),
-        framework=rng.integers(0, 5, n),
-        ep=_pick(rng, [1, 2, 4] if moe else [1], n),
-        offload=_pick(rng, [0, 0, 1, 2], n),
-        activation_offload=rng.random(n) < 0.2,
-        lora_rank=_pick(rng, [0, 0, 8, 16], n),
-        qlora=rng.random(n) < 0.2,
-        compile=rng.integers(0, 3, n),
-        loss=rng.integers(0, 3, n),
-        optimizer_in_backward=rng.random(n) < 0.1,
-    )
+    g = random_grid(seed, n, moe=moe)
+    odd = rng.random(n) < 0.1
+    return {
+        **g,
+        "seq_len": np.where(odd, 100, g["seq_len"]),
+        "num_gpus": np.where(rng.random(n) < 0.1, g["num_gpus"] * 64, g["num_gpus"]),
+    }
 
 
 def _per_key_calls(m, g) -> list[tuple]:

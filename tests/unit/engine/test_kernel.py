@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.strategies import random_grid
 from trainmem.catalog import load_model
 from trainmem.engine import OUTPUTS, Overheads, _kernel, estimate, layout_reason, make_grid
 
@@ -25,33 +26,9 @@ def _pick(rng: np.random.Generator, values: list, n: int) -> np.ndarray:
 
 
 def _grid(seed: int, n: int = ROWS, *, moe: bool = False) -> dict[str, np.ndarray]:
-    """Mostly valid layouts of an 8-GPU-per-node world, every knob the assembly reads drawn."""
-    rng = np.random.default_rng(seed)
-    tp, pp, cp = _pick(rng, [1, 2, 4, 8], n), _pick(rng, [1, 1, 2, 4, 8], n), _pick(rng, [1, 2], n)
-    dp = _pick(rng, [1, 2, 4, 8], n)
-    mb = rng.integers(1, 9, n)
-    return make_grid(
-        micro_batch_size=mb,
-        seq_len=_pick(rng, [512, 2048, 4096, 8192], n),
-        num_gpus=tp * pp * cp * dp,
-        global_batch_size=np.where(rng.random(n) < 0.5, 0, mb * dp * _pick(rng, [1, 2, 8], n)),
-        tp=tp,
-        pp=pp,
-        cp=cp,
-        virtual_stages=np.where(pp > 1, _pick(rng, [1, 2], n), 1),
-        zero=rng.integers(0, 4, n),
-        sequence_parallel=rng.random(n) < 0.5,
-        precision=rng.integers(0, 6, n),
-        optimizer=rng.integers(0, 4, n),
-        recompute=rng.integers(0, 3, n),
-        attention=rng.integers(0, 2, n),
-        framework=rng.integers(0, 5, n),
-        ep=_pick(rng, [1, 2, 4] if moe else [1], n),
-        offload=_pick(rng, [0, 0, 1, 2], n),
-        activation_offload=rng.random(n) < 0.2,
-        allocator=rng.integers(0, 2, n),
-        lora_rank=_pick(rng, [0, 0, 0, 16], n),
-    )
+    """Mostly valid layouts of an 8-GPU-per-node world, every declared field drawn
+    (tests/strategies.py)."""
+    return random_grid(seed, n, moe=moe)
 
 
 def _both(monkeypatch, call) -> tuple[dict, dict]:
