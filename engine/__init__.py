@@ -29,8 +29,6 @@ from ._estimate import (
     OUTPUT_DTYPES,
     OUTPUTS,
     PHASES,
-    PROFILE_MISMATCH,
-    REASONS,
     estimate,
     layout_reason,
     reason_text,
@@ -61,6 +59,7 @@ from ._overhead import (
     cuda_context_bytes_for,
     overheads_for,
 )
+from ._rules import PROFILE_MISMATCH, REASONS
 from ._scalar import estimate_one
 from ._states import LORA_TARGETS, lora_mask, lora_num_parameters
 from ._time import TIME_COLUMNS, bubble_fraction, estimate_time

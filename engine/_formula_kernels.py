@@ -37,6 +37,8 @@ _BINARY = {
     "divide": "({0} / {1})",
     "true_divide": "({0} / {1})",
     "power": "({0} ** {1})",
+    "floor_divide": "({0} // {1})",
+    "remainder": "({0} % {1})",
     "maximum": "_max({0}, {1})",
     "minimum": "_min({0}, {1})",
     "less": "({0} < {1})",
@@ -159,10 +161,13 @@ def _live(p: Program) -> list[int]:
     return sorted(seen)
 
 
-def _statement(p: Program, i: int, tables: dict[tuple, str]) -> str:
+def _statement(
+    p: Program, i: int, tables: dict[tuple, str], col: Callable[[str], str] | None = None
+) -> str:
+    """Node i as one statement; an input column read as `col(name)` (default: c_<name>[i])."""
     op, args, dtype = p.nodes[i]
     if op == "col":
-        return f"v{i} = c_{args[0]}[i]"
+        return f"v{i} = {col(args[0]) if col else f'c_{args[0]}[i]'}"
     if op == "const":
         return f"v{i} = {_literal(args[0], dtype)}"
     if op == "cast":
@@ -227,10 +232,10 @@ def checked_marker(text: str) -> Path:
     return cache_dir() / f"formulas_{digest(text)}.ok"
 
 
-def load(text: str) -> Callable[..., None]:
-    """The kernel of a generated module source: written once under cache_dir() (atomically,
-    named by its hash), imported, compiled by numba on first call (or loaded from its cache).
-    Raises OSError where the folder cannot be written."""
+def load(text: str, attribute: str | None = "kernel") -> Any:
+    """The kernel (`attribute`; None: the module) of a generated module source: written once
+    under cache_dir() (atomically, named by its hash), imported, compiled by numba on first
+    call (or loaded from its cache). Raises OSError where the folder cannot be written."""
     name = digest(text)
     folder = cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
@@ -247,7 +252,8 @@ def load(text: str) -> Callable[..., None]:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         sys.modules[module_name] = module
-    return sys.modules[module_name].kernel
+    module = sys.modules[module_name]
+    return module if attribute is None else getattr(module, attribute)
 
 
 def interpret(text: str) -> Callable[..., None]:
