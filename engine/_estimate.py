@@ -12,10 +12,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import _kernel, _rules
+from . import _rules
 from ._codes import EXPANDABLE_SEGMENTS, LOSS_FULL
 from ._config import parallel_layout
 from ._factorize import factorize
+from ._fast import _kernel
 from ._frameworks import loss_policy
 from ._grid import ATTENTION, PRECISIONS, RECOMPUTE, Grid
 from ._lora import lora_zero3
@@ -300,7 +301,7 @@ def layout_reason(m: ModelSpec, g: Grid) -> np.ndarray:
     """Index into REASONS of the first rule each row breaks (0 = valid): masks, not exceptions.
 
     Evaluated in blocks of BLOCK_ROWS rows, whose temporaries stay in the CPU cache, or in
-    one compiled loop for a large grid (engine/_kernel.py).
+    one compiled loop for a large grid (engine/_fast/_kernel.py).
     """
     n = len(g["tp"])
     compiled = _kernel.compiled_for(n) if m.profile is None else None
@@ -572,7 +573,7 @@ def _numpy_columns(job: _Job) -> dict[str, np.ndarray]:
 
 
 def _compiled_columns(module, job: _Job) -> dict[str, np.ndarray]:
-    """The `want`ed columns of every row from the compiled loop (engine/_kernel.py): the same
+    """The `want`ed columns of every row from the compiled loop (engine/_fast/_kernel.py): the same
     values as _worst_rank, _device_columns and the fit of the numpy blocks."""
     keys, terms, stages, g, want, ov, num_micro, limit, reason, outside_torch, overhead = job
     n = len(reason)

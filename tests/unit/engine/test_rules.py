@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from trainmem import load_model
-from trainmem.engine import _kernel, _rows, _rules, estimate, estimate_one, make_grid, reason_text
+from trainmem.engine import _rules, estimate, estimate_one, make_grid, reason_text
+from trainmem.engine._fast import _kernel, _rows
 from trainmem.engine._rules import REASONS, RULES, Rule
 
 HAS_NUMBA = importlib.util.find_spec("numba") is not None

@@ -6,7 +6,7 @@ element. Here the row stays Python scalars. What depends on the layout only (mod
 on the micro-batch shape only (activations) comes from per-model caches of the engine's own
 per-key terms (_estimate._key_tables, evaluated on a one-row grid the first time a key is seen),
 and the layout rules, peaks and slack run as the plain-Python programs generated from the
-engine's own definitions (engine/_rows.py python_module). The result is
+engine's own definitions (engine/_fast/_rows.py python_module). The result is
 the same, to the bit, as estimate() on that row (tests/unit/engine/test_scalar.py).
 """
 
@@ -20,9 +20,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _rows
-from ._codes import EXPANDABLE_SEGMENTS
-from ._estimate import (
+from .._codes import EXPANDABLE_SEGMENTS
+from .._estimate import (
     _A_TERMS,
     _OPTIONAL_TERMS,
     _S_TERMS,
@@ -31,15 +30,16 @@ from ._estimate import (
     batch_layout,
     layout_reason,
 )
-from ._grid import BOOL_FIELDS, CATEGORICAL, DEFAULTS, FLOAT_FIELDS, make_grid
-from ._lora import lora_mask, lora_zero3
-from ._model import ModelSpec
-from ._overhead import Overheads
-from ._peaks import STAGE_PEAKS
-from ._pipeline import STAGE_FIRST, STAGE_LAST, STAGE_MIDDLE, STAGE_ONLY
-from ._rank_activations import ACT_KEYS
-from ._rank_states import STATE_KEYS
-from ._rules import RuleModel
+from .._grid import BOOL_FIELDS, CATEGORICAL, DEFAULTS, FLOAT_FIELDS, make_grid
+from .._lora import lora_mask, lora_zero3
+from .._model import ModelSpec
+from .._overhead import Overheads
+from .._peaks import STAGE_PEAKS
+from .._pipeline import STAGE_FIRST, STAGE_LAST, STAGE_MIDDLE, STAGE_ONLY
+from .._rank_activations import ACT_KEYS
+from .._rank_states import STATE_KEYS
+from .._rules import RuleModel
+from . import _rows
 
 _TERMS = (
     [*_S_TERMS, *(t for s, _ in _OPTIONAL_TERMS.values() for t in s)],

@@ -1,15 +1,15 @@
 """The per-row work of estimate() on a large grid as compiled loops over all cores (numba):
 each row reads its terms from the per-key tables once and runs the per-row functions generated
-from the engine's own definitions (engine/_rows.py: the layout rules, a stage's phase peaks,
+from the engine's own definitions (engine/_fast/_rows.py: the layout rules, a stage's phase peaks,
 the allocator's slack), without a temporary array per operation. This module is the loop's
 skeleton only: which stage variant is the worst rank, and where each value goes.
 
-This module imports numba: only engine/_kernel.py imports it, lazily. numpy's blocks in
+This module imports numba: only engine/_fast/_kernel.py imports it, lazily. numpy's blocks in
 engine/_estimate.py are the reference; the generated functions are their trace, so the results
 agree to the bit (tests/unit/engine/test_kernel.py).
 
 Every function compiles with nogil=True, cache=True (machine code kept on disk under
-NUMBA_CACHE_DIR, which engine/_kernel.py sets to trainmem's cache folder unless it is set: not
+NUMBA_CACHE_DIR, which engine/_fast/_kernel.py sets to trainmem's cache folder unless it is set: not
 next to this file, inside site-packages) and error_model="numpy" (a division by
 zero gives inf/NaN, as numpy's does), and without fastmath: IEEE operations in source order, as
 numpy does them (no contraction to FMA, no reassociation).
@@ -20,12 +20,12 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from .._estimate import _A_TERMS, _S_TERMS
+from .._peaks import STAGE_PEAKS
 from . import _rows
-from ._estimate import _A_TERMS, _S_TERMS
-from ._peaks import STAGE_PEAKS
 
 rows = _rows.numba_module()
-"""The generated per-row functions (engine/_rows.py): reason_rows (the layout rules over every
+"""The generated per-row functions (engine/_fast/_rows.py): reason_rows (the layout rules over every
 row), stage_peaks and fragmentation (one row's), compiled from engine/_rules.py and
 engine/_peaks.py."""
 _stage_peaks, _fragmentation = rows.stage_peaks, rows.fragmentation

@@ -1,6 +1,6 @@
 """Which per-row assembly estimate() runs: numpy's (the reference, always there) or the compiled
-loop of engine/_kernel_numba.py (numba, the `fast` extra), which fuses the per-row work into one
-pass over all cores and returns the same bits.
+loop of engine/_fast/_kernel_numba.py (numba, the `fast` extra), which fuses the per-row work
+into one pass over all cores and returns the same bits.
 
 `TRAINMEM_KERNEL` chooses: `auto` (default), `numpy` or `numba` (an error if numba is missing).
 `auto` takes the compiled loop where numba imports and the work pays for loading it: importing
@@ -53,13 +53,14 @@ _unavailable: list[str] = []
 
 def engine_sources_digest() -> str:
     """A name for the engine's sources as they are: the start of the SHA-256 of every engine
-    module. numba's cache=True checks only the timestamp of the file that defines a jitted
-    function, so `assemble_rows` (engine/_kernel_numba.py) would reuse machine code that
-    inlined older generated functions (engine/_rows.py: the rules, the peaks) after an upgrade
-    or a checkout; one cache folder per version of the sources cannot."""
+    module (this folder's too). numba's cache=True checks only the timestamp of the file that
+    defines a jitted function, so `assemble_rows` (engine/_fast/_kernel_numba.py) would reuse
+    machine code that inlined older generated functions (engine/_fast/_rows.py: the rules, the
+    peaks) after an upgrade or a checkout; one cache folder per version of the sources cannot."""
     h = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        h.update(path.name.encode())
+    engine = Path(__file__).parent.parent
+    for path in sorted(engine.rglob("*.py")):
+        h.update(path.relative_to(engine).as_posix().encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
@@ -207,8 +208,8 @@ def layout_reason(module: ModuleType, m: Any, g: dict[str, np.ndarray]) -> np.nd
     generated from engine/_rules.RULES (the grid's columns as they are: make_grid's dtypes,
     broadcast columns not copied)."""
     _threads(module)
+    from .._rules import RuleModel
     from . import _rows  # it imports _estimate, which imports this module
-    from ._rules import RuleModel
 
     rows = _rows.numba_module()
     reason = np.empty(len(g["tp"]), dtype=np.int8)
@@ -241,7 +242,7 @@ formula_fallbacks: list[str] = []
 
 
 def formulas_for(m: Any, fn: Any, columns: dict[str, np.ndarray], num_keys: int) -> Any | None:
-    """fn(m, columns)'s per-key terms as a compiled loop (engine/_formula_kernels.py: its
+    """fn(m, columns)'s per-key terms as a compiled loop (engine/_fast/_formula_kernels.py: its
     `table(columns, names)` gives keys x names), or None where numpy's formulas should run.
 
     With numba loaded (TRAINMEM_KERNEL=numba, or under `auto` a grid or sweep large enough for
