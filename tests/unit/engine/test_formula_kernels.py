@@ -1,5 +1,5 @@
-"""The per-key formulas generated as one loop (engine/_formula_trace.py traces them,
-engine/_formula_kernels.py writes the loop) return numpy's bits, model by model.
+"""The per-key formulas generated as one loop (engine/_fast/_formula_trace.py traces them,
+engine/_fast/_formula_kernels.py writes the loop) return numpy's bits, model by model.
 
 The generator is checked without compiling (the generated source run as Python on numpy
 scalars) on every family's formulas; numba's compiled loop on whole estimates of two models
@@ -18,7 +18,8 @@ import pytest
 
 from tests.strategies import random_grid
 from trainmem.catalog import load_model, load_profile
-from trainmem.engine import _formula_kernels, _formula_trace, _kernel, estimate, make_grid
+from trainmem.engine import estimate, make_grid
+from trainmem.engine._fast import _formula_kernels, _formula_trace, _kernel
 
 TABLE_TERMS = ("_state_table_terms", "_activation_table_terms")
 """engine/_estimate.py's per-key functions: state_terms, activation_terms and what they add."""
@@ -186,7 +187,8 @@ def test_numba_caches_outside_the_package(tmp_path) -> None:
     env = {**os.environ, _formula_kernels.CACHE_ENV: str(tmp_path)}
     env.pop("NUMBA_CACHE_DIR", None)
     code = (
-        "import os; from trainmem.engine import _kernel; assert _kernel._compiled() is not None; "
+        "import os; from trainmem.engine._fast import _kernel; "
+        "assert _kernel._compiled() is not None; "
         "print(os.environ['NUMBA_CACHE_DIR'])"
     )
     run = subprocess.run(

@@ -1,4 +1,4 @@
-"""The compiled per-row assembly (engine/_kernel_numba.py) returns what numpy's does, to the
+"""The compiled per-row assembly (engine/_fast/_kernel_numba.py) returns what numpy's does, to the
 bit, on random grids of every kind of row: pipelined and interleaved (the worst rank is then one
 of two stage variants), gradient accumulation, offload to the host, the expandable-segments
 allocator, invalid layouts; and `layout_reason`'s compiled loop the same codes as numpy's.
@@ -13,7 +13,8 @@ import pytest
 
 from tests.strategies import random_grid
 from trainmem.catalog import load_model
-from trainmem.engine import OUTPUTS, Overheads, _kernel, estimate, layout_reason, make_grid
+from trainmem.engine import OUTPUTS, Overheads, estimate, layout_reason, make_grid
+from trainmem.engine._fast import _kernel
 
 pytest.importorskip("numba", reason="the compiled kernel is the `fast` extra")
 
@@ -145,7 +146,7 @@ def test_a_kernel_that_does_not_load_falls_back_to_numpy(monkeypatch) -> None:
     import sys
 
     _kernel._compiled.cache_clear()
-    monkeypatch.setitem(sys.modules, "trainmem.engine._kernel_numba", None)  # import fails
+    monkeypatch.setitem(sys.modules, "trainmem.engine._fast._kernel_numba", None)  # import fails
     monkeypatch.setattr(_kernel, "_loaded", False)
     monkeypatch.setattr(_kernel, "_unavailable", [])
     try:

@@ -1,4 +1,4 @@
-"""estimate_one() (engine/_scalar.py) returns, for each configuration, what estimate() returns
+"""estimate_one() (engine/_fast/_scalar.py) returns, for each configuration, what estimate() returns
 in that configuration's row: every column, to the bit, on the engine recording's rows (every
 family, a traced profile, valid and invalid layouts) and on rows drawn from the declarations
 (tests/strategies.py: every field, every preset), for the worst rank, a given pipeline stage
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from tests.strategies import columns_of, models, rows
 from trainmem.catalog import load_model, load_profile
 from trainmem.engine import OUTPUT_DTYPES, OUTPUTS, Overheads, estimate, make_grid
-from trainmem.engine._scalar import _caches, encode_row, estimate_one
+from trainmem.engine._fast._scalar import _caches, encode_row, estimate_one
 
 RECORDING = Path(__file__).parent / "data" / "engine_recording.npz"
 PROFILE = Path(__file__).parents[2] / "data" / "profiles" / "vit-base.json"
