@@ -19,8 +19,6 @@ from trainmem.engine import (
     COMPONENTS,
     DEFAULTS_BY_FIELD,
     FIELD_NAMES,
-    FRAMEWORKS,
-    PRECISIONS,
     TrainingConfig,
 )
 from trainmem.hardware import load_gpus, parse_fleet
@@ -118,9 +116,9 @@ def run_sweep(
     precision, optimizer, framework = (training[k] for k in ("precision", "optimizer", "framework"))
     choice("method", method, ("exhaustive", "optuna"))
     check_store(store)
-    choice("precision", precision, PRECISIONS)
+    # precision and framework are judged once, with the other training fields, by
+    # check_options (their closed vocabularies first) and, unset (None), by the engine's grid.
     optimizer_fields = optimizer_columns(optimizer, optimizers_dir)
-    choice("framework", framework, FRAMEWORKS)
     objectives = parse_objectives(objective)
     check_headroom(headroom)
     counts = {
