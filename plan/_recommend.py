@@ -33,8 +33,7 @@ from trainmem.engine import (
     TrainingConfig,
     resolved_loss,
 )
-from trainmem.hardware import GIB, Fleet, load_gpus, parse_fleet
-from trainmem.hardware._fleet import FleetSource
+from trainmem.hardware import GIB, Fleet, FleetSource, load_gpus, parse_fleet
 from trainmem.report import (
     check_headroom,
     check_options,
