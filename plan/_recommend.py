@@ -34,7 +34,7 @@ from trainmem.engine import (
     TrainingConfig,
     resolved_loss,
 )
-from trainmem.hardware import GIB, Fleet, load_gpus, parse_fleet
+from trainmem.hardware import GIB, Fleet, FleetSource, load_gpus, parse_fleet
 from trainmem.report import (
     check_headroom,
     check_options,
@@ -139,7 +139,8 @@ def recommend_report(
     training: TrainingConfig | Mapping[str, Any] | None = None,
     *,
     model: str = "llama-3.1-8b",
-    fleet: str = "8xh100-sxm-80gb",
+    fleet: FleetSource = "8xh100-sxm-80gb",
+    fleet_label: str | None = None,
     objective: str = "cost",
     num_alternatives: int = 4,
     max_micro_batch_size: int = 16,
@@ -165,6 +166,8 @@ def recommend_report(
     The job's training fields: `training` updated by keyword fields, over SEARCH_DEFAULTS;
     searched fields left unset (None) are searched. Pure: prints nothing, writes nothing (the
     search runs in memory; `trainmem sweep --out` stores points). `framework` None: megatron.
+    `fleet`: text, a TOML path or the pools in memory (hardware's parse_fleet); `fleet_label`
+    names it in the answer and its messages (None: `fleet` itself, or its pools).
     ValueError (one line, naming the field) on bad input.
     """
     scope = dict(locals())  # the arguments (the first statement)
@@ -197,7 +200,7 @@ def recommend_report(
             **{k: getattr(spec, k) for k in MODEL_KEYS},
             **rope_architecture(model, models_dir=models_dir),
         },
-        "fleet": fleet,
+        "fleet": fleet_text(fleet, fleet_label, pools),
         "objective": objectives[0],
         "framework": framework,
         "precision": space.fixed["precision"],
@@ -234,9 +237,9 @@ def recommend_report(
     if fits:
         reason = ""
     elif plans:
-        reason = f"nothing fits on {fleet}; the closest configuration: {best['reason']}"
+        reason = f"nothing fits on {context['fleet']}; the closest configuration: {best['reason']}"
     else:
-        reason = f"nothing fits on {fleet}: no valid configuration in the space"
+        reason = f"nothing fits on {context['fleet']}: no valid configuration in the space"
     return {
         **{k: best.get(k) for k in CONTRACT},
         **{k: v for k, v in best.items() if k not in CONTRACT},
@@ -272,7 +275,7 @@ def space_points(**fields: Any) -> int:
     service bounds a request's work with it."""
     options = {
         o.name: o.default for o in RECOMMEND_OPTIONS if o.name not in ("fmt", "as_json", "check")
-    }
+    } | {"fleet_label": None}
     unknown = sorted(set(fields) - set(options))
     if unknown:
         raise TypeError(f"unexpected keyword argument {unknown[0]!r}")
@@ -341,10 +344,26 @@ def job_space(**fields: Any) -> Space:
     if not counts:
         raise ValueError(
             f"num_gpus: {space.axes['num_gpus'][0]} GPUs cannot be launched on "
-            f"{f['fleet']} (within one node, or whole nodes of a pool)"
+            f"{fleet_text(f['fleet'], f['fleet_label'], space.fleet)} (within one node, or whole "
+            "nodes of a pool)"
         )
     return launchable(
         dataclasses.replace(space, axes={**space.axes, "num_gpus": counts}), framework
+    )
+
+
+def fleet_text(fleet: FleetSource, label: str | None, pools: Fleet) -> str:
+    """The fleet as the answer names it: `label`, else the text or path given, else (pools in
+    memory) NODESxPER_NODExGPU per pool (COUNTxGPU for one node)."""
+    if label is not None:
+        return label
+    if isinstance(fleet, str):
+        return fleet
+    if not isinstance(fleet, (Mapping, list, tuple)):
+        return str(fleet)  # a path
+    return ",".join(
+        f"{p.num_gpus}x{p.gpu}" if p.num_nodes == 1 else f"{p.num_nodes}x{p.gpus_per_node}x{p.gpu}"
+        for p in pools.pools
     )
 
 
