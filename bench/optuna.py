@@ -29,7 +29,8 @@ import polars as pl
 
 from trainmem.catalog import load_model
 from trainmem.hardware import load_gpus, parse_fleet
-from trainmem.sweep._search import run_exhaustive, run_optuna
+from trainmem.sweep._exhaustive import run_exhaustive
+from trainmem.sweep._optuna import run_optuna
 from trainmem.sweep._space import Space, coarse_space, make_space
 from trainmem.sweep._study import WARM_START_TRIALS, warm_start_params
 

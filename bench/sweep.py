@@ -27,7 +27,9 @@ from trainmem.catalog import load_model
 from trainmem.engine._fast import _kernel
 from trainmem.hardware import load_gpus, parse_fleet
 from trainmem.results import _store
-from trainmem.sweep._search import _frame, run_exhaustive, run_optuna
+from trainmem.sweep._exhaustive import run_exhaustive
+from trainmem.sweep._optuna import run_optuna
+from trainmem.sweep._points import _frame
 from trainmem.sweep._space import POINT_COLUMNS, Space, make_space
 
 CASES = (

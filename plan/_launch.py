@@ -206,8 +206,18 @@ def deepspeed_config(plan: dict[str, Any]) -> dict[str, Any]:
 def megatron_args(plan: dict[str, Any]) -> list[list[str]]:
     """Megatron-LM pretrain_gpt.py arguments (megatron/training/arguments.py), grouped by line:
     parallelism, batch, model shape, memory knobs, precision and optimizer."""
-    m = plan["architecture"]
-    layers, hidden, heads = m["num_hidden_layers"], m["hidden_size"], m["num_attention_heads"]
+    groups = (
+        _megatron_parallel(plan),
+        _megatron_batch(plan),
+        _megatron_shape(plan),
+        _megatron_memory(plan),
+        _megatron_numerics(plan),
+    )
+    return [[str(a) for a in group] for group in groups if group]
+
+
+def _megatron_parallel(plan: dict[str, Any]) -> list[Any]:
+    """The parallel degrees (TP, PP with its virtual stages, CP, EP) and sequence parallelism."""
     parallel = [
         "--tensor-model-parallel-size",
         plan["tp"],
@@ -219,13 +229,17 @@ def megatron_args(plan: dict[str, Any]) -> list[list[str]]:
     if plan["virtual_stages"] > 1:
         parallel += [
             "--num-layers-per-virtual-pipeline-stage",
-            layers // (plan["pp"] * plan["virtual_stages"]),
+            plan["architecture"]["num_hidden_layers"] // (plan["pp"] * plan["virtual_stages"]),
         ]
     if plan["ep"] > 1:
         parallel += ["--expert-model-parallel-size", plan["ep"]]
     if plan["tp"] > 1 and plan["sequence_parallel"]:
         parallel.append("--sequence-parallel")
-    batch = [
+    return parallel
+
+
+def _megatron_batch(plan: dict[str, Any]) -> list[Any]:
+    return [
         "--micro-batch-size",
         plan["micro_batch_size"],
         "--global-batch-size",
@@ -233,9 +247,16 @@ def megatron_args(plan: dict[str, Any]) -> list[list[str]]:
         "--seq-length",
         plan["seq_len"],
     ]
+
+
+def _megatron_shape(plan: dict[str, Any]) -> list[Any]:
+    """The model's shape: sizes and attention heads, positions, norm, vocabulary, MLP, biases
+    and dropout, then the MoE and MLA blocks where the model has them."""
+    m = plan["architecture"]
+    hidden, heads = m["hidden_size"], m["num_attention_heads"]
     shape = [
         "--num-layers",
-        layers,
+        m["num_hidden_layers"],
         "--hidden-size",
         hidden,
         "--ffn-hidden-size",
@@ -276,57 +297,53 @@ def megatron_args(plan: dict[str, Any]) -> list[list[str]]:
             shape.append("--add-qkv-bias")
     if m["dropout"] == 0:
         shape += ["--attention-dropout", 0, "--hidden-dropout", 0]
-    if m["num_experts"]:
-        shape += [
-            "--num-experts",
-            m["num_experts"],
-            "--moe-router-topk",
-            m["num_experts_per_tok"],
-            "--moe-ffn-hidden-size",
-            m["moe_intermediate_size"],
-            "--moe-grouped-gemm",
-        ]
-        if m["shared_expert_intermediate_size"]:
-            shape += ["--moe-shared-expert-intermediate-size", m["shared_expert_intermediate_size"]]
-        if m["num_dense_layers"]:
-            dense = m["num_dense_layers"]
-            shape += ["--moe-layer-freq", f"([0]*{dense}+[1]*{layers - dense})"]
-    if m["kv_lora_rank"]:
-        shape += [
-            "--multi-latent-attention",
-            "--kv-lora-rank",
-            m["kv_lora_rank"],
-            "--qk-head-dim",
-            m["qk_nope_head_dim"],
-            "--qk-pos-emb-head-dim",
-            m["qk_rope_head_dim"],
-            "--v-head-dim",
-            m["v_head_dim"],
-        ]
-        if m["q_lora_rank"]:
-            shape += ["--q-lora-rank", m["q_lora_rank"]]
-    memory: list[Any] = []
-    if plan["recompute"] == "full":
-        memory += [
-            "--recompute-granularity",
-            "full",
-            "--recompute-method",
-            "uniform",
-            "--recompute-num-layers",
-            1,
-        ]
-    elif plan["recompute"] == "selective":
-        memory += ["--recompute-granularity", "selective"]
-    elif plan["recompute"] == "selective-layer":  # as many blocks per stage, whole
-        per_stage = layers // (plan["pp"] * plan["virtual_stages"])
-        memory += [
-            "--recompute-granularity",
-            "full",
-            "--recompute-method",
-            "block",
-            "--recompute-num-layers",
-            per_stage // plan.get("recompute_every", 2),
-        ]
+    return shape + _megatron_moe(m) + _megatron_mla(m)
+
+
+def _megatron_moe(m: dict[str, Any]) -> list[Any]:
+    """The MoE flags (none for a dense model): experts, routing, shared experts, dense layers."""
+    if not m["num_experts"]:
+        return []
+    moe = [
+        "--num-experts",
+        m["num_experts"],
+        "--moe-router-topk",
+        m["num_experts_per_tok"],
+        "--moe-ffn-hidden-size",
+        m["moe_intermediate_size"],
+        "--moe-grouped-gemm",
+    ]
+    if m["shared_expert_intermediate_size"]:
+        moe += ["--moe-shared-expert-intermediate-size", m["shared_expert_intermediate_size"]]
+    if m["num_dense_layers"]:
+        dense, layers = m["num_dense_layers"], m["num_hidden_layers"]
+        moe += ["--moe-layer-freq", f"([0]*{dense}+[1]*{layers - dense})"]
+    return moe
+
+
+def _megatron_mla(m: dict[str, Any]) -> list[Any]:
+    """The multi-latent attention flags (DeepSeek-V2/V3; none without a KV LoRA rank)."""
+    if not m["kv_lora_rank"]:
+        return []
+    mla = [
+        "--multi-latent-attention",
+        "--kv-lora-rank",
+        m["kv_lora_rank"],
+        "--qk-head-dim",
+        m["qk_nope_head_dim"],
+        "--qk-pos-emb-head-dim",
+        m["qk_rope_head_dim"],
+        "--v-head-dim",
+        m["v_head_dim"],
+    ]
+    if m["q_lora_rank"]:
+        mla += ["--q-lora-rank", m["q_lora_rank"]]
+    return mla
+
+
+def _megatron_memory(plan: dict[str, Any]) -> list[Any]:
+    """The memory knobs: recompute, the distributed optimizer / Megatron-FSDP, CPU offload."""
+    memory = _megatron_recompute(plan)
     if plan["zero"] >= 1:
         memory.append("--use-distributed-optimizer")
     if plan["zero"] >= 2:  # Megatron-FSDP (its README's required flags)
@@ -339,16 +356,45 @@ def megatron_args(plan: dict[str, Any]) -> list[list[str]]:
             "--use-precision-aware-optimizer",
             "--overlap-cpu-optimizer-d2h-h2d",
         ]
+    return memory
+
+
+def _megatron_recompute(plan: dict[str, Any]) -> list[Any]:
+    if plan["recompute"] == "full":
+        return [
+            "--recompute-granularity",
+            "full",
+            "--recompute-method",
+            "uniform",
+            "--recompute-num-layers",
+            1,
+        ]
+    if plan["recompute"] == "selective":
+        return ["--recompute-granularity", "selective"]
+    if plan["recompute"] == "selective-layer":  # as many blocks per stage, whole
+        layers = plan["architecture"]["num_hidden_layers"]
+        per_stage = layers // (plan["pp"] * plan["virtual_stages"])
+        return [
+            "--recompute-granularity",
+            "full",
+            "--recompute-method",
+            "block",
+            "--recompute-num-layers",
+            per_stage // plan.get("recompute_every", 2),
+        ]
+    return []
+
+
+def _megatron_numerics(plan: dict[str, Any]) -> list[Any]:
+    """Precision, optimizer (adam or sgd: ValueError for one Megatron-LM does not take) and the
+    gradient clip."""
     optimizer = MEGATRON_OPTIMIZERS.get(plan["optimizer"])
     if optimizer is None:
         raise ValueError(
             f"optimizer: Megatron-LM's --optimizer takes adam or sgd (trainmem "
             f"{'|'.join(MEGATRON_OPTIMIZERS)}), not {plan['optimizer']}"
         )
-    numerics = [*MEGATRON_PRECISIONS[plan["precision"]], *optimizer, "--clip-grad", 1.0]
-    return [
-        [str(a) for a in group] for group in (parallel, batch, shape, memory, numerics) if group
-    ]
+    return [*MEGATRON_PRECISIONS[plan["precision"]], *optimizer, "--clip-grad", 1.0]
 
 
 MEGATRON_LLAMA3_ROPE = {

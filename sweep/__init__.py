@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from trainmem.engine._lazy import lazy_names, modules_of
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ._exhaustive import run_exhaustive
     from ._fit import FIT_OPTIONS, fit_report
     from ._options import (
         FLEET,
@@ -28,15 +29,9 @@ if TYPE_CHECKING:  # pragma: no cover
         SWEEP_OPTIONS,
         extra_fields,
     )
+    from ._optuna import run_optuna
+    from ._points import OBJECTIVES, Progress, SearchResult, parse_objectives
     from ._run import SweepReport, SweepRun, run_sweep, sweep_report
-    from ._search import (
-        OBJECTIVES,
-        Progress,
-        SearchResult,
-        parse_objectives,
-        run_exhaustive,
-        run_optuna,
-    )
     from ._space import AXES, Space, evaluate_columns, gpu_counts, make_space, reason_texts
 
 _MODULES = {
@@ -50,14 +45,9 @@ _MODULES = {
         "extra_fields",
     ),
     "._run": ("SweepReport", "SweepRun", "run_sweep", "sweep_report"),
-    "._search": (
-        "OBJECTIVES",
-        "Progress",
-        "SearchResult",
-        "parse_objectives",
-        "run_exhaustive",
-        "run_optuna",
-    ),
+    "._exhaustive": ("run_exhaustive",),
+    "._optuna": ("run_optuna",),
+    "._points": ("OBJECTIVES", "Progress", "SearchResult", "parse_objectives"),
     "._space": ("AXES", "Space", "evaluate_columns", "gpu_counts", "make_space", "reason_texts"),
 }
 _MODULE_OF = modules_of(_MODULES)

@@ -9,8 +9,8 @@ continues the study as an SQLite one does. A warm start runs the exhaustive sear
 version of the space (`coarse_space`), then of the cell around its optimum (`zoomed_space`), and
 enqueues the best layouts as the study's first trials.
 
-`run_optuna` (in _search) imports this module when it runs, since this module builds on
-_search's trial mapping (INNER_AXES, the told value and constraint).
+`run_optuna` (in _optuna) imports this module when it runs, since this module builds on
+_optuna's trial mapping (INNER_AXES, the told value and constraint).
 """
 
 from __future__ import annotations
@@ -28,17 +28,10 @@ import polars as pl
 from trainmem.results import scan_points, study_dir
 from trainmem.results._store import HOST_TAG
 
-from ._search import (
-    CATEGORICAL_AXES,
-    INFEASIBLE_VALUE,
-    INNER_AXES,
-    OBJECTIVES,
-    SearchResult,
-    _constraint,
-    _sort_keys,
-    default_storage,
-    run_exhaustive,
-)
+from ._axes import CATEGORICAL_AXES, INNER_AXES
+from ._exhaustive import run_exhaustive
+from ._optuna import INFEASIBLE_VALUE, _constraint, default_storage
+from ._points import OBJECTIVES, SearchResult, _sort_keys
 from ._space import AXES, Space, coarse_space, zoomed_space
 
 MEMORY = ":memory:"

@@ -20,7 +20,7 @@ import numpy as np
 
 from trainmem.hardware import GIB
 
-from ._search import run_exhaustive
+from ._exhaustive import run_exhaustive
 from ._space import AXES, Space, evaluate_columns, rows_on_pools
 
 CONVENTIONAL = "tp = a node's GPUs, cp 1, no CPU offload"

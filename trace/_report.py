@@ -10,8 +10,10 @@ the formulas know or a profile just saved), `relative_error` (estimate / measure
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -103,156 +105,232 @@ def trace_report(
 ) -> dict[str, Any]:
     """Trace the step (and optionally a second length, a real GPU) and compare with the
     estimate."""
-    from trainmem.report import estimate_report
+    job = _TraceJob(**locals())  # every parameter, first: the steps below take the job
+    _check(job)
+    # The formulas' estimate first: bad flags fail before a long trace.
+    estimate_full = None if module else _estimate(job, None)
+    profile_info: dict[str, Any] | None = None
+    if save_profile:
+        measured, profile_info = _trace_and_save_profile(job)
+        if module:
+            estimate_full = _estimate(job, save_profile)
+    else:
+        measured = _trace(job, seq_len)
+    report = _report(job, measured, estimate_full)
+    if profile_info is not None:
+        report["profile"] = profile_info
+    if real_gpu:
+        report.update(_real_gpu(functools.partial(_trace, job), seq_len, report["estimate"]))
+    return report
 
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _TraceJob:
+    """The fields of one `trainmem trace` call (`trace_report`'s parameters), and the groups of
+    them that the trace, the estimate and the report's `config` share."""
+
+    model: str
+    module: str | None
+    seq_len: int
+    micro_batch_size: int
+    precision: str
+    optimizer: str
+    recompute: str
+    attention: str
+    sdpa_kernel: str
+    device: str
+    num_gpus: int
+    zero: int
+    gpu: str
+    tp: int
+    sequence_parallel: bool
+    save_profile: str | None
+    profile_seq_lens: str | None
+    profile_name: str | None
+    real_gpu: bool
+    estimate_defaults: dict[str, Any]
+    lora_rank: int
+    lora_targets: str
+    qlora: bool
+
+    @property
+    def parallel(self) -> dict[str, Any]:
+        return {
+            "num_gpus": self.num_gpus,
+            "zero": self.zero,
+            "tp": self.tp,
+            "sequence_parallel": self.sequence_parallel,
+        }
+
+    @property
+    def common(self) -> dict[str, Any]:
+        return {
+            "precision": self.precision,
+            "recompute": self.recompute,
+            "optimizer": self.optimizer,
+        }
+
+    @property
+    def lora(self) -> dict[str, Any]:
+        """The LoRA flags (trace/_lora.py); none without LoRA: the plain trace's calls stay as
+        they were."""
+        if not (self.lora_rank or self.qlora):
+            return {}
+        return {"lora_rank": self.lora_rank, "lora_targets": self.lora_targets}
+
+
+def _check(job: _TraceJob) -> None:
+    """Refuse the flags a trace cannot run with (one ValueError) before anything is traced;
+    a real GPU is looked for before the fake trace, not after it."""
     from ._core import DEVICES
     from ._sdpa import SDPA_KERNELS
 
-    if real_gpu:
+    if job.real_gpu:
         from ._gpu import check_cuda
 
-        if num_gpus > 1:
+        if job.num_gpus > 1:
             raise ValueError("real-gpu: one GPU only (a multi-GPU job is traced on fake devices)")
-        check_cuda()  # before the fake trace, not after it
-    choice("recompute", recompute, ("none", "full"))
-    choice("attention", attention, ATTENTION)
-    choice("sdpa-kernel", sdpa_kernel, SDPA_KERNELS)
-    choice("device", device, DEVICES)
-    if seq_len < 1 or micro_batch_size < 1:
+        check_cuda()
+    choice("recompute", job.recompute, ("none", "full"))
+    choice("attention", job.attention, ATTENTION)
+    choice("sdpa-kernel", job.sdpa_kernel, SDPA_KERNELS)
+    choice("device", job.device, DEVICES)
+    if job.seq_len < 1 or job.micro_batch_size < 1:
         raise ValueError("seq-len and micro-batch-size: must be >= 1")
-    parallel: dict[str, Any] = {
-        "num_gpus": num_gpus,
-        "zero": zero,
-        "tp": tp,
-        "sequence_parallel": sequence_parallel,
-    }
-    if num_gpus > 1 or zero or tp > 1:
+    if job.num_gpus > 1 or job.zero or job.tp > 1:
         from ._dist import check_parallel
 
-        check_parallel(**parallel, module=module)
-    common: dict[str, Any] = {
-        "precision": precision,
-        "recompute": recompute,
-        "optimizer": optimizer,
-    }
-    lora: dict[str, Any] = {}
-    if lora_rank or qlora:  # trace/_lora.py; the plain trace's calls stay as they were
+        check_parallel(**job.parallel, module=job.module)
+    if job.lora_rank or job.qlora:
         from ._lora import check_lora
 
-        check_lora(lora_rank=lora_rank, lora_targets=lora_targets, qlora=qlora, tp=tp)
-        if module or save_profile or real_gpu:
+        check_lora(
+            lora_rank=job.lora_rank, lora_targets=job.lora_targets, qlora=job.qlora, tp=job.tp
+        )
+        if job.module or job.save_profile or job.real_gpu:
             raise ValueError(
                 "lora-rank: traces --model on fake devices only (no --module, "
                 "--save-profile or --real-gpu)"
             )
-        lora = {"lora_rank": lora_rank, "lora_targets": lora_targets}
 
-    def run(length: int, real_hook: Any = None) -> dict[str, Any]:
-        """The step at `length` tokens: on the fake device, or (real_hook) on the real GPU."""
-        flags: dict[str, Any] = {
-            **common,
-            "micro_batch_size": micro_batch_size,
-            "seq_len": length,
-            "sdpa_kernel": sdpa_kernel,
-        }
-        if real_hook is None:
-            flags["device"] = device
-        else:
-            flags.update(device="cuda", fake=False, on_phase_end=real_hook)
-        if module:
-            from ._module import trace_module
 
-            return trace_module(module, **flags)
-        config = model_config_dict(model)
-        if num_gpus > 1:
-            from ._dist import trace_parallel
-
-            return trace_parallel(config, attention=attention, **parallel, **flags, **lora)
-        from ._core import trace_step
-
-        return trace_step(config, attention=attention, **flags, **lora)
-
-    def estimate_for(profile_file: str | None) -> dict[str, Any]:
-        fields = {
-            **estimate_defaults,
-            **parallel,
-            "gpu": gpu,
-            "seq_len": seq_len,
-            "micro_batch_size": micro_batch_size,
-            "precision": precision,
-            "optimizer": optimizer,
-            "recompute": recompute,
-            "attention": attention,
-            "framework": "hf",
-            **lora,
-        }
-        if profile_file:
-            fields.update(profile_file=profile_file, model=estimate_defaults["model"])
-        else:
-            fields["model"] = model
-        return estimate_report(**fields)
-
-    # The formulas' estimate first: bad flags fail before a long trace.
-    estimate_full = None if module else estimate_for(None)
-    profile_info: dict[str, Any] | None = None
-    profile_path: str | None = None
-    if save_profile:
-        from ._save_profile import parse_seq_lens, profile_from_traces
-
-        if num_gpus > 1:
-            raise ValueError("save-profile: trace one GPU (num-gpus 1); a profile is per layer")
-        lens = parse_seq_lens(profile_seq_lens, seq_len)
-        if module:
-            from ._module import factory_takes_seq_len, load_factory
-
-            if not factory_takes_seq_len(load_factory(module)):
-                raise ValueError("save-profile: the module's factory must take seq_len")
-        traces = {length: run(length) for length in sorted({*lens, seq_len})}
-        measured = traces[seq_len]
-        if module:
-            default_name = Path(module.rpartition(":")[0]).name.removesuffix(".py")
-        elif Path(model).exists():  # a config.json (or its folder): name it after the folder
-            path = Path(model)
-            default_name = path.parent.name if path.name == "config.json" else path.stem
-        else:
-            default_name = model
-        name = profile_name or default_name
-        profile = profile_from_traces(
-            traces[lens[0]],
-            traces[lens[1]],
-            name=name,
-            command=_command(
-                model=model,
-                module=module,
-                micro_batch_size=micro_batch_size,
-                profile_seq_lens=f"{lens[0]},{lens[1]}",
-                sdpa_kernel=sdpa_kernel,
-                device=device,
-                **common,
-                attention=attention,
-            ),
-            valid_for={"precision": precision, "recompute": recompute, "attention": attention},
-        )
-        Path(save_profile).write_text(json.dumps(profile, indent=2) + "\n")
-        profile_path = save_profile
-        profile_info = {"path": save_profile, **profile}
-        if module:
-            estimate_full = estimate_for(profile_path)
+def _trace(job: _TraceJob, length: int, real_hook: Any = None) -> dict[str, Any]:
+    """The step at `length` tokens: on the fake device, or (real_hook) on the real GPU."""
+    flags: dict[str, Any] = {
+        **job.common,
+        "micro_batch_size": job.micro_batch_size,
+        "seq_len": length,
+        "sdpa_kernel": job.sdpa_kernel,
+    }
+    if real_hook is None:
+        flags["device"] = job.device
     else:
-        measured = run(seq_len)
+        flags.update(device="cuda", fake=False, on_phase_end=real_hook)
+    if job.module:
+        from ._module import trace_module
 
+        return trace_module(job.module, **flags)
+    config = model_config_dict(job.model)
+    if job.num_gpus > 1:
+        from ._dist import trace_parallel
+
+        return trace_parallel(config, attention=job.attention, **job.parallel, **flags, **job.lora)
+    from ._core import trace_step
+
+    return trace_step(config, attention=job.attention, **flags, **job.lora)
+
+
+def _estimate(job: _TraceJob, profile_file: str | None) -> dict[str, Any]:
+    """`estimate --json` for the traced flags: of the model, or of a saved profile."""
+    from trainmem.report import estimate_report
+
+    fields = {
+        **job.estimate_defaults,
+        **job.parallel,
+        "gpu": job.gpu,
+        "seq_len": job.seq_len,
+        "micro_batch_size": job.micro_batch_size,
+        "precision": job.precision,
+        "optimizer": job.optimizer,
+        "recompute": job.recompute,
+        "attention": job.attention,
+        "framework": "hf",
+        **job.lora,
+    }
+    if profile_file:
+        fields.update(profile_file=profile_file, model=job.estimate_defaults["model"])
+    else:
+        fields["model"] = job.model
+    return estimate_report(**fields)
+
+
+def _trace_and_save_profile(job: _TraceJob) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Trace the two profile lengths (and the asked one), write the profile to
+    `job.save_profile`; returns the trace at the asked length and the report's `profile`."""
+    from ._save_profile import parse_seq_lens, profile_from_traces
+
+    if job.num_gpus > 1:
+        raise ValueError("save-profile: trace one GPU (num-gpus 1); a profile is per layer")
+    lens = parse_seq_lens(job.profile_seq_lens, job.seq_len)
+    if job.module:
+        from ._module import factory_takes_seq_len, load_factory
+
+        if not factory_takes_seq_len(load_factory(job.module)):
+            raise ValueError("save-profile: the module's factory must take seq_len")
+    traces = {length: _trace(job, length) for length in sorted({*lens, job.seq_len})}
+    profile = profile_from_traces(
+        traces[lens[0]],
+        traces[lens[1]],
+        name=job.profile_name or _default_profile_name(job),
+        command=_command(
+            model=job.model,
+            module=job.module,
+            micro_batch_size=job.micro_batch_size,
+            profile_seq_lens=f"{lens[0]},{lens[1]}",
+            sdpa_kernel=job.sdpa_kernel,
+            device=job.device,
+            **job.common,
+            attention=job.attention,
+        ),
+        valid_for={
+            "precision": job.precision,
+            "recompute": job.recompute,
+            "attention": job.attention,
+        },
+    )
+    assert job.save_profile is not None  # called with --save-profile only
+    Path(job.save_profile).write_text(json.dumps(profile, indent=2) + "\n")
+    return traces[job.seq_len], {"path": job.save_profile, **profile}
+
+
+def _default_profile_name(job: _TraceJob) -> str:
+    """A profile's name without --profile-name: the module's file, the config's folder (or
+    file), or the preset."""
+    if job.module:
+        return Path(job.module.rpartition(":")[0]).name.removesuffix(".py")
+    if Path(job.model).exists():  # a config.json (or its folder): name it after the folder
+        path = Path(job.model)
+        return path.parent.name if path.name == "config.json" else path.stem
+    return job.model
+
+
+def _report(
+    job: _TraceJob, measured: dict[str, Any], estimate_full: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The estimate --json keys filled from the trace, the trace itself, the estimate's figures
+    and their relative errors (module docstring)."""
     predicted = _estimate_figures(estimate_full) if estimate_full else None
-    report: dict[str, Any] = {
-        "model": module or (estimate_full or {}).get("model", model),
+    return {
+        "model": job.module or (estimate_full or {}).get("model", job.model),
         **_contract(measured),
         "config": {
-            **common,
-            "micro_batch_size": micro_batch_size,
-            "seq_len": seq_len,
-            "attention": attention,
-            "sdpa_kernel": sdpa_kernel,
-            **parallel,
-            **lora,
+            **job.common,
+            "micro_batch_size": job.micro_batch_size,
+            "seq_len": job.seq_len,
+            "attention": job.attention,
+            "sdpa_kernel": job.sdpa_kernel,
+            **job.parallel,
+            **job.lora,
         },
         "device": measured.get("device"),
         "note": measured.get("note", ""),
@@ -265,11 +343,6 @@ def trace_report(
         },
         "estimate_report": estimate_full,
     }
-    if profile_info is not None:
-        report["profile"] = profile_info
-    if real_gpu:
-        report.update(_real_gpu(run, seq_len, predicted))
-    return report
 
 
 def _command(*, model: str, module: str | None, **flags: Any) -> str:

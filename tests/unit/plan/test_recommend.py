@@ -31,7 +31,7 @@ from trainmem.plan._recommend import (
     recommend_report,
     space_points,
 )
-from trainmem.sweep._search import run_exhaustive
+from trainmem.sweep._exhaustive import run_exhaustive
 from trainmem.sweep._space import make_space
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 from trainmem.engine import KNOBS, OFFLOADS, RECOMPUTE
-from trainmem.sweep import _axes, _heatmap, _parts, _search, _space, _study
+from trainmem.sweep import _axes, _heatmap, _optuna, _parts, _space, _study
 from trainmem.sweep._space import make_space
 
 # ---- each former hand list equals its derived value (regression) ------------------------------
@@ -133,8 +133,8 @@ def test_sweep_lists_equal_their_former_hand_lists() -> None:
     assert _space.AXES == _axes.AXES == FORMER_AXES
     assert _parts.LAYOUT_AXES == _axes.LAYOUT_AXES == FORMER_LAYOUT_AXES
     assert ("gpu", *FORMER_LAYOUT_AXES[1:]) == _parts.LAYOUT
-    assert _search.INNER_AXES == FORMER_INNER_AXES
-    assert _search.CATEGORICAL_AXES == ("pool", "recompute", "offload")
+    assert _optuna.INNER_AXES == FORMER_INNER_AXES
+    assert _optuna.CATEGORICAL_AXES == ("pool", "recompute", "offload")
     assert _space._NAMES == {"recompute": RECOMPUTE, "offload": OFFLOADS}
     assert list(_space._NAMES) == ["recompute", "offload"]
     assert _study.OUTER_AXES == FORMER_LAYOUT_AXES
@@ -206,7 +206,8 @@ from trainmem.plan._recommend import recommend_report, summary
 from trainmem.results import scan_points, study_dir
 from trainmem.sweep._axes import AXES, CATEGORICAL_AXES, INNER_AXES, LAYOUT_AXES, SHOW
 from trainmem.sweep._heatmap import POINT_AXES
-from trainmem.sweep._search import run_exhaustive, run_optuna
+from trainmem.sweep._exhaustive import run_exhaustive
+from trainmem.sweep._optuna import run_optuna
 from trainmem.sweep._space import make_space
 
 out = sys.argv[1]

@@ -17,7 +17,8 @@ from trainmem.catalog import load_model
 from trainmem.cli import main
 from trainmem.hardware import ENV_VAR, GIB, load_gpus, parse_fleet
 from trainmem.sweep import run_sweep
-from trainmem.sweep._search import SAME_BUT_ZERO, _best_of, space_fingerprint
+from trainmem.sweep._exhaustive import space_fingerprint
+from trainmem.sweep._points import SAME_BUT_ZERO, _best_of
 from trainmem.sweep._space import (
     ALL_REASONS,
     PART_OF_POOL,

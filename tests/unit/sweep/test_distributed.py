@@ -19,7 +19,8 @@ from trainmem.cli import main
 from trainmem.hardware import load_gpus, parse_fleet
 from trainmem.results import scan_points
 from trainmem.sweep import _cluster, run_sweep
-from trainmem.sweep._search import run_exhaustive, run_optuna
+from trainmem.sweep._exhaustive import run_exhaustive
+from trainmem.sweep._optuna import run_optuna
 from trainmem.sweep._space import make_space
 
 distributed = pytest.importorskip("distributed", reason="the distributed extra is not installed")

@@ -16,7 +16,8 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from trainmem.results._store import HOST_TAG, clean_temporaries
-from trainmem.sweep._search import mask_url, run_exhaustive, run_optuna
+from trainmem.sweep._exhaustive import run_exhaustive
+from trainmem.sweep._optuna import mask_url, run_optuna
 from trainmem.sweep._space import AXES
 
 TESTS = str(Path(__file__).parent)
@@ -28,7 +29,7 @@ import os, signal, sys
 sys.path.insert(0, {tests!r})
 from test_search import small_space
 from trainmem.results import _store
-from trainmem.sweep import _search
+from trainmem.sweep import _exhaustive, _optuna
 
 calls = [0]
 
@@ -47,11 +48,11 @@ def kill_on(module, name, nth):
 {run}
 """
 OPTUNA = (
-    "_search.run_optuna(small_space(), out={out!r}, study='o', trials={trials}, seed={seed}, "
+    "_optuna.run_optuna(small_space(), out={out!r}, study='o', trials={trials}, seed={seed}, "
     "batch_size={batch}, storage={storage!r})"
 )
 STORAGES = ("memory", "sqlite")
-EXHAUSTIVE = "_search.run_exhaustive(small_space(), out={out!r}, study='x', chunk_size=400)"
+EXHAUSTIVE = "_exhaustive.run_exhaustive(small_space(), out={out!r}, study='x', chunk_size=400)"
 
 
 def _url(out: Path, storage: str) -> str | None:
@@ -142,7 +143,7 @@ def _points(out: Path, study: str) -> pl.DataFrame:
 @pytest.mark.parametrize(
     ("module", "name", "nth", "when"),
     [
-        ("_search", "_within_total", 3, "after the third ask: RUNNING trials, no points"),
+        ("_optuna", "_within_total", 3, "after the third ask: RUNNING trials, no points"),
         ("_store", "publish_points", 3, "told, points staged: not yet published"),
         ("optuna.study.Study", "tell", 10, "mid-batch: two of four trials told"),
         ("os", "fsync", 4, "mid-write: a temporary file left"),
@@ -151,7 +152,7 @@ def _points(out: Path, study: str) -> pl.DataFrame:
 def test_optuna_killed_then_resumed_holds_exactly_the_total(
     tmp_path, inner_points, module, name, nth, when, storage
 ) -> None:
-    target = {"_search": "_search", "_store": "_search", "os": "_store.os"}.get(module, module)
+    target = {"_optuna": "_optuna", "_store": "_optuna", "os": "_store.os"}.get(module, module)
     inject = f"import optuna\nkill_on({target}, {name!r}, {nth})"
     proc = _spawn(tmp_path, run=OPTUNA, inject=inject, storage=storage)
     assert _wait(proc) == [-signal.SIGKILL], when
@@ -271,7 +272,7 @@ def test_optuna_killed_while_taking_an_enqueued_trial_names_its_owner(tmp_path, 
     would be waited for an hour (FOREIGN_TRIAL_AGE_S) as another machine's."""
     import optuna
 
-    from trainmem.sweep._search import OWNER_ATTR
+    from trainmem.sweep._optuna import OWNER_ATTR
 
     storage = "optuna.storages._cached_storage._CachedStorage"
     # A claim: owner set, RUNNING, owner set again; the kill is at the second owner write.

@@ -19,7 +19,8 @@ from trainmem.engine import (
     time_inputs,
 )
 from trainmem.hardware import load_gpus, parse_fleet
-from trainmem.sweep._search import run_exhaustive, run_optuna
+from trainmem.sweep._exhaustive import run_exhaustive
+from trainmem.sweep._optuna import run_optuna
 from trainmem.sweep._space import AXES, make_space
 
 GPUS = load_gpus()
@@ -197,7 +198,7 @@ def test_pareto_front_is_non_dominated(space, tmp_path) -> None:
 KILLED_SWEEP = """
 import sys, time
 from trainmem.sweep import _parts
-from trainmem.sweep._search import run_exhaustive
+from trainmem.sweep._exhaustive import run_exhaustive
 sys.path.insert(0, {tests!r})
 from test_search import small_space
 
@@ -250,7 +251,7 @@ def test_parts_written_in_the_background_equal_parts_written_in_line(space, tmp_
     files, byte for byte, as writing each part before evaluating the next; a chunk is reported
     only once its part is written (pending: a temporary file until the batch is published)."""
     from trainmem.results._store import publish_pending
-    from trainmem.sweep._search import _exhaustive_chunk, space_fingerprint
+    from trainmem.sweep._exhaustive import _exhaustive_chunk, space_fingerprint
 
     background, in_line = tmp_path / "background", tmp_path / "in-line"
     folder = background / "points" / "study=w"
@@ -293,9 +294,9 @@ def test_parts_written_in_the_background_equal_parts_written_in_line(space, tmp_
 
 
 def test_a_failed_background_write_is_raised(space, tmp_path, monkeypatch) -> None:
-    from trainmem.sweep import _search
+    from trainmem.sweep import _exhaustive
 
-    real = _search.write_pending
+    real = _exhaustive.write_pending
     calls: list[str] = []
     reported: list[int] = []
 
@@ -305,7 +306,7 @@ def test_a_failed_background_write_is_raised(space, tmp_path, monkeypatch) -> No
             raise OSError("No space left on device")
         return real(frame, out, study=study, part=part, **kwargs)
 
-    monkeypatch.setattr(_search, "write_pending", failing)
+    monkeypatch.setattr(_exhaustive, "write_pending", failing)
     with pytest.raises(OSError, match="No space left"):
         run_exhaustive(
             space,
@@ -319,7 +320,7 @@ def test_a_failed_background_write_is_raised(space, tmp_path, monkeypatch) -> No
     # The parts written before and after the failed one are published, whole; it is absent.
     assert calls[1] not in str(parts) and calls[0] in str(parts) and calls[2] in str(parts)
     assert not list((tmp_path / "points" / "study=f").glob(".tmp-*"))
-    monkeypatch.setattr(_search, "write_pending", real)
+    monkeypatch.setattr(_exhaustive, "write_pending", real)
     rerun = run_exhaustive(space, out=tmp_path, study="f", chunk_size=300)
     assert rerun.extra["chunks_skipped"] == len(parts)
     frame = pl.read_parquet(sorted((tmp_path / "points" / "study=f").glob("part-*.parquet")))

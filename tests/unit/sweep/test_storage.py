@@ -10,7 +10,7 @@ import pytest
 
 from trainmem.catalog import load_model
 from trainmem.hardware import load_gpus, parse_fleet
-from trainmem.sweep._search import run_optuna
+from trainmem.sweep._optuna import run_optuna
 from trainmem.sweep._space import make_space
 
 GPUS = load_gpus()

@@ -10,9 +10,11 @@ import polars as pl
 import pytest
 
 from trainmem.results import read_metadata
+from trainmem.sweep._axes import INNER_AXES
+from trainmem.sweep._exhaustive import run_exhaustive, space_fingerprint
 from trainmem.sweep._options import STORE_MODES
 from trainmem.sweep._parts import LAYOUT, LAYOUT_AXES, points_per_layout
-from trainmem.sweep._search import INNER_AXES, _sort_keys, run_exhaustive, space_fingerprint
+from trainmem.sweep._points import _sort_keys
 from trainmem.sweep._space import AXES
 
 sys.path.insert(0, str(Path(__file__).parent))

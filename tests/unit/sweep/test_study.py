@@ -11,7 +11,8 @@ import optuna
 import polars as pl
 import pytest
 
-from trainmem.sweep._search import run_exhaustive, run_optuna
+from trainmem.sweep._exhaustive import run_exhaustive
+from trainmem.sweep._optuna import run_optuna
 from trainmem.sweep._space import AXES, PINNED_AXES, THINNED_AXES, coarse_space, zoomed_space
 from trainmem.sweep._study import (
     MEMORY,
