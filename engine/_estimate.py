@@ -8,7 +8,7 @@ on (see _factorize.py), the peaks are assembled over whole columns.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from ._peaks import (
     PEAK_BACKWARD,
     PEAK_FORWARD,
     PEAK_OPTIMIZER_STEP,
+    STAGE_COLUMNS,
     STAGE_PEAKS,
     fragmentation_bytes,
     stage_peaks,
@@ -257,8 +258,7 @@ def _block_terms(
 def _assemble(
     T: dict[str, np.ndarray],
     *,
-    pp: np.ndarray,
-    v: np.ndarray,
+    g: dict[str, np.ndarray],
     stage: np.ndarray,
     num_micro: np.ndarray,
     want: frozenset[str],
@@ -269,7 +269,7 @@ def _assemble(
     precombined by the per-key passes; what is left per row is a few dozen array operations.
     `want`: the optional columns to return besides those estimate() always needs.
     """
-    peaks = stage_peaks(T, pp=pp, v=v, stage=stage, num_micro=num_micro)
+    peaks = stage_peaks(T, g, stage=stage, num_micro=num_micro)
     out = {
         "grads_at_peak": peaks["gradients"],
         "acts_at_peak": peaks["activations"],
@@ -497,7 +497,7 @@ def _worst_rank(
     terms: tuple[list[str], list[str]],
     stages: list[np.ndarray],
     rows: slice,
-    kw: dict[str, np.ndarray],
+    kw: dict[str, Any],
     want: frozenset[str],
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """(_assemble's columns, the stage) of the worst rank of a block of rows: the first stage's,
@@ -509,7 +509,7 @@ def _worst_rank(
     if len(variants) == 1:
         return worst, stage
     needs_stage = "pp_stage" in want
-    multi = kw["pp"] > 1
+    multi = kw["g"]["pp"] > 1
     if multi.all():
         last = _assemble(_block_terms(variants[1], terms, bs, ba), stage=stages[1], want=want, **kw)
         pick = last["peak_allocated_bytes"] > worst["peak_allocated_bytes"]
@@ -519,7 +519,8 @@ def _worst_rank(
     elif multi.any():  # the pipelined rows only
         sub = np.flatnonzero(multi)
         T = _block_terms(variants[1], terms, bs[sub], ba[sub])
-        last = _assemble(T, stage=stages[1][sub], want=want, **{k: x[sub] for k, x in kw.items()})
+        g = {k: x[sub] for k, x in kw["g"].items()}
+        last = _assemble(T, g=g, stage=stages[1][sub], want=want, num_micro=kw["num_micro"][sub])
         pick = last["peak_allocated_bytes"] > worst["peak_allocated_bytes"][sub]
         for k, x in worst.items():  # fresh arrays of this block: updated in place
             x[sub[pick]] = last[k][pick]
@@ -552,11 +553,11 @@ def _numpy_columns(job: _Job) -> dict[str, np.ndarray]:
     """The `want`ed per-row columns of every row, numpy's way: blocks of BLOCK_ROWS rows whose
     temporaries stay in the CPU cache (the reference for the compiled loop)."""
     keys, terms, stages, g, want, ov, num_micro, limit, reason, outside_torch, overhead = job
-    n, pp = len(reason), g["pp"]
+    n = len(reason)
     out: dict[str, np.ndarray] = {}
     for lo in range(0, n, BLOCK_ROWS):
         rows = slice(lo, min(lo + BLOCK_ROWS, n))
-        kw = {"pp": pp[rows], "v": g["virtual_stages"][rows], "num_micro": num_micro[rows]}
+        kw = {"g": {k: g[k][rows] for k in STAGE_COLUMNS}, "num_micro": num_micro[rows]}
         worst, stage = _worst_rank(keys, terms, [x[rows] for x in stages], rows, kw, want)
         block = _device_columns(worst, ov, outside_torch=outside_torch[rows], g=g, rows=rows)
         block.update(
@@ -585,8 +586,7 @@ def _compiled_columns(module, job: _Job) -> dict[str, np.ndarray]:
         [terms[1].index(k) for k in passed if k in terms[1]],
     )
     rows = {
-        "pp": g["pp"],
-        "virtual_stages": g["virtual_stages"],
+        **{k: g[k] for k in STAGE_COLUMNS},
         "num_micro": num_micro,
         "expandable": g["allocator"] == EXPANDABLE_SEGMENTS,
         "outside_torch": np.broadcast_to(outside_torch, (n,)),

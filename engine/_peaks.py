@@ -32,6 +32,12 @@ STAGE_PEAKS = (
 )
 """What stage_peaks returns (gradients / activations: at the peak; `_total`: of the stage)."""
 
+STAGE_COLUMNS = ("pp", "virtual_stages")
+"""The grid columns stage_peaks reads per row, besides the per-key terms, the stage and the
+micro-batches per step: every path (numpy's blocks, the compiled loop, estimate_one) hands it
+exactly these, so a new per-row input of the assembly is one name here. pp comes first (the
+compiled loop's skeleton reads it to decide whether the last stage can be the worst rank)."""
+
 PEAK_FORWARD, PEAK_BACKWARD, PEAK_OPTIMIZER_STEP = 0, 1, 2
 """Codes of the `peak_phase` column (index into engine/_estimate.PHASES)."""
 
@@ -83,9 +89,11 @@ def phase_peaks(T: Any, *, pp: Any, v: Any, stage: Any, num_micro: Any) -> dict[
     }
 
 
-def stage_peaks(T: Any, *, pp: Any, v: Any, stage: Any, num_micro: Any) -> dict[str, Any]:
+def stage_peaks(T: Any, g: Any, *, stage: Any, num_micro: Any) -> dict[str, Any]:
     """The STAGE_PEAKS of rows on one stage: phase_peaks, the step's peak (the largest of the
-    three; the optimizer step's on a tie), and what is alive at it (transient: the rest)."""
+    three; the optimizer step's on a tie), and what is alive at it (transient: the rest).
+    `g`: the rows' STAGE_COLUMNS."""
+    pp, v = g["pp"], g["virtual_stages"]
     peaks = phase_peaks(T, pp=pp, v=v, stage=stage, num_micro=num_micro)
     forward_peak, backward_peak = peaks["forward"], peaks["backward"]
     optimizer_peak, activations = peaks["optimizer_step"], peaks["activations"]

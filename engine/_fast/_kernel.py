@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from .._peaks import STAGE_COLUMNS
+
 KERNEL_ENV = "TRAINMEM_KERNEL"
 KERNELS = ("auto", "numpy", "numba")
 THREADS_ENV = "TRAINMEM_THREADS"
@@ -161,7 +163,8 @@ def assemble(
 
     `variants`: _estimate._Tables of the first stage and, where some rows are pipelined, the
     last; `keys`: each row's state and activation key; `stages`: the variants' stage per row;
-    `rows`: pp, virtual_stages, num_micro, expandable, outside_torch, limit and reason per row;
+    `rows`: the STAGE_COLUMNS (engine/_peaks.py), num_micro, expandable, outside_torch, limit
+    and reason per row;
     consts: cuBLAS workspace, fragmentation fractions (native, expandable segments),
     largest-block factor; `extra`: (state, activation) term indices (rows of the tables) to
     return too, in that order.
@@ -187,7 +190,7 @@ def assemble(
         (ints(stages[0]), ints(stages[-1])),
         len(variants) > 1,
         max(t.nbytes for t in by_keys) >= GATHER_MIN_BYTES,
-        (ints(rows["pp"]), ints(rows["virtual_stages"])),
+        tuple(ints(rows[k]) for k in STAGE_COLUMNS),
         tuple(
             floats(rows[k]) for k in ("num_micro", "expandable", "outside_torch", "limit", "reason")
         ),

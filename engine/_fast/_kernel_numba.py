@@ -82,11 +82,11 @@ def assemble_rows(
     the worst rank is the one with the larger allocated peak, the first on a tie); keys: each
     row's state and activation key; stages: each row's stage in the two variants; `gather`:
     copy each block's rows out of the tables first (large tables, read in random order: the
-    copy's misses overlap, the assembly's would not); layout: pp and virtual stages; rows:
-    micro-batches per step, expandable segments (0/1), bytes outside torch, the usable limit,
-    the layout reason; consts: cuBLAS workspace, fragmentation fraction (native, expandable),
-    largest-block factor; extra_terms: state and activation terms to copy out of the chosen
-    variant's tables (state terms first).
+    copy's misses overlap, the assembly's would not); layout: the STAGE_COLUMNS
+    (engine/_peaks.py, int64); rows: micro-batches per step, expandable segments (0/1), bytes
+    outside torch, the usable limit, the layout reason; consts: cuBLAS workspace,
+    fragmentation fraction (native, expandable), largest-block factor; extra_terms: state and
+    activation terms to copy out of the chosen variant's tables (state terms first).
     """
     n = len(keys[0])
     for block in numba.prange((n + GATHER_ROWS - 1) // GATHER_ROWS):
@@ -128,11 +128,10 @@ def _assemble_block(
     for i in range(lo, hi):
         ks = i - lo if by_row else keys[0][i]
         ka = i - lo if by_row else keys[1][i]
-        p, vs = layout[0][i], layout[1][i]
-        r = _stage_peaks(s0[ks], a0[ka], p, vs, stages[0][i], num_micro[i])
+        r = _stage_peaks(s0[ks], a0[ka], layout, i, stages[0][i], num_micro[i])
         chosen = 0
-        if two_variants and p > 1:
-            last = _stage_peaks(s1[ks], a1[ka], p, vs, stages[1][i], num_micro[i])
+        if two_variants and layout[0][i] > 1:  # pp > 1: the last stage may be the worst
+            last = _stage_peaks(s1[ks], a1[ka], layout, i, stages[1][i], num_micro[i])
             if last[ALLOCATED] > r[ALLOCATED]:
                 r = last
                 chosen = 1

@@ -31,12 +31,12 @@ import numpy as np
 from .. import _rules
 from .._estimate import _A_TERMS, _S_TERMS
 from .._grid import make_grid
-from .._peaks import STAGE_PEAKS, fragmentation_bytes, stage_peaks
+from .._peaks import STAGE_COLUMNS, STAGE_PEAKS, fragmentation_bytes, stage_peaks
 from .._rules import Rule, RuleModel, broken_rule
 from ._formula_kernels import _PRELUDE, _literal, _live, _operand_dtype, _statement, load
 from ._formula_trace import Program, Sym, trace
 
-SOURCE_VERSION = 1
+SOURCE_VERSION = 2
 """Bumped when the generated sources' form changes (part of their hash)."""
 
 
@@ -214,7 +214,9 @@ def _value(p: Program, name: str, python: bool) -> str:
     """An output as float64 (the compiled loop's rows are homogeneous tuples / arrays)."""
     v = p.outputs[name]
     if isinstance(v, Sym):
-        return f"float(v{v.id})" if python else f"np.float64(v{v.id})"
+        if python:  # a float64 node is a Python float already
+            return f"v{v.id}" if v.dtype == np.float64 else f"float(v{v.id})"
+        return f"np.float64(v{v.id})"
     f64 = np.dtype(np.float64)
     return _py_literal(v, f64) if python else _literal(v, f64)
 
@@ -269,12 +271,15 @@ def rules_program(rules: tuple[Rule, ...]) -> Program:
 
 
 def peaks_program() -> Program:
-    """stage_peaks of one row: its state and activation terms, pp, v, stage, micro-batches."""
+    """stage_peaks of one row: its state and activation terms, its STAGE_COLUMNS (the grid's
+    dtypes), its stage and micro-batches per step."""
     columns: dict[str, np.dtype] = dict.fromkeys((*_S_TERMS, *_A_TERMS), _F8)
-    columns.update(pp=_I8, v=_I8, stage=_I8, num_micro=_F8)
+    grid = make_grid()
+    columns.update({k: grid[k].dtype for k in STAGE_COLUMNS})
+    columns.update(stage=_I8, num_micro=_F8)
 
     def program(_: Any, c: dict[str, Any]) -> dict[str, Any]:
-        return stage_peaks(c, pp=c["pp"], v=c["v"], stage=c["stage"], num_micro=c["num_micro"])
+        return stage_peaks(c, c, stage=c["stage"], num_micro=c["num_micro"])
 
     p = trace(program, None, columns)
     assert tuple(p.outputs) == STAGE_PEAKS
@@ -305,20 +310,32 @@ def _inputs(p: Program) -> list[str]:
 
 
 def _term_columns(python: bool) -> dict[str, str]:
-    """A row's terms as the peaks and slack functions read them: s[k] / a[k] (the per-key
-    tables' order, engine/_estimate._S_TERMS / _A_TERMS)."""
+    """A row's inputs as the peaks and slack functions read them: its terms s[k] / a[k] (the
+    per-key tables' order, engine/_estimate._S_TERMS / _A_TERMS), its STAGE_COLUMNS from
+    `layout` (the compiled loop's: int64 columns, read at row i and cast to the grid's dtype;
+    estimate_one's: the row's values)."""
     col = {k: f"s[{i}]" for i, k in enumerate(_S_TERMS)}
     col.update({k: f"a[{i}]" for i, k in enumerate(_A_TERMS)})
-    col.update({k: k for k in ("pp", "v", "stage", "num_micro", "allocated", "grads_at_peak")})
+    grid = make_grid()
+    for j, k in enumerate(STAGE_COLUMNS):
+        read = f"layout[{j}]" if python else f"layout[{j}][i]"
+        dtype = grid[k].dtype
+        col[k] = read if python or dtype == _I8 else f"{_numba_scalar(dtype)}({read})"
+    col.update({k: k for k in ("stage", "num_micro", "allocated", "grads_at_peak")})
     col["expandable"] = "expandable"
     col.update({k: f"consts[{i}]" for i, k in enumerate(FRAGMENTATION_CONSTS)})
     return col
 
 
-_ROW_PARAMS = {
-    "stage_peaks": ("s", "a", "pp", "v", "stage", "num_micro"),
-    "fragmentation": ("s", "a", "allocated", "grads_at_peak", "expandable", "consts"),
-}
+def _row_params(name: str, python: bool) -> tuple[str, ...]:
+    """The generated row functions' parameters (the compiled one reads `layout` at row i)."""
+    if name == "stage_peaks":
+        return ("s", "a", "layout", *(() if python else ("i",)), "stage", "num_micro")
+    return ("s", "a", "allocated", "grads_at_peak", "expandable", "consts")
+
+
+def _numba_scalar(dtype: np.dtype) -> str:
+    return "bool" if dtype.kind == "b" else f"np.{dtype.name}"
 
 
 def _numba_array(dtype: np.dtype, *, readonly: bool = True) -> str:
@@ -364,7 +381,7 @@ def numba_source(rules: tuple[Rule, ...]) -> str:
     col = _term_columns(python=False)
     functions: list[str] = []
     for name, p in (("stage_peaks", peaks_program()), ("fragmentation", fragmentation_program())):
-        body, _ = row_function(p, name, _ROW_PARAMS[name], col, python=False, tables=tables)
+        body, _ = row_function(p, name, _row_params(name, False), col, python=False, tables=tables)
         functions += ["", "", '@numba.njit(nogil=True, cache=True, error_model="numpy")', *body]
     functions += ["", "", *_reason_kernel(rules_program(rules), tables)]
     return "\n".join([*lines, *_tables_source(tables, python=False), *functions]) + "\n"
@@ -384,7 +401,7 @@ def python_source(rules: tuple[Rule, ...]) -> str:
     col = _term_columns(python=True)
     functions: list[str] = []
     for name, p in (("stage_peaks", peaks_program()), ("fragmentation", fragmentation_program())):
-        body, _ = row_function(p, name, _ROW_PARAMS[name], col, python=True, tables=tables)
+        body, _ = row_function(p, name, _row_params(name, True), col, python=True, tables=tables)
         functions += ["", "", *body]
     p = rules_program(rules)
     inputs = _inputs(p)

@@ -34,7 +34,7 @@ from .._grid import BOOL_FIELDS, CATEGORICAL, DEFAULTS, FLOAT_FIELDS, make_grid
 from .._lora import lora_mask, lora_zero3
 from .._model import ModelSpec
 from .._overhead import Overheads
-from .._peaks import STAGE_PEAKS
+from .._peaks import STAGE_COLUMNS, STAGE_PEAKS
 from .._pipeline import STAGE_FIRST, STAGE_LAST, STAGE_MIDDLE, STAGE_ONLY
 from .._rank_activations import ACT_KEYS
 from .._rank_states import STATE_KEYS
@@ -63,6 +63,12 @@ _BOOLS, _FLOATS = frozenset(BOOL_FIELDS), frozenset(FLOAT_FIELDS)
 _STATE_KEY, _ACT_KEY = operator.itemgetter(*STATE_KEYS), operator.itemgetter(*ACT_KEYS)
 """A row's model-state and activation keys (tuples of its values, in the engine's key order)."""
 _OUTPUTS_OF = operator.itemgetter(*OUTPUTS)
+_STAGE_COLUMNS = (
+    operator.itemgetter(*STAGE_COLUMNS)
+    if len(STAGE_COLUMNS) > 1
+    else lambda row: (row[STAGE_COLUMNS[0]],)
+)
+"""A row's STAGE_COLUMNS, as a tuple (the generated stage_peaks' `layout`)."""
 _CACHE_LIMIT = 200_000
 """Keys cached per model before its caches start over (about 100 MB at the limit)."""
 
@@ -223,14 +229,14 @@ def _worst_rank(
 ) -> tuple[tuple, tuple[float, ...], tuple[float, ...], int]:
     """(the STAGE_PEAKS, state terms, activation terms, stage) of the row's worst rank:
     the first stage's, or the last's where its allocated peak is larger; or stage `pp_stage`."""
-    pp, v = row["pp"], row["virtual_stages"]
+    pp, layout = row["pp"], _STAGE_COLUMNS(row)
     stage = 0 if pp_stage is None else min(pp_stage, pp - 1)
     s, a = _terms(m, cache, row, _stage_pos(stage, pp))
     stage_peaks = _rows.python_module().stage_peaks
-    peaks = stage_peaks(s, a, pp, v, stage, num_micro)
+    peaks = stage_peaks(s, a, layout, stage, num_micro)
     if pp_stage is None and pp > 1:
         s_last, a_last = _terms(m, cache, row, STAGE_LAST)
-        last = stage_peaks(s_last, a_last, pp, v, pp - 1, num_micro)
+        last = stage_peaks(s_last, a_last, layout, pp - 1, num_micro)
         if last[_ALLOCATED] > peaks[_ALLOCATED]:
             return last, s_last, a_last, pp - 1
     return peaks, s, a, stage
