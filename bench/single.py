@@ -1,5 +1,5 @@
-"""One configuration at a time: estimate_one() (engine/_scalar.py) against estimate() on a grid
-of one row, in the same run.
+"""One configuration at a time: estimate_one() (engine/_fast/_scalar.py) against estimate() on a
+grid of one row, in the same run.
 
 Run: python -m bench.single [--model NAME]
 A user's loop over 384 configurations of one model (micro-batch x sequence x tp x ZeRO x
@@ -16,7 +16,7 @@ import time
 
 from trainmem.catalog import load_model
 from trainmem.engine import estimate, estimate_one, make_grid
-from trainmem.engine._scalar import _caches
+from trainmem.engine._fast._scalar import _caches
 
 
 def configurations() -> list[dict]:

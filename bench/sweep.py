@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmem.catalog import load_model
-from trainmem.engine import _kernel
+from trainmem.engine._fast import _kernel
 from trainmem.hardware import load_gpus, parse_fleet
 from trainmem.results import _store
 from trainmem.sweep._exhaustive import run_exhaustive

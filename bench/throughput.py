@@ -1,5 +1,5 @@
 """Configurations estimated per second by the engine: numpy's per-row assembly and the compiled
-loop (engine/_kernel.py), on one thread and on every core, in the same run.
+loop (engine/_fast/_kernel.py), on one thread and on every core, in the same run.
 
 Run: python -m bench.throughput [--rows N] [--model NAME]
 Both kernels return the same bits (tests/unit/engine/test_kernel.py,
@@ -89,7 +89,7 @@ def _rate(model, grid, repeats: int) -> tuple[float, dict]:
 def _kernels() -> list[tuple[str, str, int | None, bool]]:
     """(label, TRAINMEM_KERNEL, threads, compiled formulas) to measure: numpy; the compiled
     loop with numpy's per-key formulas on one thread; with the formulas compiled too
-    (engine/_formula_kernels.py) on one thread and on every core, where numba imports."""
+    (engine/_fast/_formula_kernels.py) on one thread and on every core, where numba imports."""
     runs: list[tuple[str, str, int | None, bool]] = [("numpy", "numpy", None, False)]
     if _kernel._compiled() is not None:
         cores = len(os.sched_getaffinity(0))

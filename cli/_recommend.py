@@ -6,8 +6,8 @@ from typing import Any
 
 import typer
 
-from trainmem.plan import DEFAULT_FRAMEWORK, FORMATS, RECOMMEND_OPTIONS, check_format, render
-from trainmem.report import EXIT_CODES, choice
+from trainmem.plan import RECOMMEND_OPTIONS, format_framework, render
+from trainmem.report import EXIT_CODES
 
 from ._options import command
 
@@ -30,14 +30,9 @@ def recommend_cmd(
     """
     from trainmem.plan import recommend_report, summary  # the search (polars): run time only
 
-    fields = {**options, **training}
-    framework = training["framework"]
     shown = "json" if as_json else fmt
-    if shown is not None:
-        choice("format", shown, FORMATS)
-        check_format(shown, framework or DEFAULT_FRAMEWORK[shown])
-    if shown is not None and framework is None:
-        fields["framework"] = DEFAULT_FRAMEWORK[shown]
+    fields = {**options, **training}
+    fields["framework"] = format_framework(shown, training["framework"])
     report = recommend_report(**fields)
     if shown not in (None, "json") and not report["fits"]:
         typer.echo(report["reason"], err=True)

@@ -5,19 +5,13 @@ Bad input raises ValueError (one line); the CLI's main() prints it and exits wit
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from trainmem.engine import COMPONENTS
 from trainmem.hardware import GIB
-from trainmem.report import (
-    EXIT_CODES,
-    jsonable,
-)
+from trainmem.report import EXIT_CODES, jsonable
 from trainmem.sweep import SWEEP_OPTIONS
 from trainmem.sweep._axes import SHOW, heading
 
@@ -28,21 +22,6 @@ if TYPE_CHECKING:
     from trainmem.sweep import SearchResult
 
 # ---- sweep -------------------------------------------------------------------------------------
-
-
-def _best_json(row: dict[str, Any]) -> dict[str, Any]:
-    return jsonable(
-        {
-            "configuration": {k: row[k] for k in SHOW},
-            "fits": row["fits"],
-            "cost_per_million_tokens": row["cost_per_million_tokens"],
-            "step_time_s": row["step_time_s"],
-            "tokens_per_second": row["tokens_per_second"],
-            "mfu": row["mfu"],
-            "peak_device_bytes": row["peak_device_bytes"],
-            "breakdown": {k: row[k] for k in COMPONENTS},
-        }
-    )
 
 
 def _top_table(result: SearchResult) -> str:
@@ -62,98 +41,21 @@ def _top_table(result: SearchResult) -> str:
 
 
 @command(SWEEP_OPTIONS)
-def sweep_cmd(
-    training: dict[str, Any],
-    *,
-    model: str,
-    fleet: str,
-    method: str,
-    trials: int,
-    seed: int,
-    objective: str,
-    storage: str | None,
-    study_name: str | None,
-    workers: int,
-    warm_start: bool,
-    jobs: int,
-    scheduler: str | None,
-    out: str,
-    store: str,
-    max_micro_batch_size: int,
-    max_pp: int,
-    max_cp: int,
-    host_memory_gib: float | None,
-    min_gpus: int,
-    use_all_gpus: bool,
-    max_step_time_s: float | None,
-    headroom: float,
-    hardware_dir: str | None,
-    models_dir: str | None,
-    optimizers_dir: str | None,
-    profile_file: str | None,
-    family: str | None,
-    as_json: bool,
-) -> None:
+def sweep_cmd(training: dict[str, Any], *, as_json: bool, **options: Any) -> None:
     """Search a fleet for the cheapest (or fastest, or smallest) configuration that fits."""
-    from trainmem.sweep import run_sweep  # the searches (polars, Optuna): run time only
+    from trainmem.sweep._run import sweep_report  # the searches (polars, Optuna): run time only
     from trainmem.sweep._why import why_lines
 
-    check_out_dir(out)
-    run = functools.partial(
-        run_sweep,
-        training,
-        model=model,
-        fleet=fleet,
-        method=method,
-        trials=trials,
-        seed=seed,
-        objective=objective,
-        storage=storage,
-        study_name=study_name,
-        workers=workers,
-        warm_start=warm_start,
-        jobs=jobs,
-        scheduler=scheduler,
-        out=out,
-        store=store,
-        max_micro_batch_size=max_micro_batch_size,
-        max_pp=max_pp,
-        max_cp=max_cp,
-        host_memory_gib=host_memory_gib,
-        min_gpus=min_gpus,
-        use_all_gpus=use_all_gpus,
-        max_step_time_s=max_step_time_s,
-        headroom=headroom,
-        hardware_dir=hardware_dir,
-        models_dir=models_dir,
-        optimizers_dir=optimizers_dir,
-        profile_file=profile_file,
-        family=family,
-    )
-    try:
-        done = _run_with_progress(run, method=method, as_json=as_json)
-    except OSError as exc:  # the folder became unwritable, or a path under it is odd
-        raise ValueError(f"out: {out!r}: {exc.strerror or exc}") from None
-    result, space, study, objectives = done.result, done.space, done.study, done.objectives
-    payload: dict[str, Any] = {
-        "study": study,
-        "method": method,
-        "objective": list(objectives),
-        "best": _best_json(result.best[0]) if len(result.best) == 1 else None,
-        "top": [_best_json(row) for row in result.top.iter_rows(named=True)],
-        "why": done.why,
-        "num_points": result.num_points,
-        "parquet": result.parquet,
-        "elapsed_s": round(result.elapsed_s, 3),
-        **{k: v for k, v in result.extra.items() if k != "study"},
-    }
-    if len(objectives) > 1:
-        payload["pareto"] = [_best_json(r) for r in result.best]
+    method = options["method"]
+    unit = "points" if method == "exhaustive" else "trials"
+    with progress_bar(f"{method}: {unit}", as_json=as_json) as progress:
+        report = sweep_report(training, progress=progress, **options)
     if as_json:
-        typer.echo(json.dumps(jsonable(payload), indent=2))
+        typer.echo(json.dumps(report, indent=2))
         return
+    result, space, objectives = report.result, report.space, report.objectives
     typer.echo(
-        f"{method}: {result.num_points:,} points of {space.model.name} on {fleet} "
+        f"{method}: {result.num_points:,} points of {space.model.name} on {options['fleet']} "
         f"({_job_text(space)}) in {result.elapsed_s:.2f} s -> {result.parquet}"
         f"{_stored_text(result)}"
     )
@@ -163,8 +65,8 @@ def sweep_cmd(
     typer.echo(_top_table(result))
     if len(objectives) > 1:
         typer.echo(f"Pareto front ({' vs '.join(objectives)}): {len(result.best)} points")
-    if done.why is not None:
-        typer.echo("\n".join(why_lines(done.why)))
+    if report.why is not None:
+        typer.echo("\n".join(why_lines(report.why)))
 
 
 def _job_text(space: Any) -> str:
@@ -195,35 +97,6 @@ def _stored_text(result: SearchResult) -> str:
     if store == "all":
         return ""
     return f" (stored: {result.extra['num_points_stored']:,} points, --store {store})"
-
-
-def _run_with_progress(run: Any, *, method: str, as_json: bool) -> Any:
-    """run() with a progress bar on stderr when it is a terminal and the output not JSON."""
-    unit = "points" if method == "exhaustive" else "trials"
-    with progress_bar(f"{method}: {unit}", as_json=as_json) as report:
-        return run() if report is None else run(progress=report)
-
-
-def check_out_dir(out: str) -> None:
-    """ValueError ("out: ...") when the output folder names a file or cannot be created or
-    written (checked before any point is computed). A URL (s3://...) is checked by its store
-    when the first part is written; file:// is a path."""
-    from trainmem.results._store import is_url, local_path
-
-    if is_url(out):
-        return
-    path = local_path(out)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"out: {out!r} is a file, not a folder")
-    existing = path
-    while not existing.exists():
-        if existing.parent == existing:
-            break
-        existing = existing.parent
-    if existing.exists() and not existing.is_dir():
-        raise ValueError(f"out: {str(existing)!r} is a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"out: {str(existing)!r} is not writable")
 
 
 # ---- points ------------------------------------------------------------------------------------

@@ -29,12 +29,12 @@ from ._estimate import (
     OUTPUT_DTYPES,
     OUTPUTS,
     PHASES,
-    PROFILE_MISMATCH,
-    REASONS,
     estimate,
     layout_reason,
     reason_text,
 )
+from ._fast._kernel import preload as preload_kernel
+from ._fast._scalar import estimate_one
 from ._flops import model_flops_per_token
 from ._frameworks import FRAMEWORK_SPECS, FrameworkSpec, resolved_loss
 from ._grid import (
@@ -50,7 +50,6 @@ from ._grid import (
     decode,
     make_grid,
 )
-from ._kernel import preload as preload_kernel
 from ._lazy import lazy_names
 from ._model import ModelSpec
 from ._model_readers import FAMILIES, model_from_hf_config
@@ -62,7 +61,7 @@ from ._overhead import (
     cuda_context_bytes_for,
     overheads_for,
 )
-from ._scalar import estimate_one
+from ._rules import PROFILE_MISMATCH, REASONS
 from ._states import LORA_TARGETS, lora_mask, lora_num_parameters
 from ._time import TIME_COLUMNS, bubble_fraction, estimate_time
 from ._time_params import TimeParams, time_inputs

@@ -475,7 +475,8 @@ def _transient_items(
     loss = resolved_loss(str(config["framework"]), str(config["loss"]))
     if phase == "backward" and loss == "full" and last_stage and not own_chunks:
         tokens = int(config["micro_batch_size"]) * int(config["seq_len"]) / int(config["cp"])
-        tp_div = int(config["tp"]) if config["framework"] == "megatron" else 1
+        sharded = FRAMEWORK_SPECS[str(config["framework"])].tp_loss_gradients_sharded
+        tp_div = int(config["tp"]) if sharded else 1
         loss_grads = LOSS_GRADIENT_TENSORS * 4.0 * tokens * m.vocab_size / tp_div
         named = min(loss_grads, transient)
         items.append(

@@ -43,7 +43,7 @@ def is_fsdp2(fw, zero) -> np.ndarray:
     return FSDP2_FRAMEWORKS[np.asarray(fw, dtype=np.int64)] & (zero == ZERO_PARAMETERS)
 
 
-def gradient_element_bytes(prec, *, fsdp2, megatron) -> np.ndarray:
+def gradient_element_bytes(prec, *, fsdp2, main_grad_buffer) -> np.ndarray:
     """Gradient bytes per element: the precision's, fp32 under mixed precision where FSDP2
     (fp32 reduced gradients) or Megatron (an fp32 main-grad buffer) keeps them so.
 
@@ -51,10 +51,10 @@ def gradient_element_bytes(prec, *, fsdp2, megatron) -> np.ndarray:
     fp32 sharded parameters' .grad); megatron/core/distributed/param_and_grad_buffer.py (fp32
     `main_grad` buffers).
     """
-    return np.where(IS_MIXED[prec] & (fsdp2 | megatron), 4.0, GRAD_BYTES[prec])
+    return np.where(IS_MIXED[prec] & (fsdp2 | main_grad_buffer), 4.0, GRAD_BYTES[prec])
 
 
-def model_state_element_bytes(prec, *, fsdp2, megatron) -> tuple[np.ndarray, ...]:
+def model_state_element_bytes(prec, *, fsdp2, main_grad_buffer) -> tuple[np.ndarray, ...]:
     """(parameter, master, gradient) bytes per element as the framework keeps them.
 
     FSDP2 mixed precision keeps fp32 sharded parameters (they are the master copy) and fp32
@@ -65,15 +65,21 @@ def model_state_element_bytes(prec, *, fsdp2, megatron) -> tuple[np.ndarray, ...
     mixed = IS_MIXED[prec]
     param_e = np.where(mixed & fsdp2, 4.0, PARAM_BYTES[prec])
     master_e = np.where(fsdp2, 0.0, MASTER_BYTES[prec])
-    return param_e, master_e, gradient_element_bytes(prec, fsdp2=fsdp2, megatron=megatron)
+    return (
+        param_e,
+        master_e,
+        gradient_element_bytes(prec, fsdp2=fsdp2, main_grad_buffer=main_grad_buffer),
+    )
 
 
-def fp32_gradient_partition_bytes(state_numel, *, mixed, fsdp2, megatron, lora) -> np.ndarray:
+def fp32_gradient_partition_bytes(
+    state_numel, *, mixed, fsdp2, main_grad_buffer, lora
+) -> np.ndarray:
     """The fp32 gradient partition the optimizer steps on, outside FSDP2 and Megatron.
 
     Source: DeepSpeed BF16_Optimizer / ZeRO `single_partition_of_fp32_groups` grads.
     """
-    return np.where(mixed & ~fsdp2 & ~megatron & ~lora, 4.0 * state_numel, 0.0)
+    return np.where(mixed & ~fsdp2 & ~main_grad_buffer & ~lora, 4.0 * state_numel, 0.0)
 
 
 def deepspeed_buffer_bytes(m: ModelSpec, *, fw, zero, dp, layer_numel, offload=0) -> np.ndarray:

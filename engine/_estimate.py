@@ -8,23 +8,38 @@ on (see _factorize.py), the peaks are assembled over whole columns.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _kernel
-from ._codes import EXPANDABLE_SEGMENTS, LOSS_FULL, OFFLOAD_OPTIMIZER, OFFLOAD_PARAMS
+from . import _rules
+from ._codes import EXPANDABLE_SEGMENTS, LOSS_FULL
 from ._config import parallel_layout
-from ._data_parallel import ZERO_PARAMETERS, ZERO_STATES
 from ._factorize import factorize
+from ._fast import _kernel
 from ._frameworks import loss_policy
 from ._grid import ATTENTION, PRECISIONS, RECOMPUTE, Grid
 from ._lora import lora_zero3
 from ._model import ModelSpec
 from ._overhead import Overheads, num_communicators
-from ._pipeline import STAGE_LAST, STAGE_ONLY, micro_batches_in_flight, stage_position
+from ._peaks import (
+    PEAK_BACKWARD,
+    PEAK_FORWARD,
+    PEAK_OPTIMIZER_STEP,
+    STAGE_COLUMNS,
+    STAGE_PEAKS,
+    fragmentation_bytes,
+    stage_peaks,
+)
+from ._pipeline import STAGE_LAST, STAGE_ONLY, stage_position
 from ._rank_activations import ACT_KEYS, activation_terms
 from ._rank_states import STATE_KEYS, state_terms
+from ._rules import (
+    PROFILE_MISMATCH,
+    RuleModel,
+    broken_rule,
+    reasons_of,
+)
 
 COMPONENTS = (
     "parameters",
@@ -40,35 +55,8 @@ COMPONENTS = (
 
 PHASES = ("forward", "backward", "optimizer_step")
 
-PEAK_FORWARD, PEAK_BACKWARD, PEAK_OPTIMIZER_STEP = (PHASES.index(p) for p in PHASES)
-"""Codes of the `peak_phase` column (index into PHASES)."""
+assert tuple(map(PHASES.index, PHASES)) == (PEAK_FORWARD, PEAK_BACKWARD, PEAK_OPTIMIZER_STEP)
 assert (PEAK_FORWARD, PEAK_BACKWARD) == (False, True), "peak_phase codes a bool comparison"
-
-REASONS = (
-    "",
-    "micro_batch_size, seq_len, num_gpus, tp, pp, cp and virtual_stages must be >= 1",
-    "zero must be 0, 1, 2 or 3",
-    "num_gpus must be divisible by tp*pp*cp",
-    "num_attention_heads must be divisible by tp",
-    "num_key_value_heads and tp must divide one another",
-    "num_hidden_layers must be divisible by pp*virtual_stages",
-    "seq_len must be divisible by cp",
-    "global_batch_size must be divisible by micro_batch_size*dp",
-    "ep must divide the number of experts and dp*cp, etp the expert width, ep*etp dp*cp*tp "
-    "(and both be 1 for a dense model)",
-    "offload needs zero >= 1 (optimizer+params: zero 3)",
-    "qlora needs lora_rank > 0",
-    "profile: precision, recompute and attention must be the traced ones (valid_for); tp, cp, "
-    "ep and etp must be 1; no lora or qlora; loss full",
-    "optimizer_in_backward needs pp 1 and no gradient accumulation (one micro-batch per step)",
-    "dp_shard must divide dp (HSDP: dp / dp_shard replicas of the shard group)",
-)
-"""Invalid-layout reasons; the `reason` column holds an index into this tuple (0 = valid).
-Appended reasons keep the codes of the older ones (points tables stay readable)."""
-PROFILE_MISMATCH = 12
-OPTIMIZER_IN_BACKWARD_LAYOUT = 13
-DP_SHARD_LAYOUT = 14
-assert REASONS[PROFILE_MISMATCH].startswith("profile")
 
 
 BLOCK_ROWS = 16384
@@ -267,60 +255,10 @@ def _block_terms(
     return rows
 
 
-def _phase_peaks(
-    T: dict[str, np.ndarray], *, pp: np.ndarray, v: np.ndarray, stage, num_micro
-) -> dict[str, np.ndarray]:
-    """Allocated bytes at the forward, backward and optimizer-step peaks of a block of rows on
-    the stage `stage` names, and the activations and gradients they hold.
-
-    Peaks are phase-aware: the end of forward (the loss), four moments of backward (its start,
-    its end in layer 0, the embedding's backward, a layer's recomputation) and the optimizer
-    step; the peak is their max, not a sum of everything. Source: the ground-truth traces
-    (tests/data/groundtruth) per phase.
-    """
-    S = A = T
-    multi = pp > 1
-    in_flight = micro_batches_in_flight(pp=pp, v=v, stage=stage, num_micro=num_micro, multi=multi)
-    stored = in_flight * A["stage_act"]
-    # "Activations" of a pipeline stage: the most alive at any moment of the schedule.
-    activations = stored + A["recompute_excess"] + A["activations_autocast_weight_copies"]
-
-    gradients = S["gradients"]
-    # Gradients alive outside the optimizer step: accumulated over micro-batches, held by a
-    # pipeline, or a persistent buffer (Megatron's contiguous grad buffer).
-    grads_live = np.where((num_micro > 1) | multi, gradients, S["grads_persistent"])
-    per_micro = num_micro * A["pipe_per_micro"]
-    base = S["persistent"] + per_micro + A["pipe_fixed"]
-    live = base + grads_live
-    forward_peak = live + stored + S["fsdp_fwd"] + A["fwd_max"]
-    live_acts = live + activations
-    backward_start = live_acts + S["fsdp_fwd"] + A["bwd_start_extra"]
-    # What an accumulation micro-step keeps to the end of its backward besides (ZeRO-Offload).
-    accum = np.where(num_micro > 1, S["accum_end_grads"], 0.0)
-    backward_end = base + S["end_grads"] + accum + stored + A["bwd_end_extra"]
-    # The embedding's backward: every other gradient done, its own being written.
-    backward_embed = base + gradients + accum + A["embed_extra"] + S["tied_embedding_grad"]
-    # A single stage's top block recomputing: with the gradients of what is above it.
-    backward_recompute = live_acts + A["recompute_extra"] + np.where(multi, 0.0, S["top_grads"])
-    backward_peak = np.maximum(
-        np.maximum(backward_start, backward_end), np.maximum(backward_embed, backward_recompute)
-    )
-    return {
-        "forward": forward_peak,
-        "backward": backward_peak,
-        "optimizer_step": S["optimizer_peak"] + A["small"] + per_micro + A["pipe_fixed"],
-        "activations": activations,
-        "gradients": gradients,
-        "grads_live": grads_live,
-        "in_flight": in_flight,
-    }
-
-
 def _assemble(
     T: dict[str, np.ndarray],
     *,
-    pp: np.ndarray,
-    v: np.ndarray,
+    g: dict[str, np.ndarray],
     stage: np.ndarray,
     num_micro: np.ndarray,
     want: frozenset[str],
@@ -331,31 +269,15 @@ def _assemble(
     precombined by the per-key passes; what is left per row is a few dozen array operations.
     `want`: the optional columns to return besides those estimate() always needs.
     """
-    peaks = _phase_peaks(T, pp=pp, v=v, stage=stage, num_micro=num_micro)
-    forward_peak, backward_peak = peaks["forward"], peaks["backward"]
-    optimizer_peak, activations = peaks["optimizer_step"], peaks["activations"]
-    fb = np.maximum(forward_peak, backward_peak)
-    in_optimizer = optimizer_peak >= fb
-    peak_allocated = np.maximum(fb, optimizer_peak)
-    grads_at_peak = np.where(in_optimizer, peaks["gradients"], peaks["grads_live"])
-    acts_at_peak = np.where(in_optimizer, 0.0, activations)
+    peaks = stage_peaks(T, g, stage=stage, num_micro=num_micro)
     out = {
-        "grads_at_peak": grads_at_peak,
-        "acts_at_peak": acts_at_peak,
-        "transient": peak_allocated - T["states"] - grads_at_peak - acts_at_peak,
-        "peak_allocated_bytes": peak_allocated,
+        "grads_at_peak": peaks["gradients"],
+        "acts_at_peak": peaks["activations"],
+        "transient": peaks["transient"],
+        "peak_allocated_bytes": peaks["peak_allocated_bytes"],
     }
-    if "peak_phase" in want:  # False / True: PEAK_FORWARD / PEAK_BACKWARD
-        later = (backward_peak >= forward_peak).astype(np.int8)
-        out["peak_phase"] = np.where(in_optimizer, PEAK_OPTIMIZER_STEP, later).astype(np.int8)
-    optional = {
-        "gradients_total": peaks["gradients"],
-        "activations_total": activations,
-        "peak_forward_bytes": forward_peak,
-        "peak_backward_bytes": backward_peak,
-        "peak_optimizer_step_bytes": optimizer_peak,
-    }
-    out.update({k: x for k, x in optional.items() if k in want})
+    optional = ("peak_phase", "gradients_total", "activations_total", *STAGE_PEAKS[:3])
+    out.update({k: peaks[k] for k in optional if k in want})
     if "host_bytes" in want:
         out["host_bytes"] = host_bytes_of(
             T["host_bytes"],
@@ -379,7 +301,7 @@ def layout_reason(m: ModelSpec, g: Grid) -> np.ndarray:
     """Index into REASONS of the first rule each row breaks (0 = valid): masks, not exceptions.
 
     Evaluated in blocks of BLOCK_ROWS rows, whose temporaries stay in the CPU cache, or in
-    one compiled loop for a large grid (engine/_kernel.py).
+    one compiled loop for a large grid (engine/_fast/_kernel.py).
     """
     n = len(g["tp"])
     compiled = _kernel.compiled_for(n) if m.profile is None else None
@@ -395,68 +317,15 @@ def layout_reason(m: ModelSpec, g: Grid) -> np.ndarray:
 
 
 def _block_reason(m: ModelSpec, g: Grid) -> np.ndarray:
-    """layout_reason of a block of rows. A column that is one value broadcast (make_grid's
-    scalars: the fixed fields of a sweep) enters as that one value, so that its rules are
-    evaluated once, not per row; every rule is broadcast to the rows where it is applied."""
+    """layout_reason of a block of rows: the first rule of engine/_rules.RULES each row
+    breaks. A column that is one value broadcast (make_grid's scalars: the fixed fields of a
+    sweep) enters as that one value, so that its rules are evaluated once, not per row."""
     n = len(g["tp"])
     g = {k: _one_value(v) for k, v in g.items()}
-    tp, pp, cp = g["tp"], g["pp"], g["cp"]
-    par = tp * pp * cp
-    safe_par = np.maximum(par, 1)
-    safe_tp = np.maximum(tp, 1)
-    layout = parallel_layout(g)
-    dp = layout["dp"]
-    gbs = g["global_batch_size"]
-    rules = [
-        (g["micro_batch_size"] < 1)
-        | (g["seq_len"] < 1)
-        | (g["num_gpus"] < 1)
-        | (tp < 1)
-        | (pp < 1)
-        | (cp < 1)
-        | (g["virtual_stages"] < 1),
-        (g["zero"] < 0) | (g["zero"] > ZERO_PARAMETERS),
-        g["num_gpus"] % safe_par != 0,
-        m.num_attention_heads % safe_tp != 0,
-        (m.num_key_value_heads % safe_tp != 0) & (safe_tp % max(m.num_key_value_heads, 1) != 0),
-        m.num_hidden_layers % np.maximum(pp * g["virtual_stages"], 1) != 0,
-        g["seq_len"] % np.maximum(cp, 1) != 0,
-        (gbs > 0) & (gbs % np.maximum(g["micro_batch_size"] * dp, 1) != 0),
-        (g["ep"] < 1)
-        | ((g["ep"] > 1) & (not m.is_moe or m.num_experts % np.maximum(g["ep"], 1) != 0))
-        | ((dp * cp) % np.maximum(g["ep"], 1) != 0)
-        | (g["etp"] < 1)
-        | (
-            (g["etp"] > 1)
-            & (not m.is_moe or m.moe_intermediate_size % np.maximum(g["etp"], 1) != 0)
-        )
-        | ((dp * cp * tp) % np.maximum(g["ep"] * g["etp"], 1) != 0)
-        | (g["capacity_factor_pct"] < 0),
-        ((g["offload"] >= OFFLOAD_OPTIMIZER) & (g["zero"] < ZERO_STATES))
-        | ((g["offload"] == OFFLOAD_PARAMS) & (g["zero"] < ZERO_PARAMETERS)),
-        g["qlora"] & (g["lora_rank"] < 1),
-    ]
-    reason = np.zeros(n, dtype=np.int8)
-    # Source: torchtune/training/memory.py register_optim_in_bwd_hooks (each parameter steps and
-    # drops its gradient in backward; the recipes refuse gradient accumulation with it).
-    in_backward = g["optimizer_in_backward"] & ((pp > 1) | (layout["grad_accum_steps"] > 1))
-    _mark(reason, in_backward, OPTIMIZER_IN_BACKWARD_LAYOUT)
-    shard = g["dp_shard"]
-    _mark(reason, (shard > 0) & (dp % np.maximum(shard, 1) != 0), DP_SHARD_LAYOUT)
-    for code in range(len(rules), 0, -1):  # the first broken rule wins
-        _mark(reason, rules[code - 1], code)
+    reason = np.broadcast_to(broken_rule(RuleModel.of(m), g), (n,)).astype(np.int8)
     if m.profile is not None:  # a traced profile: its own rule first
         reason = np.where(profile_mismatch(m, g), PROFILE_MISMATCH, reason).astype(np.int8)
     return reason
-
-
-def _mark(reason: np.ndarray, broken: np.ndarray, code: int) -> None:
-    """reason = code where a rule is `broken`: per row, or one value for every row."""
-    if np.size(broken) == 1 and len(reason) != 1:
-        if np.any(broken):
-            reason[:] = code
-    else:
-        np.putmask(reason, broken, code)
 
 
 def _one_value(column: np.ndarray) -> np.ndarray:
@@ -487,8 +356,8 @@ def profile_mismatch(m: ModelSpec, g: Grid) -> np.ndarray:
 
 
 def reason_text(code: int) -> str:
-    """The sentence for a `reason` code (empty for a valid layout)."""
-    return REASONS[int(code)]
+    """The sentence for a `reason` code (empty for a valid layout), of the rules as they are."""
+    return reasons_of(_rules.RULES)[int(code)]
 
 
 def estimate(
@@ -628,7 +497,7 @@ def _worst_rank(
     terms: tuple[list[str], list[str]],
     stages: list[np.ndarray],
     rows: slice,
-    kw: dict[str, np.ndarray],
+    kw: dict[str, Any],
     want: frozenset[str],
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """(_assemble's columns, the stage) of the worst rank of a block of rows: the first stage's,
@@ -640,7 +509,7 @@ def _worst_rank(
     if len(variants) == 1:
         return worst, stage
     needs_stage = "pp_stage" in want
-    multi = kw["pp"] > 1
+    multi = kw["g"]["pp"] > 1
     if multi.all():
         last = _assemble(_block_terms(variants[1], terms, bs, ba), stage=stages[1], want=want, **kw)
         pick = last["peak_allocated_bytes"] > worst["peak_allocated_bytes"]
@@ -650,7 +519,8 @@ def _worst_rank(
     elif multi.any():  # the pipelined rows only
         sub = np.flatnonzero(multi)
         T = _block_terms(variants[1], terms, bs[sub], ba[sub])
-        last = _assemble(T, stage=stages[1][sub], want=want, **{k: x[sub] for k, x in kw.items()})
+        g = {k: x[sub] for k, x in kw["g"].items()}
+        last = _assemble(T, g=g, stage=stages[1][sub], want=want, num_micro=kw["num_micro"][sub])
         pick = last["peak_allocated_bytes"] > worst["peak_allocated_bytes"][sub]
         for k, x in worst.items():  # fresh arrays of this block: updated in place
             x[sub[pick]] = last[k][pick]
@@ -683,11 +553,11 @@ def _numpy_columns(job: _Job) -> dict[str, np.ndarray]:
     """The `want`ed per-row columns of every row, numpy's way: blocks of BLOCK_ROWS rows whose
     temporaries stay in the CPU cache (the reference for the compiled loop)."""
     keys, terms, stages, g, want, ov, num_micro, limit, reason, outside_torch, overhead = job
-    n, pp = len(reason), g["pp"]
+    n = len(reason)
     out: dict[str, np.ndarray] = {}
     for lo in range(0, n, BLOCK_ROWS):
         rows = slice(lo, min(lo + BLOCK_ROWS, n))
-        kw = {"pp": pp[rows], "v": g["virtual_stages"][rows], "num_micro": num_micro[rows]}
+        kw = {"g": {k: g[k][rows] for k in STAGE_COLUMNS}, "num_micro": num_micro[rows]}
         worst, stage = _worst_rank(keys, terms, [x[rows] for x in stages], rows, kw, want)
         block = _device_columns(worst, ov, outside_torch=outside_torch[rows], g=g, rows=rows)
         block.update(
@@ -704,7 +574,7 @@ def _numpy_columns(job: _Job) -> dict[str, np.ndarray]:
 
 
 def _compiled_columns(module, job: _Job) -> dict[str, np.ndarray]:
-    """The `want`ed columns of every row from the compiled loop (engine/_kernel.py): the same
+    """The `want`ed columns of every row from the compiled loop (engine/_fast/_kernel.py): the same
     values as _worst_rank, _device_columns and the fit of the numpy blocks."""
     keys, terms, stages, g, want, ov, num_micro, limit, reason, outside_torch, overhead = job
     n = len(reason)
@@ -716,8 +586,7 @@ def _compiled_columns(module, job: _Job) -> dict[str, np.ndarray]:
         [terms[1].index(k) for k in passed if k in terms[1]],
     )
     rows = {
-        "pp": g["pp"],
-        "virtual_stages": g["virtual_stages"],
+        **{k: g[k] for k in STAGE_COLUMNS},
         "num_micro": num_micro,
         "expandable": g["allocator"] == EXPANDABLE_SEGMENTS,
         "outside_torch": np.broadcast_to(outside_torch, (n,)),
@@ -788,6 +657,15 @@ def _with_load(
     return cols
 
 
+def _fragmentation_consts(ov: Overheads) -> dict[str, float]:
+    """fragmentation_bytes' overheads."""
+    return {
+        "fraction": ov.fragmentation_fraction,
+        "expandable_fraction": ov.expandable_segments_fragmentation_fraction,
+        "largest_block_factor": ov.fragmentation_largest_block_factor,
+    }
+
+
 def _device_columns(
     worst: dict[str, np.ndarray], ov: Overheads, *, outside_torch: np.ndarray, g: Grid, rows
 ) -> dict[str, np.ndarray]:
@@ -797,27 +675,17 @@ def _device_columns(
     NCCL) bytes.
     Source: Overheads."""
     peak_allocated = worst["peak_allocated_bytes"]
-    non_persistent = (
-        peak_allocated
-        - worst["parameters"]
-        - worst["master_weights"]
-        - worst["optimizer_states"]
-        - worst["grads_at_peak"]
-    )
-    fraction = np.where(
-        g["allocator"][rows] == EXPANDABLE_SEGMENTS,
-        ov.expandable_segments_fragmentation_fraction,
-        ov.fragmentation_fraction,
-    )
-    # The allocator cannot reuse the cached smaller blocks for the step's largest tensor: at
-    # least about its size stays reserved and unused (engine/_overhead.py).
-    fragmentation = np.maximum(
-        fraction * np.maximum(non_persistent, 0.0),
-        np.where(
-            g["allocator"][rows] == EXPANDABLE_SEGMENTS,
-            0.0,
-            ov.fragmentation_largest_block_factor * worst["largest_block"],
+    fragmentation = fragmentation_bytes(
+        peak_allocated,
+        (
+            worst["parameters"],
+            worst["master_weights"],
+            worst["optimizer_states"],
+            worst["grads_at_peak"],
         ),
+        worst["largest_block"],
+        g["allocator"][rows] == EXPANDABLE_SEGMENTS,
+        **_fragmentation_consts(ov),
     )
     peak_reserved = peak_allocated + ov.cublas_workspace_bytes + fragmentation
     return {

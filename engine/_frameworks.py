@@ -2,7 +2,9 @@
 
 One `FrameworkSpec` per name in FRAMEWORKS, each field citing the framework file it follows.
 The engine reads them through the per-code tables below (indexed by the framework's code), so a
-formula never tests a framework by name for a behaviour declared here.
+formula never tests a framework by its code or name. The decisions taken from branches on a
+framework's code are fields without a default: a framework added without a value for one of
+them fails at import, naming itself and the missing fields (framework_specs).
 
 Behaviour shared by every framework is not in the table: model states shard over the data- and
 context-parallel ranks together (see `state_shard_degree`).
@@ -10,12 +12,13 @@ context-parallel ranks together (see `state_shard_degree`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
+from typing import Any
 
 import numpy as np
 
 from ._codes import RECOMPUTE_SELECTIVE
-from ._vocab import FRAMEWORKS, LOADS, LOSSES, RECOMPUTE
+from ._vocab import FRAMEWORKS, LOADS, LOSSES, PRECISIONS, RECOMPUTE
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -177,11 +180,104 @@ class FrameworkSpec:
     dtype) after forward, so the loop holds fp32 logits and the chunked loss runs on them
     (lightning 2.6.6 fabric/wrappers.py _FabricModule.forward, plugins/precision/half.py,
     amp.py and bitsandbytes.py convert_output); only with head_chunk_tokens."""
+    pp_receive_buffer_per_micro_batch: bool
+    """Pipeline stages receive each micro-batch's activations into a buffer of its own
+    (torch.distributed.pipelining allocates one receive buffer per micro-batch); False: a stage
+    keeps a fixed number of receive buffers in flight whatever the number of micro-batches, as
+    Megatron keeps them (engine/_pipeline.py RECEIVE_BUFFERS_MEGATRON, two)."""
+    tp_embedding_grad_replicated: bool
+    """Under tensor parallelism the vocab-sharded token embedding's backward computes a
+    replicated, full-size gradient whose Shard(0) slice is a view of it (so its storage is the
+    whole table), and a tied embedding's backward holds that full table beside the two local
+    copies. Source: torch/distributed/tensor/_ops/_embedding_ops.py as transformers' tp_plan
+    applies it (embed_tokens rowwise/vocab-sharded); traced: bench/conformance_tp.py."""
+    tp_norms_plain_tensors: bool
+    """Under tensor parallelism without sequence parallelism the replicated parameters (the
+    norms) stay plain tensors beside the sharded DTensors, so the foreach optimizer step runs
+    them as a separate (device, dtype) group. Source: transformers tp_plan (no plan for the
+    norms); torch/optim/optimizer.py _group_tensors_by_device_and_dtype."""
+    fsdp2_casts_fp32_adapters: bool
+    """Under FSDP2 (ZeRO-3) with mixed precision, fully_shard's MixedPrecisionPolicy(param_dtype)
+    casts every all-gathered parameter, peft's fp32 LoRA adapters included, so the adapters run
+    in the 16-bit compute dtype (no fp32 copy of an adapted input). Source: accelerate 1.15
+    fsdp2_prepare_model over the whole peft model; torch/distributed/fsdp/_fully_shard/
+    _fsdp_param.py (param_dtype cast); peft tuners/lora/layer.py _cast_input_dtype. Traced:
+    bench/conformance.py LoRA cells on 8 FSDP2 ranks."""
+    transformers_model_code: bool
+    """The blocks are transformers' own modeling code: its SDPA path is called with
+    enable_gqa (unequal q and kv heads passed to the kernel), and the GPT-2 / BERT eager
+    softmax runs in the scores' dtype. Source: transformers integrations/sdpa_attention.py
+    (use_gqa_in_sdpa), models/gpt2/modeling_gpt2.py eager_attention_forward."""
+    megatron_core_blocks: bool
+    """The blocks are megatron-core TransformerLayers, whose saved activations under none,
+    `selective` (the attention core) and full recompute are Korthikanti et al.'s terms
+    (act.megatron_layer_bytes), and whose attention core's backward moments are Megatron's own
+    (a recomputed causal mask on the torch softmax path). Per-op SAC is still counted op by op.
+    Source: megatron-core 0.16.1 transformer/transformer_layer.py, transformer_block.py
+    (_checkpointed_forward); Korthikanti et al. 2022 Sec. 4; traced:
+    tests/data/framework_traces/megatron_gpt_local.json."""
+    eager_scores_global_buffer: bool
+    """The unfused core attention computes its scores into one [b a/t, s, s] 16-bit buffer of
+    a global memory buffer, made at the first forward and kept for the run. Source:
+    megatron-core 0.16.1 transformer/dot_product_attention.py (get_global_memory_buffer()
+    .get_tensor(..., "mpu")); traced: tests/data/framework_traces/megatron_gpt_local.json."""
+    checkpoint_keeps_mask: bool
+    """A checkpointed block is called with the model's attention mask tensor (a sliding-window
+    mask where the model has one), which torch.utils.checkpoint (non-reentrant) keeps among the
+    block's arguments until it recomputes. Source: transformers masking_utils.py (sdpa_mask,
+    eager_mask); torch/utils/checkpoint.py. False: megatron-core's blocks take no mask tensor
+    for causal attention (attn_mask_type causal, the mask made inside the kernel)."""
+    fp32_main_grad_buffer: bool
+    """The DDP wrapper accumulates the gradients into one contiguous grad buffer (`main_grad`,
+    fp32 under mixed precision), zeroed and never freed, so all of it is there in every phase;
+    the optimizer steps on it (no separate fp32 gradient partition) and the gradients travel in
+    fp32 under mixed precision. Source: megatron-core 0.16.1
+    distributed/param_and_grad_buffer.py (_ParamAndGradBuffer.grad_data); traced:
+    tests/data/framework_traces/megatron_gpt_local.json (grad_buffer_bytes)."""
+    tp_loss_gradients_sharded: bool
+    """Under tensor parallelism the fp32 loss gradients that the advice names at the start of a
+    full loss's backward are [T, v/tp] per rank (megatron-core tensor_parallel/cross_entropy.py
+    _VocabParallelCrossEntropy.backward, on its vocab shard). False elsewhere, torchtitan
+    included: its vocab-parallel loss (loss_parallel) is counted by the formulas, but the
+    advice's words about these gradients were written for the whole vocabulary there."""
+    launch_axes: dict[str, tuple[Any, ...]]
+    """The search axes' values `recommend` can launch with this framework (an axis not named:
+    every value); what the launch formats can write (plan/_launch.py), whose reasons are
+    `launch_source`."""
+    launch_precisions: tuple[str, ...]
+    """The `--precision` values this framework runs, its default first (`recommend` falls
+    back to the first when the search's default is not among them)."""
+    launch_source: str
     source: str
 
 
-FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
-    "hf": FrameworkSpec(
+DATA_PARALLEL_ONLY: dict[str, tuple[Any, ...]] = {
+    "tp": (1,),
+    "pp": (1,),
+    "virtual_stages": (1,),
+    "cp": (1,),
+    "ep": (1,),
+}
+"""`launch_axes` of a framework that launches data parallelism only (no TP, PP, CP or EP)."""
+
+
+def framework_specs(values: dict[str, dict[str, Any]]) -> dict[str, FrameworkSpec]:
+    """The FrameworkSpec of each framework from its field values, checked first: a framework
+    whose values lack a field without a default fails here with one line naming the framework
+    and every missing field (the dataclass's own TypeError does not say which framework), so a
+    new framework cannot be built without a value for each decision."""
+    required = [f.name for f in fields(FrameworkSpec) if f.default is MISSING]
+    for name, given in values.items():
+        missing = [key for key in required if key not in given]
+        if missing:
+            raise ValueError(
+                f"framework {name!r}: FrameworkSpec needs a value for {', '.join(missing)}"
+            )
+    return {name: FrameworkSpec(**given) for name, given in values.items()}
+
+
+_SPEC_VALUES: dict[str, dict[str, Any]] = {
+    "hf": dict(
         load="cpu-full-state-dict",
         load_source=(
             "transformers from_pretrained on every rank builds the model on the CPU; accelerate "
@@ -205,8 +301,27 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         "Linear4bit.forward, peft 0.21.2 utils/other.py prepare_model_for_kbit_training and "
         "tuners/lora/bnb.py Linear4bit.forward; traced: tests/data/framework_traces/"
         "hf_qlora.json.",
+        pp_receive_buffer_per_micro_batch=True,
+        tp_embedding_grad_replicated=True,
+        tp_norms_plain_tensors=True,
+        fsdp2_casts_fp32_adapters=True,
+        transformers_model_code=True,
+        megatron_core_blocks=False,
+        eager_scores_global_buffer=False,
+        checkpoint_keeps_mask=True,
+        fp32_main_grad_buffer=False,
+        tp_loss_gradients_sharded=False,
+        launch_axes={
+            **DATA_PARALLEL_ONLY,
+            "zero": (0, 2, 3),
+            "recompute": ("none", "full"),
+            "offload": ("none", "optimizer+params"),
+        },
+        launch_precisions=("mixed-bf16", "mixed-fp16", "fp32"),
+        launch_source="accelerate FSDP: no ZeRO-1, CPU offload moves parameters, gradients and "
+        "optimizer together; --bf16, --fp16 (FSDP MixedPrecision).",
     ),
-    "megatron": FrameworkSpec(
+    "megatron": dict(
         load="sharded",
         load_source=(
             "megatron/training/checkpointing.py load_checkpoint (each rank loads its own "
@@ -232,8 +347,26 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         "masked_softmax_fusion, which Megatron-LM's megatron/training/arguments.py turns on "
         "by default: --no-masked-softmax-fusion is a store_false; megatron-core's own "
         "TransformerConfig default is False, the torch path, `--attention eager-unfused`).",
+        pp_receive_buffer_per_micro_batch=False,
+        tp_embedding_grad_replicated=False,
+        tp_norms_plain_tensors=False,
+        fsdp2_casts_fp32_adapters=False,
+        transformers_model_code=False,
+        megatron_core_blocks=True,
+        eager_scores_global_buffer=True,
+        checkpoint_keeps_mask=False,
+        fp32_main_grad_buffer=True,
+        tp_loss_gradients_sharded=True,
+        launch_axes={
+            "offload": ("none", "optimizer"),
+            "recompute": ("none", "selective", "full", "selective-layer"),
+        },
+        launch_precisions=("mixed-bf16", "mixed-fp16", "fp8-mixed", "fp32"),
+        launch_source="Megatron-LM: any layout; ZeRO 1 = distributed optimizer, 2/3 = "
+        "Megatron-FSDP; offload = --optimizer-cpu-offload; no per-op checkpointing "
+        "(selective-layer = --recompute-method block); --bf16, --fp16, --fp8-format.",
     ),
-    "deepspeed": FrameworkSpec(
+    "deepspeed": dict(
         load="cpu-full-state-dict",
         load_source=(
             "transformers from_pretrained under deepspeed.zero.Init when ZeRO-3 is on "
@@ -256,8 +389,23 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         source="deepspeed/runtime/activation_checkpointing/checkpointing.py (whole-module "
         "checkpoints only; `selective` is the attention-core rule); HF model heads; QLoRA "
         "through the same peft + bitsandbytes recipe as hf.",
+        pp_receive_buffer_per_micro_batch=False,
+        tp_embedding_grad_replicated=False,
+        tp_norms_plain_tensors=False,
+        fsdp2_casts_fp32_adapters=False,
+        transformers_model_code=True,
+        megatron_core_blocks=False,
+        eager_scores_global_buffer=False,
+        checkpoint_keeps_mask=True,
+        fp32_main_grad_buffer=False,
+        tp_loss_gradients_sharded=False,
+        launch_axes={**DATA_PARALLEL_ONLY, "recompute": ("none", "full")},
+        launch_precisions=("mixed-bf16", "mixed-fp16", "fp32"),
+        launch_source="DeepSpeed with a Hugging Face model: data parallel only, ZeRO 0-3, "
+        "offload_optimizer / offload_param, whole-layer checkpointing; bf16.enabled, "
+        "fp16.enabled.",
     ),
-    "torchtitan": FrameworkSpec(
+    "torchtitan": dict(
         load="sharded",
         load_source=(
             "torchtitan 0.3.0 train.py (model built on the meta device, parallelized, "
@@ -291,8 +439,26 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         "tok_embeddings and [norm, output] units); components/quantization/float8.py "
         "(torchao Float8Linear). Traced: tests/data/framework_traces/"
         "torchtitan_llama3_ac.json, torchtitan_llama3_8b_fsdp.json.",
+        pp_receive_buffer_per_micro_batch=False,
+        tp_embedding_grad_replicated=False,
+        tp_norms_plain_tensors=False,
+        fsdp2_casts_fp32_adapters=False,
+        transformers_model_code=False,
+        megatron_core_blocks=False,
+        eager_scores_global_buffer=False,
+        checkpoint_keeps_mask=True,
+        fp32_main_grad_buffer=False,
+        tp_loss_gradients_sharded=False,
+        launch_axes={
+            "zero": (0, 3),
+            "offload": ("none",),
+            "recompute": ("none", "selective", "full", "selective-op"),
+        },
+        launch_precisions=("mixed-bf16", "fp8-mixed", "fp32"),
+        launch_source="torchtitan: FSDP2 or DDP; its AC modes are none, full and selective "
+        "(per-op, 0.3.0).",
     ),
-    "torchtune": FrameworkSpec(
+    "torchtune": dict(
         load="meta-init",
         load_source=(
             "torchtune 0.6.1 recipes/full_finetune_distributed.py (model built on meta under "
@@ -321,8 +487,29 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         "NF4 weight only, F.linear(input, weight.to(input.dtype))). Traced: "
         "tests/data/framework_traces/torchtune_lora.json; "
         "models/llama3/_parallelism.py gathers the logits (output colwise, Replicate).",
+        pp_receive_buffer_per_micro_batch=False,
+        tp_embedding_grad_replicated=False,
+        tp_norms_plain_tensors=False,
+        fsdp2_casts_fp32_adapters=False,
+        transformers_model_code=False,
+        megatron_core_blocks=False,
+        eager_scores_global_buffer=False,
+        checkpoint_keeps_mask=True,
+        fp32_main_grad_buffer=False,
+        tp_loss_gradients_sharded=False,
+        launch_axes={
+            **DATA_PARALLEL_ONLY,
+            "zero": (0, 3),
+            "offload": ("none", "optimizer+params"),
+            "recompute": ("none", "selective", "full", "selective-layer"),
+        },
+        launch_precisions=("bf16", "fp32"),
+        launch_source="torchtune (recipes full_finetune_distributed / "
+        "lora_finetune_distributed): FSDP2 on one node or more, data parallel only here, "
+        "fsdp_cpu_offload (parameters, gradients and optimizer); `dtype: bf16|fp32`, the "
+        "whole model in that dtype.",
     ),
-    "litgpt": FrameworkSpec(
+    "litgpt": dict(
         selective="selective",
         loss_parallel=False,
         fsdp2=True,
@@ -365,12 +552,37 @@ FRAMEWORK_SPECS: dict[str, FrameworkSpec] = {
         "fabric/plugins/precision/bitsandbytes.py (every nn.Linear NF4, no double "
         "quantisation), finetune/lora.py main (bnb PagedAdamW, StableEmbedding swap). "
         "Traced: tests/data/framework_traces/litgpt_lora.json, litgpt_qlora.json.",
+        pp_receive_buffer_per_micro_batch=False,
+        tp_embedding_grad_replicated=False,
+        tp_norms_plain_tensors=False,
+        fsdp2_casts_fp32_adapters=False,
+        transformers_model_code=False,
+        megatron_core_blocks=False,
+        eager_scores_global_buffer=False,
+        checkpoint_keeps_mask=True,
+        fp32_main_grad_buffer=False,
+        tp_loss_gradients_sharded=False,
+        launch_axes={
+            **DATA_PARALLEL_ONLY,
+            "zero": (0, 3),
+            "offload": ("none",),
+            "recompute": ("none", "full"),
+        },
+        launch_precisions=("amp-bf16", "bf16", "amp-fp16", "fp16", "fp32"),
+        launch_source="litgpt 0.5.13 (finetune/lora.py, full.py): one device, or FSDP over data "
+        "parallel ranks (ModelParallelStrategy with tensor_parallel_size 1, or FSDPStrategy); "
+        "no CPU offload (cpu_offload=False); whole-Block checkpointing or none; --precision "
+        "bf16-mixed (its default, utils.py get_default_supported_precision(training=True)), "
+        "bf16-true, 16-mixed, 16-true, 32-true.",
     ),
 }
+"""Each framework's FrameworkSpec values, in vocabulary order (checked by framework_specs)."""
+FRAMEWORK_SPECS: dict[str, FrameworkSpec] = framework_specs(_SPEC_VALUES)
 assert tuple(FRAMEWORK_SPECS) == FRAMEWORKS, "one spec per framework, in vocabulary order"
 for _name, _spec in FRAMEWORK_SPECS.items():
     assert _spec.load in LOADS and _spec.load != "auto", f"{_name}: load must name a mode"
     assert _spec.loss in LOSSES and _spec.loss != "auto", f"{_name}: loss must name a mode"
+    assert set(_spec.launch_precisions) <= set(PRECISIONS), f"{_name}: unknown launch precision"
 
 
 def _table(field: str) -> np.ndarray:
@@ -445,6 +657,24 @@ OFFLOAD_STREAMS_GRADIENTS = _table("offload_streams_gradients")
 """Per framework code: an offloaded optimizer streams the gradients to the host (FrameworkSpec)."""
 OFFLOAD_PARAMS_PERSISTENT_ONLY = _table("offload_params_persistent_only")
 """Per framework code: offloaded parameters leave only the persistent ones (FrameworkSpec)."""
+PP_RECEIVE_BUFFER_PER_MICRO_BATCH = _table("pp_receive_buffer_per_micro_batch")
+"""Per framework code: one pipeline receive buffer per micro-batch (FrameworkSpec)."""
+TP_EMBEDDING_GRAD_REPLICATED = _table("tp_embedding_grad_replicated")
+"""Per framework code: the vocab-sharded embedding's gradient is full size under TP."""
+TP_NORMS_PLAIN_TENSORS = _table("tp_norms_plain_tensors")
+"""Per framework code: TP without SP keeps the norms as plain tensors (a foreach group)."""
+FSDP2_CASTS_FP32_ADAPTERS = _table("fsdp2_casts_fp32_adapters")
+"""Per framework code: FSDP2 mixed precision runs peft's fp32 adapters in 16 bits."""
+TRANSFORMERS_MODEL_CODE = _table("transformers_model_code")
+"""Per framework code: the blocks are transformers' modeling code."""
+MEGATRON_CORE_BLOCKS = _table("megatron_core_blocks")
+"""Per framework code: the blocks are megatron-core TransformerLayers (Korthikanti's terms)."""
+EAGER_SCORES_GLOBAL_BUFFER = _table("eager_scores_global_buffer")
+"""Per framework code: unfused attention scores in a run-long global buffer."""
+CHECKPOINT_KEEPS_MASK = _table("checkpoint_keeps_mask")
+"""Per framework code: checkpointed blocks keep their attention-mask argument."""
+FP32_MAIN_GRAD_BUFFER = _table("fp32_main_grad_buffer")
+"""Per framework code: fp32 main-grad buffers under mixed precision."""
 SELECTIVE_POLICY = np.array(
     [RECOMPUTE.index(FRAMEWORK_SPECS[name].selective) for name in FRAMEWORKS], dtype=np.int64
 )

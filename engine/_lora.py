@@ -573,15 +573,17 @@ def lora_zero3(zero, lora_rank) -> np.ndarray:
     return (np.asarray(zero) == 3) & (np.asarray(lora_rank) > 0)
 
 
-def adapters_in_compute_dtype(fw, lora_zero3_col, mixed, *, hf_code: int) -> np.ndarray:
-    """Whether LoRA adapters run in the 16-bit compute dtype, not fp32: under Hugging Face's
-    FSDP2 (ZeRO-3) with mixed precision, MixedPrecisionPolicy(param_dtype=bf16) casts every
-    all-gathered parameter, the fp32 adapters included, so peft makes no fp32 copy of an adapted
-    input and lora_A's output is 16-bit (as torchtune's adapters in the model dtype).
+def adapters_in_compute_dtype(fsdp2_casts, lora_zero3_col, mixed) -> np.ndarray:
+    """Whether LoRA adapters run in the 16-bit compute dtype, not fp32: where the framework's
+    FSDP2 casts them (`fsdp2_casts`: FrameworkSpec.fsdp2_casts_fp32_adapters, Hugging Face's
+    accelerate), under ZeRO-3 with mixed precision MixedPrecisionPolicy(param_dtype=bf16)
+    casts every all-gathered parameter, the fp32 adapters included, so peft makes no fp32 copy
+    of an adapted input and lora_A's output is 16-bit (as torchtune's adapters in the model
+    dtype).
 
     Source: torch/distributed/fsdp/_fully_shard/_fsdp_param.py (param_dtype cast of the
     unsharded parameter), peft tuners/lora/layer.py (_cast_input_dtype to lora_A's dtype).
     Traced: bench/conformance.py LoRA cells on 8 FSDP2 ranks, mixed-bf16 (were +2.2% to +9.2%
     on activations with fp32 adapters counted).
     """
-    return (np.asarray(fw) == hf_code) & np.asarray(lora_zero3_col) & np.asarray(mixed)
+    return np.asarray(fsdp2_casts) & np.asarray(lora_zero3_col) & np.asarray(mixed)

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._codes import HF
+from ._frameworks import PP_RECEIVE_BUFFER_PER_MICRO_BATCH
 from ._model import ModelSpec
 
 STAGE_ONLY, STAGE_FIRST, STAGE_MIDDLE, STAGE_LAST = 0, 1, 2, 3
 """Codes of a rank's stage position (the `stage_pos` column): the only stage (no pipeline),
 the first, a middle or the last stage."""
 RECEIVE_BUFFERS_MEGATRON = 2.0
-"""Receive buffers per stage of every framework but HF, as Megatron keeps them (two in flight);
-torch.distributed.pipelining (HF) allocates one per micro-batch."""
+"""Receive buffers per stage, as Megatron keeps them (two in flight), where a framework does not
+allocate one per micro-batch (FrameworkSpec.pp_receive_buffer_per_micro_batch)."""
 
 
 def stage_position(stage: np.ndarray, pp: np.ndarray) -> np.ndarray:
@@ -69,9 +69,11 @@ def micro_batches_in_flight(*, pp, v, stage, num_micro, multi) -> np.ndarray:
 
 def receive_buffer_bytes(one, *, fw) -> tuple[np.ndarray, np.ndarray]:
     """(per micro-batch, per stage) bytes of the activation receive buffers, `one` buffer's
-    bytes each: torch.distributed.pipelining (HF) one per micro-batch, the others two.
+    bytes each: one per micro-batch where the framework allocates so
+    (FrameworkSpec.pp_receive_buffer_per_micro_batch: torch.distributed.pipelining), else two.
     Source: RECEIVE_BUFFERS_MEGATRON."""
-    return np.where(fw == HF, one, 0.0), np.where(fw == HF, 0.0, RECEIVE_BUFFERS_MEGATRON * one)
+    per_micro = PP_RECEIVE_BUFFER_PER_MICRO_BATCH[np.asarray(fw, dtype=np.int64)]
+    return np.where(per_micro, one, 0.0), np.where(per_micro, 0.0, RECEIVE_BUFFERS_MEGATRON * one)
 
 
 def held_logits_bytes(m: ModelSpec, *, T, e, pp, chunked, loss_tp_div) -> np.ndarray:

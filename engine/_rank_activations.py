@@ -17,15 +17,12 @@ from . import _activations as act
 from ._codes import (
     COMPILE_BLOCKS_AND_LOSS,
     COMPILE_NONE,
-    DEEPSPEED,
     EAGER,
     FLASH,
-    HF,
     LOSS_CHUNKED,
     LOSS_CHUNKED_HEAD,
     LOSS_CHUNKED_OUTPUT,
     LOSS_FULL,
-    MEGATRON,
     RECOMPUTE_FULL,
     RECOMPUTE_NONE,
     RECOMPUTE_SELECTIVE,
@@ -38,7 +35,10 @@ from ._data_parallel import is_fsdp2
 from ._expert_parallel import all_to_all_buffer_bytes, routed_rows
 from ._frameworks import (
     ADAPTERS_IN_PARAM_DTYPE,
+    CHECKPOINT_KEEPS_MASK,
+    EAGER_SCORES_GLOBAL_BUFFER,
     EAGER_SOFTMAX_FUSED,
+    FSDP2_CASTS_FP32_ADAPTERS,
     FULL_RECOMPUTE_TOP_MOMENT,
     FUSED_QKV,
     FUSED_RMS_NORM,
@@ -50,12 +50,14 @@ from ._frameworks import (
     LORA_QKV_ZERO_PAD,
     LOSS_PARALLEL_FP32_TENSORS,
     LOSS_SOFTMAX_IN_PLACE,
+    MEGATRON_CORE_BLOCKS,
     NORM_INPUT_FP32,
     NORM_SCALE_FP32,
     O_PROJ_INPUT_KEPT,
     QLORA_KBIT_PREPARED,
     ROPE_BUFFERS_FP32,
     ROPE_CACHE_PER_BLOCK,
+    TRANSFORMERS_MODEL_CODE,
     loss_policy,
     recompute_policy,
     state_shard_degree,
@@ -266,7 +268,7 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         norm_fp32_input=NORM_INPUT_FP32[fw] & (c["compile"] == COMPILE_NONE),
         gqa_kv_expanded=GQA_KV_EXPANDED[fw],
         adapters_in_param_dtype=ADAPTERS_IN_PARAM_DTYPE[fw]
-        | adapters_in_compute_dtype(fw, c["lora_zero3"], IS_MIXED[prec], hf_code=HF),
+        | adapters_in_compute_dtype(FSDP2_CASTS_FP32_ADAPTERS[fw], c["lora_zero3"], IS_MIXED[prec]),
         compiled=c["compile"] != COMPILE_NONE,
         compiled_loss=(c["compile"] == COMPILE_BLOCKS_AND_LOSS) & (loss != LOSS_CHUNKED_HEAD),
         fp32_logits_in=LOGITS_UPCAST_IN_MODEL[fw] & (loss != LOSS_CHUNKED_OUTPUT),
@@ -324,12 +326,13 @@ def _softmax_fused(m: ModelSpec, c: dict[str, np.ndarray], *, s, b, tp, e) -> np
 def megatron_score_buffer_bytes(m: ModelSpec, x: MicroBatch) -> np.ndarray:
     """megatron-core's unfused core attention computes its scores into one [b a/t, s, s]
     16-bit buffer of parallel_state's GlobalMemoryBuffer, made at the first forward and kept for
-    the run (every phase). Source: megatron/core/transformer/dot_product_attention.py
+    the run (every phase; where FrameworkSpec.eager_scores_global_buffer). Source:
+    megatron/core/transformer/dot_product_attention.py
     (get_global_memory_buffer().get_tensor(..., "mpu")); traced:
     tests/data/framework_traces/megatron_gpt_local.json (global_memory_buffer_bytes)."""
     a_r = m.num_attention_heads / x.tp
     scores = x.e * a_r * (x.s / x.cp) * x.s * x.b
-    return np.where((x.fw == MEGATRON) & x.eager, scores, 0.0)
+    return np.where(EAGER_SCORES_GLOBAL_BUFFER[x.fw] & x.eager, scores, 0.0)
 
 
 def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool):
@@ -422,9 +425,9 @@ def _dense_block(m: ModelSpec, x: MicroBatch) -> np.ndarray:
     attention included: torchtune expands k and v to every query head before the kernel, which
     keeps them at [T, q] (FrameworkSpec.gqa_kv_expanded)."""
     T, e, tp = x.T, x.e, x.tp
-    # transformers' own model code (HF Trainer, DeepSpeed on HF models): its SDPA path passes
-    # unequal heads, its GPT-2 / BERT eager softmax runs in the scores' dtype
-    transformers = (x.fw == HF) | (x.fw == DEEPSPEED)
+    # transformers' own model code (FrameworkSpec.transformers_model_code): its SDPA path
+    # passes unequal heads, its GPT-2 / BERT eager softmax runs in the scores' dtype
+    transformers = TRANSFORMERS_MODEL_CODE[x.fw]
     block = act.hf_layer_bytes(
         m,
         T=T,
@@ -532,9 +535,9 @@ def _layers(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
         num_checkpointed=x.num_checkpointed,
     )
     stage_mg, layer_mg_none, mg_core = _megatron_layers(m, x)
-    # Megatron's own formulas cover none, selective (core) and full; per-op SAC is counted
-    # op by op as for every framework.
-    megatron = (x.fw == MEGATRON) & (x.rc != RECOMPUTE_SELECTIVE_OP)
+    # Megatron's own formulas (FrameworkSpec.megatron_core_blocks) cover none, selective (core)
+    # and full; per-op SAC is counted op by op as for every framework.
+    megatron = MEGATRON_CORE_BLOCKS[x.fw] & (x.rc != RECOMPUTE_SELECTIVE_OP)
     stage_layers = np.where(megatron, stage_mg, stage_hf)
     op_layer = np.where(num_mlp > 0, dense_op, moe_op)
     recomputed = np.where(
@@ -598,7 +601,7 @@ def _outside(m: ModelSpec, x: MicroBatch, layers: dict[str, np.ndarray]) -> dict
     outside_all = outside_all - np.where(x.lora, final_norm, 0.0)
     outside = np.where(x.last, outside_all + logits_held, rope)
     ckpt_mask = act.hf_checkpointed_mask_bytes(m, T=T, s=s / x.cp, r=r, eager=x.eager)
-    outside = outside + np.where(checkpointing & (x.fw != MEGATRON), ckpt_mask, 0.0)
+    outside = outside + np.where(checkpointing & CHECKPOINT_KEEPS_MASK[x.fw], ckpt_mask, 0.0)
     layer_inputs_not_saved = np.where((pp > 1) & full, layers["layer_ckpt"], 0.0)
     stage_act = layers["stage_layers"] + outside - layer_inputs_not_saved
     offloaded = offloaded_activation_bytes(

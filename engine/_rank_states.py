@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from ._codes import MEGATRON
 from ._data_parallel import (
     ZERO_GRADIENTS,
     ZERO_PARAMETERS,
@@ -29,6 +28,7 @@ from ._fp8 import fp8_cache_bytes
 from ._frameworks import (
     ADAPTERS_IN_PARAM_DTYPE,
     FP8_WEIGHT_CACHE,
+    FP32_MAIN_GRAD_BUFFER,
     FSDP2_EMBEDDING_UNIT,
     LOAD_POLICY,
     QLORA_DOUBLE_QUANT,
@@ -126,7 +126,7 @@ class RankLayout:
     counts: dict[str, np.ndarray]
     mixed: np.ndarray
     fsdp2: np.ndarray
-    megatron: np.ndarray
+    main_grad_buffer: np.ndarray
     adapter_e: np.ndarray
     full: list[LocalTensor]
     part: list[LocalTensor]
@@ -159,7 +159,7 @@ def rank_layout(m: ModelSpec, c: dict[str, np.ndarray]) -> RankLayout:
         counts=counts,
         mixed=IS_MIXED[prec],
         fsdp2=is_fsdp2(fw, c["zero"]),
-        megatron=fw == MEGATRON,
+        main_grad_buffer=FP32_MAIN_GRAD_BUFFER[fw],
         adapter_e=np.where(ADAPTERS_IN_PARAM_DTYPE[fw], PARAM_BYTES[prec], LORA_ADAPTER_BYTES),
         full=local_tensors(m, **shards, shard=False, dp_shard=np.ones_like(dp)),
         part=local_tensors(m, **shards, shard=True, dp_shard=dp),
@@ -237,7 +237,7 @@ def _optimizer_bytes(
         group_numel=state_numel - separate,
         dp=x.dp,
     ) + fp32_gradient_partition_bytes(
-        state_numel, mixed=x.mixed, fsdp2=x.fsdp2, megatron=x.megatron, lora=x.lora
+        state_numel, mixed=x.mixed, fsdp2=x.fsdp2, main_grad_buffer=x.main_grad_buffer, lora=x.lora
     )
     optimizer_states = optimizer_state_bytes(
         m,
@@ -309,7 +309,7 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     """
     x = rank_layout(m, c)
     param_e, master_e, grad_e = model_state_element_bytes(
-        x.prec, fsdp2=x.fsdp2, megatron=x.megatron
+        x.prec, fsdp2=x.fsdp2, main_grad_buffer=x.main_grad_buffer
     )
     states_sharded = x.zero >= ZERO_STATES
     adapters = rank_adapters(
@@ -454,15 +454,16 @@ def _tied_embedding_grad(m: ModelSpec, x: RankLayout, grad_e, *, single_stage) -
 
 def _grad_buffer(x: RankLayout, gradients, grads_end, grads_top, *, in_backward) -> tuple:
     """(gradients alive outside the step, at the end of backward, in the top block's backward)
-    where Megatron's DDP keeps one contiguous fp32 grad buffer for the run, zeroed, never
-    freed: all of it is there in every phase (and not again among the top block's gradients).
+    where the framework's DDP keeps one contiguous fp32 grad buffer for the run
+    (FrameworkSpec.fp32_main_grad_buffer: Megatron's), zeroed, never freed: all of it is there
+    in every phase (and not again among the top block's gradients).
     Source: megatron/core/distributed/param_and_grad_buffer.py (_ParamAndGradBuffer.grad_data);
     traced: tests/data/framework_traces/megatron_gpt_local.json (grad_buffer_bytes)."""
-    buffer = x.megatron & ~in_backward
+    buffer = x.main_grad_buffer & ~in_backward
     return (
         np.where(buffer, gradients, 0.0),
         np.where(buffer, gradients, grads_end),
-        np.where(x.megatron, 0.0, grads_top),
+        np.where(x.main_grad_buffer, 0.0, grads_top),
     )
 
 

@@ -9,9 +9,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._codes import HF
 from ._collectives import ring_time_s
-from ._frameworks import LOSS_PARALLEL
+from ._frameworks import LOSS_PARALLEL, TP_EMBEDDING_GRAD_REPLICATED, TP_NORMS_PLAIN_TENSORS
 from ._model import ModelSpec, ParamTensor
 from ._time_params import TimeParams
 
@@ -67,9 +66,10 @@ def loss_tp_divisor(fw, tp) -> np.ndarray:
 def hf_embedding_gradient_bytes(
     m: ModelSpec, full: Sequence[LocalTensor], *, fw, tp, grads_sharded, first, grad_e, last=False
 ) -> np.ndarray:
-    """Extra gradient bytes of HF tensor parallelism: a vocab-sharded embedding's gradient
-    comes out full size on every rank of the first stage (unless ZeRO-2+ shards gradients),
-    except where a tied head on the same rank (`last`) already holds the sharded gradient.
+    """Extra gradient bytes of HF tensor parallelism (FrameworkSpec.tp_embedding_grad_replicated):
+    a vocab-sharded embedding's gradient comes out full size on every rank of the first stage
+    (unless ZeRO-2+ shards gradients), except where a tied head on the same rank (`last`)
+    already holds the sharded gradient.
 
     Source: torch/distributed/tensor/_ops/_embedding_ops.py (the embedding backward's gradient
     is replicated, the Shard(0) gradient a view of it: its storage is the whole table); a tied
@@ -79,7 +79,11 @@ def hf_embedding_gradient_bytes(
     """
     emb_local = sum((t.numel for t in full if t.tensor.group == "embed"), np.zeros(1))
     return np.where(
-        (fw == HF) & (tp > 1) & ~grads_sharded & first & ~(m.tie_word_embeddings & last),
+        TP_EMBEDDING_GRAD_REPLICATED[np.asarray(fw, dtype=np.int64)]
+        & (tp > 1)
+        & ~grads_sharded
+        & first
+        & ~(m.tie_word_embeddings & last),
         (m.num_parameters_in("embed") - emb_local) * grad_e,
         0.0,
     )
@@ -93,12 +97,13 @@ def hf_tied_embedding_backward_bytes(m: ModelSpec, full: Sequence[LocalTensor], 
     Source: torch/distributed/tensor/_ops/_embedding_ops.py (replicated embedding gradient,
     redistributed to Shard(0)); traced: bench/conformance_tp.py (tied llama, tp 2 and 4,
     sequence parallel: embedding_dense_backward of the whole table, then a clone and an add of
-    the local shard).
+    the local shard). Where: FrameworkSpec.tp_embedding_grad_replicated.
     """
+    replicated = TP_EMBEDDING_GRAD_REPLICATED[np.asarray(fw, dtype=np.int64)]
     whole = m.num_parameters_in("embed")
     emb_local = sum((t.numel for t in full if t.tensor.group == "embed"), np.zeros(1))
     return np.where(
-        (fw == HF) & (tp > 1) & m.tie_word_embeddings & (emb_local < whole), whole * grad_e, 0.0
+        replicated & (tp > 1) & m.tie_word_embeddings & (emb_local < whole), whole * grad_e, 0.0
     )
 
 
@@ -110,13 +115,14 @@ def hf_replicated_group_numel(
 
     Source: the foreach step runs one group of tensors at a time (torch/optim/optimizer.py
     `_group_tensors_by_device_and_dtype`); HF TP without SP keeps the replicated norms as plain
-    tensors, apart from the sharded ones.
+    tensors, apart from the sharded ones (FrameworkSpec.tp_norms_plain_tensors).
     """
     replicated = sum(
         (t.numel * t.count for t in full if t.tensor.tp_split == "rep" and not t.tensor.expert),
         np.zeros_like(dp),
     )
-    return np.where((fw == HF) & (tp > 1) & ~sp & ~states_sharded & ~lora, replicated, 0.0)
+    plain = TP_NORMS_PLAIN_TENSORS[np.asarray(fw, dtype=np.int64)]
+    return np.where(plain & (tp > 1) & ~sp & ~states_sharded & ~lora, replicated, 0.0)
 
 
 def tp_exposed_s(

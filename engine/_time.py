@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ._codes import FLASH, FP32, MEGATRON, OFFLOAD_OPTIMIZER
+from ._codes import FLASH, FP32, OFFLOAD_OPTIMIZER
 from ._collectives import group_bandwidth
 from ._context_parallel import cp_exposed_s
 from ._data_parallel import (
@@ -34,7 +34,7 @@ from ._data_parallel import (
 from ._estimate import batch_layout, layout_reason
 from ._expert_parallel import expert_exposed_s
 from ._flops import matmul_parameters, mlp_width, model_flops_per_token
-from ._frameworks import recompute_policy
+from ._frameworks import FP32_MAIN_GRAD_BUFFER, recompute_policy
 from ._grid import Grid
 from ._lora import lora_width, qlora_dequant_traffic_bytes_per_weight
 from ._model import ModelSpec
@@ -389,7 +389,9 @@ def _state_traffic_s(
         "dp_group": dp_group,
         "dp_bw": group_bandwidth(dp_group, x.t, link["gpn"], link["intra"], link["inter"]),
         "grad_bytes": gradient_element_bytes(
-            x.prec, fsdp2=is_fsdp2(x.fw, x.zero), megatron=x.fw == MEGATRON
+            x.prec,
+            fsdp2=is_fsdp2(x.fw, x.zero),
+            main_grad_buffer=FP32_MAIN_GRAD_BUFFER[np.asarray(x.fw, dtype=np.int64)],
         ),
         "param_bytes": np.where(x.qlora, NF4_BYTES, PARAM_BYTES[x.prec]),
     }

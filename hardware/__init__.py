@@ -7,7 +7,7 @@
 
 Built-in profiles live in ``gpus/<name>.toml``; a folder passed as ``hardware_dir`` or named by
 ``$TRAINMEM_HARDWARE_DIR`` adds profiles or overrides built-ins of the same name. The fleet
-names (Fleet, Pool, parse_fleet) load their module when first used.
+names (Fleet, FleetSource, Pool, parse_fleet) load their module when first used.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -16,15 +16,16 @@ from ._gpu import GIB, GpuProfile
 from ._loader import ENV_VAR, get_gpu, gpu_aliases, load_gpus
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ._fleet import Fleet, Pool, parse_fleet
+    from ._fleet import Fleet, FleetSource, Pool, parse_fleet
 
-_FLEET_NAMES = ("Fleet", "Pool", "parse_fleet")
+_FLEET_NAMES = ("Fleet", "FleetSource", "Pool", "parse_fleet")
 """Names of hardware/_fleet.py: only the searches (sweep, recommend) need them."""
 
 __all__ = [
     "ENV_VAR",
     "GIB",
     "Fleet",
+    "FleetSource",
     "GpuProfile",
     "Pool",
     "get_gpu",

@@ -1,9 +1,12 @@
-"""Fleets: the GPUs one may train on, as pools of identical nodes, parsed from text or TOML.
+"""Fleets: the GPUs one may train on, as pools of identical nodes, parsed from text, TOML, or
+the tables a TOML file parses to (in memory: the HTTP service's inline pools need no file).
 
 >>> from trainmem.hardware import load_gpus, parse_fleet
 >>> fleet = parse_fleet("64xh100-sxm-80gb,2xa100-sxm-80gb", load_gpus())
 >>> [(p.gpu, p.num_nodes, p.gpus_per_node) for p in fleet.pools]
 [('h100-sxm-80gb', 8, 8), ('a100-sxm-80gb', 1, 2)]
+>>> parse_fleet([{"gpu": "h100-sxm-80gb", "nodes": 2}], load_gpus()).num_gpus
+16
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,11 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 _SHORTHAND_RE = re.compile(r"^(?P<count>[0-9]+)x(?P<gpu>[a-z0-9][a-z0-9.-]*)$")
 _POOL_KEYS = ("gpu", "nodes", "gpus_per_node", "price_per_hour_usd", "host_memory_gib")
+IN_MEMORY_LABEL = "fleet"
+"""What errors about an in-memory fleet's tables name (a file's are named by the file)."""
+
+FleetSource = str | os.PathLike[str] | Mapping[str, Any] | Sequence[Mapping[str, Any]]
+"""A fleet as `parse_fleet` takes it: shorthand text, a TOML path, or its tables in memory."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,16 +113,22 @@ class Fleet:
         return tuple(dict.fromkeys(p.gpu for p in self.pools))
 
 
-def parse_fleet(text_or_path: str | os.PathLike[str], gpus: Mapping[str, GpuProfile]) -> Fleet:
-    """A fleet from shorthand or a TOML file; ValueError (one line, naming the token or field).
+def parse_fleet(fleet: FleetSource, gpus: Mapping[str, GpuProfile]) -> Fleet:
+    """A fleet from shorthand, a TOML file or its tables; ValueError (one line, naming the
+    token or field).
 
     Shorthand: ``COUNTxGPU`` pools, comma-separated (``64xh100-sxm-80gb,32xa100-sxm-80gb``).
     COUNT GPUs fill whole nodes of the profile's `gpus_per_node` (it must divide COUNT); fewer
     GPUs than a node holds make one partial node. TOML (a path ending in ``.toml`` or an
     existing file): ``[[pool]]`` tables with ``gpu``, ``nodes``, optional ``gpus_per_node`` and
-    ``price_per_hour_usd``. `gpus` is what `load_gpus()` returns.
+    ``price_per_hour_usd``. In memory: what such a file parses to (``{"pool": [...]}``) or its
+    list of pool tables, checked as the file's are. `gpus` is what `load_gpus()` returns.
     """
-    text = os.fspath(text_or_path).strip()
+    if isinstance(fleet, Mapping):
+        return fleet_from_tables(fleet, gpus, label=IN_MEMORY_LABEL)
+    if isinstance(fleet, Sequence) and not isinstance(fleet, str):
+        return fleet_from_tables({"pool": list(fleet)}, gpus, label=IN_MEMORY_LABEL)
+    text = os.fspath(fleet).strip()
     if text.endswith(".toml") or _is_file(text):
         return _parse_toml(Path(text), gpus)
     if not text:
@@ -168,6 +182,14 @@ def _parse_toml(path: Path, gpus: Mapping[str, GpuProfile]) -> Fleet:
         raise ValueError(f"fleet: cannot read {str(path)!r}: {error.strerror}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{label}: invalid TOML: {error}") from None
+    return fleet_from_tables(table, gpus, label=label)
+
+
+def fleet_from_tables(
+    table: Mapping[str, Any], gpus: Mapping[str, GpuProfile], *, label: str
+) -> Fleet:
+    """The fleet of a fleet file's tables (``{"pool": [{gpu, nodes, ...}, ...]}``), from a file
+    or in memory; errors start with `label` (the file's name)."""
     unknown = sorted(set(table) - {"pool"})
     if unknown:
         raise ValueError(f"{label}: unknown key {unknown[0]!r}; allowed: [[pool]] tables")

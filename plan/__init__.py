@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING
 
 from trainmem.engine._lazy import lazy_names
 
-from ._launch import DEFAULT_FRAMEWORK, FORMATS, check_format, deepspeed_config, render
+from ._launch import (
+    DEFAULT_FRAMEWORK,
+    FORMATS,
+    check_format,
+    deepspeed_config,
+    format_framework,
+    render,
+)
 from ._options import RECOMMEND_OPTIONS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -26,6 +33,7 @@ __all__ = [
     "REPORT_FIELDS",
     "check_format",
     "deepspeed_config",
+    "format_framework",
     "recommend_report",
     "render",
     "space_points",

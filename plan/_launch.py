@@ -74,6 +74,20 @@ def render(report: dict[str, Any], fmt: str) -> str:
     return slurm_script(report) if fmt == "slurm" else torchrun_script(report)
 
 
+def format_framework(fmt: str | None, framework: str | None) -> str | None:
+    """The framework a plan printed as `fmt` is searched for: the one given, else the format's
+    default (DEFAULT_FRAMEWORK); ValueError when `fmt` is unknown or cannot launch it. `fmt`
+    None (a summary, or a JSON answer over HTTP) leaves `framework` as given (None: the
+    search's default), so that a format never plans what it cannot launch."""
+    if fmt is None:
+        return framework
+    if fmt not in FORMATS:
+        raise ValueError(f"format: unknown value '{fmt}'; allowed: {', '.join(FORMATS)}")
+    chosen = framework or DEFAULT_FRAMEWORK[fmt]
+    check_format(fmt, chosen)
+    return chosen
+
+
 def check_format(fmt: str, framework: str) -> None:
     """ValueError unless `fmt` launches `framework`."""
     allowed = FORMAT_FRAMEWORKS[fmt]

@@ -27,13 +27,14 @@ from trainmem.engine import (
     DEFAULTS,
     DEFAULTS_BY_FIELD,
     FIELD_NAMES,
+    FRAMEWORK_SPECS,
     FRAMEWORKS,
     KNOBS,
     PRECISIONS,
     TrainingConfig,
     resolved_loss,
 )
-from trainmem.hardware import GIB, Fleet, load_gpus, parse_fleet
+from trainmem.hardware import GIB, Fleet, FleetSource, load_gpus, parse_fleet
 from trainmem.report import (
     check_headroom,
     check_options,
@@ -67,43 +68,16 @@ TIE_BREAK = ("peak_device_bytes", *LAYOUT, *INNER_AXES)
 """After the objective and the sweep's tie-break: more headroom first, then a fixed order, so
 that the answer is deterministic."""
 
-SINGLE = {"tp": (1,), "pp": (1,), "virtual_stages": (1,), "cp": (1,), "ep": (1,)}
 LAUNCHABLE: dict[str, dict[str, tuple[Any, ...]]] = {
-    "megatron": {"offload": ("none", "optimizer"),
-                 "recompute": ("none", "selective", "full", "selective-layer")},
-    "deepspeed": {**SINGLE, "recompute": ("none", "full")},
-    "hf": {**SINGLE, "zero": (0, 2, 3), "recompute": ("none", "full"),
-           "offload": ("none", "optimizer+params")},
-    "torchtitan": {"zero": (0, 3), "offload": ("none",),
-                   "recompute": ("none", "selective", "full", "selective-op")},
-    "torchtune": {**SINGLE, "zero": (0, 3), "offload": ("none", "optimizer+params"),
-                  "recompute": ("none", "selective", "full", "selective-layer")},
-    "litgpt": {**SINGLE, "zero": (0, 3), "offload": ("none",), "recompute": ("none", "full")},
-}  # fmt: skip
-"""Axis values each framework can launch (others are dropped from the sweep's space).
-Megatron-LM: any layout; ZeRO 1 = distributed optimizer, 2/3 = Megatron-FSDP; offload =
---optimizer-cpu-offload; no per-op checkpointing (selective-layer = --recompute-method block).
-DeepSpeed with a Hugging Face model: data parallel only, ZeRO 0-3, offload_optimizer /
-offload_param, whole-layer checkpointing. hf = accelerate FSDP: no ZeRO-1, CPU offload moves
-parameters, gradients and optimizer together. torchtitan: FSDP2 or DDP; its AC modes are none,
-full and selective (per-op, 0.3.0). torchtune (recipes full_finetune_distributed /
-lora_finetune_distributed): FSDP2 on one node or more, data parallel only here,
-fsdp_cpu_offload (parameters, gradients and optimizer). litgpt 0.5.13 (finetune/lora.py,
-full.py): one device, or FSDP over data parallel ranks (ModelParallelStrategy with
-tensor_parallel_size 1, or FSDPStrategy); no CPU offload (cpu_offload=False); whole-Block
-checkpointing or none."""
-FRAMEWORK_PRECISIONS = {
-    "megatron": ("mixed-bf16", "mixed-fp16", "fp8-mixed", "fp32"),
-    "deepspeed": ("mixed-bf16", "mixed-fp16", "fp32"),
-    "hf": ("mixed-bf16", "mixed-fp16", "fp32"),
-    "torchtitan": ("mixed-bf16", "fp8-mixed", "fp32"),
-    "torchtune": ("bf16", "fp32"),
-    "litgpt": ("amp-bf16", "bf16", "amp-fp16", "fp16", "fp32"),
+    name: spec.launch_axes for name, spec in FRAMEWORK_SPECS.items()
 }
-"""Precisions each framework runs (--bf16, bf16.enabled, FSDP MixedPrecision, torchtune's
-`dtype: bf16|fp32`, the whole model in that dtype, litgpt's --precision bf16-mixed (its
-default, utils.py get_default_supported_precision(training=True)), bf16-true, 16-mixed,
-16-true, 32-true, ...)."""
+"""Axis values each framework can launch (others are dropped from the sweep's space): its
+FrameworkSpec.launch_axes, whose reasons are its launch_source (engine/_frameworks.py), so a
+framework added there is launchable here with no other edit."""
+FRAMEWORK_PRECISIONS: dict[str, tuple[str, ...]] = {
+    name: spec.launch_precisions for name, spec in FRAMEWORK_SPECS.items()
+}
+"""Precisions each framework runs, its default first: FrameworkSpec.launch_precisions."""
 OBJECTIVE_WORDS = {"cost": "cheapest", "time": "fastest", "gpus": "fewest GPUs"}
 CONTRACT = (
     "gpu",
@@ -165,7 +139,8 @@ def recommend_report(
     training: TrainingConfig | Mapping[str, Any] | None = None,
     *,
     model: str = "llama-3.1-8b",
-    fleet: str = "8xh100-sxm-80gb",
+    fleet: FleetSource = "8xh100-sxm-80gb",
+    fleet_label: str | None = None,
     objective: str = "cost",
     num_alternatives: int = 4,
     max_micro_batch_size: int = 16,
@@ -191,6 +166,8 @@ def recommend_report(
     The job's training fields: `training` updated by keyword fields, over SEARCH_DEFAULTS;
     searched fields left unset (None) are searched. Pure: prints nothing, writes nothing (the
     search runs in memory; `trainmem sweep --out` stores points). `framework` None: megatron.
+    `fleet`: text, a TOML path or the pools in memory (hardware's parse_fleet); `fleet_label`
+    names it in the answer and its messages (None: `fleet` itself, or its pools).
     ValueError (one line, naming the field) on bad input.
     """
     scope = dict(locals())  # the arguments (the first statement)
@@ -223,7 +200,7 @@ def recommend_report(
             **{k: getattr(spec, k) for k in MODEL_KEYS},
             **rope_architecture(model, models_dir=models_dir),
         },
-        "fleet": fleet,
+        "fleet": fleet_text(fleet, fleet_label, pools),
         "objective": objectives[0],
         "framework": framework,
         "precision": space.fixed["precision"],
@@ -260,9 +237,9 @@ def recommend_report(
     if fits:
         reason = ""
     elif plans:
-        reason = f"nothing fits on {fleet}; the closest configuration: {best['reason']}"
+        reason = f"nothing fits on {context['fleet']}; the closest configuration: {best['reason']}"
     else:
-        reason = f"nothing fits on {fleet}: no valid configuration in the space"
+        reason = f"nothing fits on {context['fleet']}: no valid configuration in the space"
     return {
         **{k: best.get(k) for k in CONTRACT},
         **{k: v for k, v in best.items() if k not in CONTRACT},
@@ -298,7 +275,7 @@ def space_points(**fields: Any) -> int:
     service bounds a request's work with it."""
     options = {
         o.name: o.default for o in RECOMMEND_OPTIONS if o.name not in ("fmt", "as_json", "check")
-    }
+    } | {"fleet_label": None}
     unknown = sorted(set(fields) - set(options))
     if unknown:
         raise TypeError(f"unexpected keyword argument {unknown[0]!r}")
@@ -367,10 +344,26 @@ def job_space(**fields: Any) -> Space:
     if not counts:
         raise ValueError(
             f"num_gpus: {space.axes['num_gpus'][0]} GPUs cannot be launched on "
-            f"{f['fleet']} (within one node, or whole nodes of a pool)"
+            f"{fleet_text(f['fleet'], f['fleet_label'], space.fleet)} (within one node, or whole "
+            "nodes of a pool)"
         )
     return launchable(
         dataclasses.replace(space, axes={**space.axes, "num_gpus": counts}), framework
+    )
+
+
+def fleet_text(fleet: FleetSource, label: str | None, pools: Fleet) -> str:
+    """The fleet as the answer names it: `label`, else the text or path given, else (pools in
+    memory) NODESxPER_NODExGPU per pool (COUNTxGPU for one node)."""
+    if label is not None:
+        return label
+    if isinstance(fleet, str):
+        return fleet
+    if not isinstance(fleet, (Mapping, list, tuple)):
+        return str(fleet)  # a path
+    return ",".join(
+        f"{p.num_gpus}x{p.gpu}" if p.num_nodes == 1 else f"{p.num_nodes}x{p.gpus_per_node}x{p.gpu}"
+        for p in pools.pools
     )
 
 

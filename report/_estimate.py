@@ -22,6 +22,7 @@ from trainmem.engine import (
     DEFAULTS,
     DEFAULTS_BY_FIELD,
     FIELD_NAMES,
+    FRAMEWORKS,
     OUTPUT_DTYPES,
     PROFILE_MISMATCH,
     ModelSpec,
@@ -171,7 +172,8 @@ def training_config(
         raise TypeError(
             f"unexpected keyword argument {unknown[0]!r}; training fields: {', '.join(FIELD_NAMES)}"
         )
-    if values.get("loss") == "auto" and isinstance(values.get("framework"), str):
+    # An unknown framework stays as given: the field's check names it with the allowed values.
+    if values.get("loss") == "auto" and values.get("framework") in FRAMEWORKS:
         values["loss"] = resolved_loss(values["framework"], "auto")
     return values
 

@@ -367,7 +367,7 @@ def _add_recommend(
 ) -> None:
     from pydantic import Field
 
-    from trainmem.plan import DEFAULT_FRAMEWORK, FORMATS, RECOMMEND_OPTIONS, check_format, render
+    from trainmem.plan import FORMATS, RECOMMEND_OPTIONS, format_framework, render
 
     per_node = {name: p.gpus_per_node for name, p in load_gpus(dirs["hardware_dir"]).items()}
     Pool = pool_model(choices["gpu"])
@@ -389,9 +389,9 @@ def _add_recommend(
         inline pools (JSON objects), never a path."""
         fields = {k: getattr(body, k) for k in RecommendRequest.model_fields} | dict(dirs)
         pools, label = inline_pools(fields.pop("fleet"), per_node)
-        if format != "json":  # the launch format decides the framework, as on the CLI
-            check_format(format, fields["framework"] or DEFAULT_FRAMEWORK[format])
-            fields["framework"] = fields["framework"] or DEFAULT_FRAMEWORK[format]
+        # The launch format decides the framework, as on the CLI (json: the search's default).
+        launched = None if format == "json" else format
+        fields["framework"] = format_framework(launched, fields["framework"])
         report: dict[str, Any] = run(
             recommend_work, fields, pools=pools, label=label, max_points=limits.max_points
         )

@@ -14,9 +14,7 @@ values; ValueError is the user's (422), anything else a server fault (500, logge
 from __future__ import annotations
 
 import multiprocessing
-import os
 import queue
-import tempfile
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -56,49 +54,36 @@ def recommend_work(
 ) -> dict[str, Any]:
     """`trainmem recommend --format json` on an inline fleet (`pools`, already validated).
 
-    The engine reads fleets from text or TOML files; the pools go through a TOML file this worker
-    writes in its own temporary folder, so no name in a request can reach a file of the server.
-    Its path is replaced by `label` (the request's fleet text) in every answer and error.
+    The pools go to the planner in memory, as the tables of a fleet file (`fleet_tables`): no
+    file is written or read, so no name in a request can reach a file of the server. `label`
+    (the request's fleet text) names the fleet in the answer and its errors.
     """
     from trainmem.plan import recommend_report, space_points
 
-    with tempfile.TemporaryDirectory(prefix="trainmem-fleet-") as folder:
-        path = os.path.join(folder, "fleet.toml")
-        with open(path, "w", encoding="utf-8") as file:
-            file.write(fleet_toml(pools))
-        fields = {**fields, "fleet": path}
-        try:
-            points = space_points(**fields)
-            if points > max_points:
-                raise WorkLimit(
-                    f"work limit: recommend would search {points:,} points (limit "
-                    f"{max_points:,}); narrow fleet, max_pp, max_cp or max_micro_batch_size"
-                )
-            report = jsonable(recommend_report(**fields))
-        except ValueError as error:
-            raise type(error)(str(error).replace(path, label)) from None
-    return {**_replace(report, path, label), "fleet": label}
+    fields = {**fields, "fleet": fleet_tables(pools), "fleet_label": label}
+    points = space_points(**fields)
+    if points > max_points:
+        raise WorkLimit(
+            f"work limit: recommend would search {points:,} points (limit "
+            f"{max_points:,}); narrow fleet, max_pp, max_cp or max_micro_batch_size"
+        )
+    return {**jsonable(recommend_report(**fields)), "fleet": label}
 
 
-def fleet_toml(pools: list[dict[str, Any]]) -> str:
-    """[[pool]] tables (hardware/_fleet.py's format) for validated pools."""
-    lines = []
+def fleet_tables(pools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """[[pool]] tables (hardware/_fleet.py's format, as a fleet TOML file parses to) for
+    validated pools."""
+    tables = []
     for pool in pools:
-        lines += ["[[pool]]", f'gpu = "{pool["gpu"]}"', f"nodes = {int(pool['nodes'])}"]
-        lines.append(f"gpus_per_node = {int(pool['gpus_per_node'])}")
+        table = {
+            "gpu": pool["gpu"],
+            "nodes": int(pool["nodes"]),
+            "gpus_per_node": int(pool["gpus_per_node"]),
+        }
         if pool.get("price_per_hour_usd") is not None:
-            lines.append(f"price_per_hour_usd = {float(pool['price_per_hour_usd'])!r}")
-    return "\n".join(lines) + "\n"
-
-
-def _replace(value: Any, old: str, new: str) -> Any:
-    if isinstance(value, str):
-        return value.replace(old, new)
-    if isinstance(value, dict):
-        return {k: _replace(v, old, new) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_replace(v, old, new) for v in value]
-    return value
+            table["price_per_hour_usd"] = float(pool["price_per_hour_usd"])
+        tables.append(table)
+    return tables
 
 
 def _serve_forever(conn: Connection) -> None:

@@ -5,7 +5,8 @@ exhaustive and Optuna searches (`run_exhaustive`, `run_optuna`; every point stor
 `fit_report` (the largest micro-batch or fewest GPUs that fits) and the heatmap's cells.
 
 Called, the package runs a sweep: `trainmem.sweep(model=..., fleet=..., out=None)` is
-`run_sweep(...)` (returns a SweepRun: the SearchResult, the space, the study name).
+`sweep_report(...)`: the dict `trainmem sweep --json` prints (a SweepReport, which also answers
+the SweepRun's `result`, `space`, `study`, `objectives` and `why`, as `run_sweep` returns).
 
 Each name is imported from its module when first used: `fit_report` does not load the searches
 (polars, Optuna).
@@ -30,7 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from ._optuna import run_optuna
     from ._points import OBJECTIVES, Progress, SearchResult, parse_objectives
-    from ._run import SweepRun, run_sweep
+    from ._run import SweepReport, SweepRun, run_sweep, sweep_report
     from ._space import AXES, Space, evaluate_columns, gpu_counts, make_space, reason_texts
 
 _MODULES = {
@@ -43,7 +44,7 @@ _MODULES = {
         "SWEEP_OPTIONS",
         "extra_fields",
     ),
-    "._run": ("SweepRun", "run_sweep"),
+    "._run": ("SweepReport", "SweepRun", "run_sweep", "sweep_report"),
     "._exhaustive": ("run_exhaustive",),
     "._optuna": ("run_optuna",),
     "._points": ("OBJECTIVES", "Progress", "SearchResult", "parse_objectives"),
@@ -54,8 +55,10 @@ _MODULE_OF = modules_of(_MODULES)
 
 __all__ = [
     "SWEEP_OPTIONS",
+    "SweepReport",
     "SweepRun",
     "run_sweep",
+    "sweep_report",
     "FLEET",
     "JOB_FIELDS",
     "SEARCH_DEFAULTS",
@@ -88,14 +91,14 @@ def __dir__() -> list[str]:
 class _CallableSweep(_types.ModuleType):
     """`trainmem.sweep` is this package and, called, the sweep verb.
 
-    `trainmem.sweep(...)` runs `run_sweep(...)` (a package attribute of `trainmem` cannot be both
-    otherwise).
+    `trainmem.sweep(...)` runs `sweep_report(...)` (a package attribute of `trainmem` cannot be
+    both otherwise): what `trainmem sweep --json` prints, with the SweepRun's attributes.
     """
 
-    def __call__(self, *args: Any, **kwargs: Any) -> "SweepRun":
-        from ._run import run_sweep
+    def __call__(self, *args: Any, **kwargs: Any) -> "SweepReport":
+        from ._run import sweep_report
 
-        return run_sweep(*args, **kwargs)
+        return sweep_report(*args, **kwargs)
 
 
 _sys.modules[__name__].__class__ = _CallableSweep

@@ -1,11 +1,14 @@
 """`trainmem sweep` as a function: a job's space on a fleet, searched exhaustively or by Optuna,
 every point stored as Parquet under `out` (None: in memory).
 
+`run_sweep` returns the search's objects (SweepRun); `sweep_report` returns the dict that
+`trainmem sweep --json` prints (a SweepReport, which also carries the SweepRun's attributes).
 Bad input raises ValueError (one line naming the field).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -13,10 +16,9 @@ from typing import Any
 
 from trainmem.catalog import optimizer_columns
 from trainmem.engine import (
+    COMPONENTS,
     DEFAULTS_BY_FIELD,
     FIELD_NAMES,
-    FRAMEWORKS,
-    PRECISIONS,
     TrainingConfig,
 )
 from trainmem.hardware import load_gpus, parse_fleet
@@ -25,10 +27,12 @@ from trainmem.report import (
     check_options,
     choice,
     gib_to_bytes,
+    jsonable,
     model_spec,
     training_config,
 )
 
+from ._axes import SHOW
 from ._options import SEARCH_DEFAULTS, SWEEP_OPTIONS, extra_fields
 from ._parts import check_store
 from ._search import Progress, SearchResult, parse_objectives, run_exhaustive, run_optuna
@@ -44,6 +48,8 @@ class SweepRun:
     space: Space
     study: str
     objectives: tuple[str, ...]
+    method: str = "exhaustive"
+    """The search that ran: exhaustive or optuna."""
     why: dict[str, Any] | None = None
     """The best point's step-time parts next to the best conventional layout's (`_why.why`);
     None for a Pareto front or when nothing fits."""
@@ -110,9 +116,9 @@ def run_sweep(
     precision, optimizer, framework = (training[k] for k in ("precision", "optimizer", "framework"))
     choice("method", method, ("exhaustive", "optuna"))
     check_store(store)
-    choice("precision", precision, PRECISIONS)
+    # precision and framework are judged once, with the other training fields, by
+    # check_options (their closed vocabularies first) and, unset (None), by the engine's grid.
     optimizer_fields = optimizer_columns(optimizer, optimizers_dir)
-    choice("framework", framework, FRAMEWORKS)
     objectives = parse_objectives(objective)
     check_headroom(headroom)
     counts = {
@@ -190,7 +196,14 @@ def run_sweep(
     explained = None
     if len(objectives) == 1 and len(result.best) == 1:
         explained = why(space, result.best[0], objectives)
-    return SweepRun(result=result, space=space, study=study, objectives=objectives, why=explained)
+    return SweepRun(
+        result=result,
+        space=space,
+        study=study,
+        objectives=objectives,
+        method=method,
+        why=explained,
+    )
 
 
 def _search(
@@ -242,3 +255,123 @@ def _search(
         progress=progress,
         scheduler=scheduler,
     )
+
+
+class SweepReport(dict[str, Any]):
+    """`trainmem sweep --json` as a dict (what the CLI prints, key for key), returned by
+    `sweep_report` and `trainmem.sweep(...)`.
+
+    It also answers the SweepRun's attributes (`result`, `space`, `study`, `method`,
+    `objectives`, `why`): `trainmem.sweep()` returned the SweepRun before it returned the dict,
+    and callers of that contract keep working; the CLI's human output reads them too.
+    """
+
+    __slots__ = ("run",)
+
+    def __init__(self, payload: Mapping[str, Any], *, run: SweepRun) -> None:
+        super().__init__(payload)
+        self.run = run
+
+    @property
+    def result(self) -> SearchResult:
+        return self.run.result
+
+    @property
+    def space(self) -> Space:
+        return self.run.space
+
+    @property
+    def study(self) -> str:
+        return self.run.study
+
+    @property
+    def method(self) -> str:
+        return self.run.method
+
+    @property
+    def objectives(self) -> tuple[str, ...]:
+        return self.run.objectives
+
+    @property
+    def why(self) -> dict[str, Any] | None:
+        return self.run.why
+
+
+def sweep_report(
+    training: TrainingConfig | Mapping[str, Any] | None = None, **options: Any
+) -> SweepReport:
+    """`trainmem sweep --json`: `run_sweep(training, **options)` (every SWEEP_OPTIONS option,
+    training fields by name, `progress`) as the JSON-able dict the command prints.
+
+    `out` is checked before any point is computed (`check_out_dir`), and an OSError while the
+    points are written is a one-line ValueError naming `out`, as every bad input is.
+    """
+    out = options.get("out", "out")
+    if out is not None:
+        check_out_dir(out)
+    try:
+        done = run_sweep(training, **options)
+    except OSError as exc:  # the folder became unwritable, or a path under it is odd
+        raise ValueError(f"out: {out!r}: {exc.strerror or exc}") from None
+    return SweepReport(jsonable(sweep_payload(done)), run=done)
+
+
+def sweep_payload(done: SweepRun) -> dict[str, Any]:
+    """The keys of `trainmem sweep --json`, in their order: the study, the best point and the
+    top ones (`point_json`), the why, the counts and where the points are; a Pareto front for
+    several objectives. The search's extra facts follow (SearchResult.extra)."""
+    result, objectives = done.result, done.objectives
+    payload: dict[str, Any] = {
+        "study": done.study,
+        "method": done.method,
+        "objective": list(objectives),
+        "best": point_json(result.best[0]) if len(result.best) == 1 else None,
+        "top": [point_json(row) for row in result.top.iter_rows(named=True)],
+        "why": done.why,
+        "num_points": result.num_points,
+        "parquet": result.parquet,
+        "elapsed_s": round(result.elapsed_s, 3),
+        **{k: v for k, v in result.extra.items() if k != "study"},
+    }
+    if len(objectives) > 1:
+        payload["pareto"] = [point_json(r) for r in result.best]
+    return payload
+
+
+def point_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    """One point of the sweep's JSON: its configuration (the SHOW columns), fit, cost, time,
+    peak and breakdown."""
+    return jsonable(
+        {
+            "configuration": {k: row[k] for k in SHOW},
+            "fits": row["fits"],
+            "cost_per_million_tokens": row["cost_per_million_tokens"],
+            "step_time_s": row["step_time_s"],
+            "tokens_per_second": row["tokens_per_second"],
+            "mfu": row["mfu"],
+            "peak_device_bytes": row["peak_device_bytes"],
+            "breakdown": {k: row[k] for k in COMPONENTS},
+        }
+    )
+
+
+def check_out_dir(out: str) -> None:
+    """ValueError ("out: ...") when the output folder names a file or cannot be created or
+    written (checked before any point is computed). A URL (s3://...) is checked by its store
+    when the first part is written; file:// is a path."""
+    from trainmem.results._store import is_url, local_path
+
+    if is_url(out):
+        return
+    path = local_path(out)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"out: {out!r} is a file, not a folder")
+    existing = path
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise ValueError(f"out: {str(existing)!r} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"out: {str(existing)!r} is not writable")

@@ -30,7 +30,7 @@ settings.load_profile(os.environ.get(PROFILE_ENV, "ci"))
 
 @pytest.fixture(autouse=True, scope="session")
 def _formula_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Generated formula kernels (engine/_formula_kernels.py) go to a folder of this run, not
+    """Generated formula kernels (engine/_fast/_formula_kernels.py) go to a folder of this run, not
     the user's cache, unless TRAINMEM_CACHE_DIR is set (to keep them between runs)."""
     if os.environ.get("TRAINMEM_CACHE_DIR"):
         yield

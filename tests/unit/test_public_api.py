@@ -101,3 +101,13 @@ def test_every_export_has_a_docstring(package: str) -> None:
     """ruff's D rules see only the public modules (__init__.py); what they re-export from
     private modules is checked here."""
     assert not _undocumented(importlib.import_module(package))
+
+
+@pytest.mark.parametrize("verb", ["estimate", "sweep"])
+def test_an_unknown_framework_is_a_one_line_value_error(verb: str) -> None:
+    """It was a KeyError from the loss's resolution before the field's own check ran."""
+    options = {"model": "gpt2", "framework": "bogus"}
+    if verb == "sweep":
+        options["out"] = None
+    with pytest.raises(ValueError, match=r"^framework: unknown value 'bogus'; allowed: hf, "):
+        getattr(trainmem, verb)(**options)

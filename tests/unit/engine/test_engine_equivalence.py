@@ -222,7 +222,7 @@ def test_recording_covers_the_engine() -> None:
 @pytest.mark.parametrize("kernel", ["numpy", "numba"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_engine_equals_recording(case: tuple, kernel: str, monkeypatch) -> None:
-    """Both per-row assemblies (engine/_kernel.py): numpy's and the compiled loop, forced here
+    """Both per-row assemblies (engine/_fast/_kernel.py): numpy's and the compiled loop, forced here
     on grids far below the size where `auto` would take it."""
     import trainmem.engine as engine
 

@@ -1,5 +1,5 @@
-"""The per-key formulas generated as one loop (engine/_formula_trace.py traces them,
-engine/_formula_kernels.py writes the loop) return numpy's bits, model by model.
+"""The per-key formulas generated as one loop (engine/_fast/_formula_trace.py traces them,
+engine/_fast/_formula_kernels.py writes the loop) return numpy's bits, model by model.
 
 The generator is checked without compiling (the generated source run as Python on numpy
 scalars) on every family's formulas; numba's compiled loop on whole estimates of two models
@@ -16,8 +16,10 @@ import sys
 import numpy as np
 import pytest
 
+from tests.strategies import random_grid
 from trainmem.catalog import load_model, load_profile
-from trainmem.engine import _formula_kernels, _formula_trace, _kernel, estimate, make_grid
+from trainmem.engine import estimate, make_grid
+from trainmem.engine._fast import _formula_kernels, _formula_trace, _kernel
 
 TABLE_TERMS = ("_state_table_terms", "_activation_table_terms")
 """engine/_estimate.py's per-key functions: state_terms, activation_terms and what they add."""
@@ -33,38 +35,18 @@ MODELS = (
 )
 
 
-def _pick(rng: np.random.Generator, values: list, n: int) -> np.ndarray:
-    return np.asarray(values)[rng.integers(0, len(values), n)]
-
-
 def _grid(seed: int, n: int, *, moe: bool) -> dict[str, np.ndarray]:
-    """Every knob the formulas read drawn, valid and invalid layouts both."""
+    """Every declared field drawn (tests/strategies.py), valid and invalid layouts both: a
+    tenth of the rows at a sequence length no cp divides and no allocator block rounds evenly
+    (100 tokens), and on 64 more data-parallel ranks."""
     rng = np.random.default_rng(seed)
-    tp, pp, cp = _pick(rng, [1, 2, 4, 8], n), _pick(rng, [1, 2, 4], n), _pick(rng, [1, 2], n)
-    dp = _pick(rng, [1, 2, 8, 64], n)
-    return make_grid(
-        micro_batch_size=rng.integers(1, 9, n),
-        seq_len=_pick(rng, [100, 512, 2048, 4096, 8192], n),
-        num_gpus=tp * pp * cp * dp,
-        tp=tp,
-        pp=pp,
-        cp=cp,
-        zero=rng.integers(0, 4, n),
-        sequence_parallel=rng.random(n) < 0.5,
-        precision=rng.integers(0, 8, n),
-        optimizer=rng.integers(0, 4, n),
-        recompute=rng.integers(0, 5, n),
-        attention=rng.integers(0, 2, n),
-        framework=rng.integers(0, 5, n),
-        ep=_pick(rng, [1, 2, 4] if moe else [1], n),
-        offload=_pick(rng, [0, 0, 1, 2], n),
-        activation_offload=rng.random(n) < 0.2,
-        lora_rank=_pick(rng, [0, 0, 8, 16], n),
-        qlora=rng.random(n) < 0.2,
-        compile=rng.integers(0, 3, n),
-        loss=rng.integers(0, 3, n),
-        optimizer_in_backward=rng.random(n) < 0.1,
-    )
+    g = random_grid(seed, n, moe=moe)
+    odd = rng.random(n) < 0.1
+    return {
+        **g,
+        "seq_len": np.where(odd, 100, g["seq_len"]),
+        "num_gpus": np.where(rng.random(n) < 0.1, g["num_gpus"] * 64, g["num_gpus"]),
+    }
 
 
 def _per_key_calls(m, g) -> list[tuple]:
@@ -205,7 +187,8 @@ def test_numba_caches_outside_the_package(tmp_path) -> None:
     env = {**os.environ, _formula_kernels.CACHE_ENV: str(tmp_path)}
     env.pop("NUMBA_CACHE_DIR", None)
     code = (
-        "import os; from trainmem.engine import _kernel; assert _kernel._compiled() is not None; "
+        "import os; from trainmem.engine._fast import _kernel; "
+        "assert _kernel._compiled() is not None; "
         "print(os.environ['NUMBA_CACHE_DIR'])"
     )
     run = subprocess.run(

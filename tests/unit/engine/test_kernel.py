@@ -1,4 +1,4 @@
-"""The compiled per-row assembly (engine/_kernel_numba.py) returns what numpy's does, to the
+"""The compiled per-row assembly (engine/_fast/_kernel_numba.py) returns what numpy's does, to the
 bit, on random grids of every kind of row: pipelined and interleaved (the worst rank is then one
 of two stage variants), gradient accumulation, offload to the host, the expandable-segments
 allocator, invalid layouts; and `layout_reason`'s compiled loop the same codes as numpy's.
@@ -11,8 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.strategies import random_grid
 from trainmem.catalog import load_model
-from trainmem.engine import OUTPUTS, Overheads, _kernel, estimate, layout_reason, make_grid
+from trainmem.engine import OUTPUTS, Overheads, estimate, layout_reason, make_grid
+from trainmem.engine._fast import _kernel
 
 pytest.importorskip("numba", reason="the compiled kernel is the `fast` extra")
 
@@ -25,33 +27,9 @@ def _pick(rng: np.random.Generator, values: list, n: int) -> np.ndarray:
 
 
 def _grid(seed: int, n: int = ROWS, *, moe: bool = False) -> dict[str, np.ndarray]:
-    """Mostly valid layouts of an 8-GPU-per-node world, every knob the assembly reads drawn."""
-    rng = np.random.default_rng(seed)
-    tp, pp, cp = _pick(rng, [1, 2, 4, 8], n), _pick(rng, [1, 1, 2, 4, 8], n), _pick(rng, [1, 2], n)
-    dp = _pick(rng, [1, 2, 4, 8], n)
-    mb = rng.integers(1, 9, n)
-    return make_grid(
-        micro_batch_size=mb,
-        seq_len=_pick(rng, [512, 2048, 4096, 8192], n),
-        num_gpus=tp * pp * cp * dp,
-        global_batch_size=np.where(rng.random(n) < 0.5, 0, mb * dp * _pick(rng, [1, 2, 8], n)),
-        tp=tp,
-        pp=pp,
-        cp=cp,
-        virtual_stages=np.where(pp > 1, _pick(rng, [1, 2], n), 1),
-        zero=rng.integers(0, 4, n),
-        sequence_parallel=rng.random(n) < 0.5,
-        precision=rng.integers(0, 6, n),
-        optimizer=rng.integers(0, 4, n),
-        recompute=rng.integers(0, 3, n),
-        attention=rng.integers(0, 2, n),
-        framework=rng.integers(0, 5, n),
-        ep=_pick(rng, [1, 2, 4] if moe else [1], n),
-        offload=_pick(rng, [0, 0, 1, 2], n),
-        activation_offload=rng.random(n) < 0.2,
-        allocator=rng.integers(0, 2, n),
-        lora_rank=_pick(rng, [0, 0, 0, 16], n),
-    )
+    """Mostly valid layouts of an 8-GPU-per-node world, every declared field drawn
+    (tests/strategies.py)."""
+    return random_grid(seed, n, moe=moe)
 
 
 def _both(monkeypatch, call) -> tuple[dict, dict]:
@@ -168,7 +146,7 @@ def test_a_kernel_that_does_not_load_falls_back_to_numpy(monkeypatch) -> None:
     import sys
 
     _kernel._compiled.cache_clear()
-    monkeypatch.setitem(sys.modules, "trainmem.engine._kernel_numba", None)  # import fails
+    monkeypatch.setitem(sys.modules, "trainmem.engine._fast._kernel_numba", None)  # import fails
     monkeypatch.setattr(_kernel, "_loaded", False)
     monkeypatch.setattr(_kernel, "_unavailable", [])
     try:

@@ -13,19 +13,18 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from trainmem.catalog import load_model, preset_names
+from tests.strategies import columns_of, models, random_grid
+from tests.strategies import rows as draw_rows
+from trainmem.catalog import load_model
 from trainmem.engine import (
-    ATTENTION,
     BLOCK_ROWS,
     COMPONENTS,
     FRAMEWORKS,
-    OPTIMIZERS,
     OUTPUTS,
-    PRECISIONS,
-    RECOMPUTE,
     ModelSpec,
     estimate,
     estimate_time,
@@ -55,63 +54,25 @@ def _model_states(out: dict[str, np.ndarray]) -> np.ndarray:
     )
 
 
-def _divisors(n: int, choices: tuple[int, ...]) -> list[int]:
-    return [c for c in choices if n % c == 0]
-
-
-def _tp_choices(m: ModelSpec) -> list[int]:
-    kv = m.num_key_value_heads
-    return [t for t in _divisors(m.num_attention_heads, (1, 2, 4, 8)) if kv % t == 0 or t % kv == 0]
-
-
-@st.composite
-def _models(draw: st.DrawFn) -> ModelSpec:
-    return load_model(draw(st.sampled_from(preset_names())))
-
-
-@st.composite
-def _rows(draw: st.DrawFn, m: ModelSpec) -> dict[str, Any]:
-    """One valid configuration of model `m`."""
-    tp = draw(st.sampled_from(_tp_choices(m)))
-    pp = draw(st.sampled_from(_divisors(m.num_hidden_layers, (1, 2, 4))))
-    cp = draw(st.sampled_from([1, 2]))
-    dp = draw(st.sampled_from([1, 2, 4, 8]))
-    mbs = draw(st.integers(1, 8))
-    num_micro = draw(st.sampled_from([0, 1, 2, 4, 8]))  # 0: global_batch_size 0, no accumulation
-    return {
-        "micro_batch_size": mbs,
-        "seq_len": draw(st.sampled_from([128, 512, 1024, 2048, 4096])),
-        "num_gpus": tp * pp * cp * dp,
-        "global_batch_size": num_micro * mbs * dp,
-        "tp": tp,
-        "pp": pp,
-        "cp": cp,
-        "virtual_stages": draw(st.sampled_from(_divisors(m.num_hidden_layers // pp, (1, 2))))
-        if pp > 1
-        else 1,
-        "zero": draw(st.integers(0, 3)),
-        "sequence_parallel": draw(st.booleans()),
-        "precision": draw(st.sampled_from(PRECISIONS)),
-        "optimizer": draw(st.sampled_from(OPTIMIZERS)),
-        "recompute": draw(st.sampled_from(RECOMPUTE)),
-        "attention": draw(st.sampled_from(ATTENTION)),
-        "framework": draw(st.sampled_from(FRAMEWORKS)),
-    }
-
-
 def _on_8_gpus(row: dict[str, Any]) -> dict[str, Any]:
-    """The row on 8 GPUs (its tp*pp*cp kept when it divides 8)."""
+    """The row on 8 GPUs (its tp*pp*cp kept when it divides 8; expert parallelism and the
+    HSDP shard group kept where they still divide the new dp, else 1 and 0)."""
     if 8 % (row["tp"] * row["pp"] * row["cp"]):
         row = {**row, "tp": 1, "pp": 1, "cp": 1, "virtual_stages": 1}
     dp = 8 // (row["tp"] * row["pp"] * row["cp"])
+    ep, etp = row["ep"], row["etp"]
+    if (dp * row["cp"]) % ep or (dp * row["cp"] * row["tp"]) % (ep * etp):
+        row = {**row, "ep": 1, "etp": 1}
+    if row["dp_shard"] and dp % row["dp_shard"]:
+        row = {**row, "dp_shard": 0}
     return {**row, "num_gpus": 8, "global_batch_size": row["micro_batch_size"] * dp}
 
 
 @st.composite
 def _case(draw: st.DrawFn, max_rows: int = 4) -> tuple[ModelSpec, list[dict[str, Any]], Any]:
     """A model, 1..max_rows configurations of it, and a view: None (worst rank) or a stage."""
-    m = draw(_models())
-    rows = draw(st.lists(_rows(m), min_size=1, max_size=max_rows))
+    m = draw(models())
+    rows = draw(st.lists(draw_rows(m), min_size=1, max_size=max_rows))
     return m, rows, draw(_views(max(r["pp"] for r in rows)))
 
 
@@ -124,7 +85,7 @@ def _stages(pp: int) -> st.SearchStrategy[int]:
 
 
 def _grid(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
-    return make_grid({k: [r[k] for r in rows] for k in rows[0]})
+    return make_grid(columns_of(rows))
 
 
 # ---- breakdown ----------------------------------------------------------------------------------
@@ -165,8 +126,8 @@ def _activations_by_micro_batch(
 @LAWS
 @given(st.data())
 def test_activations_are_affine_in_micro_batch_size(data: st.DataObject) -> None:
-    m = data.draw(_models())
-    row = data.draw(_rows(m))
+    m = data.draw(models())
+    row = data.draw(draw_rows(m))
     a1, a2, a3 = _activations_by_micro_batch(m, row, data.draw(_stages(row["pp"])))
     assert a2 - a1 > 0
     np.testing.assert_allclose(a3 - a2, a2 - a1, rtol=AFFINE_RTOL, err_msg=str(row))
@@ -203,19 +164,24 @@ def test_worst_rank_view_is_the_larger_of_first_and_last_stage() -> None:
 
 
 def _zero_states(m: ModelSpec, row: dict[str, Any], view: Any) -> np.ndarray:
+    """Model states at ZeRO 0-3; NaN at the stages the row's offload rules out (offloading
+    needs ZeRO >= 1, parameter offload ZeRO 3: those stages are not layouts, so the law
+    compares the others)."""
     rows = [{**row, "zero": z} for z in (0, 1, 2, 3)]
     out = estimate(m, _grid(rows), pp_stage=view)
-    assert not np.any(out["reason"]), out["reason"]
-    return _model_states(out)
+    reasons = {reason_text(r) for r in out["reason"] if r}
+    assert all(r.startswith("offload") for r in reasons), (reasons, row)
+    return np.where(out["reason"] == 0, _model_states(out), np.nan)
 
 
 @LAWS
 @given(st.data())
 def test_zero_stages_never_add_model_state(data: st.DataObject) -> None:
-    m = data.draw(_models())
-    row = _on_8_gpus(data.draw(_rows(m)))
-    s0, s1, s2, s3 = _zero_states(m, row, data.draw(_stages(row["pp"])))
-    assert s3 <= s2 <= s1 <= s0, (s0, s1, s2, s3, row)
+    m = data.draw(models())
+    row = _on_8_gpus(data.draw(draw_rows(m)))
+    states = _zero_states(m, row, data.draw(_stages(row["pp"])))
+    held = states[~np.isnan(states)]
+    assert np.all(held[1:] <= held[:-1]), (states, row)
 
 
 ZERO_TP_PADDING = {
@@ -273,8 +239,8 @@ def _activations_by_recompute(
 @LAWS
 @given(st.data())
 def test_recompute_never_adds_activations(data: st.DataObject) -> None:
-    m = data.draw(_models())
-    row = data.draw(_rows(m))
+    m = data.draw(models())
+    row = data.draw(draw_rows(m))
     full, selective, none = _activations_by_recompute(m, row, data.draw(_stages(row["pp"])))
     assert full <= selective, (full, selective, none, row)
     # Selective recompute of a flash core saves only its logsumexp per layer (the core keeps no
@@ -310,11 +276,70 @@ KNOWN_RECOMPUTE_PP_EAGER = {
 def test_checkpointing_keeps_less_than_nothing_checkpointed(data: st.DataObject) -> None:
     # Per-op SAC keeps outputs a plain step would free (e.g. the down projection's), so it is not
     # ordered against `none`; whole-block checkpointing of some blocks is, and of all blocks less.
-    m = data.draw(_models())
-    row = data.draw(_rows(m))
+    m = data.draw(models())
+    row = data.draw(draw_rows(m))
+    per_stage = m.num_hidden_layers // row["pp"]
+    if row["pp"] > 1 and per_stage // row["recompute_every"] == 1:
+        # KNOWN_SELECTIVE_LAYER_ONE_BLOCK_PP (below): one checkpointed block on a pipeline
+        # stage breaks the law today; every other count of checkpointed blocks is drawn.
+        row = {**row, "recompute_every": max(per_stage // 2, 1)}
+    if row["pp"] > 1:  # KNOWN_SELECTIVE_LAYER_OFFLOAD_PP (below) breaks the law today
+        row = {**row, "activation_offload": False}
     policies = ("full", "selective-layer", "none")
     full, layer, none = _activations_by_recompute(m, row, data.draw(_stages(row["pp"])), policies)
     assert full <= layer <= none, (full, layer, none, row)
+
+
+KNOWN_SELECTIVE_LAYER_ONE_BLOCK_PP = {
+    # Found when the laws began drawing recompute_every (tests/strategies.py). With pp > 1 and
+    # exactly one block of the stage checkpointed (floor(layers per stage / every) == 1),
+    # selective-layer holds one hidden-state tensor (s b h x 4 B here: 393,216 B) more than no
+    # recompute: stage 0 of 2, 6 layers, every 6: selective-layer 39,376,896 B > none
+    # 38,983,680 B. pp 1 with one block (every 12) and pp 2 with two blocks (every 3) obey it;
+    # gpt2 and llama-3.2-1b break it the same way (their s b h x 4 B more).
+    "micro_batch_size": 1,
+    "seq_len": 128,
+    "num_gpus": 2,
+    "pp": 2,
+    "precision": "fp32",
+    "recompute_every": 6,
+}
+
+
+@pytest.mark.xfail(strict=True, reason="engine: one checkpointed block on a pipeline stage")
+def test_checkpointing_one_block_of_a_stage_keeps_less_than_nothing() -> None:
+    m = load_model("bert-base-uncased")
+    rows = [
+        {**KNOWN_SELECTIVE_LAYER_ONE_BLOCK_PP, "recompute": rc}
+        for rc in ("selective-layer", "none")
+    ]
+    layer, none = estimate(m, _grid(rows), pp_stage=0)["activations_total"]
+    assert layer <= none, (layer, none)
+
+
+KNOWN_SELECTIVE_LAYER_OFFLOAD_PP = {
+    # Found the same way. With pp > 1 and activation offloading, selective-layer holds more than
+    # no recompute, by more the fewer blocks it checkpoints: bert-base-uncased stage 0 of 2,
+    # every 2: 13,387,776 B > none 12,994,560 B; every 4: 17,457,152 B (+4,462,592 B);
+    # llama-3.2-1b pp 4 every 6: 88,148,992 B > 58,787,840 B. pp 1 obeys it at every N.
+    "micro_batch_size": 1,
+    "seq_len": 128,
+    "num_gpus": 2,
+    "pp": 2,
+    "precision": "fp32",
+    "activation_offload": True,
+    "recompute_every": 4,
+}
+
+
+@pytest.mark.xfail(strict=True, reason="engine: activation offload and selective-layer, pp > 1")
+def test_checkpointing_offloaded_activations_of_a_stage_keeps_less_than_nothing() -> None:
+    m = load_model("bert-base-uncased")
+    rows = [
+        {**KNOWN_SELECTIVE_LAYER_OFFLOAD_PP, "recompute": rc} for rc in ("selective-layer", "none")
+    ]
+    layer, none = estimate(m, _grid(rows), pp_stage=0)["activations_total"]
+    assert layer <= none, (layer, none)
 
 
 def test_recompute_never_adds_activations_pp_eager() -> None:
@@ -346,8 +371,8 @@ def test_a_row_of_the_vectorized_call_equals_the_single_call(case: tuple) -> Non
 @LAWS
 @given(st.data())
 def test_indivisible_layouts_get_a_reason_and_never_fit(data: st.DataObject) -> None:
-    m = data.draw(_models())
-    row = data.draw(_rows(m))
+    m = data.draw(models())
+    row = data.draw(draw_rows(m))
     tp, pp = row["tp"], row["pp"]
     num_gpus = data.draw(st.integers(1, 64).filter(lambda n: n % (tp * pp) != 0))
     bad = {**row, "num_gpus": num_gpus, "cp": 1, "global_batch_size": 0}
@@ -397,27 +422,24 @@ def test_rows_assembled_in_blocks_equal_the_single_calls() -> None:
 
 
 def _mixed_grid(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
-    """Rows of every kind, many invalid (indivisible layouts, offload without ZeRO, ...)."""
-    return make_grid(
-        micro_batch_size=rng.choice([0, 1, 2, 3, 8], n),
-        seq_len=rng.choice([1000, 2048, 4096], n),
-        num_gpus=rng.choice([1, 2, 6, 8, 16, 64], n),
-        tp=rng.choice([1, 2, 3, 4, 8], n),
-        pp=rng.choice([1, 2, 4, 5], n),
-        cp=rng.choice([1, 2], n),
-        virtual_stages=rng.choice([1, 2], n),
-        zero=rng.integers(0, 4, n),
-        offload=rng.integers(0, 3, n),
-        global_batch_size=rng.choice([0, 64, 96], n),
-        precision=rng.integers(0, len(PRECISIONS), n),
-        optimizer=rng.integers(0, len(OPTIMIZERS), n),
-        recompute=rng.integers(0, len(RECOMPUTE), n),
-        attention=rng.integers(0, len(ATTENTION), n),
-        framework=rng.integers(0, len(FRAMEWORKS), n),
-        sequence_parallel=rng.random(n) < 0.5,
-        lora_rank=rng.choice([0, 0, 16], n),
-        qlora=rng.random(n) < 0.2,
-    )
+    """Rows of every kind, every declared field drawn (tests/strategies.py), many invalid:
+    expert parallelism on dense models, then indivisible layouts and sizes broken on purpose."""
+    g = random_grid(int(rng.integers(1 << 32)), n, moe=True)
+    broken = {
+        "micro_batch_size": [0, 1, 2, 3, 8],
+        "seq_len": [1000, 2048, 4097],
+        "num_gpus": [1, 2, 6, 8, 16, 64],
+        "tp": [1, 2, 3, 4, 8],
+        "pp": [1, 2, 4, 5],
+        "global_batch_size": [0, 64, 96],
+    }
+    return {
+        **g,
+        **{
+            k: np.where(rng.random(n) < 0.3, np.asarray(v)[rng.integers(0, len(v), n)], g[k])
+            for k, v in broken.items()
+        },
+    }
 
 
 def test_estimate_time_on_the_valid_rows_equals_the_whole_grid_pass() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from trainmem.catalog import load_model
 from trainmem.engine import FRAMEWORK_SPECS, FRAMEWORKS, Overheads, estimate, make_grid
-from trainmem.engine._scalar import estimate_one
+from trainmem.engine._fast._scalar import estimate_one
 
 M = load_model("llama-2-7b")
 JOB = {"num_gpus": 4, "zero": 3, "precision": "mixed-bf16", "recompute": "full"}

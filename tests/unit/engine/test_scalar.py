@@ -1,6 +1,7 @@
-"""estimate_one() (engine/_scalar.py) returns, for each configuration, what estimate() returns
+"""estimate_one() (engine/_fast/_scalar.py) returns, for each configuration, what estimate() returns
 in that configuration's row: every column, to the bit, on the engine recording's rows (every
-family, a traced profile, valid and invalid layouts), for the worst rank, a given pipeline stage
+family, a traced profile, valid and invalid layouts) and on rows drawn from the declarations
+(tests/strategies.py: every field, every preset), for the worst rank, a given pipeline stage
 and a column subset, cold (terms evaluated) and warm (terms cached)."""
 
 from __future__ import annotations
@@ -9,10 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from tests.strategies import columns_of, models, rows
 from trainmem.catalog import load_model, load_profile
 from trainmem.engine import OUTPUT_DTYPES, OUTPUTS, Overheads, estimate, make_grid
-from trainmem.engine._scalar import _caches, encode_row, estimate_one
+from trainmem.engine._fast._scalar import _caches, encode_row, estimate_one
 
 RECORDING = Path(__file__).parent / "data" / "engine_recording.npz"
 PROFILE = Path(__file__).parents[2] / "data" / "profiles" / "vit-base.json"
@@ -70,6 +74,29 @@ def test_estimate_one_equals_estimate(case) -> None:
     assert set(worst) == set(OUTPUTS)
     for k, column in worst.items():  # the dtypes the report's one-row columns are given
         assert column.dtype == OUTPUT_DTYPES.get(k, np.float64), k
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_estimate_one_equals_a_drawn_row_of_estimate(data: st.DataObject) -> None:
+    """Rows of every field drawn (a quarter with each field on its own, often invalid), cold
+    and warm, at the worst rank, a drawn stage and a drawn column subset."""
+    m = data.draw(models())
+    drawn = data.draw(st.lists(rows(m, valid_only=False), min_size=1, max_size=4))
+    stages = [data.draw(st.integers(0, max(r["pp"], 1) - 1)) for r in drawn]
+    subset = data.draw(st.sets(st.sampled_from(OUTPUTS), min_size=1).map(sorted))
+    g = make_grid(columns_of(drawn))
+    worst = estimate(m, g, usable_bytes=80e9)
+    stage = estimate(m, g, pp_stage=np.array(stages))
+    few = estimate(m, g, columns=subset)
+    for attempt in ("cold", "warm"):
+        if attempt == "cold":
+            _caches.clear()
+        for i, row in enumerate(drawn):
+            _same(estimate_one(m, row, usable_bytes=80e9), worst, i, f"{m.name} {attempt}")
+            got = estimate_one(m, row, pp_stage=stages[i])
+            _same(got, stage, i, f"{m.name} {attempt} stage")
+            _same(estimate_one(m, row, columns=subset), few, i, f"{m.name} {attempt} subset")
 
 
 def test_encode_row_checks_like_make_grid() -> None:

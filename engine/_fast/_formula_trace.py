@@ -5,7 +5,7 @@ lookups of small per-code tables (PRECISIONS x ...) and casts; what depends on t
 Python (`if m.is_moe`, constants). Called once with a `Sym` per column instead of an array,
 every numpy operation on a row's values is recorded as a node (its ufunc, operands and the
 dtype numpy gives it); the model's Python runs as usual, so the program is the formulas of
-one model. engine/_formula_kernels.py turns it into one compiled loop over keys.
+one model. engine/_fast/_formula_kernels.py turns it into one compiled loop over keys.
 
 What cannot be traced raises `Untraceable` (a value inspected in Python: `bool()`, `len()`,
 `float()`, an unsupported numpy function), and the caller keeps numpy's formulas: the program
@@ -332,6 +332,8 @@ def _array(a: Any, dtype: Any = None, *args: Any, **kwargs: Any) -> Any:
 
 
 _LOCK = threading.Lock()
+_ENGINE = (__package__ or "trainmem.engine._fast").rpartition(".")[0]
+"""The engine's package: its modules' per-code tables are patched while tracing."""
 
 
 @contextlib.contextmanager
@@ -372,7 +374,7 @@ def trace(fn: Callable[..., dict[str, Any]], m: Any, columns: dict[str, np.dtype
     """Run `fn(m, c)` on traced columns of `columns`' dtypes; raises Untraceable."""
     graph = Graph()
     c = {k: graph.add("col", (k,), dt) for k, dt in columns.items()}
-    with _tracing(__package__ or "trainmem.engine"), np.errstate(all="ignore"):
+    with _tracing(_ENGINE), np.errstate(all="ignore"):
         try:
             out = fn(m, c)
         except Untraceable:

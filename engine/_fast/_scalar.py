@@ -5,7 +5,8 @@ estimate() on a grid of one row costs about 2 ms: thousands of numpy calls on ar
 element. Here the row stays Python scalars. What depends on the layout only (model states) and
 on the micro-batch shape only (activations) comes from per-model caches of the engine's own
 per-key terms (_estimate._key_tables, evaluated on a one-row grid the first time a key is seen),
-and the peaks are assembled by the scalar row functions of engine/_assembly.py. The result is
+and the layout rules, peaks and slack run as the plain-Python programs generated from the
+engine's own definitions (engine/_fast/_rows.py python_module). The result is
 the same, to the bit, as estimate() on that row (tests/unit/engine/test_scalar.py).
 """
 
@@ -19,9 +20,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _assembly
-from ._codes import EXPANDABLE_SEGMENTS
-from ._estimate import (
+from .._codes import EXPANDABLE_SEGMENTS
+from .._estimate import (
     _A_TERMS,
     _OPTIONAL_TERMS,
     _S_TERMS,
@@ -30,13 +30,16 @@ from ._estimate import (
     batch_layout,
     layout_reason,
 )
-from ._grid import BOOL_FIELDS, CATEGORICAL, DEFAULTS, FLOAT_FIELDS, make_grid
-from ._lora import lora_mask, lora_zero3
-from ._model import ModelSpec
-from ._overhead import Overheads
-from ._pipeline import STAGE_FIRST, STAGE_LAST, STAGE_MIDDLE, STAGE_ONLY
-from ._rank_activations import ACT_KEYS
-from ._rank_states import STATE_KEYS
+from .._grid import BOOL_FIELDS, CATEGORICAL, DEFAULTS, FLOAT_FIELDS, make_grid
+from .._lora import lora_mask, lora_zero3
+from .._model import ModelSpec
+from .._overhead import Overheads
+from .._peaks import STAGE_COLUMNS, STAGE_PEAKS
+from .._pipeline import STAGE_FIRST, STAGE_LAST, STAGE_MIDDLE, STAGE_ONLY
+from .._rank_activations import ACT_KEYS
+from .._rank_states import STATE_KEYS
+from .._rules import RuleModel
+from . import _rows
 
 _TERMS = (
     [*_S_TERMS, *(t for s, _ in _OPTIONAL_TERMS.values() for t in s)],
@@ -44,6 +47,8 @@ _TERMS = (
 )
 """Every per-key term, state and activation (the optional ones too): a cached key has them all."""
 _S_INDEX = {k: i for i, k in enumerate(_TERMS[0])}
+_ALLOCATED = STAGE_PEAKS.index("peak_allocated_bytes")
+_GRADS_AT_PEAK = STAGE_PEAKS.index("gradients")
 _A_INDEX = {k: i for i, k in enumerate(_TERMS[1])}
 _CODES = {field: {name: i for i, name in enumerate(vocab)} for field, vocab in CATEGORICAL.items()}
 
@@ -58,6 +63,12 @@ _BOOLS, _FLOATS = frozenset(BOOL_FIELDS), frozenset(FLOAT_FIELDS)
 _STATE_KEY, _ACT_KEY = operator.itemgetter(*STATE_KEYS), operator.itemgetter(*ACT_KEYS)
 """A row's model-state and activation keys (tuples of its values, in the engine's key order)."""
 _OUTPUTS_OF = operator.itemgetter(*OUTPUTS)
+_STAGE_COLUMNS = (
+    operator.itemgetter(*STAGE_COLUMNS)
+    if len(STAGE_COLUMNS) > 1
+    else lambda row: (row[STAGE_COLUMNS[0]],)
+)
+"""A row's STAGE_COLUMNS, as a tuple (the generated stage_peaks' `layout`)."""
 _CACHE_LIMIT = 200_000
 """Keys cached per model before its caches start over (about 100 MB at the limit)."""
 
@@ -65,7 +76,7 @@ _CACHE_LIMIT = 200_000
 class _ModelCache(NamedTuple):
     model: ModelSpec
     constants: tuple[int, ...]
-    """The model's numbers the layout rules read (see _assembly.reason_code)."""
+    """The model's numbers the layout rules read (engine/_rules.RuleModel)."""
     states: dict[tuple, tuple[float, ...]]
     activations: dict[tuple, tuple[float, ...]]
 
@@ -79,7 +90,7 @@ def _cache_of(m: ModelSpec) -> _ModelCache:
     if cache is None or cache.model is not m:
         if len(_caches) >= 64:
             _caches.clear()
-        cache = _caches[id(m)] = _ModelCache(m, _assembly.rule_numbers(m), {}, {})
+        cache = _caches[id(m)] = _ModelCache(m, tuple(RuleModel.of(m)), {}, {})
     return cache
 
 
@@ -180,10 +191,10 @@ def estimate_one(
     row["lora_zero3"] = bool(lora_zero3(row["zero"], row["lora_rank"]))
     reason = _reason(m, cache, row)
     peaks, s, a, stage = _worst_rank(m, cache, row, pp_stage, num_micro)
-    allocated = peaks[_assembly.ALLOCATED]
+    allocated = peaks[_ALLOCATED]
     expandable = row["allocator"] == EXPANDABLE_SEGMENTS
-    fragmentation = _assembly.fragmentation(
-        s, a, allocated, peaks[_assembly.GRADS_AT_PEAK], expandable, _consts(ov)
+    (fragmentation,) = _rows.python_module().fragmentation(
+        s, a, allocated, peaks[_GRADS_AT_PEAK], expandable, _consts(ov)
     )
     communicators = float((dp > 1) + (tp > 1) + (pp > 1) + (cp > 1))
     outside_torch = ov.cuda_context_bytes + ov.nccl_bytes_per_communicator * communicators
@@ -191,7 +202,7 @@ def estimate_one(
     device = reserved + outside_torch
     limit = usable_bytes * (1.0 - headroom)
     load_device, load_host = _load(m, cache, row, pp_stage, s, outside_torch)
-    out: dict[str, Any] = dict(zip(_assembly.STAGE_PEAKS, peaks, strict=True))
+    out: dict[str, Any] = dict(zip(STAGE_PEAKS, peaks, strict=True))
     out.update(
         peak_phase=int(out["peak_phase"]),
         framework_overhead=outside_torch + ov.cublas_workspace_bytes,
@@ -216,22 +227,23 @@ def estimate_one(
 def _worst_rank(
     m: ModelSpec, cache: _ModelCache, row: dict[str, Any], pp_stage: int | None, num_micro: float
 ) -> tuple[tuple, tuple[float, ...], tuple[float, ...], int]:
-    """(_assembly.stage_peaks, state terms, activation terms, stage) of the row's worst rank:
+    """(the STAGE_PEAKS, state terms, activation terms, stage) of the row's worst rank:
     the first stage's, or the last's where its allocated peak is larger; or stage `pp_stage`."""
-    pp, v = row["pp"], row["virtual_stages"]
+    pp, layout = row["pp"], _STAGE_COLUMNS(row)
     stage = 0 if pp_stage is None else min(pp_stage, pp - 1)
     s, a = _terms(m, cache, row, _stage_pos(stage, pp))
-    peaks = _assembly.stage_peaks(s, a, pp, v, stage, num_micro)
+    stage_peaks = _rows.python_module().stage_peaks
+    peaks = stage_peaks(s, a, layout, stage, num_micro)
     if pp_stage is None and pp > 1:
         s_last, a_last = _terms(m, cache, row, STAGE_LAST)
-        last = _assembly.stage_peaks(s_last, a_last, pp, v, pp - 1, num_micro)
-        if last[_assembly.ALLOCATED] > peaks[_assembly.ALLOCATED]:
+        last = stage_peaks(s_last, a_last, layout, pp - 1, num_micro)
+        if last[_ALLOCATED] > peaks[_ALLOCATED]:
             return last, s_last, a_last, pp - 1
     return peaks, s, a, stage
 
 
 def _consts(ov: Overheads) -> tuple[float, float, float, float]:
-    """The overheads _assembly.fragmentation reads, in its order."""
+    """The overheads the fragmentation function reads, in its order (_rows.FRAGMENTATION_CONSTS)."""
     return (
         ov.cublas_workspace_bytes,
         ov.fragmentation_fraction,
@@ -269,9 +281,9 @@ def _terms_out(
     _estimate.host_bytes_of)."""
     host_accum = s[_S_INDEX["host_accum_bytes"]] if num_micro > 1 else 0.0
     return {
-        "parameters": s[_assembly.S_PARAMETERS],
-        "master_weights": s[_assembly.S_MASTER_WEIGHTS],
-        "optimizer_states": s[_assembly.S_OPTIMIZER_STATES],
+        "parameters": s[_S_INDEX["parameters"]],
+        "master_weights": s[_S_INDEX["master_weights"]],
+        "optimizer_states": s[_S_INDEX["optimizer_states"]],
         "activations_autocast_weight_copies": a[_A_INDEX["activations_autocast_weight_copies"]],
         "optimizer_step_temporaries": s[_S_INDEX["optimizer_step_temporaries"]],
         "activations_per_layer": a[_A_INDEX["activations_per_layer"]],
@@ -288,23 +300,12 @@ def _reason(m: ModelSpec, cache: _ModelCache, row: dict[str, Any]) -> int:
     if m.profile is not None:
         g = make_grid({k: v for k, v in row.items() if k in DEFAULTS})
         return int(layout_reason(m, g)[0])
-    return _assembly.reason_code(
-        row["micro_batch_size"],
-        row["seq_len"],
-        row["num_gpus"],
-        row["global_batch_size"],
-        row["tp"],
-        row["pp"],
-        row["cp"],
-        row["virtual_stages"],
-        row["zero"],
-        row["dp_shard"],
-        row["ep"],
-        row["etp"],
-        row["capacity_factor_pct"],
-        row["lora_rank"],
-        row["offload"],
-        row["qlora"],
-        row["optimizer_in_backward"],
-        cache.constants,
-    )
+    rows = _rows.python_module()
+    (code,) = rows.reason(*_reason_args(rows.REASON_COLUMNS)(row), *cache.constants)
+    return int(code)
+
+
+@functools.cache
+def _reason_args(columns: tuple[str, ...]) -> Any:
+    """A row's values the generated rules read, in their order."""
+    return operator.itemgetter(*columns)

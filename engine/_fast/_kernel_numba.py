@@ -1,13 +1,15 @@
-"""The per-row work of estimate() on a large grid as compiled loops over all cores (numba): the
-row functions of engine/_assembly.py, compiled, each row reading its terms from the per-key
-tables once, without a temporary array per operation.
+"""The per-row work of estimate() on a large grid as compiled loops over all cores (numba):
+each row reads its terms from the per-key tables once and runs the per-row functions generated
+from the engine's own definitions (engine/_fast/_rows.py: the layout rules, a stage's phase peaks,
+the allocator's slack), without a temporary array per operation. This module is the loop's
+skeleton only: which stage variant is the worst rank, and where each value goes.
 
-This module imports numba: only engine/_kernel.py imports it, lazily. numpy's blocks in
-engine/_estimate.py are the reference; _assembly's functions follow them operation for
-operation, so the results agree to the bit (tests/unit/engine/test_kernel.py).
+This module imports numba: only engine/_fast/_kernel.py imports it, lazily. numpy's blocks in
+engine/_estimate.py are the reference; the generated functions are their trace, so the results
+agree to the bit (tests/unit/engine/test_kernel.py).
 
 Every function compiles with nogil=True, cache=True (machine code kept on disk under
-NUMBA_CACHE_DIR, which engine/_kernel.py sets to trainmem's cache folder unless it is set: not
+NUMBA_CACHE_DIR, which engine/_fast/_kernel.py sets to trainmem's cache folder unless it is set: not
 next to this file, inside site-packages) and error_model="numpy" (a division by
 zero gives inf/NaN, as numpy's does), and without fastmath: IEEE operations in source order, as
 numpy does them (no contraction to FMA, no reassociation).
@@ -17,23 +19,22 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba.extending import register_jitable
 
-from . import _assembly
-from ._assembly import (
-    ALLOCATED,
-    GRADS_AT_PEAK,
-    S_MASTER_WEIGHTS,
-    S_OPTIMIZER_STATES,
-    S_PARAMETERS,
-    STAGE_PEAKS,
+from .._estimate import _A_TERMS, _S_TERMS
+from .._peaks import STAGE_PEAKS
+from . import _rows
+
+rows = _rows.numba_module()
+"""The generated per-row functions (engine/_fast/_rows.py): reason_rows (the layout rules over every
+row), stage_peaks and fragmentation (one row's), compiled from engine/_rules.py and
+engine/_peaks.py."""
+_stage_peaks, _fragmentation = rows.stage_peaks, rows.fragmentation
+ALLOCATED = STAGE_PEAKS.index("peak_allocated_bytes")
+GRADS_AT_PEAK = STAGE_PEAKS.index("gradients")
+S_PARAMETERS, S_MASTER_WEIGHTS, S_OPTIMIZER_STATES = (
+    _S_TERMS.index(k) for k in ("parameters", "master_weights", "optimizer_states")
 )
-
-register_jitable(_assembly.maximum)  # callable from the compiled functions below
-register_jitable(_assembly.experts_broken)
-_stage_peaks = numba.njit(nogil=True, cache=True, error_model="numpy")(_assembly.stage_peaks)
-_fragmentation = numba.njit(nogil=True, cache=True, error_model="numpy")(_assembly.fragmentation)
-_reason_code = numba.njit(nogil=True, cache=True, error_model="numpy")(_assembly.reason_code)
+assert _A_TERMS  # the activation terms' order is the tables' (read by the generated functions)
 
 OUT_COLUMNS = (
     *STAGE_PEAKS[:-1],
@@ -81,11 +82,11 @@ def assemble_rows(
     the worst rank is the one with the larger allocated peak, the first on a tie); keys: each
     row's state and activation key; stages: each row's stage in the two variants; `gather`:
     copy each block's rows out of the tables first (large tables, read in random order: the
-    copy's misses overlap, the assembly's would not); layout: pp and virtual stages; rows:
-    micro-batches per step, expandable segments (0/1), bytes outside torch, the usable limit,
-    the layout reason; consts: cuBLAS workspace, fragmentation fraction (native, expandable),
-    largest-block factor; extra_terms: state and activation terms to copy out of the chosen
-    variant's tables (state terms first).
+    copy's misses overlap, the assembly's would not); layout: the STAGE_COLUMNS
+    (engine/_peaks.py, int64); rows: micro-batches per step, expandable segments (0/1), bytes
+    outside torch, the usable limit, the layout reason; consts: cuBLAS workspace,
+    fragmentation fraction (native, expandable), largest-block factor; extra_terms: state and
+    activation terms to copy out of the chosen variant's tables (state terms first).
     """
     n = len(keys[0])
     for block in numba.prange((n + GATHER_ROWS - 1) // GATHER_ROWS):
@@ -127,17 +128,17 @@ def _assemble_block(
     for i in range(lo, hi):
         ks = i - lo if by_row else keys[0][i]
         ka = i - lo if by_row else keys[1][i]
-        p, vs = layout[0][i], layout[1][i]
-        r = _stage_peaks(s0[ks], a0[ka], p, vs, stages[0][i], num_micro[i])
+        r = _stage_peaks(s0[ks], a0[ka], layout, i, stages[0][i], num_micro[i])
         chosen = 0
-        if two_variants and p > 1:
-            last = _stage_peaks(s1[ks], a1[ka], p, vs, stages[1][i], num_micro[i])
+        if two_variants and layout[0][i] > 1:  # pp > 1: the last stage may be the worst
+            last = _stage_peaks(s1[ks], a1[ka], layout, i, stages[1][i], num_micro[i])
             if last[ALLOCATED] > r[ALLOCATED]:
                 r = last
                 chosen = 1
         s = s1[ks] if chosen else s0[ks]
         a = a1[ka] if chosen else a0[ka]
-        slack = _fragmentation(s, a, r[ALLOCATED], r[GRADS_AT_PEAK], expandable[i] > 0, consts)
+        held = (r[ALLOCATED], r[GRADS_AT_PEAK])
+        slack = _fragmentation(s, a, *held, expandable[i] > 0, consts)[0]
         reserved = r[ALLOCATED] + consts[0] + slack
         device = reserved + outside_torch[i]
         for j in range(_NUM_PEAKS):
@@ -156,67 +157,3 @@ def _assemble_block(
         flags[0, i] = int(r[_NUM_PEAKS])
         flags[1, i] = chosen
         flags[2, i] = 1 if (device <= limit[i]) and reason[i] == 0 else 0
-
-
-def _column(dtype):
-    """A read-only 1-D column of any layout: a grid's columns as make_grid returns them (its
-    constant columns are broadcast: stride 0, read-only)."""
-    return numba.types.Array(dtype, 1, "A", readonly=True)
-
-
-_REASON_SIGNATURE = numba.void(
-    *[_column(numba.int64)] * 14,
-    _column(numba.int8),
-    _column(numba.boolean),
-    _column(numba.boolean),
-    _column(numba.int64),
-    numba.types.Array(numba.int8, 1, "C"),
-)
-"""One compiled version, built when this module is first imported and cached on disk; callers
-pass read-only views (engine/_kernel.py layout_reason)."""
-
-
-@numba.njit(_REASON_SIGNATURE, parallel=True, nogil=True, cache=True, error_model="numpy")
-def reason_rows(
-    micro,
-    seq_len,
-    num_gpus,
-    global_batch,
-    tp,
-    pp,
-    cp,
-    virtual_stages,
-    zero,
-    dp_shard,
-    ep,
-    etp,
-    capacity_factor_pct,
-    lora_rank,
-    offload,
-    qlora,
-    optimizer_in_backward,
-    model,
-    reason,
-):
-    """_assembly.reason_code of every row (a model without a traced profile)."""
-    for i in numba.prange(len(micro)):
-        reason[i] = _reason_code(
-            micro[i],
-            seq_len[i],
-            num_gpus[i],
-            global_batch[i],
-            tp[i],
-            pp[i],
-            cp[i],
-            virtual_stages[i],
-            zero[i],
-            dp_shard[i],
-            ep[i],
-            etp[i],
-            capacity_factor_pct[i],
-            lora_rank[i],
-            offload[i],
-            qlora[i],
-            optimizer_in_backward[i],
-            model,
-        )

@@ -1,6 +1,6 @@
 """Which per-row assembly estimate() runs: numpy's (the reference, always there) or the compiled
-loop of engine/_kernel_numba.py (numba, the `fast` extra), which fuses the per-row work into one
-pass over all cores and returns the same bits.
+loop of engine/_fast/_kernel_numba.py (numba, the `fast` extra), which fuses the per-row work
+into one pass over all cores and returns the same bits.
 
 `TRAINMEM_KERNEL` chooses: `auto` (default), `numpy` or `numba` (an error if numba is missing).
 `auto` takes the compiled loop where numba imports and the work pays for loading it: importing
@@ -26,6 +26,8 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+
+from .._peaks import STAGE_COLUMNS
 
 KERNEL_ENV = "TRAINMEM_KERNEL"
 KERNELS = ("auto", "numpy", "numba")
@@ -53,13 +55,14 @@ _unavailable: list[str] = []
 
 def engine_sources_digest() -> str:
     """A name for the engine's sources as they are: the start of the SHA-256 of every engine
-    module. numba's cache=True checks only the timestamp of the file that defines a jitted
-    function, so `assemble_rows` (engine/_kernel_numba.py) would reuse machine code that
-    inlined an older engine/_assembly.py (its constants and its assembly) after an upgrade or a
-    checkout; one cache folder per version of the sources cannot."""
+    module (this folder's too). numba's cache=True checks only the timestamp of the file that
+    defines a jitted function, so `assemble_rows` (engine/_fast/_kernel_numba.py) would reuse
+    machine code that inlined older generated functions (engine/_fast/_rows.py: the rules, the
+    peaks) after an upgrade or a checkout; one cache folder per version of the sources cannot."""
     h = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        h.update(path.name.encode())
+    engine = Path(__file__).parent.parent
+    for path in sorted(engine.rglob("*.py")):
+        h.update(path.relative_to(engine).as_posix().encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
@@ -160,7 +163,8 @@ def assemble(
 
     `variants`: _estimate._Tables of the first stage and, where some rows are pipelined, the
     last; `keys`: each row's state and activation key; `stages`: the variants' stage per row;
-    `rows`: pp, virtual_stages, num_micro, expandable, outside_torch, limit and reason per row;
+    `rows`: the STAGE_COLUMNS (engine/_peaks.py), num_micro, expandable, outside_torch, limit
+    and reason per row;
     consts: cuBLAS workspace, fragmentation fractions (native, expandable segments),
     largest-block factor; `extra`: (state, activation) term indices (rows of the tables) to
     return too, in that order.
@@ -186,7 +190,7 @@ def assemble(
         (ints(stages[0]), ints(stages[-1])),
         len(variants) > 1,
         max(t.nbytes for t in by_keys) >= GATHER_MIN_BYTES,
-        (ints(rows["pp"]), ints(rows["virtual_stages"])),
+        tuple(ints(rows[k]) for k in STAGE_COLUMNS),
         tuple(
             floats(rows[k]) for k in ("num_micro", "expandable", "outside_torch", "limit", "reason")
         ),
@@ -202,45 +206,24 @@ def assemble(
     return columns, extra_out
 
 
-_REASON_INTS = (
-    "micro_batch_size",
-    "seq_len",
-    "num_gpus",
-    "global_batch_size",
-    "tp",
-    "pp",
-    "cp",
-    "virtual_stages",
-    "zero",
-    "dp_shard",
-    "ep",
-    "etp",
-    "capacity_factor_pct",
-    "lora_rank",
-)
-"""The int64 grid columns _kernel_numba.reason_rows reads, in its order."""
-
-
 def layout_reason(module: ModuleType, m: Any, g: dict[str, np.ndarray]) -> np.ndarray:
     """_estimate.layout_reason of a model without a traced profile, through the compiled loop
-    (the grid's columns as they are: make_grid's dtypes, broadcast columns not copied)."""
+    generated from engine/_rules.RULES (the grid's columns as they are: make_grid's dtypes,
+    broadcast columns not copied)."""
     _threads(module)
-    from ._assembly import rule_numbers  # it imports _estimate, which imports this module
+    from .._rules import RuleModel
+    from . import _rows  # it imports _estimate, which imports this module
 
-    model = np.array(rule_numbers(m), dtype=np.int64)
+    rows = _rows.numba_module()
     reason = np.empty(len(g["tp"]), dtype=np.int8)
-    module.reason_rows(
-        *(_read_only(g[k], np.int64) for k in _REASON_INTS),
-        _read_only(g["offload"], np.int8),
-        _read_only(g["qlora"], np.bool_),
-        _read_only(g["optimizer_in_backward"], np.bool_),
-        _read_only(model, np.int64),
-        reason,
+    columns = zip(rows.REASON_COLUMNS, rows.REASON_DTYPES, strict=True)
+    rows.reason_rows(
+        *(_read_only(g[k], np.dtype(dt)) for k, dt in columns), *RuleModel.of(m), reason
     )
     return reason
 
 
-def _read_only(column: Any, dtype: type) -> np.ndarray:
+def _read_only(column: Any, dtype: Any) -> np.ndarray:
     """A read-only view of a column in `dtype` (a copy only where the dtype differs)."""
     view = np.asarray(column, dtype=dtype).view()
     view.flags.writeable = False
@@ -262,7 +245,7 @@ formula_fallbacks: list[str] = []
 
 
 def formulas_for(m: Any, fn: Any, columns: dict[str, np.ndarray], num_keys: int) -> Any | None:
-    """fn(m, columns)'s per-key terms as a compiled loop (engine/_formula_kernels.py: its
+    """fn(m, columns)'s per-key terms as a compiled loop (engine/_fast/_formula_kernels.py: its
     `table(columns, names)` gives keys x names), or None where numpy's formulas should run.
 
     With numba loaded (TRAINMEM_KERNEL=numba, or under `auto` a grid or sweep large enough for
