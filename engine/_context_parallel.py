@@ -1,4 +1,5 @@
 """Context parallelism (ring attention): the sequence split over `cp` ranks, K and V blocks
+
 passed around the ring.
 
 The activations of a micro-batch shrink to T = b s / cp tokens per rank
@@ -7,11 +8,16 @@ The activations of a micro-batch shrink to T = b s / cp tokens per rank
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ._collectives import exposed_s, group_bandwidth
 from ._model import ModelSpec
 from ._time_params import TimeParams
+
+if TYPE_CHECKING:  # the step's shape and links (engine/_time.py imports this module)
+    from ._time import Links, StepShape
 
 KV_BLOCKS_IN_FLIGHT = 2.0
 """The peer's K and V blocks are double-buffered (one computing, one arriving)."""
@@ -31,20 +37,7 @@ def ring_buffer_bytes(m: ModelSpec, *, T, e, tp, cp) -> tuple[np.ndarray, np.nda
 
 
 def cp_exposed_s(
-    m: ModelSpec,
-    *,
-    tokens_per_micro,
-    act_bytes,
-    t,
-    c,
-    p,
-    num_micro,
-    full,
-    attention_s,
-    gpn,
-    intra,
-    inter,
-    params: TimeParams,
+    m: ModelSpec, x: StepShape, links: Links, *, attention_s, params: TimeParams
 ) -> np.ndarray:
     """Exposed time of the ring exchange of K and V chunks of one step.
 
@@ -52,6 +45,16 @@ def cp_exposed_s(
     behind `cp_overlap_fraction` of the attention core. Source: Liu et al. 2023 (Ring
     Attention) Sec. 3.
     """
+    tokens_per_micro, act_bytes, t, c, p, num_micro, full = (
+        x.tokens_per_micro,
+        x.act_bytes,
+        x.t,
+        x.c,
+        x.p,
+        x.num_micro,
+        x.full,
+    )
+    gpn, intra, inter = links.network()
     cp_bw = group_bandwidth(c, t, gpn, intra, inter) * params.collective_bandwidth_efficiency
     kv_chunk = tokens_per_micro * 2.0 * m.kv_dim / t * act_bytes
     L = m.num_hidden_layers

@@ -8,6 +8,8 @@ rank's inventory with `zero3_shard_numel`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, NamedTuple
+
 import numpy as np
 
 from ._codes import OFFLOAD_OPTIMIZER
@@ -16,6 +18,9 @@ from ._frameworks import FSDP2_FRAMEWORKS, ZERO3_MODULE_COLLECTIVES, ZERO_BUCKET
 from ._model import BLOCK_GROUPS, ModelSpec
 from ._precision import GRAD_BYTES, IS_MIXED, MASTER_BYTES, PARAM_BYTES
 from ._time_params import TimeParams
+
+if TYPE_CHECKING:  # the step's shape and links (engine/_time.py imports this module)
+    from ._time import Links, StepShape
 
 ZERO_STATES, ZERO_GRADIENTS, ZERO_PARAMETERS = 1, 2, 3
 """The ZeRO stage from which optimizer states, gradients and parameters are sharded over the
@@ -166,24 +171,28 @@ def modules_per_layer(m: ModelSpec) -> int:
     return len({p.name.rsplit(".", 1)[0] for p in m.param_tensors() if p.group in BLOCK_GROUPS})
 
 
-def dp_exposed_s(
-    *,
-    zero,
-    local,
-    local_trainable,
-    grad_bytes,
-    param_bytes,
-    dp_group,
-    dp_bw,
-    last_backward,
-    params: TimeParams,
-) -> np.ndarray:
+class StateTraffic(NamedTuple):
+    """What one rank's model states put on the data-parallel links per step: its ZeRO stage,
+    its parameters (all, trainable) on this tp x pp rank, their gradient and 16-bit bytes per
+    element, and the dp x cp group with its ring bandwidth."""
+
+    zero: np.ndarray
+    local: np.ndarray
+    local_trainable: np.ndarray
+    dp_group: np.ndarray
+    dp_bw: np.ndarray
+    grad_bytes: np.ndarray
+    param_bytes: np.ndarray
+
+
+def dp_exposed_s(traffic: StateTraffic, *, last_backward, params: TimeParams) -> np.ndarray:
     """Exposed time of DDP / ZeRO-1/2: the gradient all-reduce (reduce-scatter under ZeRO)
     behind `dp_overlap_fraction` of the last micro-batch's backward, and ZeRO-1/2's all-gather
     of the updated weights after the step; 0 under ZeRO-3 (see fsdp_exposed_s).
 
     Source: Li et al. 2020 (PyTorch Distributed, VLDB) Sec. 3.2.3; ring_time_s.
     """
+    zero, local, local_trainable, dp_group, dp_bw, grad_bytes, param_bytes = traffic
     reduce_s = ring_time_s(
         local_trainable * grad_bytes, dp_group, dp_bw, all_reduce=zero < ZERO_STATES, params=params
     )
@@ -196,23 +205,12 @@ def dp_exposed_s(
 
 def fsdp_exposed_s(
     m: ModelSpec,
+    x: StepShape,
+    links: Links,
+    traffic: StateTraffic,
     *,
-    zero,
-    fw,
-    local,
-    local_trainable,
-    grad_bytes,
-    param_bytes,
-    dp_group,
-    dp_bw,
-    t,
-    p,
-    gpn,
-    intra,
-    inter,
     per_micro,
     fwd_share,
-    num_micro,
     params: TimeParams,
 ) -> np.ndarray:
     """Exposed time of ZeRO-3 / FSDP: each micro-batch gathers the weights forward and again
@@ -222,6 +220,9 @@ def fsdp_exposed_s(
     Table 2, at the per-GPU network share. Source: Rajbhandari et al. 2020 Sec. 7.2.2 (1.5x
     DDP's volume); TimeParams.fsdp_overlap_fraction.
     """
+    zero, local, local_trainable, dp_group, dp_bw, grad_bytes, param_bytes = traffic
+    fw, t, p, num_micro = x.fw, x.t, x.p, x.num_micro
+    gpn, intra, inter = links.network()
     deepspeed = ZERO3_MODULE_COLLECTIVES[np.asarray(fw, dtype=np.int64)]
     calls = m.num_hidden_layers / p * np.where(deepspeed, float(modules_per_layer(m)), 1.0)
     bw3 = np.where(deepspeed, np.where(dp_group * t > gpn, inter, intra), dp_bw)

@@ -4,10 +4,15 @@ over `ep` ranks, each expert's width over `etp`; the all-to-all token exchange.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ._model import ModelSpec
 from ._time_params import TimeParams
+
+if TYPE_CHECKING:  # the step's shape and links (engine/_time.py imports this module)
+    from ._time import Links, StepShape
 
 ALL_TO_ALLS_PER_LAYER = 4.0
 """All-to-alls per MoE layer and micro-batch: dispatch and combine forward, both again backward
@@ -50,22 +55,7 @@ def all_to_all_buffer_bytes(m: ModelSpec, *, rows, e, ep, num_moe) -> np.ndarray
     return np.where((ep > 1) & (num_moe > 0), ALL_TO_ALL_BUFFERS * e * rows * m.hidden_size, 0.0)
 
 
-def expert_exposed_s(
-    m: ModelSpec,
-    *,
-    ep_column,
-    tokens_per_micro,
-    act_bytes,
-    t,
-    c,
-    p,
-    num_micro,
-    full,
-    gpn,
-    intra,
-    inter,
-    params: TimeParams,
-) -> np.ndarray:
+def expert_exposed_s(m: ModelSpec, x: StepShape, links: Links, *, params: TimeParams) -> np.ndarray:
     """Time of the expert all-to-alls of one step, all exposed.
 
     Per MoE layer and micro-batch an all-to-all dispatch and combine forward, both again
@@ -73,7 +63,17 @@ def expert_exposed_s(
     when ep x tp x cp exceeds a node. Source: ALL_TO_ALLS_PER_LAYER.
     Assumes: balanced routing; no overlap with compute.
     """
-    ep = np.maximum(ep_column, 1).astype(np.float64)
+    tokens_per_micro, act_bytes, t, c, p, num_micro, full = (
+        x.tokens_per_micro,
+        x.act_bytes,
+        x.t,
+        x.c,
+        x.p,
+        x.num_micro,
+        x.full,
+    )
+    gpn, intra, inter = links.network()
+    ep = np.maximum(x.ep, 1).astype(np.float64)
     ep_bw = np.where(ep * t * c > gpn, inter, intra) * params.collective_bandwidth_efficiency
     a2a_bytes = tokens_per_micro * m.num_experts_per_tok * m.hidden_size * act_bytes
     a2a_one = (ep - 1.0) / ep * a2a_bytes / ep_bw + (ep - 1.0) * params.ring_step_latency_s

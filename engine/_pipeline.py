@@ -4,10 +4,15 @@ interleaved), receive buffers, the bubble and the point-to-point traffic.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ._frameworks import PP_RECEIVE_BUFFER_PER_MICRO_BATCH
 from ._model import ModelSpec
+
+if TYPE_CHECKING:  # the step's shape and links (engine/_time.py imports this module)
+    from ._time import Links, StepShape
 
 STAGE_ONLY, STAGE_FIRST, STAGE_MIDDLE, STAGE_LAST = 0, 1, 2, 3
 """Codes of a rank's stage position (the `stage_pos` column): the only stage (no pipeline),
@@ -96,21 +101,23 @@ def bubble_fraction(
     return (p - 1.0) / (mv + p - 1.0)
 
 
-def bubble_time_s(pipelined_s, *, p, num_micro, v) -> np.ndarray:
+def bubble_time_s(pipelined_s, x: StepShape) -> np.ndarray:
     """Pipeline fill and drain: (p-1)/(m v) of the work that runs in the pipeline.
     Source: bubble_fraction (bubble / ideal time)."""
+    p, num_micro, v = x.p, x.num_micro, x.v
     return pipelined_s * (p - 1.0) / (num_micro * v)
 
 
-def p2p_time_s(
-    m: ModelSpec, *, n, p, v, t, num_micro, tokens_per_micro, act_bytes, gpn, intra, inter
-) -> np.ndarray:
+def p2p_time_s(m: ModelSpec, x: StepShape, links: Links) -> np.ndarray:
     """Point-to-point traffic of one step: one activation per micro-batch and virtual stage each
     way, split over the TP ranks; across nodes when a stage spans whole nodes.
 
     Source: Narayanan et al. 2021 Sec. 4.1 (scatter/gather over the tensor-parallel ranks).
     Assumes: no overlap with compute.
     """
+    n, p, v, t, num_micro = x.n, x.p, x.v, x.t, x.num_micro
+    tokens_per_micro, act_bytes = x.tokens_per_micro, x.act_bytes
+    gpn, intra, inter = links.network()
     pp_bw = np.where(n / p >= gpn, inter, intra)
     each_way = 2.0 * v * num_micro * tokens_per_micro * m.hidden_size * act_bytes
     return np.where(p > 1, each_way / t / pp_bw, 0.0)

@@ -14,6 +14,9 @@ from ._frameworks import LOSS_PARALLEL, TP_EMBEDDING_GRAD_REPLICATED, TP_NORMS_P
 from ._model import ModelSpec, ParamTensor
 from ._time_params import TimeParams
 
+if TYPE_CHECKING:  # the step's shape and links (engine/_time.py imports this module)
+    from ._time import Links, StepShape
+
 if TYPE_CHECKING:
     from ._states import LocalTensor
 
@@ -125,20 +128,7 @@ def hf_replicated_group_numel(
     return np.where(plain & (tp > 1) & ~sp & ~states_sharded & ~lora, replicated, 0.0)
 
 
-def tp_exposed_s(
-    m: ModelSpec,
-    *,
-    tokens_per_micro,
-    act_bytes,
-    t,
-    p,
-    num_micro,
-    full,
-    gpn,
-    intra,
-    inter,
-    params: TimeParams,
-) -> np.ndarray:
+def tp_exposed_s(m: ModelSpec, x: StepShape, links: Links, *, params: TimeParams) -> np.ndarray:
     """Exposed time of the tensor-parallel collectives of one step.
 
     Per layer and micro-batch 2 all-reduces forward, 2 backward, +2 recomputed, of b s h
@@ -146,6 +136,15 @@ def tp_exposed_s(
     network share. Source: Narayanan et al. 2021 Sec. 3.2; Korthikanti et al. 2022 Sec. 4.2.
     Assumes: `tp_overlap_fraction` of it hidden (0 without async TP).
     """
+    tokens_per_micro, act_bytes, t, p, num_micro, full = (
+        x.tokens_per_micro,
+        x.act_bytes,
+        x.t,
+        x.p,
+        x.num_micro,
+        x.full,
+    )
+    gpn, intra, inter = links.network()
     tp_bw = np.where(t > gpn, inter, intra)
     tp_one = ring_time_s(
         tokens_per_micro * m.hidden_size * act_bytes, t, tp_bw, all_reduce=True, params=params

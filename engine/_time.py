@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from ._collectives import group_bandwidth
 from ._context_parallel import cp_exposed_s
 from ._data_parallel import (
     ZERO_STATES,
+    StateTraffic,
     dp_exposed_s,
     fsdp_exposed_s,
     gradient_element_bytes,
@@ -124,40 +125,66 @@ def estimate_time(
     to the bit as in a whole-grid pass); a sweep's grid is mostly invalid layouts.
     """
     valid = (layout_reason(m, g) if reason is None else reason) == 0
-    gpu: dict[str, Any] = {
-        "peak_flops": peak_flops,
-        "fp32_peak_flops": fp32_peak_flops,
-        "hbm_bytes_per_s": hbm_bytes_per_s,
-        "intra_node_bytes_per_s": intra_node_bytes_per_s,
-        "inter_node_bytes_per_s": inter_node_bytes_per_s,
-        "gpus_per_node": gpus_per_node,
-        "pcie_bytes_per_s": pcie_bytes_per_s,
-        "price_per_gpu_hour_usd": price_per_gpu_hour_usd,
-        "tokens": tokens,
-    }
-    return _on_valid_rows(m, g, valid, gpu, params=params, columns=columns)
+    links = Links(
+        peak_flops,
+        fp32_peak_flops,
+        hbm_bytes_per_s,
+        intra_node_bytes_per_s,
+        inter_node_bytes_per_s,
+        gpus_per_node,
+        pcie_bytes_per_s,
+        price_per_gpu_hour_usd,
+    )
+    return _on_valid_rows(m, g, valid, links, tokens=tokens, params=params, columns=columns)
+
+
+class Links(NamedTuple):
+    """One GPU's rates and bandwidths, scalars or per row, as estimate_time takes them: what
+    the step-time formulas read of the hardware (engine-owned; hardware/ fills it)."""
+
+    peak_flops: Any
+    fp32_peak_flops: Any
+    hbm_bytes_per_s: Any
+    intra_node_bytes_per_s: Any
+    inter_node_bytes_per_s: Any
+    gpus_per_node: Any
+    pcie_bytes_per_s: Any
+    price_per_gpu_hour_usd: Any
+
+    def network(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(GPUs per node, intra-node and inter-node bytes/s), float64: a collective's links."""
+        return tuple(  # type: ignore[return-value]
+            np.asarray(v, dtype=np.float64)
+            for v in (self.gpus_per_node, self.intra_node_bytes_per_s, self.inter_node_bytes_per_s)
+        )
+
+    def rows(self, rows: np.ndarray) -> Links:
+        """The values of the rows `rows` (a scalar stays as it is)."""
+        return Links(*(x if np.ndim(x) == 0 else np.asarray(x)[rows] for x in self))
 
 
 def _on_valid_rows(
     m: ModelSpec,
     g: Grid,
     valid: np.ndarray,
-    gpu: dict[str, Any],
+    links: Links,
     *,
+    tokens: float | np.ndarray | None,
     params: TimeParams | None,
     columns: Collection[str] | None,
 ) -> dict[str, np.ndarray]:
-    """_time_columns of the `valid` rows (GPU values per row subset alike), NaN elsewhere."""
+    """_time_columns of the `valid` rows (GPU values and tokens per row subset alike), NaN
+    elsewhere."""
     num_rows = len(valid)
     every = bool(valid.all())
     if every:
-        out = _time_columns(m, g, params=params, **gpu)
+        out = _time_columns(m, g, links, tokens=tokens, params=params)
     else:
         rows = np.flatnonzero(valid)
-        gpu = {
-            k: x if x is None or np.ndim(x) == 0 else np.asarray(x)[rows] for k, x in gpu.items()
-        }
-        out = _time_columns(m, {k: x[rows] for k, x in g.items()}, params=params, **gpu)
+        if tokens is not None and np.ndim(tokens) != 0:
+            tokens = np.asarray(tokens)[rows]
+        sub = {k: x[rows] for k, x in g.items()}
+        out = _time_columns(m, sub, links.rows(rows), tokens=tokens, params=params)
     if columns is not None:
         unknown = sorted(set(columns) - out.keys())
         if unknown:
@@ -331,36 +358,24 @@ def _compute_s(m: ModelSpec, x: StepShape, g: Grid, *, peak, hbm, pr: TimeParams
 
 
 def _communication_s(
-    m: ModelSpec, x: StepShape, work: dict[str, Any], *, gpu: dict[str, Any], pr: TimeParams
+    m: ModelSpec, x: StepShape, work: dict[str, Any], *, links: Links, pr: TimeParams
 ) -> dict[str, np.ndarray]:
     """Exposed communication of one step, per parallelism, and the pipeline bubble.
 
     Source: each technique's module (tp_exposed_s, cp_exposed_s, p2p_time_s, expert_exposed_s,
     bubble_time_s); _state_traffic_s (DP, FSDP, offload).
     """
-    link = {k: np.asarray(gpu[k], dtype=np.float64) for k in ("gpn", "intra", "inter")}
-    each = {
-        "tokens_per_micro": x.tokens_per_micro,
-        "act_bytes": x.act_bytes,
-        "t": x.t,
-        "p": x.p,
-        "num_micro": x.num_micro,
-        **link,
-    }
-    busy, num_micro = work["busy"], x.num_micro
     out = {
-        "tp_exposed_s": tp_exposed_s(m, **each, full=x.full, params=pr),
-        "cp_exposed_s": cp_exposed_s(
-            m, **each, c=x.c, full=x.full, attention_s=work["attention_s"], params=pr
-        ),
-        "pp_p2p_s": p2p_time_s(m, **each, n=x.n, v=x.v),
-        "expert_s": expert_exposed_s(m, ep_column=x.ep, **each, c=x.c, full=x.full, params=pr),
+        "tp_exposed_s": tp_exposed_s(m, x, links, params=pr),
+        "cp_exposed_s": cp_exposed_s(m, x, links, attention_s=work["attention_s"], params=pr),
+        "pp_p2p_s": p2p_time_s(m, x, links),
+        "expert_s": expert_exposed_s(m, x, links, params=pr),
     }
-    pipelined = busy + out["tp_exposed_s"] + out["cp_exposed_s"] + out["pp_p2p_s"] + out["expert_s"]
-    out["bubble_time_s"] = bubble_time_s(pipelined, p=x.p, num_micro=num_micro, v=x.v)
-    out.update(
-        _state_traffic_s(m, x, work, link=link, pcie_bytes_per_s=gpu["pcie_bytes_per_s"], pr=pr)
+    pipelined = (
+        work["busy"] + out["tp_exposed_s"] + out["cp_exposed_s"] + out["pp_p2p_s"] + out["expert_s"]
     )
+    out["bubble_time_s"] = bubble_time_s(pipelined, x)
+    out.update(_state_traffic_s(m, x, work, links=links, pr=pr))
     return out
 
 
@@ -369,8 +384,7 @@ def _state_traffic_s(
     x: StepShape,
     work: dict[str, Any],
     *,
-    link: dict[str, np.ndarray],
-    pcie_bytes_per_s: float | np.ndarray,
+    links: Links,
     pr: TimeParams,
 ) -> dict[str, np.ndarray]:
     """Exposed weight and gradient traffic of one step: DP / ZeRO-1/2, ZeRO-3 / FSDP, offload.
@@ -380,44 +394,36 @@ def _state_traffic_s(
     Source: dp_exposed_s, fsdp_exposed_s, offload_time_s.
     """
     busy, num_micro = work["busy"], x.num_micro
+    gpn, intra, inter = links.network()
     out: dict[str, np.ndarray] = {}
     dp_group = x.d * x.c
-    per_rank = {
-        "zero": x.zero,
-        "local": m.num_parameters / (x.t * x.p),
-        "local_trainable": work["trainable"] / (x.t * x.p),
-        "dp_group": dp_group,
-        "dp_bw": group_bandwidth(dp_group, x.t, link["gpn"], link["intra"], link["inter"]),
-        "grad_bytes": gradient_element_bytes(
+    traffic = StateTraffic(
+        zero=x.zero,
+        local=m.num_parameters / (x.t * x.p),
+        local_trainable=work["trainable"] / (x.t * x.p),
+        dp_group=dp_group,
+        dp_bw=group_bandwidth(dp_group, x.t, gpn, intra, inter),
+        grad_bytes=gradient_element_bytes(
             x.prec,
             fsdp2=is_fsdp2(x.fw, x.zero),
             main_grad_buffer=FP32_MAIN_GRAD_BUFFER[np.asarray(x.fw, dtype=np.int64)],
         ),
-        "param_bytes": np.where(x.qlora, NF4_BYTES, PARAM_BYTES[x.prec]),
-    }
+        param_bytes=np.where(x.qlora, NF4_BYTES, PARAM_BYTES[x.prec]),
+    )
     fwd_share, per_micro = work["fwd_share"], busy / num_micro
     last_backward = busy / num_micro * (1.0 - fwd_share)
-    out["dp_exposed_s"] = dp_exposed_s(**per_rank, last_backward=last_backward, params=pr)
+    out["dp_exposed_s"] = dp_exposed_s(traffic, last_backward=last_backward, params=pr)
     out["fsdp_exposed_s"] = fsdp_exposed_s(
-        m,
-        **per_rank,
-        fw=x.fw,
-        t=x.t,
-        p=x.p,
-        **link,
-        per_micro=per_micro,
-        fwd_share=fwd_share,
-        num_micro=num_micro,
-        params=pr,
+        m, x, links, traffic, per_micro=per_micro, fwd_share=fwd_share, params=pr
     )
     out["offload_s"] = offload_time_s(
         offload=x.offload,
         step_params=work["step_params"],
-        grad_bytes=per_rank["grad_bytes"],
-        local=per_rank["local"],
+        grad_bytes=traffic.grad_bytes,
+        local=traffic.local,
         shard=work["shard"],
-        param_bytes=per_rank["param_bytes"],
-        pcie_bytes_per_s=pcie_bytes_per_s,
+        param_bytes=traffic.param_bytes,
+        pcie_bytes_per_s=links.pcie_bytes_per_s,
         per_micro=per_micro,
         fwd_share=fwd_share,
         num_micro=num_micro,
@@ -429,32 +435,19 @@ def _state_traffic_s(
 def _time_columns(
     m: ModelSpec,
     g: Grid,
+    links: Links,
     *,
-    peak_flops: float | np.ndarray,
-    fp32_peak_flops: float | np.ndarray,
-    hbm_bytes_per_s: float | np.ndarray,
-    intra_node_bytes_per_s: float | np.ndarray,
-    inter_node_bytes_per_s: float | np.ndarray,
-    gpus_per_node: float | np.ndarray,
-    pcie_bytes_per_s: float | np.ndarray,
-    price_per_gpu_hour_usd: float | np.ndarray,
     tokens: float | np.ndarray | None,
     params: TimeParams | None,
 ) -> dict[str, np.ndarray]:
     """`estimate_time`'s columns for every row of `g`, valid or not (see estimate_time)."""
     pr = params or TimeParams()
     x = step_shape(m, g)
-    peak = np.where(x.prec == FP32, fp32_peak_flops, peak_flops).astype(np.float64)
-    hbm = np.asarray(hbm_bytes_per_s, dtype=np.float64) * pr.memory_bandwidth_efficiency
+    peak = np.where(x.prec == FP32, links.fp32_peak_flops, links.peak_flops).astype(np.float64)
+    hbm = np.asarray(links.hbm_bytes_per_s, dtype=np.float64) * pr.memory_bandwidth_efficiency
     work = _compute_s(m, x, g, peak=peak, hbm=hbm, pr=pr)
-    links = {
-        "gpn": gpus_per_node,
-        "intra": intra_node_bytes_per_s,
-        "inter": inter_node_bytes_per_s,
-        "pcie_bytes_per_s": pcie_bytes_per_s,
-    }
-    comm = _communication_s(m, x, work, gpu=links, pr=pr)
-    n, price = x.n, np.asarray(price_per_gpu_hour_usd, dtype=np.float64)
+    comm = _communication_s(m, x, work, links=links, pr=pr)
+    n, price = x.n, np.asarray(links.price_per_gpu_hour_usd, dtype=np.float64)
     out = _step_columns(m, x, work, comm, peak=peak, price=price)
     if tokens is not None:
         time_to_train = np.asarray(tokens, dtype=np.float64) / out["tokens_per_second"]

@@ -446,7 +446,7 @@ def test_estimate_time_on_the_valid_rows_equals_the_whole_grid_pass() -> None:
     """estimate_time evaluates only the valid rows (and `columns=` only those columns): the same
     bytes as the previous path, every row evaluated and NaN put where the layout is invalid."""
     from trainmem.engine import time_inputs
-    from trainmem.engine._time import _time_columns
+    from trainmem.engine._time import Links, _time_columns
     from trainmem.hardware import load_gpus
 
     rng = np.random.default_rng(7)
@@ -462,7 +462,7 @@ def test_estimate_time_on_the_valid_rows_equals_the_whole_grid_pass() -> None:
         for gpu in ({k: np.array([i[k] for i in inputs])[pool] for k in inputs[0]}, inputs[0]):
             new = estimate_time(m, grid, **gpu, tokens=1e9)
             with np.errstate(all="ignore"):  # the invalid rows' divisions by zero
-                old = _time_columns(m, grid, **gpu, tokens=1e9, params=None)
+                old = _time_columns(m, grid, Links(**gpu), tokens=1e9, params=None)
             assert list(new) == list(old)
             for key, column in new.items():
                 expected = np.where(reason == 0, old[key], np.nan)
@@ -472,7 +472,7 @@ def test_estimate_time_on_the_valid_rows_equals_the_whole_grid_pass() -> None:
             assert all(part[k].tobytes() == new[k].tobytes() for k in part)
         valid = {k: v[reason == 0] for k, v in grid.items()}  # every row valid: one pass
         whole = estimate_time(m, valid, **inputs[1])
-        old = _time_columns(m, valid, **inputs[1], tokens=None, params=None)
+        old = _time_columns(m, valid, Links(**inputs[1]), tokens=None, params=None)
         assert all(whole[k].tobytes() == np.asarray(old[k]).tobytes() for k in whole)
 
 
