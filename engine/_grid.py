@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from ._config import DEFAULTS_BY_FIELD, TYPES, grid_columns
+from ._config import DEFAULTS_BY_FIELD, KNOBS, TYPES, grid_columns
 from ._states import lora_mask
-from ._vocab import (
+from ._vocab import (  # noqa: F401 (re-exported by the engine package)
     ALLOCATORS,
     ATTENTION,
     COMPILES,
@@ -27,17 +27,13 @@ from ._vocab import (
 )
 
 CATEGORICAL: dict[str, tuple[str, ...]] = {
-    "precision": PRECISIONS,
-    "optimizer": OPTIMIZERS,
-    "recompute": RECOMPUTE,
-    "attention": ATTENTION,
-    "framework": FRAMEWORKS,
-    "offload": OFFLOADS,
-    "loss": LOSSES,
-    "allocator": ALLOCATORS,
-    "compile": COMPILES,
-    "load": LOADS,
+    (knob.grid or name): OPTIMIZERS if knob.open_choices else tuple(knob.choices or ())
+    for name, knob in KNOBS.items()
+    if knob.choices is not None or knob.open_choices
 }
+"""The grid's categorical columns and their vocabularies (a code is an index), from the
+training fields' declarations (engine/_config.py): a knob declared with `choices` is one,
+with no other edit (an open vocabulary, the optimizer's, holds the built-in names)."""
 
 OPTIMIZER_COLUMNS: dict[str, Any] = {
     "optimizer_custom": False,

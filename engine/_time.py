@@ -232,6 +232,9 @@ class StepShape:
     """One GPU's tokens in one micro-batch."""
     tokens_per_gpu: np.ndarray
     """One tp x pp group's tokens per step."""
+    columns: Grid
+    """The rows' grid columns: a technique reads a field the symbols above do not name (a new
+    knob) from the step, with no edit here."""
 
 
 def step_shape(m: ModelSpec, g: Grid) -> StepShape:
@@ -275,6 +278,7 @@ def step_shape(m: ModelSpec, g: Grid) -> StepShape:
         tokens_per_step=tokens_per_step,
         tokens_per_micro=b * s / c,
         tokens_per_gpu=tokens_per_step / (d * c),
+        columns=g,
     )
 
 
