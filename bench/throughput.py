@@ -25,10 +25,10 @@ from trainmem.engine import (
     OPTIMIZERS,
     PRECISIONS,
     RECOMPUTE,
-    _kernel,
     estimate,
     make_grid,
 )
+from trainmem.engine._fast import _kernel
 
 
 def random_grid(num_rows: int, seed: int = 0) -> dict[str, np.ndarray]:
