@@ -24,7 +24,7 @@ import functools
 import math
 import types
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -38,13 +38,6 @@ from ._formula_trace import Program, Sym, trace
 
 SOURCE_VERSION = 2
 """Bumped when the generated sources' form changes (part of their hash)."""
-
-
-class Rendered(NamedTuple):
-    """A program's function: its source lines, and its parameters' names."""
-
-    lines: list[str]
-    params: tuple[str, ...]
 
 
 def _py_type(dtype: np.dtype) -> str:
@@ -229,7 +222,7 @@ def row_function(
     *,
     python: bool,
     tables: dict[tuple, str],
-) -> tuple[list[str], dict[tuple, str]]:
+) -> list[str]:
     """`def name(params): ... return (outputs,)`: the program on one row, each input column
     read as the expression `col` gives it; the outputs as floats, in the program's order
     (`tables`: the module's lookup tables, added to)."""
@@ -238,7 +231,7 @@ def row_function(
     values = ", ".join(_value(p, k, python) for k in p.outputs)
     lines = [f"def {name}({', '.join(params)}):", *(f"    {s}" for s in body)]
     lines.append(f"    return ({values},)")
-    return lines, tables
+    return lines
 
 
 # The programs: what each traces, with which inputs.
@@ -381,7 +374,7 @@ def numba_source(rules: tuple[Rule, ...]) -> str:
     col = _term_columns(python=False)
     functions: list[str] = []
     for name, p in (("stage_peaks", peaks_program()), ("fragmentation", fragmentation_program())):
-        body, _ = row_function(p, name, _row_params(name, False), col, python=False, tables=tables)
+        body = row_function(p, name, _row_params(name, False), col, python=False, tables=tables)
         functions += ["", "", '@numba.njit(nogil=True, cache=True, error_model="numpy")', *body]
     functions += ["", "", *_reason_kernel(rules_program(rules), tables)]
     return "\n".join([*lines, *_tables_source(tables, python=False), *functions]) + "\n"
@@ -401,11 +394,11 @@ def python_source(rules: tuple[Rule, ...]) -> str:
     col = _term_columns(python=True)
     functions: list[str] = []
     for name, p in (("stage_peaks", peaks_program()), ("fragmentation", fragmentation_program())):
-        body, _ = row_function(p, name, _row_params(name, True), col, python=True, tables=tables)
+        body = row_function(p, name, _row_params(name, True), col, python=True, tables=tables)
         functions += ["", "", *body]
     p = rules_program(rules)
     inputs = _inputs(p)
-    body, _ = row_function(p, "reason", inputs, {k: k for k in inputs}, python=True, tables=tables)
+    body = row_function(p, "reason", inputs, {k: k for k in inputs}, python=True, tables=tables)
     functions += ["", "", f"REASON_COLUMNS = {tuple(k for k in inputs if k not in _MODEL)!r}"]
     functions += ["", "", *body]
     return "\n".join([_PY_PRELUDE, *_tables_source(tables, python=True), *functions]) + "\n"
