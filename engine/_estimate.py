@@ -73,6 +73,7 @@ OUTPUTS = (
     "activations_autocast_weight_copies",
     "optimizer_step_temporaries",
     "host_bytes",
+    "paged_optimizer_bytes",
     "peak_forward_bytes",
     "peak_backward_bytes",
     "peak_optimizer_step_bytes",
@@ -131,6 +132,7 @@ _OPTIONAL_TERMS = {  # output column -> (state terms, activation terms) it needs
     "activations_per_layer": ((), ("activations_per_layer",)),
     "activations_outside_layers": ((), ("activations_outside_layers",)),
     "host_bytes": (("host_bytes", "host_accum_bytes"), ("activations_offloaded",)),
+    "paged_optimizer_bytes": (("paged_optimizer_bytes",), ()),
 }
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ._codes import RECOMPUTE_SELECTIVE
-from ._vocab import FRAMEWORKS, LOADS, LOSSES, PRECISIONS, RECOMPUTE
+from ._vocab import FRAMEWORKS, LOADS, LOSSES, OPTIMIZERS, PRECISIONS, RECOMPUTE
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -175,6 +175,11 @@ class FrameworkSpec:
     optimizer is built, keeping the old one referenced and giving the new one a gradient no
     optimizer frees (litgpt 0.5.13 finetune/lora.py main): two more [v, h] tensors in the
     parameter dtype, alive all run (engine/_lora.py qlora_stable_embedding_bytes)."""
+    qlora_paged_optimizer: bool = False
+    """`--qlora` with AdamW runs bitsandbytes' PagedAdamW (32-bit: fp32 states, those of tensors
+    of 1e5+ elements in unified memory) whatever optimizer the recipe names, as litgpt 0.5.13
+    finetune/lora.py does (`if quantize.startswith("bnb."): instantiate_bnb_optimizer`, utils.py:
+    bnb.optim.PagedAdamW; any other optimizer is refused there)."""
     logits_cast_fp32: bool = False
     """The training loop's model wrapper casts the returned chunk logits to fp32 (the default
     dtype) after forward, so the loop holds fp32 logits and the chunked loss runs on them
@@ -526,6 +531,7 @@ _SPEC_VALUES: dict[str, dict[str, Any]] = {
         qlora_every_linear=True,
         qlora_double_quant=False,
         qlora_stable_embedding=True,
+        qlora_paged_optimizer=True,
         logits_cast_fp32=True,
         load="meta-init",
         load_source=(
@@ -619,6 +625,17 @@ QLORA_DOUBLE_QUANT = _table("qlora_double_quant")
 """Per framework code: QLoRA's NF4 absmax double-quantised (FrameworkSpec)."""
 QLORA_STABLE_EMBEDDING = _table("qlora_stable_embedding")
 """Per framework code: QLoRA keeps a second embedding and its gradient (FrameworkSpec)."""
+QLORA_PAGED_OPTIMIZER = _table("qlora_paged_optimizer")
+"""Per framework code: QLoRA's AdamW is bitsandbytes' PagedAdamW (FrameworkSpec)."""
+
+
+def recipe_optimizer(opt: np.ndarray, *, fw: np.ndarray, qlora: np.ndarray) -> np.ndarray:
+    """The optimizer code the stack's recipe builds: `opt`, but bitsandbytes' paged-adamw for
+    AdamW under `--qlora` where the framework swaps it in (FrameworkSpec.qlora_paged_optimizer).
+    Source: litgpt 0.5.13 finetune/lora.py main, utils.py instantiate_bnb_optimizer."""
+    adamw = (opt == OPTIMIZERS.index("adamw")) | (opt == OPTIMIZERS.index("adamw-fused"))
+    return np.where(qlora & QLORA_PAGED_OPTIMIZER[fw] & adamw, OPTIMIZERS.index("paged-adamw"), opt)
+
 LOSS_SOFTMAX_IN_PLACE = _table("loss_softmax_in_place")
 """Per framework code: the cross entropy's softmax and gradient live in its one fp32 copy."""
 EAGER_SOFTMAX_FUSED = _table("eager_softmax_fused")

@@ -286,6 +286,7 @@ def _terms_out(
         "optimizer_states": s[_S_INDEX["optimizer_states"]],
         "activations_autocast_weight_copies": a[_A_INDEX["activations_autocast_weight_copies"]],
         "optimizer_step_temporaries": s[_S_INDEX["optimizer_step_temporaries"]],
+        "paged_optimizer_bytes": s[_S_INDEX["paged_optimizer_bytes"]],
         "activations_per_layer": a[_A_INDEX["activations_per_layer"]],
         "activations_outside_layers": a[_A_INDEX["activations_outside_layers"]],
         "host_bytes": s[_S_INDEX["host_bytes"]]
