@@ -636,6 +636,7 @@ def recipe_optimizer(opt: np.ndarray, *, fw: np.ndarray, qlora: np.ndarray) -> n
     adamw = (opt == OPTIMIZERS.index("adamw")) | (opt == OPTIMIZERS.index("adamw-fused"))
     return np.where(qlora & QLORA_PAGED_OPTIMIZER[fw] & adamw, OPTIMIZERS.index("paged-adamw"), opt)
 
+
 LOSS_SOFTMAX_IN_PLACE = _table("loss_softmax_in_place")
 """Per framework code: the cross entropy's softmax and gradient live in its one fp32 copy."""
 EAGER_SOFTMAX_FUSED = _table("eager_softmax_fused")

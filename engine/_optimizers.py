@@ -252,9 +252,8 @@ def paged_state_bytes(
         p = whole.tensor
         if p.is_block_linear:
             d_out, d_in = p.shape
-            adapter = sum(
-                np.where(lora_rank * d >= PAGED_MIN_NUMEL, lora_rank * d, 0.0) for d in (d_in, d_out)
-            )
+            matrices = (lora_rank * d_in, lora_rank * d_out)  # lora_A, lora_B
+            adapter = sum(np.where(n >= PAGED_MIN_NUMEL, n, 0.0) for n in matrices)
             adapter = np.where(lora_adapted(p, mask), adapter, 0.0)
         else:
             adapter = np.zeros_like(dense)

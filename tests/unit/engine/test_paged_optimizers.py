@@ -27,8 +27,8 @@ def _one(**over):
 
 
 def _tensors():
-    counts = {g: np.array([float(LLAMA.group_count(g))]) for g in ("embed", "layer", "mlp",
-                                                                    "final", "head", "moe")}  # fmt: skip
+    groups = ("embed", "layer", "mlp", "final", "head", "moe")
+    counts = {g: np.array([float(LLAMA.group_count(g))]) for g in groups}
     one = np.ones(1)
     return local_tensors(LLAMA, tp=one, ep=one, counts=counts, shard=False, dp_shard=one)
 
