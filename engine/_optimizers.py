@@ -301,7 +301,7 @@ def state_element_bytes(
     state_bytes: np.ndarray,
     lora: np.ndarray,
     adapter_bytes: Any,
-    opt: np.ndarray | None = None,
+    opt: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(bytes per state element over the model's parameters, over the trainable ones).
 
@@ -309,8 +309,7 @@ def state_element_bytes(
     overrides the precision's; 0 keeps the dtype of the parameters it steps (LoRA adapters:
     `adapter_bytes`).
     """
-    builtin_e = BUILTIN_STATE_BYTES[opt] if opt is not None else 0.0
-    custom_e = np.where(c["optimizer_custom"], c["optimizer_state_bytes"], builtin_e)
+    custom_e = np.where(c["optimizer_custom"], c["optimizer_state_bytes"], BUILTIN_STATE_BYTES[opt])
     own = custom_e > 0
     state_e = np.where(own, custom_e, state_bytes)
     return state_e, np.where(lora & ~own, adapter_bytes, state_e)

@@ -94,3 +94,19 @@ def test_litgpt_qlora_runs_bitsandbytes_paged_adamw() -> None:
         )
     litgpt = _one(framework="litgpt", optimizer="adamw")
     assert litgpt == _one(framework="litgpt", optimizer="paged-adamw")
+
+
+def test_the_advice_names_the_optimizer_the_recipe_builds() -> None:
+    # The top-consumer words follow the same swap and the built-in's own state dtype: litgpt
+    # QLoRA in bf16 names paged-adamw with fp32 states (its adapters are 16-bit); hf keeps adamw.
+    from trainmem.engine._advice import _optimizer_states_words, _recipe_optimizer_name
+
+    bf16 = 1  # PRECISIONS.index("bf16")
+    litgpt = {"optimizer": "adamw", "framework": "litgpt", "qlora": True, "lora_rank": 8}
+    assert _recipe_optimizer_name(litgpt) == "paged-adamw"
+    assert _optimizer_states_words(litgpt, prec=bf16, lora=True) == "2 fp32 states per parameter"
+    assert _recipe_optimizer_name({**litgpt, "qlora": False}) == "adamw"
+    assert _optimizer_states_words({**litgpt, "qlora": False}, prec=bf16, lora=True) == (
+        "2 16-bit states per parameter"
+    )
+    assert _recipe_optimizer_name({**litgpt, "framework": "hf"}) == "adamw"
