@@ -40,6 +40,7 @@ from ._rules import (
     broken_rule,
     reasons_of,
 )
+from ._tensor_parallel import sequence_parallel_on
 
 COMPONENTS = (
     "parameters",
@@ -394,7 +395,7 @@ def estimate(
     tp, pp, cp = g["tp"], g["pp"], g["cp"]
     n = len(tp)
     dp, _, num_micro = batch_layout(g)
-    sp = g["sequence_parallel"] & (tp > 1)
+    sp = sequence_parallel_on(g["sequence_parallel"], tp, g["framework"])
     terms = _wanted_terms(want)
     compiled = _kernel.compiled_for(n)  # loads numba first where the rows pay (formulas too)
     derived = {"dp": dp, "sp": sp, "lora_zero3": lora_zero3(g["zero"], g["lora_rank"])}

@@ -128,6 +128,13 @@ class FrameworkSpec:
     """The loss `--loss auto` (the default) means: the loss the stack's own recipe or config
     runs, one of LOSSES but `auto`. `full`: one head over the sequence and one cross entropy
     (or what the stack's own fields make of it, e.g. LitGPT's head_chunk_tokens)."""
+    tp_sequence_parallel: bool = False
+    """Tensor parallelism runs sequence-parallel unless told otherwise (the norms' and residuals'
+    activations sharded over the TP ranks, reduce-scatter / all-gather at the TP regions), so
+    `--tp N` alone means TP with SP. Source: torchtitan 0.3.0 config/configs.py
+    (Parallelism.enable_sequence_parallel = True; models/llama3/parallelize.py apply_tp uses
+    SequenceParallel norms when it is set). False: SP only with `--sequence-parallel` (Megatron's
+    --sequence-parallel is off by default). Traced: torchtitan_trainer_defaults.json debug-tp4."""
     rope_cache_per_block: bool = False
     """Every block owns a complex64 RoPE cache [training length, rotary dim / 2] (a buffer
     built at init, alive all run) beside the tables the attention saves."""
@@ -430,6 +437,7 @@ _SPEC_VALUES: dict[str, dict[str, Any]] = {
         full_recompute_top_moment=True,
         loss="chunked-head",
         rope_cache_per_block=True,
+        tp_sequence_parallel=True,
         source="torchtitan 0.3.0: models/llama3/config_registry.py (every llama3 trainer's "
         "loss is ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss), num_chunks 8: "
         "components/loss.py ChunkedLossWrapper; the 2024-12 benchmark era's one-piece loss is "
@@ -667,6 +675,8 @@ LOSS_POLICY = np.array(
 """Per framework code: the LOSSES code `--loss auto` resolves to."""
 ROPE_CACHE_PER_BLOCK = _table("rope_cache_per_block")
 """Per framework code: a complex64 RoPE cache in every block."""
+TP_SEQUENCE_PARALLEL = _table("tp_sequence_parallel")
+"""Per framework code: tensor parallelism is sequence-parallel by default."""
 ZERO_BUCKET_BUFFERS = _table("zero_bucket_buffers")
 """Per framework code: DeepSpeed's ZeRO bucket buffers (FrameworkSpec.zero_bucket_buffers)."""
 ZERO3_MODULE_COLLECTIVES = _table("zero3_module_collectives")
