@@ -77,6 +77,12 @@ def layer_plan(config: Any) -> dict[str, str]:
     if not plan:
         raise ValueError(f"tp: {config.model_type} has no tp_plan in transformers")
     layers = {k: v for k, v in plan.items() if v != QK_NORM_STYLE}
+    if _num_experts(config) > 1 and not any(".mlp" in k for k in layers):
+        raise ValueError(
+            f"tp: {config.model_type}'s tp_plan leaves the MoE experts unsharded (attention "
+            "only, as transformers 5.25 writes it); the TP trace lays out colwise/rowwise "
+            "linears only (no fused qkv, MoE experts or whole-width q/k norms)"
+        )
     odd = sorted({v for v in layers.values() if v not in PLAIN_STYLES})
     if odd:
         raise ValueError(
@@ -84,6 +90,16 @@ def layer_plan(config: Any) -> dict[str, str]:
             "colwise/rowwise linears only (no fused qkv, MoE experts or whole-width q/k norms)"
         )
     return layers
+
+
+def _num_experts(config: Any) -> int:
+    """The routed experts per MoE layer (0 for a dense model), under any of transformers'
+    field names."""
+    for name in ("num_local_experts", "num_experts", "n_routed_experts"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return 0
 
 
 def heads_error(config: Any, tp: int) -> str:
