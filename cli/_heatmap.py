@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -20,6 +20,9 @@ from trainmem.report import (
 )
 
 from ._options import command
+
+if TYPE_CHECKING:
+    from trainmem.sweep._heatmap import Plot
 
 HEATMAP_OPTIONS: tuple[Option, ...] = (
     Option(
@@ -100,7 +103,7 @@ def heatmap_cmd(
     """
     # polars and matplotlib: imported when the command runs, not when it is registered.
     from trainmem.results import heatmap_format
-    from trainmem.sweep._heatmap import BOOL_AXES, CATEGORICAL, Plot, from_flags, from_points
+    from trainmem.sweep._heatmap import Plot
 
     fmt = heatmap_format(out)
     plot = Plot(
@@ -112,26 +115,60 @@ def heatmap_cmd(
         headroom=check_headroom(headroom),
         hardware_dir=hardware_dir,
     )
+    report = _cells_report(
+        plot,
+        training,
+        model=model,
+        gpu=gpu,
+        points=points,
+        where=where,
+        models_dir=models_dir,
+        optimizers_dir=optimizers_dir,
+    )
+    report["format"] = fmt
+    _echo_report(report, x=x, y=y, as_json=as_json)
+
+
+def _cells_report(
+    plot: Plot,
+    training: dict[str, Any],
+    *,
+    model: str | None,
+    gpu: str | None,
+    points: str | None,
+    where: str | None,
+    models_dir: str | None,
+    optimizers_dir: str | None,
+) -> dict[str, Any]:
+    """The heatmap's report from stored points (--points, --where) or from the flags; each
+    source refuses the other's options, which it would otherwise ignore silently."""
+    from trainmem.sweep._heatmap import from_flags, from_points
+
     if points is not None:
         if model is not None or gpu is not None:
             raise ValueError(
                 "--model/--gpu: with --points they come from the points; "
                 "select them with --where \"gpu = 'NAME'\""
             )
-        report = from_points(plot, points, where=where)
-    else:
-        if where is not None:
-            raise ValueError("--where: applies to --points only")
-        config: dict[str, Any] = grid_columns(training)
-        report = from_flags(
-            plot,
-            config,
-            model=model or "llama-3.1-8b",
-            gpu=gpu or "h100-sxm-80gb",
-            models_dir=models_dir,
-            optimizers_dir=optimizers_dir,
-        )
-    report["format"] = fmt
+        return from_points(plot, points, where=where)
+    if where is not None:
+        raise ValueError("--where: applies to --points only")
+    config: dict[str, Any] = grid_columns(training)
+    return from_flags(
+        plot,
+        config,
+        model=model or "llama-3.1-8b",
+        gpu=gpu or "h100-sxm-80gb",
+        models_dir=models_dir,
+        optimizers_dir=optimizers_dir,
+    )
+
+
+def _echo_report(report: dict[str, Any], *, x: str, y: str, as_json: bool) -> None:
+    """Print the report: JSON, or a line on what was written and a line on what fits along x
+    (the largest value for a numeric axis, every fitting value for a categorical one)."""
+    from trainmem.sweep._heatmap import BOOL_AXES, CATEGORICAL
+
     if as_json:
         typer.echo(json.dumps(report, indent=2))
         return

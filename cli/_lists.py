@@ -66,6 +66,7 @@ def optimizers_cmd(
             "state_bytes": o.state_bytes,
             "step_temp_states": o.step_temp_states,
             "eight_bit_blockwise": o.eight_bit_blockwise,
+            "paged": o.paged,
             "step_bytes_per_parameter": o.step_bytes_per_parameter,
             "description": o.description,
             "source": o.path,
@@ -75,7 +76,8 @@ def optimizers_cmd(
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    typer.echo(f"{'name':<14}{'states':>7}{'dtype':>12}{'temps':>6}  source")
+    width = max(14, *(len(r["name"]) + 1 for r in rows))
+    typer.echo(f"{'name':<{width}}{'states':>7}{'dtype':>12}{'temps':>6}  source")
     for r in rows:
         dtype = (
             "8-bit block"
@@ -83,10 +85,13 @@ def optimizers_cmd(
             else (f"{r['state_bytes']:g} B" if r["state_bytes"] else "param dtype")
         )
         typer.echo(
-            f"{r['name']:<14}{r['num_states']:>7g}{dtype:>12}{r['step_temp_states']:>6g}  "
+            f"{r['name']:<{width}}{r['num_states']:>7g}{dtype:>12}{r['step_temp_states']:>6g}  "
             f"{r['source']}"
         )
-    typer.echo("(adafactor keeps factored moments; adamw-fused adds a device step per tensor)")
+    typer.echo(
+        "(adafactor keeps factored moments; adamw-fused adds a device step per tensor; paged-* "
+        "keep the states of large tensors in unified memory, outside torch's allocator)"
+    )
 
 
 def gpus_cmd(

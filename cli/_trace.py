@@ -12,70 +12,86 @@ import typer
 from trainmem.engine import ATTENTION
 from trainmem.report import EXIT_CODES, command_fields
 
+# The options, one alias each (the help text beside the type), so that the command's signature
+# reads as the option list: names, order and defaults.
+_Model = Annotated[str, typer.Option(help="Preset name or path to a HF config.json.")]
+_Module = Annotated[
+    str | None,
+    typer.Option(
+        help="Trace any nn.Module instead: pkg.mod:factory or path/file.py:factory "
+        "(factory() -> (module, batch[, loss_fn]); see README)."
+    ),
+]
+_SeqLen = Annotated[int, typer.Option(help="Sequence length (tokens).")]
+_MicroBatchSize = Annotated[int, typer.Option(help="Sequences per step.")]
+_Precision = Annotated[
+    str, typer.Option(help="fp32 | bf16 | amp-bf16 (| mixed-bf16 with --zero 3)")
+]
+_Optimizer = Annotated[str, typer.Option(help="adamw | adamw-fused | sgd | sgd-momentum")]
+_Recompute = Annotated[str, typer.Option(help="none|full")]
+_Attention = Annotated[str, typer.Option(help=" | ".join(ATTENTION))]
+_SdpaKernel = Annotated[
+    str, typer.Option(help="SDPA kernel the GPU runs: flash|efficient|cudnn|math.")
+]
+_Device = Annotated[str, typer.Option(help="Fake device: cuda (CUDA kernels and autocast) or cpu.")]
+_NumGpus = Annotated[int, typer.Option(help="Ranks of the job (one rank is traced).")]
+_Zero = Annotated[int, typer.Option(help="3: FSDP2 fully_shard over num-gpus ranks.")]
+_Tp = Annotated[
+    int, typer.Option(help="Tensor parallel degree (HF tp_plan layout; --num-gpus = tp).")
+]
+_SequenceParallel = Annotated[
+    bool,
+    typer.Option(
+        "--sequence-parallel", help="With --tp: norms and residuals split over the sequence."
+    ),
+]
+_Gpu = Annotated[str, typer.Option(help="GPU profile of the estimate it is compared with.")]
+_SaveProfile = Annotated[
+    str | None,
+    typer.Option(help="Trace two lengths and write an activation profile JSON here."),
+]
+_ProfileSeqLens = Annotated[
+    str | None, typer.Option(help="The two lengths A,B (default: seq-len, 2 x seq-len).")
+]
+_ProfileName = Annotated[str | None, typer.Option(help="The profile's name.")]
+_RealGpu = Annotated[
+    bool,
+    typer.Option("--real-gpu", help="Also run the step on this machine's CUDA device."),
+]
+_LoraRank = Annotated[int, typer.Option(help="peft LoRA rank (0: full fine-tuning; needs peft).")]
+_LoraTargets = Annotated[
+    str, typer.Option(help="LoRA target modules: all-linear or q_proj,v_proj,...")
+]
+_Qlora = Annotated[
+    bool, typer.Option("--qlora", help="Refused: QLoRA needs bitsandbytes' CUDA kernels.")
+]
+_AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+
 
 def trace_cmd(
-    model: Annotated[str, typer.Option(help="Preset name or path to a HF config.json.")] = (
-        "llama-3.2-1b"
-    ),
-    module: Annotated[
-        str | None,
-        typer.Option(
-            help="Trace any nn.Module instead: pkg.mod:factory or path/file.py:factory "
-            "(factory() -> (module, batch[, loss_fn]); see README)."
-        ),
-    ] = None,
-    seq_len: Annotated[int, typer.Option(help="Sequence length (tokens).")] = 2048,
-    micro_batch_size: Annotated[int, typer.Option(help="Sequences per step.")] = 1,
-    precision: Annotated[
-        str, typer.Option(help="fp32 | bf16 | amp-bf16 (| mixed-bf16 with --zero 3)")
-    ] = "bf16",
-    optimizer: Annotated[
-        str, typer.Option(help="adamw | adamw-fused | sgd | sgd-momentum")
-    ] = "adamw",
-    recompute: Annotated[str, typer.Option(help="none|full")] = "none",
-    attention: Annotated[str, typer.Option(help=" | ".join(ATTENTION))] = "flash",
-    sdpa_kernel: Annotated[
-        str, typer.Option(help="SDPA kernel the GPU runs: flash|efficient|cudnn|math.")
-    ] = "flash",
-    device: Annotated[
-        str, typer.Option(help="Fake device: cuda (CUDA kernels and autocast) or cpu.")
-    ] = "cuda",
-    num_gpus: Annotated[int, typer.Option(help="Ranks of the job (one rank is traced).")] = 1,
-    zero: Annotated[int, typer.Option(help="3: FSDP2 fully_shard over num-gpus ranks.")] = 0,
-    tp: Annotated[
-        int, typer.Option(help="Tensor parallel degree (HF tp_plan layout; --num-gpus = tp).")
-    ] = 1,
-    sequence_parallel: Annotated[
-        bool,
-        typer.Option(
-            "--sequence-parallel", help="With --tp: norms and residuals split over the sequence."
-        ),
-    ] = False,
-    gpu: Annotated[str, typer.Option(help="GPU profile of the estimate it is compared with.")] = (
-        "h100-sxm-80gb"
-    ),
-    save_profile: Annotated[
-        str | None,
-        typer.Option(help="Trace two lengths and write an activation profile JSON here."),
-    ] = None,
-    profile_seq_lens: Annotated[
-        str | None, typer.Option(help="The two lengths A,B (default: seq-len, 2 x seq-len).")
-    ] = None,
-    profile_name: Annotated[str | None, typer.Option(help="The profile's name.")] = None,
-    real_gpu: Annotated[
-        bool,
-        typer.Option("--real-gpu", help="Also run the step on this machine's CUDA device."),
-    ] = False,
-    lora_rank: Annotated[
-        int, typer.Option(help="peft LoRA rank (0: full fine-tuning; needs peft).")
-    ] = 0,
-    lora_targets: Annotated[
-        str, typer.Option(help="LoRA target modules: all-linear or q_proj,v_proj,...")
-    ] = "all-linear",
-    qlora: Annotated[
-        bool, typer.Option("--qlora", help="Refused: QLoRA needs bitsandbytes' CUDA kernels.")
-    ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    model: _Model = "llama-3.2-1b",
+    module: _Module = None,
+    seq_len: _SeqLen = 2048,
+    micro_batch_size: _MicroBatchSize = 1,
+    precision: _Precision = "bf16",
+    optimizer: _Optimizer = "adamw",
+    recompute: _Recompute = "none",
+    attention: _Attention = "flash",
+    sdpa_kernel: _SdpaKernel = "flash",
+    device: _Device = "cuda",
+    num_gpus: _NumGpus = 1,
+    zero: _Zero = 0,
+    tp: _Tp = 1,
+    sequence_parallel: _SequenceParallel = False,
+    gpu: _Gpu = "h100-sxm-80gb",
+    save_profile: _SaveProfile = None,
+    profile_seq_lens: _ProfileSeqLens = None,
+    profile_name: _ProfileName = None,
+    real_gpu: _RealGpu = False,
+    lora_rank: _LoraRank = 0,
+    lora_targets: _LoraTargets = "all-linear",
+    qlora: _Qlora = False,
+    as_json: _AsJson = False,
 ) -> None:
     """Measure one training step on fake tensors next to the estimate (needs the trace extra)."""
     fields = command_fields(locals())

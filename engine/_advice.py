@@ -23,13 +23,14 @@ from ._frameworks import (
     FRAMEWORK_SPECS,
     HEAD_CHUNK_TOKENS,
     QLORA_KBIT_PREPARED,
+    recipe_optimizer,
     resolved_loss,
 )
 from ._grid import FRAMEWORKS, PRECISIONS, RECOMPUTE, make_grid
 from ._lora import KBIT_UPCAST_BYTES, LORA_ADAPTER_BYTES, kbit_pure_16
 from ._loss import LOSS_GRADIENT_TENSORS
 from ._model import ModelSpec
-from ._optimizers import BUILTIN_OPTIMIZERS
+from ._optimizers import BUILTIN_OPTIMIZERS, OPTIMIZERS
 from ._overhead import Overheads
 from ._precision import IS_MIXED, PARAM_BYTES, STATE_BYTES
 from ._time import estimate_time
@@ -409,7 +410,7 @@ def top_consumers(
     items.append(("fp32 master weights", at("master_weights")))
     items.append(("gradients" + (" of the LoRA adapters" if lora else ""), at("gradients")))
     states = _optimizer_states_words(config, prec=prec, lora=lora)
-    name = optimizer_name or str(config["optimizer"])
+    name = optimizer_name or _recipe_optimizer_name(config)
     items.append((f"optimizer states ({name}, {states})", at("optimizer_states")))
     acts = at("activations")
     copies = at("activations_autocast_weight_copies") if acts > 0 else 0.0
@@ -441,9 +442,21 @@ def _weights_words(config: Mapping[str, Any], prec: int) -> str:
     return f"{_dtype(PARAM_BYTES[prec])} {kind}"
 
 
+def _recipe_optimizer_name(config: Mapping[str, Any]) -> str:
+    """The optimizer the stack's recipe builds (engine/_frameworks.py recipe_optimizer: litgpt's
+    QLoRA swaps in PagedAdamW), by name."""
+    code = recipe_optimizer(
+        np.array([OPTIMIZERS.index(str(config["optimizer"]))]),
+        fw=np.array([FRAMEWORKS.index(str(config["framework"]))]),
+        qlora=np.array([bool(config["qlora"]) and int(config["lora_rank"]) > 0]),
+    )
+    return OPTIMIZERS[int(code[0])]
+
+
 def _optimizer_states_words(config: Mapping[str, Any], *, prec: int, lora: bool) -> str:
-    """What the optimizer keeps per parameter, in words (the registry's spec or the user's)."""
-    spec = BUILTIN_OPTIMIZERS[str(config["optimizer"])]
+    """What the optimizer keeps per parameter, in words (the registry's spec or the user's;
+    a built-in's own state dtype, as engine/_optimizers.py state_element_bytes reads it)."""
+    spec = BUILTIN_OPTIMIZERS[_recipe_optimizer_name(config)]
     custom = bool(config.get("optimizer_custom", False))
     custom_e = float(config.get("optimizer_state_bytes", 0.0)) if custom else 0.0
     n = float(config["optimizer_num_states"]) if custom else spec.num_states
@@ -455,7 +468,7 @@ def _optimizer_states_words(config: Mapping[str, Any], *, prec: int, lora: bool)
     # LoRA: peft's fp32 adapters, or adapters in the model's dtype (FrameworkSpec).
     in_param_dtype = ADAPTERS_IN_PARAM_DTYPE[FRAMEWORKS.index(str(config["framework"]))]
     adapter_e = PARAM_BYTES[prec] if in_param_dtype else LORA_ADAPTER_BYTES
-    elem = custom_e or (adapter_e if lora else STATE_BYTES[prec])
+    elem = custom_e or spec.state_bytes or (adapter_e if lora else STATE_BYTES[prec])
     return f"{n:g} {_dtype(elem)} state{plural} per parameter"
 
 

@@ -40,6 +40,7 @@ from ._rules import (
     broken_rule,
     reasons_of,
 )
+from ._tensor_parallel import sequence_parallel_on
 
 COMPONENTS = (
     "parameters",
@@ -73,6 +74,7 @@ OUTPUTS = (
     "activations_autocast_weight_copies",
     "optimizer_step_temporaries",
     "host_bytes",
+    "paged_optimizer_bytes",
     "peak_forward_bytes",
     "peak_backward_bytes",
     "peak_optimizer_step_bytes",
@@ -132,6 +134,7 @@ _OPTIONAL_TERMS = {  # output column -> (state terms, activation terms) it needs
     "activations_per_layer": ((), ("activations_per_layer",)),
     "activations_outside_layers": ((), ("activations_outside_layers",)),
     "host_bytes": (("host_bytes", "host_accum_bytes"), ("activations_offloaded",)),
+    "paged_optimizer_bytes": (("paged_optimizer_bytes",), ()),
 }
 
 
@@ -393,7 +396,7 @@ def estimate(
     tp, pp, cp = g["tp"], g["pp"], g["cp"]
     n = len(tp)
     dp, _, num_micro = batch_layout(g)
-    sp = g["sequence_parallel"] & (tp > 1)
+    sp = sequence_parallel_on(g["sequence_parallel"], tp, g["framework"])
     terms = _wanted_terms(want)
     compiled = _kernel.compiled_for(n)  # loads numba first where the rows pay (formulas too)
     derived = {"dp": dp, "sp": sp, "lora_zero3": lora_zero3(g["zero"], g["lora_rank"])}

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ._codes import RECOMPUTE_SELECTIVE
-from ._vocab import FRAMEWORKS, LOADS, LOSSES, PRECISIONS, RECOMPUTE
+from ._vocab import FRAMEWORKS, LOADS, LOSSES, OPTIMIZERS, PRECISIONS, RECOMPUTE
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -128,6 +128,13 @@ class FrameworkSpec:
     """The loss `--loss auto` (the default) means: the loss the stack's own recipe or config
     runs, one of LOSSES but `auto`. `full`: one head over the sequence and one cross entropy
     (or what the stack's own fields make of it, e.g. LitGPT's head_chunk_tokens)."""
+    tp_sequence_parallel: bool = False
+    """Tensor parallelism runs sequence-parallel unless told otherwise (the norms' and residuals'
+    activations sharded over the TP ranks, reduce-scatter / all-gather at the TP regions), so
+    `--tp N` alone means TP with SP. Source: torchtitan 0.3.0 config/configs.py
+    (Parallelism.enable_sequence_parallel = True; models/llama3/parallelize.py apply_tp uses
+    SequenceParallel norms when it is set). False: SP only with `--sequence-parallel` (Megatron's
+    --sequence-parallel is off by default). Traced: torchtitan_trainer_defaults.json debug-tp4."""
     rope_cache_per_block: bool = False
     """Every block owns a complex64 RoPE cache [training length, rotary dim / 2] (a buffer
     built at init, alive all run) beside the tables the attention saves."""
@@ -175,6 +182,11 @@ class FrameworkSpec:
     optimizer is built, keeping the old one referenced and giving the new one a gradient no
     optimizer frees (litgpt 0.5.13 finetune/lora.py main): two more [v, h] tensors in the
     parameter dtype, alive all run (engine/_lora.py qlora_stable_embedding_bytes)."""
+    qlora_paged_optimizer: bool = False
+    """`--qlora` with AdamW runs bitsandbytes' PagedAdamW (32-bit: fp32 states, those of tensors
+    of 1e5+ elements in unified memory) whatever optimizer the recipe names, as litgpt 0.5.13
+    finetune/lora.py does (`if quantize.startswith("bnb."): instantiate_bnb_optimizer`, utils.py:
+    bnb.optim.PagedAdamW; any other optimizer is refused there)."""
     logits_cast_fp32: bool = False
     """The training loop's model wrapper casts the returned chunk logits to fp32 (the default
     dtype) after forward, so the loop holds fp32 logits and the chunked loss runs on them
@@ -434,6 +446,7 @@ _SPEC_VALUES: dict[str, dict[str, Any]] = {
         full_recompute_top_moment=True,
         loss="chunked-head",
         rope_cache_per_block=True,
+        tp_sequence_parallel=True,
         source="torchtitan 0.3.0: models/llama3/config_registry.py (every llama3 trainer's "
         "loss is ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss), num_chunks 8: "
         "components/loss.py ChunkedLossWrapper; the 2024-12 benchmark era's one-piece loss is "
@@ -535,6 +548,7 @@ _SPEC_VALUES: dict[str, dict[str, Any]] = {
         qlora_every_linear=True,
         qlora_double_quant=False,
         qlora_stable_embedding=True,
+        qlora_paged_optimizer=True,
         logits_cast_fp32=True,
         fsdp1_full_finetune=True,
         load="meta-init",
@@ -629,6 +643,18 @@ QLORA_DOUBLE_QUANT = _table("qlora_double_quant")
 """Per framework code: QLoRA's NF4 absmax double-quantised (FrameworkSpec)."""
 QLORA_STABLE_EMBEDDING = _table("qlora_stable_embedding")
 """Per framework code: QLoRA keeps a second embedding and its gradient (FrameworkSpec)."""
+QLORA_PAGED_OPTIMIZER = _table("qlora_paged_optimizer")
+"""Per framework code: QLoRA's AdamW is bitsandbytes' PagedAdamW (FrameworkSpec)."""
+
+
+def recipe_optimizer(opt: np.ndarray, *, fw: np.ndarray, qlora: np.ndarray) -> np.ndarray:
+    """The optimizer code the stack's recipe builds: `opt`, but bitsandbytes' paged-adamw for
+    AdamW under `--qlora` where the framework swaps it in (FrameworkSpec.qlora_paged_optimizer).
+    Source: litgpt 0.5.13 finetune/lora.py main, utils.py instantiate_bnb_optimizer."""
+    adamw = (opt == OPTIMIZERS.index("adamw")) | (opt == OPTIMIZERS.index("adamw-fused"))
+    return np.where(qlora & QLORA_PAGED_OPTIMIZER[fw] & adamw, OPTIMIZERS.index("paged-adamw"), opt)
+
+
 LOSS_SOFTMAX_IN_PLACE = _table("loss_softmax_in_place")
 """Per framework code: the cross entropy's softmax and gradient live in its one fp32 copy."""
 EAGER_SOFTMAX_FUSED = _table("eager_softmax_fused")
@@ -661,6 +687,8 @@ LOSS_POLICY = np.array(
 """Per framework code: the LOSSES code `--loss auto` resolves to."""
 ROPE_CACHE_PER_BLOCK = _table("rope_cache_per_block")
 """Per framework code: a complex64 RoPE cache in every block."""
+TP_SEQUENCE_PARALLEL = _table("tp_sequence_parallel")
+"""Per framework code: tensor parallelism is sequence-parallel by default."""
 ZERO_BUCKET_BUFFERS = _table("zero_bucket_buffers")
 """Per framework code: DeepSpeed's ZeRO bucket buffers (FrameworkSpec.zero_bucket_buffers)."""
 ZERO3_MODULE_COLLECTIVES = _table("zero3_module_collectives")

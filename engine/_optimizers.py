@@ -63,6 +63,11 @@ class OptimizerSpec:
     factored_second_moment: bool = False
     """Built-in only (not a TOML key): Adafactor's factored second moment replaces the
     full-size states and step temporaries, see `adafactor_state_bytes`."""
+    paged: bool = False
+    """Built-in only (not a TOML key): bitsandbytes' paged optimizers keep the state buffers of
+    tensors of PAGED_MIN_NUMEL elements or more in CUDA unified memory (cudaMallocManaged),
+    outside torch's caching allocator, paged to host memory under pressure; see
+    `paged_state_bytes`."""
 
     def __post_init__(self) -> None:
         errors = []
@@ -83,6 +88,12 @@ _FOREACH_TEMP = (
     "torch/optim/adamw.py `_multi_tensor_adamw`: `exp_avg_sq_sqrt = torch._foreach_sqrt(...)` "
     "allocates one state-sized list per (device, dtype) group, the rest runs in place (ground "
     "truth: +1x parameter bytes); fused and sgd allocate none (ground truth: 0)"
+)
+_BNB_OPTIMIZER = (
+    "bitsandbytes 0.50.2 optim/optimizer.py Optimizer2State.init_state: state1/state2 float32 "
+    "when optim_bits == 32 whatever the parameter's dtype, uint8 (+ fp32 absmax per 256) for "
+    "8-bit; the update is one fused kernel (no step temporaries); get_state_buffer pages the "
+    "buffers of tensors of >= 1e5 elements when is_paged (F.get_paged: cudaMallocManaged)"
 )
 _STEP_TRAFFIC = (
     "step bytes: the tensors each torch.optim update reads and writes: fp32 parameter read + "
@@ -141,6 +152,20 @@ BUILTIN_OPTIMIZERS: dict[str, OptimizerSpec] = {
             num_states=1.0, state_bytes=0.0, step_temp_states=1.0, eight_bit_blockwise=False,
             step_bytes_per_parameter=20.0, sources=("lion-pytorch (exp_avg)", _STEP_TRAFFIC),
         ),
+        OptimizerSpec(
+            name="paged-adamw",
+            description="bitsandbytes PagedAdamW (32-bit): fp32 states, those of large tensors "
+            "in unified memory (paged to the host under pressure)",
+            num_states=2.0, state_bytes=4.0, step_temp_states=0.0, eight_bit_blockwise=False,
+            step_bytes_per_parameter=28.0, paged=True, sources=(_BNB_OPTIMIZER, _STEP_TRAFFIC),
+        ),
+        OptimizerSpec(
+            name="paged-adamw-8bit",
+            description="bitsandbytes PagedAdamW8bit: two 8-bit blockwise states, those of large "
+            "tensors in unified memory (paged to the host under pressure)",
+            num_states=2.0, state_bytes=0.0, step_temp_states=0.0, eight_bit_blockwise=True,
+            step_bytes_per_parameter=16.0, paged=True, sources=(_BNB_OPTIMIZER, _STEP_TRAFFIC),
+        ),
     )
 }  # fmt: skip
 """The built-in optimizers by name, in grid-code order."""
@@ -170,6 +195,10 @@ STEP_BYTES_PER_PARAMETER = _table("step_bytes_per_parameter")
 Source: the tensors each torch.optim update reads and writes (see _STEP_TRAFFIC). Assumes: no
 savings from fused kernels, no 16-bit weight copy refresh."""
 IS_EIGHT_BIT = _table("eight_bit_blockwise", bool)
+IS_PAGED = _table("paged", bool)
+BUILTIN_STATE_BYTES = _table("state_bytes")
+"""A built-in's own state element bytes (bitsandbytes' 32-bit optimizers: fp32 whatever the
+parameters' dtype); 0: the dtype of the parameters it steps. Source: _BNB_OPTIMIZER."""
 HAS_DEVICE_STEP_SCALARS = _table("device_step_scalars", bool)
 IS_FACTORED = _table("factored_second_moment", bool)
 
@@ -187,6 +216,49 @@ ADAFACTOR_STEP_TEMP_TENSORS = 2.0
 Source: transformers.optimization.Adafactor.step (per parameter `update = grad**2 + eps` and
 the approximated squared gradient, fp32). Assumes: parameters are stepped in turn, so the
 largest tensor bounds them."""
+
+
+PAGED_MIN_NUMEL = 1e5
+"""bitsandbytes pages a state buffer only for a tensor of at least 1e5 elements; smaller ones
+get torch.zeros_like on the device. Source: bitsandbytes 0.50.2 optim/optimizer.py
+Optimizer8bit.get_state_buffer (`if not self.is_paged or p.numel() < 1e5`)."""
+
+
+def paged_state_bytes(
+    full: Sequence[LocalTensor],
+    part: Sequence[LocalTensor],
+    *,
+    opt: np.ndarray,
+    sharded: np.ndarray,
+    lora: np.ndarray,
+    lora_rank: np.ndarray,
+    mask: np.ndarray,
+) -> np.ndarray:
+    """Bytes of a paged optimizer's state buffers in unified memory on one rank: two states per
+    trainable tensor of PAGED_MIN_NUMEL elements or more, 4 bytes each (32-bit) or 1 (8-bit:
+    the fp32 absmax stays on the device); LoRA: each adapter matrix apart (lora_A [r, d_in],
+    lora_B [d_out, r]). 0 where the optimizer is not paged.
+
+    Source: PAGED_MIN_NUMEL, _BNB_OPTIMIZER; PEFT LoraLayer (adapter shapes).
+    Assumes: under ZeRO the optimizer sees each tensor's shard (`part`), as FSDP2 gives it.
+    """
+    from ._lora import lora_adapted  # _lora reads the vocabularies, which read this registry
+
+    per_elem = np.where(IS_EIGHT_BIT[opt], 1.0, 4.0) * 2.0
+    paged = np.zeros(np.shape(opt))
+    for whole, shard in zip(full, part, strict=True):
+        numel = np.where(sharded, shard.numel, whole.numel)
+        dense = np.where(numel >= PAGED_MIN_NUMEL, numel, 0.0)
+        p = whole.tensor
+        if p.is_block_linear:
+            d_out, d_in = p.shape
+            matrices = (lora_rank * d_in, lora_rank * d_out)  # lora_A, lora_B
+            adapter = sum(np.where(n >= PAGED_MIN_NUMEL, n, 0.0) for n in matrices)
+            adapter = np.where(lora_adapted(p, mask), adapter, 0.0)
+        else:
+            adapter = np.zeros_like(dense)
+        paged = paged + np.where(lora, adapter, dense) * whole.count
+    return np.where(IS_PAGED[opt], per_elem * paged, 0.0)
 
 
 def eight_bit_state_bytes(numel: np.ndarray) -> np.ndarray:
@@ -224,15 +296,21 @@ def state_counts(c: dict[str, np.ndarray], opt: np.ndarray) -> tuple[np.ndarray,
 
 
 def state_element_bytes(
-    c: dict[str, np.ndarray], *, state_bytes: np.ndarray, lora: np.ndarray, adapter_bytes: Any
+    c: dict[str, np.ndarray],
+    *,
+    state_bytes: np.ndarray,
+    lora: np.ndarray,
+    adapter_bytes: Any,
+    opt: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(bytes per state element over the model's parameters, over the trainable ones).
 
-    A user optimizer's `state_bytes` > 0 overrides the precision's; 0 keeps the dtype of the
-    parameters it steps (LoRA adapters: `adapter_bytes`).
+    A user optimizer's `state_bytes` > 0, or a built-in's own (BUILTIN_STATE_BYTES, `opt`),
+    overrides the precision's; 0 keeps the dtype of the parameters it steps (LoRA adapters:
+    `adapter_bytes`).
     """
-    custom_e = c["optimizer_state_bytes"]
-    own = c["optimizer_custom"] & (custom_e > 0)
+    custom_e = np.where(c["optimizer_custom"], c["optimizer_state_bytes"], BUILTIN_STATE_BYTES[opt])
+    own = custom_e > 0
     state_e = np.where(own, custom_e, state_bytes)
     return state_e, np.where(lora & ~own, adapter_bytes, state_e)
 

@@ -100,6 +100,7 @@ from ._recompute import (
     checkpointed_layers,
     op_sac_down_kept,
     op_sac_saved_bytes,
+    op_sac_top_block_bytes,
     recompute_excess_bytes,
     saved_blocks_bytes,
     single_stage_recompute_delta,
@@ -553,6 +554,17 @@ def _layers(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
         "per_layer": stage_layers / np.maximum(num_layers, 1.0),
         "layer_recomputed": recomputed,
         "top_saved": np.where(x.rc == RECOMPUTE_SELECTIVE_OP, op_layer, layer_ckpt),
+        # A dense stage's top block at work under per-op SAC, where the blocks' norms are the
+        # fused kernel on their own input (torchtitan's blocks, op_sac_top_block_bytes); else
+        # (MoE, MLA, Python RMSNorms) layer 0's end-of-backward set stands for it.
+        "op_top_dense": (num_moe == 0)
+        & (not m.is_mla)
+        & (x.rc == RECOMPUTE_SELECTIVE_OP)
+        & x.fused_norm
+        & ~x.norm_fp32_input,
+        "op_top_work": op_sac_top_block_bytes(
+            m, T=x.T, e=x.e, r=x.r, tp=x.tp, sp=x.sp, fused_qkv=x.fused_qkv, top_saved=dense_op
+        ),
         **_core_moments(m, x, megatron=megatron, mg_core=mg_core, core=core),
     }
 
@@ -832,9 +844,9 @@ def _recompute_terms(
             + single_stage_recompute_delta(
                 x.rc,
                 multi=multi,
-                layer_at_work=np.where(
-                    x.rc == RECOMPUTE_SELECTIVE,
-                    layers["core_recomputed"],
+                layer_at_work=np.select(
+                    [x.rc == RECOMPUTE_SELECTIVE, layers["op_top_dense"]],
+                    [layers["core_recomputed"], layers["op_top_work"]],
                     bwd["act_top"] + bwd["temp_end"],
                 ),
                 top_saved=np.where(x.rc == RECOMPUTE_SELECTIVE, 0.0, layers["top_saved"]),

@@ -36,6 +36,7 @@ from ._frameworks import (
     QLORA_EVERY_LINEAR,
     QLORA_KBIT_PREPARED,
     QLORA_STABLE_EMBEDDING,
+    recipe_optimizer,
     state_shard_degree,
 )
 from ._fsdp1 import (
@@ -60,6 +61,7 @@ from ._model import ModelSpec
 from ._offload import deepspeed_offloaded_states, offloaded_states
 from ._optimizers import (
     optimizer_state_bytes,
+    paged_state_bytes,
     state_counts,
     state_element_bytes,
     step_temporary_bytes,
@@ -151,7 +153,7 @@ def rank_layout(m: ModelSpec, c: dict[str, np.ndarray]) -> RankLayout:
     shards: dict[str, Any] = {"tp": tp, "ep": ep, "etp": etp, "counts": counts}
     return RankLayout(
         prec=prec,
-        opt=c["optimizer"].astype(np.int64),
+        opt=recipe_optimizer(c["optimizer"].astype(np.int64), fw=fw, qlora=c["qlora"] & lora),
         fw=fw,
         zero=c["zero"],
         tp=tp,
@@ -228,7 +230,7 @@ def _optimizer_bytes(
     registry, _optimizers.py) or a user optimizer (the `optimizer_*` columns)."""
     sharded = x.zero >= ZERO_STATES
     state_e, state_elem = state_element_bytes(
-        c, state_bytes=STATE_BYTES[x.prec], lora=x.lora, adapter_bytes=x.adapter_e
+        c, state_bytes=STATE_BYTES[x.prec], lora=x.lora, adapter_bytes=x.adapter_e, opt=x.opt
     )
     num_states, temp_states = state_counts(c, x.opt)
     plain = np.where(x.lora, state_elem * state_numel, rank_bytes(x.full, x.part, state_e, sharded))
@@ -257,7 +259,20 @@ def _optimizer_bytes(
         dp=x.dp,
         lora=x.lora,
     )
-    return {"optimizer_states": optimizer_states, "optimizer_step_temporaries": step_temp}
+    paged = paged_state_bytes(
+        x.full,
+        x.part,
+        opt=x.opt,
+        sharded=sharded,
+        lora=x.lora,
+        lora_rank=x.lora_rank,
+        mask=c["lora_targets"],
+    )
+    return {
+        "optimizer_states": optimizer_states - paged,
+        "optimizer_step_temporaries": step_temp,
+        "paged_optimizer_bytes": paged,
+    }
 
 
 def _dequant(x: RankLayout) -> np.ndarray:
@@ -391,6 +406,10 @@ def _offloaded(
         before=states,
         states=s,
     )
+    # A paged optimizer's large state buffers are outside torch's allocator, backed by the
+    # host under pressure (paged_state_bytes): counted on the host, not the device.
+    paged = states["paged_optimizer_bytes"]
+    s = {**s, "host_bytes": s["host_bytes"] + paged, "paged_optimizer_bytes": paged}
     return s, {**ds, "buffers": buffers + ds["gpu_staging"]}
 
 

@@ -89,6 +89,52 @@ def op_sac_down_kept(m: ModelSpec, *, fused_qkv) -> np.ndarray:
     return np.where(fused_qkv, fused, own)
 
 
+def op_sac_top_block_bytes(m: ModelSpec, *, T, e, r, tp, sp, fused_qkv, top_saved) -> np.ndarray:
+    """Bytes a dense top block holds at its busiest backward moment under per-op SAC, its
+    `top_saved` bytes (op_sac_saved_bytes) included: what it kept, less the kept outputs no
+    backward reads (the q/k/v projection's, rope and the kernel hold copies; the down
+    projection's; the reduce-scatter outputs under sequence parallelism), plus what it
+    recomputed and holds (the rope'd q, k, v; the two norm outputs the matmuls read, all-gathered
+    under SP beside one local copy; the mid-block residual) and the incoming residual gradient;
+    then the larger of two MLP moments: the down projection's backward (its recomputed inputs,
+    act, up and their product, and under SP the all-gathered output gradient with its
+    rearranged copy; the down output and its reduce-scatter's not yet freed) and the gated
+    activation's (act, up, the product's gradient, and the
+    gradients of act and up).
+    Source: torchtitan 0.3.0 distributed/activation_checkpoint.py (SelectiveAC; torch 2.13
+    torch/utils/checkpoint.py: the cached outputs move into the recomputed graph and are freed
+    with the nodes that read them), models/llama3 (fused wqkv, rope copies, SequenceParallel
+    norms); read off the traced debug and debug-tp4 cases
+    (tests/data/framework_traces/torchtitan_trainer_defaults.json backward_snap: the tensors
+    made in backward alive at the peak).
+    Ignores: a non-gated MLP's exact moment (counted as its activation output, one and three
+    [T, f] tensors); separate q/k/v projections whose v feeds the kernel without a copy."""
+    h, f_r = m.hidden_size, m.intermediate_size / tp
+    sp_div = np.where(sp, tp, 1.0)
+    zero = np.zeros_like(np.asarray(T, dtype=np.float64))
+    n_attn = 1 if m.fused_qkv else 3
+    own = block_matmul_widths(m, tp)
+    fused = block_matmul_widths(m, tp, fused_qkv=True)
+    kept_attention = np.where(fused_qkv, sum(fused[0:1], zero), sum(own[0:n_attn:2], zero))
+    down_kept = op_sac_down_kept(m, fused_qkv=fused_qkv)
+    freed = e * T * (kept_attention + np.where(down_kept, h, 0.0)) + np.where(
+        sp, 2.0 * e * T * h / tp, 0.0
+    )
+    qkv_copies = e * T * (m.q_dim + 2.0 * m.kv_dim) / tp
+    norm_outputs = np.where(sp, 2.0 * e * T * h + e * T * h / tp, 2.0 * e * T * h)
+    residuals = 2.0 * r * T * h / sp_div
+    gated = m.gated_mlp
+    # The down projection's output and its reduce-scatter's (SP) are freed only after its
+    # backward: still held at the down moment (traced debug-tp4), gone by the activation's.
+    down_still = e * T * np.where(down_kept, h, 0.0) + np.where(sp, e * T * h / tp, 0.0)
+    down_moment = (
+        (3.0 if gated else 1.0) * e * T * f_r + np.where(sp, 2.0 * e * T * h, 0.0) + down_still
+    )
+    act_moment = (5.0 if gated else 3.0) * e * T * f_r
+    held = qkv_copies + norm_outputs + residuals + np.maximum(down_moment, act_moment)
+    return top_saved - freed + held
+
+
 def checkpointed_layers(policy, *, num_layers, every) -> np.ndarray:
     """Blocks of the stage that are checkpointed whole: all (full), every `every`-th
     (selective-layer: floor(L / every)), none otherwise.

@@ -10,7 +10,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ._collectives import ring_time_s
-from ._frameworks import LOSS_PARALLEL, TP_EMBEDDING_GRAD_REPLICATED, TP_NORMS_PLAIN_TENSORS
+from ._frameworks import (
+    LOSS_PARALLEL,
+    TP_EMBEDDING_GRAD_REPLICATED,
+    TP_NORMS_PLAIN_TENSORS,
+    TP_SEQUENCE_PARALLEL,
+)
 from ._model import ModelSpec, ParamTensor
 from ._time_params import TimeParams
 
@@ -43,6 +48,17 @@ def local_dim0(p: ParamTensor, tp) -> np.ndarray:
     if p.tp_split in ("col", "vocab"):
         return np.ceil(dim0 / tp)
     return dim0 * np.ones_like(np.asarray(tp, dtype=np.float64))
+
+
+def sequence_parallel_on(sequence_parallel, tp, fw) -> np.ndarray:
+    """Whether rows run sequence parallelism: tensor parallelism (tp > 1) with
+    `--sequence-parallel`, or under a framework whose TP is sequence-parallel by default
+    (FrameworkSpec.tp_sequence_parallel: torchtitan). The one definition the numpy, scalar and
+    compiled paths and the step-time model read.
+    Ignores: turning a framework's default off (torchtitan's
+    --parallelism.no-enable-sequence-parallel has no flag here; its TOML reader says so)."""
+    on = np.asarray(sequence_parallel, dtype=bool) | TP_SEQUENCE_PARALLEL[np.asarray(fw)]
+    return on & (np.asarray(tp) > 1)
 
 
 def sequence_parallel_divisor(sp, tp) -> np.ndarray:

@@ -45,7 +45,7 @@ from ._pipeline import bubble_fraction as bubble_fraction  # re-exported (engine
 from ._pipeline import bubble_time_s, p2p_time_s
 from ._precision import COMPUTE_BYTES, IS_AMP, PARAM_BYTES, autocast_traffic_bytes_per_weight
 from ._recompute import recompute_flop_factors
-from ._tensor_parallel import tp_exposed_s
+from ._tensor_parallel import sequence_parallel_on, tp_exposed_s
 from ._time_params import TimeParams
 
 NF4_BYTES = 0.5
@@ -269,7 +269,7 @@ def step_shape(m: ModelSpec, g: Grid) -> StepShape:
         zero=g["zero"],
         offload=g["offload"].astype(int),
         eager=g["attention"].astype(int) != FLASH,
-        sp=g["sequence_parallel"] & (g["tp"] > 1),
+        sp=sequence_parallel_on(g["sequence_parallel"], g["tp"], g["framework"]),
         lora=lora,
         qlora=g["qlora"] & lora,
         full=full,

@@ -162,9 +162,17 @@ class GpuProfile:
 
 def _violations(p: GpuProfile) -> list[str]:
     """Every rule `p` breaks, one message per rule, each naming its field."""
-    errors: list[str] = []
     # Types first: later rules compare values and would raise TypeError on bad types.
-    bad_type = set()
+    errors, bad_type = _type_violations(p)
+    errors += _optional_violations(p)
+    errors += _value_violations(p, bad_type)
+    return errors
+
+
+def _type_violations(p: GpuProfile) -> tuple[list[str], set[str]]:
+    """The type rules `p` breaks, and the fields of wrong type (their value rules are skipped)."""
+    errors: list[str] = []
+    bad_type: set[str] = set()
     for field in _STR_FIELDS:
         if not isinstance(getattr(p, field), str):
             errors.append(f"{field} must be a string")
@@ -184,6 +192,12 @@ def _violations(p: GpuProfile) -> list[str]:
         bad_type.add("sources")
     if not isinstance(p.path, str):
         errors.append("path must be a string")
+    return errors, bad_type
+
+
+def _optional_violations(p: GpuProfile) -> list[str]:
+    """The rules of the fields a profile may leave out (None: unknown or the default)."""
+    errors: list[str] = []
     host = p.host_memory_bytes
     if host is not None and (isinstance(host, bool) or not isinstance(host, int) or host < 1):
         errors.append("host_memory_bytes must be an integer >= 1 (or left out: unknown)")
@@ -198,6 +212,12 @@ def _violations(p: GpuProfile) -> list[str]:
             "cuda_context_bytes must be an integer >= 1 and < memory_bytes "
             "(or left out: the architecture's default)"
         )
+    return errors
+
+
+def _value_violations(p: GpuProfile, bad_type: set[str]) -> list[str]:
+    """The value rules `p` breaks, judging only fields of the right type (not in `bad_type`)."""
+    errors: list[str] = []
 
     def ok(*fields: str) -> bool:
         return not bad_type.intersection(fields)

@@ -44,6 +44,7 @@ from trainmem.report import (
 )
 from trainmem.sweep import (
     SEARCH_DEFAULTS,
+    SearchResult,
     extra_fields,
     parse_objectives,
     run_exhaustive,
@@ -173,12 +174,21 @@ def recommend_report(
     scope = dict(locals())  # the arguments (the first statement)
     args = {k: v for k, v in scope.items() if k not in ("training", "fields")}
     job = training_config(training, fields, defaults=RECOMMEND_TRAINING)
-    seq_len, global_batch_size = job["seq_len"], job["global_batch_size"]
-    optimizer = job["optimizer"]
-    fields = {**args, **job}
-    space = job_space(**fields)
-    spec, pools, framework = space.model, space.fleet, space.fixed["framework"]
+    space = job_space(**{**args, **job})
     objectives = parse_objectives(objective)
+    result, rows, plans = _search(space, objectives, num_alternatives)
+    context = _context(args, job, space, objectives)
+    for plan in plans:
+        _complete_plan(plan, args, job, space)
+    return _answer(context, result, rows, plans)
+
+
+def _search(
+    space: Space, objectives: tuple[str, ...], num_alternatives: int
+) -> tuple[SearchResult, list[dict[str, Any]], list[dict[str, Any]]]:
+    """The exhaustive search in memory, each layout's best point (LAYOUT, TIE_BREAK): the
+    result, the fitting layouts a launcher can start (whole nodes) and the plans picked from
+    them (`_pick`, evaluated once more), or the closest point when none fits."""
     result = run_exhaustive(
         space,
         out=None,
@@ -188,50 +198,82 @@ def recommend_report(
         distinct=LAYOUT,
         tie_break=TIE_BREAK,
     )
-    rows = [r for r in result.top.to_dicts() if _whole_nodes(pools, r)]
-    picked = _pick(rows, pools, num_alternatives)
+    rows = [r for r in result.top.to_dicts() if _whole_nodes(space.fleet, r)]
+    picked = _pick(rows, space.fleet, num_alternatives)
     if not picked and result.extra["closest"] is not None:
         picked = [(result.extra["closest"], "closest: does not fit")]
-    plans = _evaluate(space, picked)
-    context = {
+    return result, rows, _evaluate(space, picked)
+
+
+def _context(
+    args: Mapping[str, Any],
+    job: Mapping[str, Any],
+    space: Space,
+    objectives: tuple[str, ...],
+) -> dict[str, Any]:
+    """What every plan of the answer shares: the model and its shape, the fleet, the
+    objective, the job's framework, precision and optimizer, its sizes and the launch names."""
+    spec = space.model
+    return {
         "model": spec.name,
         "num_parameters": spec.num_parameters,
         "architecture": {
             **{k: getattr(spec, k) for k in MODEL_KEYS},
-            **rope_architecture(model, models_dir=models_dir),
+            **rope_architecture(args["model"], models_dir=args["models_dir"]),
         },
-        "fleet": fleet_text(fleet, fleet_label, pools),
+        "fleet": fleet_text(args["fleet"], args["fleet_label"], space.fleet),
         "objective": objectives[0],
-        "framework": framework,
+        "framework": space.fixed["framework"],
         "precision": space.fixed["precision"],
-        "optimizer": optimizer,
-        "seq_len": seq_len,
-        "global_batch_size": global_batch_size,
-        "headroom": headroom,
-        "launch": {"script": script, "job_name": job_name, "time_limit": time_limit},
+        "optimizer": job["optimizer"],
+        "seq_len": job["seq_len"],
+        "global_batch_size": job["global_batch_size"],
+        "headroom": args["headroom"],
+        "launch": {
+            "script": args["script"],
+            "job_name": args["job_name"],
+            "time_limit": args["time_limit"],
+        },
     }
-    for plan in plans:  # the space's fixed fields (a traced model may fix precision, attention)
-        fixed = dict(
-            framework=framework,
-            precision=space.fixed["precision"],
-            optimizer=optimizer,
-            attention=space.fixed.get("attention", DEFAULTS["attention"]),
-            recompute_every=space.fixed.get("recompute_every", DEFAULTS["recompute_every"]),
-            compile=space.fixed.get("compile", DEFAULTS["compile"]),
-            allocator=space.fixed.get("allocator", DEFAULTS["allocator"]),
-        )
-        plan.update({k: v for k, v in fixed.items() if k not in space.axes})  # axes: the plan's
-        plan["estimate_command"] = estimate_command(
-            plan,
-            model=model,
-            headroom=headroom,
-            hardware_dir=hardware_dir,
-            models_dir=models_dir,
-            optimizers_dir=optimizers_dir,
-            extra=extra_fields(job),
-            family=family,
-            host_memory_gib=host_memory_gib,
-        )
+
+
+def _complete_plan(
+    plan: dict[str, Any], args: Mapping[str, Any], job: Mapping[str, Any], space: Space
+) -> None:
+    """Add to `plan` (in place) the space's fixed fields that are not axes (a traced model may
+    fix precision, attention; an axis is the plan's own) and its `estimate_command`."""
+    fixed = dict(
+        framework=space.fixed["framework"],
+        precision=space.fixed["precision"],
+        optimizer=job["optimizer"],
+        attention=space.fixed.get("attention", DEFAULTS["attention"]),
+        recompute_every=space.fixed.get("recompute_every", DEFAULTS["recompute_every"]),
+        compile=space.fixed.get("compile", DEFAULTS["compile"]),
+        allocator=space.fixed.get("allocator", DEFAULTS["allocator"]),
+    )
+    plan.update({k: v for k, v in fixed.items() if k not in space.axes})  # axes: the plan's
+    plan["estimate_command"] = estimate_command(
+        plan,
+        model=args["model"],
+        headroom=args["headroom"],
+        hardware_dir=args["hardware_dir"],
+        models_dir=args["models_dir"],
+        optimizers_dir=args["optimizers_dir"],
+        extra=extra_fields(job),
+        family=args["family"],
+        host_memory_gib=args["host_memory_gib"],
+    )
+
+
+def _answer(
+    context: dict[str, Any],
+    result: SearchResult,
+    rows: list[dict[str, Any]],
+    plans: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The report: the best plan's CONTRACT keys first, its other keys, the context, whether
+    anything fits (and why not: the closest configuration's reason), the counts and the
+    alternatives."""
     best = plans[0] if plans else dict.fromkeys(CONTRACT)
     fits = bool(rows)
     if fits:
@@ -285,7 +327,16 @@ def space_points(**fields: Any) -> int:
 def job_space(**fields: Any) -> Space:
     """The validated space of `recommend_report(**fields)` (all its arguments), cut to what the
     framework launches."""
-    f = fields
+    f, framework = _checked_fields(fields)
+    space = _searched_space(f, framework)
+    return launchable(_launchable_counts(space, f), framework)
+
+
+def _checked_fields(fields: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """The fields checked (ValueError, one line naming the field), with the framework (None:
+    the default) and the precision it runs (the search's default one it does not run: its own
+    first one)."""
+    f = dict(fields)
     framework = f["framework"] or DEFAULT_FRAMEWORK["json"]
     choice("framework", framework, FRAMEWORKS)
     choice("precision", f["precision"], PRECISIONS)
@@ -311,8 +362,13 @@ def job_space(**fields: Any) -> Space:
         )
     if f["script"] is not None and not f["script"].strip():
         raise ValueError("script: must not be empty")
+    return f, framework
+
+
+def _searched_space(f: Mapping[str, Any], framework: str) -> Space:
+    """The sweep's space of the checked fields `f` (make_space) on their fleet."""
     gpus = load_gpus(f["hardware_dir"])
-    space = make_space(
+    return make_space(
         load_model(f["model"], models_dir=f["models_dir"], family=f["family"]),
         parse_fleet(f["fleet"], gpus),
         gpus,
@@ -332,7 +388,11 @@ def job_space(**fields: Any) -> Space:
         use_all_gpus=f["use_all_gpus"],
         max_step_time_s=f["max_step_time_s"],
     )
-    # GPU counts a launcher can start: within one node, or whole nodes of some pool.
+
+
+def _launchable_counts(space: Space, f: Mapping[str, Any]) -> Space:
+    """`space` with the GPU counts a launcher can start: within one node, or whole nodes of
+    some pool; ValueError when none is left."""
     counts = tuple(
         c
         for c in space.axes["num_gpus"]
@@ -347,9 +407,7 @@ def job_space(**fields: Any) -> Space:
             f"{fleet_text(f['fleet'], f['fleet_label'], space.fleet)} (within one node, or whole "
             "nodes of a pool)"
         )
-    return launchable(
-        dataclasses.replace(space, axes={**space.axes, "num_gpus": counts}), framework
-    )
+    return dataclasses.replace(space, axes={**space.axes, "num_gpus": counts})
 
 
 def fleet_text(fleet: FleetSource, label: str | None, pools: Fleet) -> str:

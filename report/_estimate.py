@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -201,68 +202,157 @@ def estimate_report(
     The job is `training` (a TrainingConfig or a mapping of its fields) updated by keyword
     training fields; every option is ESTIMATE_OPTIONS' (report/_options.py).
     """
-    values = training_config(training, fields)
+    job = _EstimateJob(**locals())  # every parameter, first: the steps below take the job
+    inputs = _estimate_inputs(job)
+    check_layout(inputs.spec, inputs.grid)
+    profile = inputs.profile
+    ov = overheads_for(profile.arch, cuda_context_bytes=profile.cuda_context_bytes)
+    ov = ov.with_overrides(key_numbers("--overhead", overhead or [], Overheads.names()))
+    report, out = _memory_report(job, inputs, ov)
+    report["time"], time_params = _time_report(job, inputs)
+    report["pp_stage"] = int(out["pp_stage"][0])
+    report.update(_advice(job, inputs, out, ov, time_params))
+    if per_stage:
+        report["stages"] = _stage_reports(job, inputs, ov)
+    return report
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _EstimateJob:
+    """The arguments of one `estimate_report` call, so that its steps take one value (built
+    from the call's locals: a parameter added there and not here is a TypeError on the first
+    call)."""
+
+    training: TrainingConfig | Mapping[str, Any] | None
+    model: str
+    gpu: str
+    headroom: float
+    hardware_dir: str | None
+    models_dir: str | None
+    optimizers_dir: str | None
+    overhead: list[str] | None
+    per_stage: bool
+    tokens: float | None
+    time_param: list[str] | None
+    profile_file: str | None
+    host_memory_gib: float | None
+    family: str | None
+    fields: dict[str, Any]
+
+
+class _EstimateInputs(NamedTuple):
+    """The checked job: its model, GPU, the training configuration's grid columns (`config`,
+    what the report shows) and with a user optimizer's columns (`grid_config`, what the engine
+    reads), its one-row grid, the optimizer's name and the pipeline degree."""
+
+    spec: ModelSpec
+    profile: GpuProfile
+    config: dict[str, Any]
+    grid_config: dict[str, Any]
+    grid: dict[str, np.ndarray]
+    optimizer: str
+    pp: int
+
+
+def _estimate_inputs(job: _EstimateJob) -> _EstimateInputs:
+    """The training fields checked, the model and GPU read, a traced profile's choices applied
+    (`traced_choices`), and the one-row grid built: bad input fails before any estimate."""
+    values = training_config(job.training, job.fields)
     check_choices({"precision": values["precision"]})
     optimizer = values["optimizer"]
-    optimizer_fields = optimizer_columns(optimizer, optimizers_dir)
+    optimizer_fields = optimizer_columns(optimizer, job.optimizers_dir)
     config_ = TrainingConfig.from_fields(values)
-    check_headroom(headroom)
-    spec = model_spec(model, models_dir=models_dir, profile_file=profile_file, family=family)
+    check_headroom(job.headroom)
+    spec = model_spec(
+        job.model, models_dir=job.models_dir, profile_file=job.profile_file, family=job.family
+    )
     precision, recompute, attention = traced_choices(
         spec, config_.precision, config_.recompute, config_.attention
     )
     config_ = config_.replace(precision=precision, recompute=recompute, attention=attention)
-    pp = config_.pp
-    profile = get_gpu(gpu, hardware_dir)
+    profile = get_gpu(job.gpu, job.hardware_dir)
     config: dict[str, Any] = config_.grid_columns()
     grid_config = {**config, **optimizer_fields}  # a user optimizer as engine columns
     grid = make_grid(grid_config)
-    check_layout(spec, grid)
-    ov = overheads_for(profile.arch, cuda_context_bytes=profile.cuda_context_bytes)
-    ov = ov.with_overrides(key_numbers("--overhead", overhead or [], Overheads.names()))
+    return _EstimateInputs(spec, profile, config, grid_config, grid, optimizer, config_.pp)
+
+
+def _memory_report(
+    job: _EstimateJob, inputs: _EstimateInputs, ov: Overheads
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The per-device breakdown and peaks (the single-configuration path, `estimate_one`), with
+    the node's host RAM: the report (its `fits` the GPU's and the host's) and estimate()'s
+    one-row columns."""
+    spec, profile = inputs.spec, inputs.profile
     out = _one_row(
         estimate_one(
-            spec, grid_config, usable_bytes=profile.usable_bytes, headroom=headroom, overheads=ov
+            spec,
+            inputs.grid_config,
+            usable_bytes=profile.usable_bytes,
+            headroom=job.headroom,
+            overheads=ov,
         )
     )
-    report = row_report(spec, out, gpu=profile, config=config, headroom=headroom)
+    report = row_report(spec, out, gpu=profile, config=inputs.config, headroom=job.headroom)
     host_need = max(out["host_bytes"][0], out["load_host_bytes"][0])
-    report.update(host_fit(host_need, config["num_gpus"], profile, host_memory_gib))
+    report.update(host_fit(host_need, inputs.config["num_gpus"], profile, job.host_memory_gib))
     report["fits"] = report["fits"] and report["host_fits"]
+    return report, out
+
+
+def _time_report(job: _EstimateJob, inputs: _EstimateInputs) -> tuple[dict[str, Any], TimeParams]:
+    """The step time and cost (`--tokens`: of that many tokens), and the time parameters with
+    the `--time-param` overrides (the advice's time uses them too)."""
+    tokens = job.tokens
     if tokens is not None and not (tokens > 0 and np.isfinite(tokens)):
         raise ValueError(f"tokens: must be a number > 0, got {tokens}")
     time_params = TimeParams().with_overrides(
-        key_numbers("--time-param", time_param or [], TimeParams.names())
+        key_numbers("--time-param", job.time_param or [], TimeParams.names())
     )
-    timing = estimate_time(spec, grid, **time_inputs(profile), tokens=tokens, params=time_params)
-    report["time"] = time_report(timing, price_per_gpu_hour_usd=profile.price_per_hour_usd)
-    report["pp_stage"] = int(out["pp_stage"][0])
-    report.update(
-        advice_report(
-            spec,
-            grid_config,
-            profile=profile,
-            out=out,
-            headroom=headroom,
-            overheads=ov,
-            overhead_overrides=key_numbers("--overhead", overhead or [], Overheads.names()),
-            time_params=time_params,
-            hardware_dir=hardware_dir,
-            optimizer_name=optimizer,
-        )
+    profile = inputs.profile
+    timing = estimate_time(
+        inputs.spec, inputs.grid, **time_inputs(profile), tokens=tokens, params=time_params
     )
-    if per_stage:
-        stages = make_grid({k: [v] * pp for k, v in grid_config.items()})
-        by_stage = estimate(
-            spec,
-            stages,
-            usable_bytes=profile.usable_bytes,
-            headroom=headroom,
-            overheads=ov,
-            pp_stage=np.arange(pp),
-        )
-        report["stages"] = [stage_summary(by_stage, row=k) for k in range(pp)]
-    return report
+    return time_report(timing, price_per_gpu_hour_usd=profile.price_per_hour_usd), time_params
+
+
+def _advice(
+    job: _EstimateJob,
+    inputs: _EstimateInputs,
+    out: dict[str, np.ndarray],
+    ov: Overheads,
+    time_params: TimeParams,
+) -> dict[str, Any]:
+    """The advice keys (`advice_report`): what to change when the job does not fit."""
+    return advice_report(
+        inputs.spec,
+        inputs.grid_config,
+        profile=inputs.profile,
+        out=out,
+        headroom=job.headroom,
+        overheads=ov,
+        overhead_overrides=key_numbers("--overhead", job.overhead or [], Overheads.names()),
+        time_params=time_params,
+        hardware_dir=job.hardware_dir,
+        optimizer_name=inputs.optimizer,
+    )
+
+
+def _stage_reports(
+    job: _EstimateJob, inputs: _EstimateInputs, ov: Overheads
+) -> list[dict[str, Any]]:
+    """`--per-stage`: each pipeline stage's summary, from one estimate of pp rows."""
+    pp = inputs.pp
+    stages = make_grid({k: [v] * pp for k, v in inputs.grid_config.items()})
+    by_stage = estimate(
+        inputs.spec,
+        stages,
+        usable_bytes=inputs.profile.usable_bytes,
+        headroom=job.headroom,
+        overheads=ov,
+        pp_stage=np.arange(pp),
+    )
+    return [stage_summary(by_stage, row=k) for k in range(pp)]
 
 
 class NodeHost(NamedTuple):

@@ -72,6 +72,7 @@ def row_report(
         "details": {k: _int(_at(out, k, row)) for k in DETAIL_KEYS},
         "num_trainable_parameters": _trainable(model, config),
         "host_bytes": _int(_at(out, "host_bytes", row)),
+        "paged_optimizer_bytes": _int(_at(out, "paged_optimizer_bytes", row)),
         "gpu": {
             "name": gpu.name,
             "memory_bytes": gpu.memory_bytes,
@@ -239,6 +240,18 @@ def load_lines(report: dict[str, Any]) -> list[str]:
     ]
 
 
+def paged_lines(report: dict[str, Any]) -> list[str]:
+    """The paged optimizer's line: state bytes in CUDA unified memory, which torch's allocator
+    does not see and which page out to host RAM rather than run the GPU out of memory."""
+    paged = report.get("paged_optimizer_bytes", 0)
+    if not paged:
+        return []
+    return [
+        f"  paged optimizer states: {paged / GIB:.2f} GiB in unified memory, outside torch's "
+        "allocator (paged to host RAM under pressure: counted on the host)"
+    ]
+
+
 def host_lines(report: dict[str, Any]) -> list[str]:
     """The node's host RAM line, when the job keeps anything in host memory (CPU offload) or
     the node's RAM does not hold it (the step's or the load's, whichever needs more)."""
@@ -248,6 +261,8 @@ def host_lines(report: dict[str, Any]) -> list[str]:
     load_host = report.get("load", {}).get("host_bytes_per_rank", 0)
     per_rank = max(report["host_bytes"], load_host)
     what = "CPU offload" if report["host_bytes"] >= load_host else "model load"
+    if what == "CPU offload" and report["host_bytes"] == report.get("paged_optimizer_bytes"):
+        what = "paged optimizer states"
     limit = report.get("host_memory_per_node_bytes")
     of = "no host RAM known" if limit is None else f"of {limit / GIB:,.0f} GiB"
     verdict = "fits" if report.get("host_fits", True) else "DOES NOT FIT the node"
@@ -292,7 +307,7 @@ def human_table(report: dict[str, Any]) -> str:
             f"device {s['peak_device_bytes'] / GIB:.2f} GiB, activations "
             f"{s['activations'] / GIB:.2f} GiB, peak in {s['peak_phase']}"
         )
-    lines += load_lines(report)
+    lines += load_lines(report) + paged_lines(report)
     usable = report["gpu"]["usable_bytes"]
     gpu_fits = report["headroom_bytes"] >= 0
     verdict = "FITS" if gpu_fits else "DOES NOT FIT"

@@ -160,20 +160,38 @@ def _draw(
     title: str,
     subtitle: str,
 ) -> None:
-    """Draw the heatmap, its boundary, labels and colour bar on `fig`."""
-    from matplotlib import patheffects
-    from matplotlib.collections import LineCollection
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
+    """Draw the heatmap, its boundary, labels and colour bar on `fig`.
 
-    peak, fits, valid, present = m["peak_gib"], m["fits"], m["valid"], m["present"]
-    ny, nx = peak.shape
+    The parts are drawn in this order (cells, axes, boundary, cell labels, colour bar, titles,
+    legend): the order decides what lies on top, so the same cells give the same bytes."""
+    from matplotlib import patheffects
+
+    peak = m["peak_gib"]
     finite = peak[np.isfinite(peak)]
     vmin = min(float(finite.min()) if finite.size else limit_gib, limit_gib) * 0.9
     vmax = max(float(finite.max()) if finite.size else limit_gib, limit_gib) * 1.1
     cmap, norm = _colormap(), _norm(vmin, limit_gib, vmax)
 
     ax = fig.add_subplot()
+    image = _draw_cells(ax, m, cmap=cmap, norm=norm)
+    _draw_axes(ax, x_values=x_values, y_values=y_values, x_label=x_label, y_label=y_label)
+    outline = [patheffects.withStroke(linewidth=6, foreground="white")]
+    _draw_boundary(ax, m, outline=outline)
+    ny, nx = peak.shape
+    if max(nx, ny) <= MAX_ANNOTATED_CELLS:
+        _annotate(ax, m, cmap=cmap, norm=norm, size=_font_size(nx, ny))
+    _draw_colour_bar(fig, ax, image, norm=norm, vmin=vmin, vmax=vmax, limit_gib=limit_gib)
+
+    fig.suptitle(title, fontsize=15, fontweight="bold")
+    lines = [textwrap.fill(line, 150) for line in subtitle.splitlines()]
+    ax.set_title("\n".join(lines), fontsize=10.5, color="#333333")
+    _draw_legend(fig, m, cmap=cmap, limit_label=limit_label, outline=outline)
+
+
+def _draw_cells(ax: Any, m: dict[str, np.ndarray], *, cmap: Any, norm: Any) -> Any:
+    """The coloured cells (NaN peaks left blank) and hatched invalid ones; returns the image
+    the colour bar reads."""
+    peak, valid, present = m["peak_gib"], m["valid"], m["present"]
     ax.set_facecolor("white")
     image = ax.imshow(
         np.ma.masked_invalid(peak),
@@ -185,6 +203,14 @@ def _draw(
     )
     for i, j in zip(*np.nonzero(present & ~valid), strict=True):
         ax.add_patch(_invalid_patch(j, i))
+    return image
+
+
+def _draw_axes(
+    ax: Any, *, x_values: Sequence[Any], y_values: Sequence[Any], x_label: str, y_label: str
+) -> None:
+    """Ticks at the cell centres, white lines between cells, the axis labels, no frame."""
+    nx, ny = len(x_values), len(y_values)
     ax.set_xticks(range(nx), [_tick_text(v) for v in x_values])
     ax.set_yticks(range(ny), [_tick_text(v) for v in y_values])
     ax.set_xticks(np.arange(nx + 1) - 0.5, minor=True)
@@ -198,8 +224,12 @@ def _draw(
     for side in ax.spines.values():
         side.set_visible(False)
 
-    segments = boundary_segments(fits, valid)
-    outline = [patheffects.withStroke(linewidth=6, foreground="white")]
+
+def _draw_boundary(ax: Any, m: dict[str, np.ndarray], *, outline: list[Any]) -> None:
+    """The black step line (white-outlined) between the cells that fit and those that do not."""
+    from matplotlib.collections import LineCollection
+
+    segments = boundary_segments(m["fits"], m["valid"])
     line = LineCollection(
         segments,
         colors="black",
@@ -209,9 +239,13 @@ def _draw(
         zorder=4,
     )
     ax.add_collection(line)
-    if max(nx, ny) <= MAX_ANNOTATED_CELLS:
-        _annotate(ax, m, cmap=cmap, norm=norm, size=_font_size(nx, ny))
 
+
+def _draw_colour_bar(
+    fig: Any, ax: Any, image: Any, *, norm: Any, vmin: float, vmax: float, limit_gib: float
+) -> None:
+    """The colour bar in GiB with the limit marked; ticks too close to the limit are dropped so
+    that their labels do not overlap it."""
     ticks = [t for t in _nice_ticks(vmin, vmax) if abs(float(norm(t)) - 0.5) > 0.05]
     ticks = sorted([*ticks, limit_gib])
     bar = fig.colorbar(image, ax=ax, ticks=ticks, fraction=0.05, pad=0.02)
@@ -219,9 +253,16 @@ def _draw(
     bar.ax.axhline(limit_gib, color="black", linewidth=3)
     bar.set_label("peak device memory per GPU (GiB = 2^30 bytes)", fontsize=11)
 
-    fig.suptitle(title, fontsize=15, fontweight="bold")
-    lines = [textwrap.fill(line, 150) for line in subtitle.splitlines()]
-    ax.set_title("\n".join(lines), fontsize=10.5, color="#333333")
+
+def _draw_legend(
+    fig: Any, m: dict[str, np.ndarray], *, cmap: Any, limit_label: str, outline: list[Any]
+) -> None:
+    """The legend under the plot: the limit line, fits, does not fit, and the invalid and
+    missing cells only where the picture has some."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    valid, present = m["valid"], m["present"]
     handles = [
         Line2D([], [], color="black", linewidth=3, label=limit_label, path_effects=outline),
         Patch(facecolor=cmap(0.35), label="fits"),
@@ -314,6 +355,19 @@ def _save_atomic(fig: Any, path: Path, fmt: str, dpi: float) -> None:
         raise
 
 
+def _check_cells(cells: pl.DataFrame, *, x: str, y: str, limit_gib: float) -> None:
+    """ValueError before anything is drawn: missing columns, no cells, or a limit that is not a
+    positive number of GiB."""
+    needed = {x, y, "peak_gib", "fits", "valid"}
+    missing = sorted(needed - set(cells.columns))
+    if missing:
+        raise ValueError(f"heatmap: cells lack column(s) {', '.join(missing)}")
+    if cells.height == 0:
+        raise ValueError("heatmap: no cells to draw")
+    if not (math.isfinite(limit_gib) and limit_gib > 0):
+        raise ValueError(f"heatmap: the limit must be a positive number of GiB, got {limit_gib}")
+
+
 def write_heatmap(
     cells: pl.DataFrame,
     path: str | os.PathLike[str],
@@ -344,14 +398,7 @@ def write_heatmap(
     ...               limit_gib=71.27, title="llama-3.1-8b on 8 x h100-sxm-80gb")  # doctest: +SKIP
     """
     fmt = heatmap_format(path)
-    needed = {x, y, "peak_gib", "fits", "valid"}
-    missing = sorted(needed - set(cells.columns))
-    if missing:
-        raise ValueError(f"heatmap: cells lack column(s) {', '.join(missing)}")
-    if cells.height == 0:
-        raise ValueError("heatmap: no cells to draw")
-    if not (math.isfinite(limit_gib) and limit_gib > 0):
-        raise ValueError(f"heatmap: the limit must be a positive number of GiB, got {limit_gib}")
+    _check_cells(cells, x=x, y=y, limit_gib=limit_gib)
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure

@@ -33,7 +33,7 @@ name request models built at run time.
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -215,12 +215,12 @@ def create_app(
     optimizers_dir: str | None = None,
     limits: Limits = DEFAULT_LIMITS,
 ) -> Any:
-    """The FastAPI application (ASGI): what `trainmem serve` runs under uvicorn."""
+    """The FastAPI application (ASGI): what `trainmem serve` runs under uvicorn.
+
+    The routes are added in groups (lists, estimate and fit, recommend, check), in the order
+    the OpenAPI schema lists them."""
     try:
-        from fastapi import FastAPI, Request
-        from fastapi.exceptions import RequestValidationError
-        from fastapi.responses import JSONResponse
-        from starlette.exceptions import HTTPException as StarletteHTTPException
+        from fastapi import FastAPI
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ValueError(
             f"serve: needs fastapi and uvicorn ({exc.name} missing); "
@@ -237,8 +237,6 @@ def create_app(
         "optimizers_dir": optimizers_dir,
     }
     choices = _choices(**dirs)
-    EstimateRequest = request_model("EstimateRequest", ESTIMATE_OPTIONS, choices=choices)
-    FitRequest = request_model("FitRequest", FIT_OPTIONS, choices=choices)
     run = Runner(max_concurrent=limits.max_concurrent, timeout_s=limits.timeout_s)
 
     @contextlib.asynccontextmanager
@@ -254,6 +252,21 @@ def create_app(
         description="Per-GPU training memory, fit and plans for schedulers (see README).",
     )
     app.add_middleware(Guard, max_body_bytes=limits.max_body_bytes)
+    _add_error_handlers(app)
+    _add_lists(app, choices=choices, version=version)
+    _add_estimate_fit(app, choices=choices, dirs=dirs, limits=limits, run=run)
+    _add_recommend(app, choices=choices, dirs=dirs, limits=limits, run=run)
+    _add_check(app, choices=choices, dirs=dirs, run=run)
+    return app
+
+
+def _add_error_handlers(app: Any) -> None:
+    """Every error as {"error": one line} (422 bad input, 503 busy, 500 a failed worker), never
+    echoing the input: the shape a scheduler reads whatever went wrong."""
+    from fastapi import Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> Any:
@@ -285,6 +298,12 @@ def create_app(
         logger.error("%s %s: computation failed\n%s", request.method, request.url.path, exc)
         return JSONResponse({"error": "internal error; see the server log"}, status_code=500)
 
+
+def _add_lists(
+    app: Any, *, choices: Mapping[str, tuple[str, ...]], version: Callable[[], str]
+) -> None:
+    """GET /healthz, /v1/models and /v1/gpus: cheap answers, computed in the server process."""
+
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
         """Liveness: the server answers."""
@@ -299,6 +318,20 @@ def create_app(
     def gpus() -> dict[str, list[str]]:
         """GPU profile names accepted in `gpu` (and in fleets)."""
         return {"gpus": list(choices["gpu"])}
+
+
+def _add_estimate_fit(
+    app: Any,
+    *,
+    choices: Mapping[str, tuple[str, ...]],
+    dirs: Mapping[str, str | None],
+    limits: Limits,
+    run: Runner,
+) -> None:
+    """POST /v1/estimate and /v1/fit; a fit grid over `max_grid_rows` is refused before any
+    work starts."""
+    EstimateRequest = request_model("EstimateRequest", ESTIMATE_OPTIONS, choices=choices)
+    FitRequest = request_model("FitRequest", FIT_OPTIONS, choices=choices)
 
     def estimate(body: EstimateRequest) -> dict[str, Any]:  # type: ignore[valid-type]
         """`trainmem estimate --json` for the configuration in the body."""
@@ -322,9 +355,6 @@ def create_app(
 
     app.post("/v1/estimate")(estimate)
     app.post("/v1/fit")(fit)
-    _add_recommend(app, choices=choices, dirs=dirs, limits=limits, run=run)
-    _add_check(app, choices=choices, dirs=dirs, run=run)
-    return app
 
 
 MAX_FILES = 16

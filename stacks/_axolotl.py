@@ -34,8 +34,9 @@ FOREIGN = ("model_name_or_path", "_component_", "checkpoint_dir", "finetuning_ty
 
 OPTIMIZERS = {**_hf.OPTIMIZERS, "adamw_torch_8bit": "adamw-8bit", "ao_adamw_8bit": "adamw-8bit"}
 """transformers OptimizerNames (training_args.py) and axolotl's CustomSupportedOptimizers
-(schemas/enums.py) -> trainmem; `paged_*` are counted as resident and said unmodelled; the
-torchao 8-bit AdamWs are counted as bitsandbytes' (8-bit states in blocks)."""
+(schemas/enums.py) -> trainmem; paged AdamWs as the HF reader's (bitsandbytes' paged states
+to the host), paged Lion counted as resident and said unmodelled; the torchao 8-bit AdamWs are
+counted as bitsandbytes' (8-bit states in blocks)."""
 
 PRE_QUANTISED = re.compile(r"(^|[-_./])(gptq|awq|aqlm|bnb-4bit|4bit|int4|nf4|exl2)([-_./]|$)", re.I)
 """A checkpoint name that says it is already quantised (TheBloke's -GPTQ, -AWQ, unsloth's
@@ -118,7 +119,7 @@ def optimizer(doc: Doc, reading: Reading, key: str, value: Any) -> None:
         reading.unmodelled_key(doc, key, f"optimizer {value!r} is not a built-in one")
         return
     reading.put("optimizer", mapped, doc, key)
-    if name.startswith("paged_"):
+    if name in _hf.PAGED_UNMODELLED:
         reading.unmodelled_key(doc, key, "paged optimizer states: counted as resident")
 
 

@@ -43,12 +43,16 @@ FOREIGN = ("finetuning_type", "stage", "template", "cutoff_len", "base_model", "
 OPTIMIZERS = {"adamw_torch": "adamw", "adamw_hf": "adamw", "adamw_torch_npu_fused": "adamw",
               "adamw_torch_fused": "adamw-fused", "adamw_apex_fused": "adamw-fused",
               "adamw_torch_xla": "adamw", "adamw_bnb_8bit": "adamw-8bit",
-              "adamw_8bit": "adamw-8bit", "paged_adamw_8bit": "adamw-8bit",
-              "paged_adamw_32bit": "adamw", "paged_adamw": "adamw",
+              "adamw_8bit": "adamw-8bit", "paged_adamw_8bit": "paged-adamw-8bit",
+              "paged_adamw_32bit": "paged-adamw", "paged_adamw": "paged-adamw",
               "adafactor": "adafactor", "lion_32bit": "lion", "paged_lion_32bit": "lion",
               "paged_lion": "lion", "sgd": "sgd"}  # fmt: skip
-"""transformers OptimizerNames (training_args.py) -> trainmem; paged variants are counted as
-resident (docs/techniques.md QLoRA)."""
+"""transformers OptimizerNames (training_args.py) -> trainmem; paged AdamWs are bitsandbytes'
+PagedAdamW / PagedAdamW8bit (trainer.py get_optimizer_cls_and_kwargs: `is_paged`), whose
+states page to the host (engine/_optimizers.py paged_state_bytes); paged Lion is counted as a
+resident Lion and said unmodelled (PAGED_UNMODELLED)."""
+PAGED_UNMODELLED = ("paged_lion_32bit", "paged_lion", "paged_lion_8bit")
+"""Paged optimizers trainmem has no paged built-in for."""
 PRECISION_DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16",
                     "half": "fp16", "float32": "fp32", "fp32": "fp32", "float": "fp32"}  # fmt: skip
 FSDP_WORDS = ("full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2", "no_shard",
@@ -276,7 +280,7 @@ def _optimizer(data: Mapping[str, Any], doc: Doc, reading: Reading) -> None:
     if name == "sgd" and "momentum" in str(data.get("optim_args", "")):
         value = "sgd-momentum"
     reading.put("optimizer", value, doc, key)
-    if name.startswith("paged_"):
+    if name in PAGED_UNMODELLED:
         reading.unmodelled_key(doc, key, "paged optimizer states: counted as resident")
 
 

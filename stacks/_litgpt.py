@@ -50,7 +50,9 @@ OPTIMIZERS = {
     "adam": "adamw",
     "sgd": "sgd",
     "adamw8bit": "adamw-8bit",
-    "pagedadamw8bit": "adamw-8bit",
+    "pagedadamw8bit": "paged-adamw-8bit",
+    "pagedadamw": "paged-adamw",
+    "pagedadamw32bit": "paged-adamw",
     "adam8bit": "adamw-8bit",
     "lion": "lion",
     "adafactor": "adafactor",
@@ -166,11 +168,9 @@ def _quantize(doc: Doc, reading: Reading, kind: str, gpus: int | None) -> bool:
             f"{doc.name}: quantize: LitGPT {VERSION} quantizes on one device only "
             f"(finetune/lora.py setup raises NotImplementedError), got {gpus} GPUs"
         )
-    why = [
-        "bitsandbytes PagedAdamW replaces the optimizer (finetune/lora.py "
-        "instantiate_bnb_optimizer): its fp32 paged states are counted as AdamW's in the "
-        "adapters' dtype"
-    ]
+    # bitsandbytes' PagedAdamW replacing the optimizer is modelled (finetune/lora.py
+    # instantiate_bnb_optimizer: FrameworkSpec.qlora_paged_optimizer, recipe_optimizer).
+    why: list[str] = []
     if text == "bnb.int8-training":
         why.insert(0, "8-bit base weights are not modelled (counted in the model's dtype)")
     else:
@@ -179,7 +179,8 @@ def _quantize(doc: Doc, reading: Reading, kind: str, gpus: int | None) -> bool:
             why.insert(0, "FP4 counted as NF4 (the same 4-bit storage)")
         if text.endswith("-dq"):
             why.insert(0, "double quantisation counted as bnb.nf4's fp32 absmax per 64 weights")
-    reading.unmodelled_key(doc, "quantize", "; ".join(why))
+    if why:
+        reading.unmodelled_key(doc, "quantize", "; ".join(why))
     return True
 
 
@@ -282,7 +283,7 @@ def _optimizer(doc: Doc, reading: Reading, quantized: bool) -> None:
                 f"{doc.name}: {key}: LitGPT {VERSION} quantization supports AdamW only, got "
                 f"{path!r}"
             )
-        reading.put("optimizer", "adamw", doc, key)  # PagedAdamW (said under quantize)
+        reading.put("optimizer", "adamw", doc, key)  # PagedAdamW: engine recipe_optimizer
         return
     args = (value.get("init_args") or {}) if isinstance(value, Mapping) else {}
     if not isinstance(args, Mapping):

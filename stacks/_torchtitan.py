@@ -465,6 +465,12 @@ class Job:
             sp = self.value(sp_key)
             on = True if sp is None else as_bool(self.doc, self.keyname(sp_key), sp)
             self.set("sequence_parallel", on, (sp_key,), "(TP plans shard norms: SequenceParallel)")
+            if not on:  # engine/_tensor_parallel.py sequence_parallel_on: torchtitan's TP is SP
+                self.reading.unmodelled_key(
+                    self.doc,
+                    self.keyname(sp_key),
+                    "TP without sequence parallelism: trainmem counts torchtitan's default (SP on)",
+                )
         offload = self.value("training.enable_cpu_offload")
         if offload is not None and as_bool(
             self.doc, self.keyname("training.enable_cpu_offload"), offload

@@ -6,13 +6,16 @@ Bad input raises ValueError (one line naming the field).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from trainmem.catalog import optimizer_columns
 from trainmem.engine import (
     DEFAULTS,
+    ModelSpec,
+    Overheads,
     TimeParams,
     TrainingConfig,
     estimate,
@@ -22,7 +25,7 @@ from trainmem.engine import (
     reason_text,
     time_inputs,
 )
-from trainmem.hardware import get_gpu
+from trainmem.hardware import GpuProfile, get_gpu
 from trainmem.report import (
     AS_JSON,
     CHECK,
@@ -50,6 +53,7 @@ from trainmem.report import (
     training_config,
     training_options,
 )
+from trainmem.report._estimate import NodeHost
 
 MINIMIZE_OPTIONS = (
     Option(
@@ -115,93 +119,190 @@ def fit_report(
     The job is `training` updated by keyword training fields (as `estimate_report`); the
     searched field (micro_batch_size or num_gpus) is replaced by the candidates.
     """
-    values = training_config(training, fields)
+    job = _FitJob(**locals())  # every parameter, first: the steps below take the job
+    inputs = _fit_inputs(job)
+    scan = _scan(job, inputs)
+    report = _chosen_report(job, inputs, scan)
+    result = _fit_result(job.key, scan, report)
+    out, row = scan.out, scan.row
+    if not len(scan.fitting) and out["reason"][row] == 0 and not out["fits"][row]:
+        result.update(_closest(job, inputs, scan, report))
+    return jsonable(result)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _FitJob:
+    """The arguments of one `fit_report` call, so that its steps take one value (built from
+    the call's locals: a parameter added there and not here is a TypeError on the first call)."""
+
+    training: TrainingConfig | Mapping[str, Any] | None
+    model: str
+    gpu: str
+    headroom: float
+    host_memory_gib: float | None
+    hardware_dir: str | None
+    minimize: str
+    max_micro_batch_size: int
+    max_num_gpus: int
+    models_dir: str | None
+    optimizers_dir: str | None
+    profile_file: str | None
+    family: str | None
+    fields: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        """The grid field searched: micro_batch_size or num_gpus."""
+        return "micro_batch_size" if self.minimize == "micro-batch-size" else "num_gpus"
+
+
+class _FitInputs(NamedTuple):
+    """The checked job: its model, GPU, training configuration (a traced profile's choices
+    applied) and the grid's columns of it (a user optimizer as its columns)."""
+
+    spec: ModelSpec
+    profile: GpuProfile
+    training: TrainingConfig
+    config: dict[str, Any]
+    optimizer: str
+
+
+def _fit_inputs(job: _FitJob) -> _FitInputs:
+    """Every option checked, then the model and GPU read: bad input fails before any estimate."""
+    values = training_config(job.training, job.fields)
     optimizer = values["optimizer"]
-    optimizer_fields = optimizer_columns(optimizer, optimizers_dir)
+    optimizer_fields = optimizer_columns(optimizer, job.optimizers_dir)
     config_ = TrainingConfig.from_fields(values)
-    choice("minimize", minimize, MINIMIZE)
-    check_headroom(headroom)
+    choice("minimize", job.minimize, MINIMIZE)
+    check_headroom(job.headroom)
     check_options(
         (*MINIMIZE_OPTIONS, HOST_MEMORY_GIB),
         {
-            "max_micro_batch_size": max_micro_batch_size,
-            "max_num_gpus": max_num_gpus,
-            "host_memory_gib": host_memory_gib,
+            "max_micro_batch_size": job.max_micro_batch_size,
+            "max_num_gpus": job.max_num_gpus,
+            "host_memory_gib": job.host_memory_gib,
         },
     )
-    spec = model_spec(model, models_dir=models_dir, profile_file=profile_file, family=family)
+    spec = model_spec(
+        job.model, models_dir=job.models_dir, profile_file=job.profile_file, family=job.family
+    )
     precision, recompute, attention = traced_choices(
         spec, config_.precision, config_.recompute, config_.attention
     )
     config_ = config_.replace(precision=precision, recompute=recompute, attention=attention)
-    tp, pp, cp = config_.tp, config_.pp, config_.cp
-    profile = get_gpu(gpu, hardware_dir)
+    profile = get_gpu(job.gpu, job.hardware_dir)
     config: dict[str, Any] = config_.grid_columns()
     config.update(optimizer_fields)
-    key = "micro_batch_size" if minimize == "micro-batch-size" else "num_gpus"
-    if key == "micro_batch_size":
-        candidates = np.arange(1, max_micro_batch_size + 1)
-    else:
-        step = max(tp * pp * cp, 1)
-        candidates = np.arange(step, max(max_num_gpus, step) + 1, step)
-    grid = make_grid({**config, key: candidates})
+    return _FitInputs(spec, profile, config_, config, optimizer)
+
+
+class _Scan(NamedTuple):
+    """The candidates' estimate and the row the answer reads."""
+
+    candidates: np.ndarray
+    out: dict[str, np.ndarray]
+    overheads: Overheads
+    host: NodeHost
+    fitting: np.ndarray
+    """Rows that fit their GPUs and their node's host RAM."""
+    row: int
+    chosen: dict[str, Any]
+    """The job's grid columns with the row's candidate."""
+
+
+def _candidates(job: _FitJob, training: TrainingConfig) -> np.ndarray:
+    """Micro-batches 1..max, or GPU counts in steps of one model replica (tp x pp x cp)."""
+    if job.key == "micro_batch_size":
+        return np.arange(1, job.max_micro_batch_size + 1)
+    step = max(training.tp * training.pp * training.cp, 1)
+    return np.arange(step, max(job.max_num_gpus, step) + 1, step)
+
+
+def _scan(job: _FitJob, inputs: _FitInputs) -> _Scan:
+    """Every candidate in one vectorized estimate; the row: the largest micro-batch (fewest
+    GPUs) that fits, else (nothing fits) the valid candidate with the most headroom."""
+    profile, key = inputs.profile, job.key
+    candidates = _candidates(job, inputs.training)
+    grid = make_grid({**inputs.config, key: candidates})
     ov = overheads_for(profile.arch, cuda_context_bytes=profile.cuda_context_bytes)
-    out = estimate(spec, grid, usable_bytes=profile.usable_bytes, headroom=headroom, overheads=ov)
-    host_limit, ranks, node_need, host_fits = node_host(
+    out = estimate(
+        inputs.spec, grid, usable_bytes=profile.usable_bytes, headroom=job.headroom, overheads=ov
+    )
+    host = node_host(
         np.maximum(out["host_bytes"], out["load_host_bytes"]),
         grid["num_gpus"],
         profile,
-        host_memory_gib,
+        job.host_memory_gib,
     )
-    fitting = np.flatnonzero(out["fits"] & host_fits)
+    fitting = np.flatnonzero(out["fits"] & host.fits)
     if len(fitting):
         row = int(fitting[-1] if key == "micro_batch_size" else fitting[0])
     else:  # nothing fits: report the closest candidate (most headroom) and why
         valid = np.flatnonzero(out["reason"] == 0)
         row = int(valid[np.argmax(out["headroom_bytes"][valid])]) if len(valid) else 0
-    chosen = {**config, key: int(candidates[row])}
+    chosen = {**inputs.config, key: int(candidates[row])}
+    return _Scan(candidates, out, ov, host, fitting, row, chosen)
+
+
+def _row_of(out: Mapping[str, Any], row: int) -> dict[str, np.ndarray]:
+    """One row of estimate()'s columns, as one-row columns (what the reports read)."""
+    return {k: np.asarray(v)[row : row + 1] for k, v in out.items()}
+
+
+def _chosen_report(job: _FitJob, inputs: _FitInputs, scan: _Scan) -> dict[str, Any]:
+    """The chosen candidate's estimate report, with its step time and cost."""
+    profile = inputs.profile
     report = row_report(
-        spec,
-        {k: np.asarray(v)[row : row + 1] for k, v in out.items()},
+        inputs.spec,
+        _row_of(scan.out, scan.row),
         gpu=profile,
-        config=chosen,
-        headroom=headroom,
+        config=scan.chosen,
+        headroom=job.headroom,
     )
-    one = make_grid(chosen)
-    timing = estimate_time(spec, one, **time_inputs(profile))
+    timing = estimate_time(inputs.spec, make_grid(scan.chosen), **time_inputs(profile))
     report["time"] = time_report(timing, price_per_gpu_hour_usd=profile.price_per_hour_usd)
+    return report
+
+
+def _fit_result(key: str, scan: _Scan, report: dict[str, Any]) -> dict[str, Any]:
+    """The answer's keys: the largest micro-batch (fewest GPUs) or None, whether it fits and
+    why not, the chosen candidate's estimate and its node's host RAM."""
+    out, row, host = scan.out, scan.row, scan.host
     answer_key = "max_micro_batch_size" if key == "micro_batch_size" else "min_num_gpus"
-    answer = int(candidates[row]) if len(fitting) else None
+    answer = int(scan.candidates[row]) if len(scan.fitting) else None
     reason = reason_text(out["reason"][row])
     # The host's memory is the reason only where the GPU holds the job (step and load).
-    if not reason and not len(fitting) and out["fits"][row] and not host_fits[row]:
-        reason = host_reason(float(node_need[row]), host_limit, int(ranks[row]))
-    result = {
+    if not reason and not len(scan.fitting) and out["fits"][row] and not host.fits[row]:
+        reason = host_reason(float(host.need_bytes[row]), host.limit_bytes, int(host.ranks[row]))
+    return {
         answer_key: answer,
-        "fits": bool(len(fitting)),
-        "reason": reason or ("" if len(fitting) else "does not fit"),
+        "fits": bool(len(scan.fitting)),
+        "reason": reason or ("" if len(scan.fitting) else "does not fit"),
         "estimate": report,
-        "host_memory_per_node_bytes": host_limit,
-        "node_host_bytes": int(round(float(node_need[row]))),
-        "host_fits": bool(host_fits[row]),
+        "host_memory_per_node_bytes": host.limit_bytes,
+        "node_host_bytes": int(round(float(host.need_bytes[row]))),
+        "host_fits": bool(host.fits[row]),
     }
-    if not len(fitting) and out["reason"][row] == 0 and not out["fits"][row]:
-        # The closest candidate's peak and how far it is over the limit (usable x (1 - headroom)).
-        result["closest_peak_device_bytes"] = int(report["peak_device_bytes"])
-        result["shortfall_bytes"] = int(-report["headroom_bytes"])
-        # Nothing fits: the same advice `estimate` gives, from the closest candidate.
-        result.update(
-            advice_report(
-                spec,
-                {**DEFAULTS, **chosen},
-                profile=profile,
-                out={k: np.asarray(v)[row : row + 1] for k, v in out.items()},
-                headroom=headroom,
-                overheads=ov,
-                overhead_overrides={},
-                time_params=TimeParams(),
-                hardware_dir=hardware_dir,
-                optimizer_name=optimizer,
-            )
-        )
-    return jsonable(result)
+
+
+def _closest(
+    job: _FitJob, inputs: _FitInputs, scan: _Scan, report: dict[str, Any]
+) -> dict[str, Any]:
+    """Nothing fits: the closest candidate's peak, how far it is over the limit (usable x
+    (1 - headroom)), and the same advice `estimate` gives, from that candidate."""
+    return {
+        "closest_peak_device_bytes": int(report["peak_device_bytes"]),
+        "shortfall_bytes": int(-report["headroom_bytes"]),
+        **advice_report(
+            inputs.spec,
+            {**DEFAULTS, **scan.chosen},
+            profile=inputs.profile,
+            out=_row_of(scan.out, scan.row),
+            headroom=job.headroom,
+            overheads=scan.overheads,
+            overhead_overrides={},
+            time_params=TimeParams(),
+            hardware_dir=job.hardware_dir,
+            optimizer_name=inputs.optimizer,
+        ),
+    }

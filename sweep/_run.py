@@ -110,89 +110,11 @@ def run_sweep(
     The job's training fields: `training` updated by keyword fields, over SEARCH_DEFAULTS; a
     searched field (SWEEP_AXES) given pins its axis, None leaves it searched.
     """
-    defaults = {o.name: o.default for o in SWEEP_OPTIONS if o.name in FIELD_NAMES}
-    training = training_config(training, fields, defaults={**DEFAULTS_BY_FIELD, **defaults})
-    seq_len, global_batch_size = training["seq_len"], training["global_batch_size"]
-    precision, optimizer, framework = (training[k] for k in ("precision", "optimizer", "framework"))
-    choice("method", method, ("exhaustive", "optuna"))
-    check_store(store)
-    # precision and framework are judged once, with the other training fields, by
-    # check_options (their closed vocabularies first) and, unset (None), by the engine's grid.
-    optimizer_fields = optimizer_columns(optimizer, optimizers_dir)
-    objectives = parse_objectives(objective)
-    check_headroom(headroom)
-    counts = {
-        "trials": trials,
-        "workers": workers,
-        "jobs": jobs,
-        "max_pp": max_pp,
-        "max_cp": max_cp,
-        "max_micro_batch_size": max_micro_batch_size,
-    }
-    check_options(
-        SWEEP_OPTIONS,
-        {
-            **training,
-            **counts,
-            "headroom": headroom,
-            "host_memory_gib": host_memory_gib,
-            "min_gpus": min_gpus,
-            "max_step_time_s": max_step_time_s,
-        },
-    )
-    gpus = load_gpus(hardware_dir)
-    spec = model_spec(model, models_dir=models_dir, profile_file=profile_file, family=family)
-    if spec.profile is not None and precision not in (
-        SEARCH_DEFAULTS["precision"],
-        spec.profile.precision,
-    ):
-        raise ValueError(
-            f"precision: --profile {profile_file} was traced with {spec.profile.precision}; "
-            f"got --precision {precision}"
-        )
-    space = make_space(
-        spec,
-        parse_fleet(fleet, gpus),
-        gpus,
-        seq_len=seq_len,
-        global_batch_size=global_batch_size,
-        precision=precision,
-        optimizer=optimizer_fields,
-        framework=framework,
-        max_micro_batch_size=max_micro_batch_size,
-        max_pp=max_pp,
-        max_cp=max_cp,
-        headroom=headroom,
-        training=extra_fields(training),
-        optimizer_name=optimizer,
-        host_memory_bytes=gib_to_bytes(host_memory_gib),
-        min_gpus=min_gpus,
-        use_all_gpus=use_all_gpus,
-        max_step_time_s=max_step_time_s,
-    )
-    study = study_name or _default_study(
-        spec.name,
-        fleet,
-        seq_len,
-        global_batch_size,
-        method + _constraints_text(min_gpus, use_all_gpus, max_step_time_s),
-    )
-    result = _search(
-        space,
-        method=method,
-        out=out,
-        study=study,
-        objectives=objectives,
-        trials=trials,
-        seed=seed,
-        storage=storage,
-        workers=workers,
-        warm_start=warm_start,
-        jobs=jobs,
-        store=store,
-        progress=progress,
-        scheduler=scheduler,
-    )
+    job = _SweepJob(**locals())  # every parameter, first: the steps below take the job
+    training, optimizer_fields, objectives = _checked(job)
+    space = _job_space(job, training, optimizer_fields)
+    study = _study_name(job, space.model.name, training)
+    result = _search(space, job, study=study, objectives=objectives)
     explained = None
     if len(objectives) == 1 and len(result.best) == 1:
         explained = why(space, result.best[0], objectives)
@@ -206,54 +128,163 @@ def run_sweep(
     )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _SweepJob:
+    """The arguments of one `run_sweep` call, so that its steps take one value instead of the
+    29 options each (built from the call's locals: a parameter added there and not here is a
+    TypeError on the first call)."""
+
+    training: TrainingConfig | Mapping[str, Any] | None
+    model: str
+    fleet: str
+    method: str
+    trials: int
+    seed: int
+    objective: str
+    storage: str | None
+    study_name: str | None
+    workers: int
+    warm_start: bool
+    jobs: int
+    scheduler: str | None
+    out: str | None
+    store: str
+    max_micro_batch_size: int
+    max_pp: int
+    max_cp: int
+    host_memory_gib: float | None
+    min_gpus: int
+    use_all_gpus: bool
+    max_step_time_s: float | None
+    headroom: float
+    hardware_dir: str | None
+    models_dir: str | None
+    optimizers_dir: str | None
+    profile_file: str | None
+    family: str | None
+    progress: Progress | None
+    fields: dict[str, Any]
+
+
+def _checked(job: _SweepJob) -> tuple[dict[str, Any], dict[str, Any], tuple[str, ...]]:
+    """The job's training fields (over SWEEP_OPTIONS' defaults), its optimizer's grid columns
+    and its objectives, every option checked first: bad input fails before a file is read."""
+    defaults = {o.name: o.default for o in SWEEP_OPTIONS if o.name in FIELD_NAMES}
+    training = training_config(job.training, job.fields, defaults={**DEFAULTS_BY_FIELD, **defaults})
+    choice("method", job.method, ("exhaustive", "optuna"))
+    check_store(job.store)
+    # precision and framework are judged once, with the other training fields, by
+    # check_options (their closed vocabularies first) and, unset (None), by the engine's grid.
+    optimizer_fields = optimizer_columns(training["optimizer"], job.optimizers_dir)
+    objectives = parse_objectives(job.objective)
+    check_headroom(job.headroom)
+    counts = {
+        "trials": job.trials,
+        "workers": job.workers,
+        "jobs": job.jobs,
+        "max_pp": job.max_pp,
+        "max_cp": job.max_cp,
+        "max_micro_batch_size": job.max_micro_batch_size,
+    }
+    check_options(
+        SWEEP_OPTIONS,
+        {
+            **training,
+            **counts,
+            "headroom": job.headroom,
+            "host_memory_gib": job.host_memory_gib,
+            "min_gpus": job.min_gpus,
+            "max_step_time_s": job.max_step_time_s,
+        },
+    )
+    return training, optimizer_fields, objectives
+
+
+def _job_space(job: _SweepJob, training: dict[str, Any], optimizer_fields: dict[str, Any]) -> Space:
+    """The space of the job on its fleet (make_space); a traced profile only at the precision
+    it was traced with."""
+    gpus = load_gpus(job.hardware_dir)
+    spec = model_spec(
+        job.model, models_dir=job.models_dir, profile_file=job.profile_file, family=job.family
+    )
+    precision = training["precision"]
+    if spec.profile is not None and precision not in (
+        SEARCH_DEFAULTS["precision"],
+        spec.profile.precision,
+    ):
+        raise ValueError(
+            f"precision: --profile {job.profile_file} was traced with {spec.profile.precision}; "
+            f"got --precision {precision}"
+        )
+    return make_space(
+        spec,
+        parse_fleet(job.fleet, gpus),
+        gpus,
+        seq_len=training["seq_len"],
+        global_batch_size=training["global_batch_size"],
+        precision=precision,
+        optimizer=optimizer_fields,
+        framework=training["framework"],
+        max_micro_batch_size=job.max_micro_batch_size,
+        max_pp=job.max_pp,
+        max_cp=job.max_cp,
+        headroom=job.headroom,
+        training=extra_fields(training),
+        optimizer_name=training["optimizer"],
+        host_memory_bytes=gib_to_bytes(job.host_memory_gib),
+        min_gpus=job.min_gpus,
+        use_all_gpus=job.use_all_gpus,
+        max_step_time_s=job.max_step_time_s,
+    )
+
+
+def _study_name(job: _SweepJob, model_name: str, training: Mapping[str, Any]) -> str:
+    """`--study-name`, else the default one: model, fleet, length, batch, method and the
+    constraints set (`_constraints_text`)."""
+    return job.study_name or _default_study(
+        model_name,
+        job.fleet,
+        training["seq_len"],
+        training["global_batch_size"],
+        job.method + _constraints_text(job.min_gpus, job.use_all_gpus, job.max_step_time_s),
+    )
+
+
 def _search(
-    space: Space,
-    *,
-    method: str,
-    out: str | None,
-    study: str,
-    objectives: tuple[str, ...],
-    trials: int,
-    seed: int,
-    storage: str | None,
-    workers: int,
-    jobs: int,
-    warm_start: bool = True,
-    store: str = "all",
-    progress: Progress | None = None,
-    scheduler: str | None = None,
+    space: Space, job: _SweepJob, *, study: str, objectives: tuple[str, ...]
 ) -> SearchResult:
-    if method == "exhaustive":
-        if storage or workers != 1:
+    """The job's search of `space`: exhaustive or Optuna, each refusing the other's options."""
+    if job.method == "exhaustive":
+        if job.storage or job.workers != 1:
             raise ValueError("--storage and --workers apply to --method optuna")
         return run_exhaustive(
             space,
-            out=out,
+            out=job.out,
             study=study,
             objectives=objectives,
-            jobs=jobs,
-            store=store,
-            progress=progress,
-            scheduler=scheduler,
+            jobs=job.jobs,
+            store=job.store,
+            progress=job.progress,
+            scheduler=job.scheduler,
         )
-    if jobs != 1:
+    if job.jobs != 1:
         raise ValueError("--jobs applies to --method exhaustive (optuna: --workers)")
-    if store != "all":  # a study's best and top points are read back from all its points
+    if job.store != "all":  # a study's best and top points are read back from all its points
         raise ValueError("--store applies to --method exhaustive (optuna stores every point)")
-    if out is None:  # its workers share the points through the study's folder
+    if job.out is None:  # its workers share the points through the study's folder
         raise ValueError("out: --method optuna stores its points under a folder; got None")
     return run_optuna(
         space,
-        out=out,
+        out=job.out,
         study=study,
-        trials=trials,
+        trials=job.trials,
         objectives=objectives,
-        seed=seed,
-        storage=storage,
-        workers=workers,
-        warm_start=warm_start,
-        progress=progress,
-        scheduler=scheduler,
+        seed=job.seed,
+        storage=job.storage,
+        workers=job.workers,
+        warm_start=job.warm_start,
+        progress=job.progress,
+        scheduler=job.scheduler,
     )
 
 

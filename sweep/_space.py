@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -208,70 +208,21 @@ def evaluate_columns(
     cols = {**cols, **{a: _codes(a, cols[a]) for a in _NAMES}}
     grid_cols = {a: cols[a] for a in AXES if a != "pool"}
     grid = make_grid({**space.fixed, **grid_cols})
-    m = space.model
-    profiles = [space.gpus[p.gpu] for p in space.fleet.pools]
-    pool_size = np.array([p.num_gpus for p in space.fleet.pools], dtype=np.int64)[pool]
-    per_node = np.array([p.gpus_per_node for p in space.fleet.pools], dtype=np.int64)[pool]
-    usable = np.array([g.usable_bytes for g in profiles], dtype=np.float64)[pool]
-
-    engine_reason = layout_reason(m, grid)
-    reason = engine_reason.astype(np.int16)
-    own = np.zeros_like(reason)
-    own = np.where(pp == 1, np.where(grid["virtual_stages"] > 1, VIRTUAL_WITHOUT_PP, own), own)
-    own = np.where(num_gpus > pool_size, EXCEEDS_POOL, own)
-    own = np.where(tp > per_node, TP_CROSSES_NODE, own)
-    if space.use_all_gpus:
-        own = np.where((own == 0) & (num_gpus != pool_size), PART_OF_POOL, own)
-    reason = np.where(reason == 0, own, reason).astype(np.int16)
-
-    # One estimate per distinct pool overheads (each GPU's cuBLAS workspace and CUDA context,
-    # `overheads_for`): usually one call.
-    pool_overheads = [
-        overheads_for(g.arch, cuda_context_bytes=g.cuda_context_bytes) for g in profiles
-    ]
-    used = np.flatnonzero(np.bincount(pool, minlength=len(profiles)) > 0)
-    distinct = list(dict.fromkeys(pool_overheads[i] for i in used))
-    group = np.array([distinct.index(o) if o in distinct else -1 for o in pool_overheads])[pool]
-    out: dict[str, np.ndarray] = {}
-    for k_group, pool_ov in enumerate(distinct):
-        rows = np.arange(len(pool)) if len(distinct) == 1 else np.flatnonzero(group == k_group)
-        sub = grid if len(rows) == len(pool) else {k: v[rows] for k, v in grid.items()}
-        part = estimate(
-            m,
-            sub,
-            usable_bytes=usable[rows],
-            headroom=space.headroom,
-            overheads=pool_ov,
-            columns=None
-            if columns is None
-            else {*columns, "fits", "reason", "dp", "host_bytes", "load_host_bytes"},
-            reason=engine_reason if len(rows) == len(pool) else engine_reason[rows],
-        )
-        if len(rows) == len(pool):  # one call for every row: its columns as they are
-            out = part
-            break
-        for k, v in part.items():
-            if k not in out:
-                out[k] = np.empty(len(pool), dtype=np.asarray(v).dtype)
-            out[k][rows] = v
-    inputs: dict[str, np.ndarray] = {}
-    for i, (p, g) in enumerate(zip(space.fleet.pools, profiles, strict=True)):
-        values = time_inputs(g, price_per_hour_usd=p.price_per_gpu_hour(g))
-        values["gpus_per_node"] = float(p.gpus_per_node)
-        for k, v in values.items():
-            inputs.setdefault(k, np.empty(len(profiles)))[i] = v
-    host_limit = np.array(
-        [_host_limit_bytes(space, p, g) for p, g in zip(space.fleet.pools, profiles, strict=True)]
-    )[pool]
-    need = node_host_bytes(
-        np.maximum(out["host_bytes"], out["load_host_bytes"]), ranks_per_node(num_gpus, per_node)
-    )
-    reason = np.where((reason == 0) & (need > host_limit), EXCEEDS_HOST_MEMORY, reason)
-    reason = reason.astype(np.int16)
+    pools = _pool_columns(space, pool)
+    engine_reason = layout_reason(space.model, grid)
+    reason = _layout_reasons(space, grid, engine_reason, pools, num_gpus=num_gpus, tp=tp, pp=pp)
+    out = _estimate_by_overheads(space, grid, pools, engine_reason=engine_reason, columns=columns)
+    reason = _host_reasons(space, pools, out, num_gpus, reason)
     # The sweep's own reasons too: estimate_time evaluates only the rows left valid.
-    gpu_values = {k: v[0] if len(profiles) == 1 else v[pool] for k, v in inputs.items()}
     timed = tuple(dict.fromkeys((*TIMED_COLUMNS, *time_columns)))
-    timing = estimate_time(m, grid, params=time_params, reason=reason, columns=timed, **gpu_values)
+    timing = estimate_time(
+        space.model,
+        grid,
+        params=time_params,
+        reason=reason,
+        columns=timed,
+        **_gpu_time_inputs(space, pools),
+    )
     if space.max_step_time_s is not None:  # timed first: a slow point keeps its step time
         slow = (reason == 0) & (timing["step_time_s"] > space.max_step_time_s)
         reason = np.where(slow, SLOWER_THAN_MAX, reason).astype(np.int16)
@@ -288,6 +239,135 @@ def evaluate_columns(
         "reason": reason,
         **timing,  # NaN where the point is invalid
     }
+
+
+class _PoolColumns(NamedTuple):
+    """Each point's pool facts as columns (one value per point), and the pools' GPU profiles."""
+
+    pool: np.ndarray
+    """The pool index of each point."""
+    profiles: list[GpuProfile]
+    """The GPU profile of each pool (by pool index)."""
+    size: np.ndarray
+    """GPUs in the point's pool."""
+    per_node: np.ndarray
+    """GPUs per node of the point's pool."""
+    usable_bytes: np.ndarray
+    """Usable memory of the point's GPU, bytes."""
+
+
+def _pool_columns(space: Space, pool: np.ndarray) -> _PoolColumns:
+    """The pool facts of the points on pools `pool` (gathers of per-pool tables)."""
+    profiles = [space.gpus[p.gpu] for p in space.fleet.pools]
+    return _PoolColumns(
+        pool=pool,
+        profiles=profiles,
+        size=np.array([p.num_gpus for p in space.fleet.pools], dtype=np.int64)[pool],
+        per_node=np.array([p.gpus_per_node for p in space.fleet.pools], dtype=np.int64)[pool],
+        usable_bytes=np.array([g.usable_bytes for g in profiles], dtype=np.float64)[pool],
+    )
+
+
+def _layout_reasons(
+    space: Space,
+    grid: Mapping[str, np.ndarray],
+    engine_reason: np.ndarray,
+    pools: _PoolColumns,
+    *,
+    num_gpus: np.ndarray,
+    tp: np.ndarray,
+    pp: np.ndarray,
+) -> np.ndarray:
+    """Each point's reason code: the engine's layout rule first, else the sweep's own
+    (virtual stages without pp, more GPUs than the pool, tp across a node, part of a pool
+    with `use_all_gpus`; the later rule wins where several hold)."""
+    reason = engine_reason.astype(np.int16)
+    own = np.zeros_like(reason)
+    own = np.where(pp == 1, np.where(grid["virtual_stages"] > 1, VIRTUAL_WITHOUT_PP, own), own)
+    own = np.where(num_gpus > pools.size, EXCEEDS_POOL, own)
+    own = np.where(tp > pools.per_node, TP_CROSSES_NODE, own)
+    if space.use_all_gpus:
+        own = np.where((own == 0) & (num_gpus != pools.size), PART_OF_POOL, own)
+    return np.where(reason == 0, own, reason).astype(np.int16)
+
+
+def _estimate_by_overheads(
+    space: Space,
+    grid: dict[str, np.ndarray],
+    pools: _PoolColumns,
+    *,
+    engine_reason: np.ndarray,
+    columns: Collection[str] | None,
+) -> dict[str, np.ndarray]:
+    """estimate() of the points, one call per distinct pool overheads (each GPU's cuBLAS
+    workspace and CUDA context, `overheads_for`): usually one call, whose columns are returned
+    as they are (no copy); several calls scatter into full-length columns."""
+    pool, profiles = pools.pool, pools.profiles
+    pool_overheads = [
+        overheads_for(g.arch, cuda_context_bytes=g.cuda_context_bytes) for g in profiles
+    ]
+    used = np.flatnonzero(np.bincount(pool, minlength=len(profiles)) > 0)
+    distinct = list(dict.fromkeys(pool_overheads[i] for i in used))
+    group = np.array([distinct.index(o) if o in distinct else -1 for o in pool_overheads])[pool]
+    out: dict[str, np.ndarray] = {}
+    for k_group, pool_ov in enumerate(distinct):
+        rows = np.arange(len(pool)) if len(distinct) == 1 else np.flatnonzero(group == k_group)
+        sub = grid if len(rows) == len(pool) else {k: v[rows] for k, v in grid.items()}
+        part = estimate(
+            space.model,
+            sub,
+            usable_bytes=pools.usable_bytes[rows],
+            headroom=space.headroom,
+            overheads=pool_ov,
+            columns=None
+            if columns is None
+            else {*columns, "fits", "reason", "dp", "host_bytes", "load_host_bytes"},
+            reason=engine_reason if len(rows) == len(pool) else engine_reason[rows],
+        )
+        if len(rows) == len(pool):  # one call for every row: its columns as they are
+            out = part
+            break
+        for k, v in part.items():
+            if k not in out:
+                out[k] = np.empty(len(pool), dtype=np.asarray(v).dtype)
+            out[k][rows] = v
+    return out
+
+
+def _host_reasons(
+    space: Space,
+    pools: _PoolColumns,
+    out: Mapping[str, np.ndarray],
+    num_gpus: np.ndarray,
+    reason: np.ndarray,
+) -> np.ndarray:
+    """`reason` with EXCEEDS_HOST_MEMORY where a valid point's node ranks need more host RAM
+    (CPU offload, checkpoint load) than its node has."""
+    host_limit = np.array(
+        [
+            _host_limit_bytes(space, p, g)
+            for p, g in zip(space.fleet.pools, pools.profiles, strict=True)
+        ]
+    )[pools.pool]
+    need = node_host_bytes(
+        np.maximum(out["host_bytes"], out["load_host_bytes"]),
+        ranks_per_node(num_gpus, pools.per_node),
+    )
+    reason = np.where((reason == 0) & (need > host_limit), EXCEEDS_HOST_MEMORY, reason)
+    return reason.astype(np.int16)
+
+
+def _gpu_time_inputs(space: Space, pools: _PoolColumns) -> dict[str, Any]:
+    """estimate_time()'s GPU keywords (time_inputs, the pool's price, gpus_per_node): one
+    value for a one-pool fleet, else a column gathered by each point's pool."""
+    profiles = pools.profiles
+    inputs: dict[str, np.ndarray] = {}
+    for i, (p, g) in enumerate(zip(space.fleet.pools, profiles, strict=True)):
+        values = time_inputs(g, price_per_hour_usd=p.price_per_gpu_hour(g))
+        values["gpus_per_node"] = float(p.gpus_per_node)
+        for k, v in values.items():
+            inputs.setdefault(k, np.empty(len(profiles)))[i] = v
+    return {k: v[0] if len(profiles) == 1 else v[pools.pool] for k, v in inputs.items()}
 
 
 def rows_on_pools(
@@ -362,63 +442,11 @@ def make_space(
     fixed for every point (a field at its default changes nothing: the space is the one without
     it, and a traced profile keeps its own attention).
     """
-    errors = []
-    if seq_len < 1:
-        errors.append(f"seq-len must be >= 1, got {seq_len}")
-    if global_batch_size < 1:
-        errors.append(f"global-batch-size must be >= 1, got {global_batch_size}")
-    if max_micro_batch_size < 1:
-        errors.append(f"max micro-batch size must be >= 1, got {max_micro_batch_size}")
-    if errors:
-        raise ValueError("; ".join(errors))
+    job = _SpaceJob(**locals())  # every parameter, first: the steps below take the job
+    _check_sizes(job)
     counts = _gpu_counts(fleet, min_gpus=min_gpus, use_all_gpus=use_all_gpus, training=training)
-    max_per_node = max(p.gpus_per_node for p in fleet.pools)
-    layers = model.num_hidden_layers
-    pps = [d for d in range(1, min(layers, max_pp) + 1) if layers % d == 0]
-    eps = [1]
-    if model.is_moe:
-        eps = [e for e in _powers_of_two(min(model.num_experts, 64)) if model.num_experts % e == 0]
-    cps = [c for c in _powers_of_two(max_cp) if seq_len % c == 0]
-    recomputes = declared_values("recompute")
-    traced = model.profile
-    if traced is not None:  # a traced profile holds for its own precision and policy only
-        precision, recomputes, cps = traced.precision, (traced.recompute,), [1]
-    rules: dict[str, tuple[Any, ...]] = {
-        "pool": tuple(range(len(fleet.pools))),
-        "num_gpus": counts,
-        "tp": (1,) if traced is not None else tuple(_powers_of_two(max_per_node)),
-        "pp": tuple(pps),
-        "virtual_stages": tuple(virtual_stages),
-        "cp": tuple(cps),
-        "ep": tuple(eps),
-        "recompute": recomputes,
-        "micro_batch_size": tuple(_powers_of_two(min(max_micro_batch_size, global_batch_size))),
-    }
-    # The axes the job decides (above); every other searched field takes its declared values.
-    axes = {a: rules[a] if a in rules else declared_values(a) for a in AXES}
-    fixed = {
-        "seq_len": seq_len,
-        "global_batch_size": global_batch_size,
-        "precision": precision,
-        # A built-in name, or the grid fields of a user optimizer (engine optimizer_columns).
-        **({"optimizer": optimizer} if isinstance(optimizer, str) else dict(optimizer)),
-        "framework": framework,
-        "sequence_parallel": True,
-        **({"attention": traced.attention} if traced is not None else {}),
-    }
-    job_framework = str((training or {}).get("framework", framework))
-    for name, value in (training or {}).items():
-        if name in axes:
-            axes[name] = (value,)
-        elif value != DEFAULTS_BY_FIELD[name] and not _auto_loss(name, value, job_framework):
-            fixed.update(grid_columns({name: value}))
+    axes, fixed = _with_training(job, _job_axes(job, counts), _fixed_fields(job))
     make_grid(fixed)  # validates the fixed fields' names and values
-    labels = {**DEFAULTS_BY_FIELD, **{k: v for k, v in fixed.items() if k in DEFAULTS_BY_FIELD}}
-    labels.update({k: v for k, v in (training or {}).items() if k not in axes})
-    if labels.get("loss") == "auto":  # shown as the loss the framework runs
-        labels["loss"] = resolved_loss(str(labels["framework"]), "auto")
-    labels["optimizer"] = optimizer_name or (optimizer if isinstance(optimizer, str) else "custom")
-    labels = {k: v for k, v in labels.items() if k not in axes}
     return Space(
         model=model,
         fleet=fleet,
@@ -426,11 +454,131 @@ def make_space(
         axes=axes,
         fixed=fixed,
         headroom=headroom,
-        labels=labels,
+        labels=_labels(job, axes, fixed),
         host_memory_bytes=host_memory_bytes,
         use_all_gpus=use_all_gpus,
         max_step_time_s=max_step_time_s,
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _SpaceJob:
+    """The arguments of one `make_space` call, so that its steps take one value (built from
+    the call's locals: a parameter added there and not here is a TypeError on the first call)."""
+
+    model: ModelSpec
+    fleet: Fleet
+    gpus: Mapping[str, GpuProfile]
+    seq_len: int
+    global_batch_size: int
+    precision: str
+    optimizer: str | Mapping[str, Any]
+    framework: str
+    max_micro_batch_size: int
+    max_pp: int
+    max_cp: int
+    virtual_stages: tuple[int, ...]
+    headroom: float
+    training: Mapping[str, Any] | None
+    optimizer_name: str | None
+    host_memory_bytes: int | None
+    min_gpus: int
+    use_all_gpus: bool
+    max_step_time_s: float | None
+
+
+def _check_sizes(job: _SpaceJob) -> None:
+    """One ValueError listing every size below 1 (sequence, global batch, micro-batch cap)."""
+    errors = []
+    if job.seq_len < 1:
+        errors.append(f"seq-len must be >= 1, got {job.seq_len}")
+    if job.global_batch_size < 1:
+        errors.append(f"global-batch-size must be >= 1, got {job.global_batch_size}")
+    if job.max_micro_batch_size < 1:
+        errors.append(f"max micro-batch size must be >= 1, got {job.max_micro_batch_size}")
+    if errors:
+        raise ValueError("; ".join(errors))
+
+
+def _job_axes(job: _SpaceJob, counts: tuple[int, ...]) -> dict[str, tuple[Any, ...]]:
+    """The AXES values: the GPU counts, the degrees the model and fleet allow (tp within the
+    largest node, pp dividing the layers, cp dividing the sequence, ep dividing the experts),
+    the micro-batches; a traced profile only at its own recompute, tp = cp = 1. Every other
+    searched field takes its declared values."""
+    model, fleet, seq_len = job.model, job.fleet, job.seq_len
+    max_per_node = max(p.gpus_per_node for p in fleet.pools)
+    layers = model.num_hidden_layers
+    pps = [d for d in range(1, min(layers, job.max_pp) + 1) if layers % d == 0]
+    eps = [1]
+    if model.is_moe:
+        eps = [e for e in _powers_of_two(min(model.num_experts, 64)) if model.num_experts % e == 0]
+    cps = [c for c in _powers_of_two(job.max_cp) if seq_len % c == 0]
+    recomputes = declared_values("recompute")
+    traced = model.profile
+    if traced is not None:  # a traced profile holds for its own precision and policy only
+        recomputes, cps = (traced.recompute,), [1]
+    micro_batches = _powers_of_two(min(job.max_micro_batch_size, job.global_batch_size))
+    rules: dict[str, tuple[Any, ...]] = {
+        "pool": tuple(range(len(fleet.pools))),
+        "num_gpus": counts,
+        "tp": (1,) if traced is not None else tuple(_powers_of_two(max_per_node)),
+        "pp": tuple(pps),
+        "virtual_stages": tuple(job.virtual_stages),
+        "cp": tuple(cps),
+        "ep": tuple(eps),
+        "recompute": recomputes,
+        "micro_batch_size": tuple(micro_batches),
+    }
+    # The axes the job decides (above); every other searched field takes its declared values.
+    return {a: rules[a] if a in rules else declared_values(a) for a in AXES}
+
+
+def _fixed_fields(job: _SpaceJob) -> dict[str, Any]:
+    """The grid fields every point shares: the job's (a traced profile's own precision and
+    attention), and sequence parallelism, on in every search."""
+    optimizer, traced = job.optimizer, job.model.profile
+    return {
+        "seq_len": job.seq_len,
+        "global_batch_size": job.global_batch_size,
+        "precision": traced.precision if traced is not None else job.precision,
+        # A built-in name, or the grid fields of a user optimizer (engine optimizer_columns).
+        **({"optimizer": optimizer} if isinstance(optimizer, str) else dict(optimizer)),
+        "framework": job.framework,
+        "sequence_parallel": True,
+        **({"attention": traced.attention} if traced is not None else {}),
+    }
+
+
+def _with_training(
+    job: _SpaceJob, axes: dict[str, tuple[Any, ...]], fixed: dict[str, Any]
+) -> tuple[dict[str, tuple[Any, ...]], dict[str, Any]]:
+    """The job's other training fields applied: a searched one pins its axis, any other that
+    differs from its default (and is not the framework's `--loss auto`) is fixed."""
+    axes, fixed = dict(axes), dict(fixed)
+    job_framework = str((job.training or {}).get("framework", job.framework))
+    for name, value in (job.training or {}).items():
+        if name in axes:
+            axes[name] = (value,)
+        elif value != DEFAULTS_BY_FIELD[name] and not _auto_loss(name, value, job_framework):
+            fixed.update(grid_columns({name: value}))
+    return axes, fixed
+
+
+def _labels(
+    job: _SpaceJob, axes: Mapping[str, tuple[Any, ...]], fixed: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The points table's columns of the job's training fields that are not axes: defaults,
+    then the fixed fields, then the job's; the loss shown as the one the framework runs, the
+    optimizer by name."""
+    training, optimizer = job.training or {}, job.optimizer
+    labels = {**DEFAULTS_BY_FIELD, **{k: v for k, v in fixed.items() if k in DEFAULTS_BY_FIELD}}
+    labels.update({k: v for k, v in training.items() if k not in axes})
+    if labels.get("loss") == "auto":  # shown as the loss the framework runs
+        labels["loss"] = resolved_loss(str(labels["framework"]), "auto")
+    labels["optimizer"] = job.optimizer_name or (
+        optimizer if isinstance(optimizer, str) else "custom"
+    )
+    return {k: v for k, v in labels.items() if k not in axes}
 
 
 def _gpu_counts(

@@ -185,6 +185,52 @@ class CachingAllocator:
         self._insert(block)
 
 
+class _Peaks:
+    """The peaks a replay counts (from reset_peak_at on), and the allocator's state when
+    reserved last rose to its peak: the fragmentation that made it."""
+
+    __slots__ = ("reserved_bytes", "allocated_bytes", "num_segments", "largest_free_block_bytes")
+
+    def __init__(self) -> None:
+        self.reserved_bytes = self.allocated_bytes = -1
+        self.num_segments = self.largest_free_block_bytes = 0
+
+    def note(self, alloc: CachingAllocator) -> None:
+        """Count the allocator's state now."""
+        if alloc.reserved > self.reserved_bytes:
+            self.reserved_bytes = alloc.reserved
+            self.num_segments = alloc.segments
+            self.largest_free_block_bytes = alloc.largest_free_block()
+        self.allocated_bytes = max(self.allocated_bytes, alloc.allocated)
+
+
+def _replay_event(
+    alloc: CachingAllocator,
+    live: dict[Any, _Block],
+    event: tuple[Any, ...],
+    *,
+    peaks: _Peaks | None,
+) -> None:
+    """One logged event through `alloc`; `live` maps each storage id to its block. A resize
+    takes its new block before it frees the old one (storage_resize_), so the old block cannot
+    serve it; `peaks` (None: not counting yet) notes the state after each new block."""
+    kind, key = event[0], event[1]
+    if kind == FREE:
+        block = live.pop(key, None)
+        if block is not None:
+            alloc.free(block)
+        return
+    if kind not in (ALLOC, RESIZE):
+        raise ValueError(f"allocator event: unknown kind {kind!r}")
+    old = live.pop(key, None) if kind == RESIZE else None
+    if event[2] > 0:
+        live[key] = alloc.malloc(event[2])
+        if peaks is not None:
+            peaks.note(alloc)
+    if old is not None:
+        alloc.free(old)
+
+
 def simulate_reserved(
     events: Iterable[tuple[Any, ...]],
     *,
@@ -216,53 +262,24 @@ def simulate_reserved(
     """
     alloc = CachingAllocator(capacity)
     live: dict[Any, _Block] = {}
-    peak = peak_allocated = -1
-    segments_at_peak = largest_at_peak = 0
-
-    def note() -> None:
-        nonlocal peak, peak_allocated, segments_at_peak, largest_at_peak
-        if alloc.reserved > peak:
-            peak = alloc.reserved
-            segments_at_peak = alloc.segments
-            largest_at_peak = alloc.largest_free_block()
-        peak_allocated = max(peak_allocated, alloc.allocated)
-
-    counting = False
+    peaks = _Peaks()
+    counting: _Peaks | None = None
     for index, event in enumerate(events):
         if index == workspace_at and workspace_bytes:
             alloc.malloc(workspace_bytes)
         if index == reset_peak_at:
-            counting = True
-            note()
-        kind, key = event[0], event[1]
-        if kind == ALLOC:
-            if event[2] > 0:
-                live[key] = alloc.malloc(event[2])
-                if counting:
-                    note()
-        elif kind == FREE:
-            block = live.pop(key, None)
-            if block is not None:
-                alloc.free(block)
-        elif kind == RESIZE:
-            old = live.pop(key, None)
-            if event[2] > 0:
-                live[key] = alloc.malloc(event[2])
-                if counting:
-                    note()
-            if old is not None:
-                alloc.free(old)
-        else:
-            raise ValueError(f"allocator event: unknown kind {kind!r}")
-    note()
+            counting = peaks
+            peaks.note(alloc)
+        _replay_event(alloc, live, event, peaks=counting)
+    peaks.note(alloc)
     return {
-        "peak_reserved_bytes": peak,
-        "peak_allocated_bytes": peak_allocated,
+        "peak_reserved_bytes": peaks.reserved_bytes,
+        "peak_allocated_bytes": peaks.allocated_bytes,
         "reserved_at_end_bytes": alloc.reserved,
         "allocated_at_end_bytes": alloc.allocated,
         "num_segments": alloc.segments,
-        "num_segments_at_peak": segments_at_peak,
-        "largest_free_block_at_peak_bytes": largest_at_peak,
+        "num_segments_at_peak": peaks.num_segments,
+        "largest_free_block_at_peak_bytes": peaks.largest_free_block_bytes,
         "num_releases": alloc.releases,
         "num_ooms": alloc.ooms,
     }

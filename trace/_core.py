@@ -243,20 +243,42 @@ def trace_step(
     import_torch()
     check_flags(precision=precision, recompute=recompute, optimizer=optimizer, device=device)
     lora = lora_flags(lora_rank=lora_rank, lora_targets=lora_targets, qlora=qlora)
+    flags: dict[str, Any] = {
+        "micro_batch_size": micro_batch_size,
+        "seq_len": seq_len,
+        "precision": precision,
+        "recompute": recompute,
+        "attention": attention,
+        "optimizer": optimizer,
+        "sdpa_kernel": sdpa_kernel,
+    }
     if device == "cuda" and fake and on_phase_end is None:
-        flags = {
-            "micro_batch_size": micro_batch_size,
-            "seq_len": seq_len,
-            "precision": precision,
-            "recompute": recompute,
-            "attention": attention,
-            "optimizer": optimizer,
-            "sdpa_kernel": sdpa_kernel,
-            **lora,
-        }
-        done = in_child_if_needed("trace_step", {"config": config, **flags})
+        done = in_child_if_needed("trace_step", {"config": config, **flags, **lora})
         if done is not None:
             return done
+    return _run_hf_step(
+        config, device=device, fake=fake, on_phase_end=on_phase_end, lora=lora, **flags
+    )
+
+
+def _run_hf_step(
+    config: dict[str, Any],
+    *,
+    micro_batch_size: int,
+    seq_len: int,
+    precision: str,
+    recompute: str,
+    attention: str,
+    optimizer: str,
+    sdpa_kernel: str,
+    device: str,
+    fake: bool,
+    on_phase_end: Callable[[str], None] | None,
+    lora: dict[str, Any],
+) -> dict[str, Any]:
+    """trace_step in this process, its flags checked: the step's contexts on `device`, the
+    model (with LoRA adapters where `lora`, lora_flags' result), the measured step, and where it
+    ran. Split from trace_step so that a trace child and this process run the same code."""
     from ._step import run_step
 
     device_type, contexts, note = step_contexts(device=device, fake=fake, sdpa_kernel=sdpa_kernel)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import types
 from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from ._tp import FRAMEWORK as TP_FRAMEWORK
@@ -226,6 +227,25 @@ def fsdp_job(
     return build
 
 
+@dataclass(frozen=True, kw_only=True)
+class RankStep:
+    """The layout and the step flags of one rank's traced step, as trace_parallel takes them
+    (their names are its keywords, which a trace child is called with): one value passed to
+    each part of the trace instead of eleven keywords restated at every call."""
+
+    num_gpus: int
+    zero: int
+    tp: int
+    sequence_parallel: bool
+    micro_batch_size: int
+    seq_len: int
+    precision: str
+    recompute: str
+    optimizer: str
+    attention: str
+    sdpa_kernel: str
+
+
 def trace_parallel(
     config: dict[str, Any],
     *,
@@ -251,79 +271,106 @@ def trace_parallel(
     gradients_bytes its gradient shards, optimizer_states_bytes its states; the unsharded bf16
     copies count in the peaks and, while alive at the end of forward, in the activations (the
     root's, which FSDP2 keeps). lora_rank > 0: peft LoRA adapters (FSDP2 only, trace/_lora.py)."""
-    from ._core import import_torch, in_child_if_needed, lora_flags, step_contexts, unpacked_batches
+    from ._core import import_torch, in_child_if_needed, lora_flags
 
     import_torch()
-    check_parallel(
-        num_gpus=num_gpus, zero=zero, tp=tp, sequence_parallel=sequence_parallel, module=None
+    step = RankStep(
+        num_gpus=num_gpus,
+        zero=zero,
+        tp=tp,
+        sequence_parallel=sequence_parallel,
+        micro_batch_size=micro_batch_size,
+        seq_len=seq_len,
+        precision=precision,
+        recompute=recompute,
+        optimizer=optimizer,
+        attention=attention,
+        sdpa_kernel=sdpa_kernel,
     )
-    precisions = FSDP_PRECISIONS if tp == 1 else tp_precisions(num_gpus=num_gpus, tp=tp)
-    if precision not in precisions:
-        what = "FSDP2" if tp == 1 else "TP"
-        raise ValueError(
-            f"precision: the {what} trace supports {', '.join(precisions)}; got '{precision}'"
-        )
-    if recompute not in ("none", "full"):
-        raise ValueError(f"recompute: trace supports none, full; got '{recompute}'")
-    if device != "cuda":
-        raise ValueError("device: the multi-GPU trace runs on the fake cuda device")
+    check_rank_step(step, device=device)
     lora = lora_flags(lora_rank=lora_rank, lora_targets=lora_targets, qlora=qlora, tp=tp)
-    flags = {
-        "num_gpus": num_gpus,
-        "zero": zero,
-        "tp": tp,
-        "sequence_parallel": sequence_parallel,
-        "micro_batch_size": micro_batch_size,
-        "seq_len": seq_len,
-        "precision": precision,
-        "recompute": recompute,
-        "optimizer": optimizer,
-        "attention": attention,
-        "sdpa_kernel": sdpa_kernel,
-        **lora,
-    }
-    done = in_child_if_needed("trace_parallel", {"config": config, **flags})
+    done = in_child_if_needed("trace_parallel", {"config": config, **asdict(step), **lora})
     if done is not None:
         return done
-    from ._step import run_step
+    return _run_rank_step(config, step, lora=lora)
 
-    device_type, contexts, note = step_contexts(device="cuda", fake=True, sdpa_kernel=sdpa_kernel)
-    if device_type != "cuda":
-        raise ValueError(f"num-gpus: the multi-GPU trace needs the fake cuda device ({note})")
-    if tp > 1:
+
+def check_rank_step(step: RankStep, *, device: str) -> None:
+    """One-line ValueErrors for a multi-GPU trace it cannot run: the layout (check_parallel),
+    then the precisions its wrapper takes (FSDP2's or TP's), the recompute, the device."""
+    check_parallel(
+        num_gpus=step.num_gpus,
+        zero=step.zero,
+        tp=step.tp,
+        sequence_parallel=step.sequence_parallel,
+        module=None,
+    )
+    tp = step.tp
+    precisions = FSDP_PRECISIONS if tp == 1 else tp_precisions(num_gpus=step.num_gpus, tp=tp)
+    if step.precision not in precisions:
+        what = "FSDP2" if tp == 1 else "TP"
+        raise ValueError(
+            f"precision: the {what} trace supports {', '.join(precisions)}; got '{step.precision}'"
+        )
+    if step.recompute not in ("none", "full"):
+        raise ValueError(f"recompute: trace supports none, full; got '{step.recompute}'")
+    if device != "cuda":
+        raise ValueError("device: the multi-GPU trace runs on the fake cuda device")
+
+
+def rank_job(config: dict[str, Any], step: RankStep, *, lora: dict[str, Any]) -> Callable[[], Any]:
+    """The builder of rank 0's step: tensor parallel (trace/_tp.py) for tp > 1, else FSDP2
+    (fsdp_job, with LoRA adapters where `lora`)."""
+    if step.tp > 1:
         from ._tp import tp_job
 
-        build = tp_job(
+        return tp_job(
             config,
-            num_gpus=num_gpus,
-            tp=tp,
-            zero=zero,
-            sequence_parallel=sequence_parallel,
-            micro_batch_size=micro_batch_size,
-            seq_len=seq_len,
-            precision=precision,
-            recompute=recompute,
-            attention=attention,
+            num_gpus=step.num_gpus,
+            tp=step.tp,
+            zero=step.zero,
+            sequence_parallel=step.sequence_parallel,
+            micro_batch_size=step.micro_batch_size,
+            seq_len=step.seq_len,
+            precision=step.precision,
+            recompute=step.recompute,
+            attention=step.attention,
         )
-    else:
-        build = fsdp_job(
-            config,
-            num_gpus=num_gpus,
-            micro_batch_size=micro_batch_size,
-            seq_len=seq_len,
-            precision=precision,
-            recompute=recompute,
-            attention=attention,
-            lora=lora,
-        )
+    return fsdp_job(
+        config,
+        num_gpus=step.num_gpus,
+        micro_batch_size=step.micro_batch_size,
+        seq_len=step.seq_len,
+        precision=step.precision,
+        recompute=step.recompute,
+        attention=step.attention,
+        lora=lora,
+    )
+
+
+def _run_rank_step(
+    config: dict[str, Any], step: RankStep, *, lora: dict[str, Any]
+) -> dict[str, Any]:
+    """trace_parallel in this process, its flags checked: rank 0's step on the fake cuda device
+    inside the fake process group (the builder enables recompute as it lays the model out, so
+    the step does not), and the rank and layout it ran."""
+    from ._core import step_contexts, unpacked_batches
+    from ._step import run_step
+
+    device_type, contexts, note = step_contexts(
+        device="cuda", fake=True, sdpa_kernel=step.sdpa_kernel
+    )
+    if device_type != "cuda":
+        raise ValueError(f"num-gpus: the multi-GPU trace needs the fake cuda device ({note})")
+    build = rank_job(config, step, lora=lora)
     out = run_step(
         build,
-        precision=precision,
+        precision=step.precision,
         recompute="none",
-        optimizer=optimizer,
+        optimizer=step.optimizer,
         device_type="cuda",
         contexts=[
-            fake_process_group(num_gpus),
+            fake_process_group(step.num_gpus),
             fake_fsdp_device_handle(),
             *contexts,
             unpacked_batches(),
@@ -332,12 +379,12 @@ def trace_parallel(
     out.update(
         device="cuda (fake)",
         note=note,
-        seq_len=seq_len,
-        micro_batch_size=micro_batch_size,
-        num_gpus=num_gpus,
-        zero=zero,
+        seq_len=step.seq_len,
+        micro_batch_size=step.micro_batch_size,
+        num_gpus=step.num_gpus,
+        zero=step.zero,
         rank=0,
     )
-    if tp > 1:
-        out.update(tp=tp, sequence_parallel=sequence_parallel, framework=TP_FRAMEWORK)
+    if step.tp > 1:
+        out.update(tp=step.tp, sequence_parallel=step.sequence_parallel, framework=TP_FRAMEWORK)
     return out

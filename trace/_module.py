@@ -183,29 +183,46 @@ def trace_module(
 ) -> dict[str, Any]:
     """One measured step of the module TARGET's factory builds (keys as trace_step's; `fake` and
     `on_phase_end` as there)."""
-    from ._core import (
-        check_flags,
-        import_torch,
-        in_child_if_needed,
-        step_contexts,
-        unpacked_batches,
-    )
+    from ._core import check_flags, import_torch, in_child_if_needed
 
     import_torch()
     check_flags(precision=precision, recompute=recompute, optimizer=optimizer, device=device)
     factory = load_factory(target)
+    flags: dict[str, Any] = {
+        "seq_len": seq_len,
+        "micro_batch_size": micro_batch_size,
+        "precision": precision,
+        "recompute": recompute,
+        "optimizer": optimizer,
+        "sdpa_kernel": sdpa_kernel,
+    }
     if device == "cuda" and fake and on_phase_end is None:
-        flags = {
-            "seq_len": seq_len,
-            "micro_batch_size": micro_batch_size,
-            "precision": precision,
-            "recompute": recompute,
-            "optimizer": optimizer,
-            "sdpa_kernel": sdpa_kernel,
-        }
         done = in_child_if_needed("trace_module", {"target": target, **flags})
         if done is not None:
             return done
+    return _run_module_step(
+        target, factory, device=device, fake=fake, on_phase_end=on_phase_end, **flags
+    )
+
+
+def _run_module_step(
+    target: str,
+    factory: Callable[..., Any],
+    *,
+    seq_len: int,
+    micro_batch_size: int,
+    precision: str,
+    recompute: str,
+    optimizer: str,
+    sdpa_kernel: str,
+    device: str,
+    fake: bool,
+    on_phase_end: Callable[[str], None] | None,
+) -> dict[str, Any]:
+    """trace_module in this process, its flags checked and `factory` loaded from `target`: the
+    step's contexts on `device`, the measured step (a failure of the user's module as a one-line
+    ValueError naming `target`, not a traceback), and where it ran."""
+    from ._core import step_contexts, unpacked_batches
     from ._step import run_step
 
     device_type, contexts, note = step_contexts(device=device, fake=fake, sdpa_kernel=sdpa_kernel)

@@ -276,6 +276,21 @@ def _make_optimizer(params: list[Any], optimizer: str) -> Any:
     return torch.optim.SGD(groups, lr=0.01, momentum=momentum, foreach=True)
 
 
+@dataclass(kw_only=True)
+class _Prepared:
+    """A job set up for its steps inside the step's contexts: the model cast and checkpointed,
+    its repeated blocks hooked, its parameters registered with the tracker, its optimizer made."""
+
+    job: StepJob
+    block_path: str
+    blocks: list[Any]
+    widths: list[int]
+    """A block's input width per token, once the first block has run (the hidden size)."""
+    params: list[Any]
+    trainable: list[Any]
+    opt: Any
+
+
 def run_step(
     build: Callable[[], StepJob],
     *,
@@ -310,97 +325,166 @@ def run_step(
         for context in contexts:
             stack.enter_context(context)
         stack.enter_context(tracker)
-        with torch.device(device_type):
-            job = build()
-        model = job.model
-        if precision == "bf16" and not job.dtypes_set:
-            cast_floating(model, torch.bfloat16)
-        block_path, blocks = find_blocks(model)
-        if recompute == "full":
-            if job.enable_recompute is not None:
-                job.enable_recompute(model)
-            elif blocks:
-                checkpoint_blocks(blocks)
-            else:
-                raise ValueError("recompute: full needs repeated blocks (an nn.ModuleList)")
-        model.train()
-        widths: list[int] = []
-
-        def enter(module: Any, args: Any, index: int) -> None:
-            tracker.scope = index
-            if not widths and args and isinstance(args[0], torch.Tensor) and args[0].dim():
-                widths.append(int(args[0].shape[-1]))  # a block's input width per token
-
-        for index, block in enumerate(blocks):
-            block.register_forward_pre_hook(lambda m, a, i=index: enter(m, a, i))
-            block.register_forward_hook(lambda m, a, o: setattr(tracker, "scope", OUTSIDE))
-        params = list(model.parameters())
-        trainable = [p for p in params if p.requires_grad]
-        for p in params:
-            tracker.parameter_storages[local_tensor(p).untyped_storage()] = True
-        opt = _make_optimizer(trainable, optimizer)
-        amp = precision == "amp-bf16"
+        run = _prepare(
+            build,
+            tracker,
+            device_type=device_type,
+            precision=precision,
+            recompute=recompute,
+            optimizer=optimizer,
+        )
         marks: dict[str, Any] = {}
-
-        def phase_end(name: str) -> None:
-            if on_phase_end is not None and marks.get("measured"):
-                on_phase_end(name)
+        amp = precision == "amp-bf16"
 
         def step() -> None:
-            phase_end("warm-up")
-            marks["start_sequence"] = tracker.sequence
-            marks["start_bytes"] = tracker.current_bytes
-            tracker.phase = "forward"
-            with torch.autocast(device_type, dtype=torch.bfloat16, enabled=amp):
-                loss = job.loss(model, job.batch)
-            marks["end_of_forward_bytes"] = tracker.current_bytes
-            marks["made_in_forward"] = tracker.made_after(marks["start_sequence"])
-            phase_end("forward")
-            tracker.phase = "backward"
-            loss.backward()
-            del loss
-            phase_end("backward")
-            grads = [p.grad for p in trainable]
-            marks["gradients_bytes"] = tracker.storages_bytes(grads)
-            marks["gradients_at_peak_bytes"] = tracker.storages_bytes(
-                grads, after=marks["start_sequence"], until=tracker.peak_sequence.get("backward")
-            )
-            del grads
-            tracker.phase = "optimizer_step"
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            phase_end("optimizer_step")
-            tracker.phase = "idle"
+            _train_step(run, tracker, marks, amp=amp, on_phase_end=on_phase_end)
 
         # warm-up: the optimizer states exist from here on
-        if job.full_warm_up or full_warm_up:
+        if run.job.full_warm_up or full_warm_up:
             step()
         else:
-            for p in trainable:
-                p.grad = torch.zeros_like(p)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            _optimizer_warm_up(run)
         tracker.peaks.clear()
         tracker.peak_sequence.clear()
         marks["measured"] = True
         marks["measured_event"] = len(tracker.events)
         step()
-        states = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
-        out = _report(
-            tracker,
-            marks,
-            params=params,
-            trainable=trainable,
-            blocks=blocks,
-            block_path=block_path,
-            states=states,
-            started=started,
-        )
-        out["hidden_size"] = widths[0] if widths else 0
-        out["peak_reserved_simulated_bytes"] = simulate_reserved(
-            tracker.events, reset_peak_at=marks["measured_event"]
-        )["peak_reserved_bytes"]
-        return out
+        return _measurement(tracker, marks, run, started=started)
+
+
+def _prepare(
+    build: Callable[[], StepJob],
+    tracker: Tracker,
+    *,
+    device_type: str,
+    precision: str,
+    recompute: str,
+    optimizer: str,
+) -> _Prepared:
+    """Build the job on `device_type` (inside the step's contexts and `tracker`, so that its
+    storages count from the start), cast it to bf16 for `bf16` unless the builder set the
+    dtypes, enable checkpointing for `full`, hook its blocks and make its optimizer."""
+    with torch.device(device_type):
+        job = build()
+    model = job.model
+    if precision == "bf16" and not job.dtypes_set:
+        cast_floating(model, torch.bfloat16)
+    block_path, blocks = find_blocks(model)
+    if recompute == "full":
+        if job.enable_recompute is not None:
+            job.enable_recompute(model)
+        elif blocks:
+            checkpoint_blocks(blocks)
+        else:
+            raise ValueError("recompute: full needs repeated blocks (an nn.ModuleList)")
+    model.train()
+    widths = _watch_blocks(tracker, blocks)
+    params = list(model.parameters())
+    trainable = [p for p in params if p.requires_grad]
+    for p in params:
+        tracker.parameter_storages[local_tensor(p).untyped_storage()] = True
+    return _Prepared(
+        job=job,
+        block_path=block_path,
+        blocks=blocks,
+        widths=widths,
+        params=params,
+        trainable=trainable,
+        opt=_make_optimizer(trainable, optimizer),
+    )
+
+
+def _watch_blocks(tracker: Tracker, blocks: list[Any]) -> list[int]:
+    """Hooks that set the tracker's scope to the block running (OUTSIDE between blocks), so that
+    each storage knows its block; the list they fill with the first block's input width."""
+    widths: list[int] = []
+
+    def enter(module: Any, args: Any, index: int) -> None:
+        tracker.scope = index
+        if not widths and args and isinstance(args[0], torch.Tensor) and args[0].dim():
+            widths.append(int(args[0].shape[-1]))  # a block's input width per token
+
+    for index, block in enumerate(blocks):
+        block.register_forward_pre_hook(lambda m, a, i=index: enter(m, a, i))
+        block.register_forward_hook(lambda m, a, o: setattr(tracker, "scope", OUTSIDE))
+    return widths
+
+
+def _train_step(
+    run: _Prepared,
+    tracker: Tracker,
+    marks: dict[str, Any],
+    *,
+    amp: bool,
+    on_phase_end: Callable[[str], None] | None,
+) -> None:
+    """One training step: forward to the loss (under autocast for amp), backward, optimizer
+    step, zero_grad(set_to_none=True), each a tracker phase. `marks` gets where the step started
+    and what forward made and backward left, which the report reads; on_phase_end is called at
+    the phases' ends of the measured step only (marks["measured"])."""
+    job, model, trainable, opt = run.job, run.job.model, run.trainable, run.opt
+
+    def phase_end(name: str) -> None:
+        if on_phase_end is not None and marks.get("measured"):
+            on_phase_end(name)
+
+    phase_end("warm-up")
+    marks["start_sequence"] = tracker.sequence
+    marks["start_bytes"] = tracker.current_bytes
+    tracker.phase = "forward"
+    with torch.autocast(tracker.device_type, dtype=torch.bfloat16, enabled=amp):
+        loss = job.loss(model, job.batch)
+    marks["end_of_forward_bytes"] = tracker.current_bytes
+    marks["made_in_forward"] = tracker.made_after(marks["start_sequence"])
+    phase_end("forward")
+    tracker.phase = "backward"
+    loss.backward()
+    del loss
+    phase_end("backward")
+    grads = [p.grad for p in trainable]
+    marks["gradients_bytes"] = tracker.storages_bytes(grads)
+    marks["gradients_at_peak_bytes"] = tracker.storages_bytes(
+        grads, after=marks["start_sequence"], until=tracker.peak_sequence.get("backward")
+    )
+    del grads
+    tracker.phase = "optimizer_step"
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    phase_end("optimizer_step")
+    tracker.phase = "idle"
+
+
+def _optimizer_warm_up(run: _Prepared) -> None:
+    """An optimizer step on zero gradients: the optimizer states a step leaves, at half the cost
+    of a whole step (checked against the ground truth to the byte)."""
+    for p in run.trainable:
+        p.grad = torch.zeros_like(p)
+    run.opt.step()
+    run.opt.zero_grad(set_to_none=True)
+
+
+def _measurement(
+    tracker: Tracker, marks: dict[str, Any], run: _Prepared, *, started: float
+) -> dict[str, Any]:
+    """The report of the measured step (_report), with the hidden size the blocks saw and the
+    reserved peak the allocation log replays to (from the measured step's first event on)."""
+    assert tracker.events is not None  # run_step logs the allocations
+    states = [v for s in run.opt.state.values() for v in s.values() if torch.is_tensor(v)]
+    out = _report(
+        tracker,
+        marks,
+        params=run.params,
+        trainable=run.trainable,
+        blocks=run.blocks,
+        block_path=run.block_path,
+        states=states,
+        started=started,
+    )
+    out["hidden_size"] = run.widths[0] if run.widths else 0
+    out["peak_reserved_simulated_bytes"] = simulate_reserved(
+        tracker.events, reset_peak_at=marks["measured_event"]
+    )["peak_reserved_bytes"]
+    return out
 
 
 def _report(
@@ -431,11 +515,6 @@ def _report(
         k: v for k, v in tracker.peaks.items() if k in ("forward", "backward", "optimizer_step")
     }
     fb_phase = max(("forward", "backward"), key=lambda k: phases.get(k, 0))
-    # The mean block (an encoder's and a decoder's differ; T5's first holds the position bias),
-    # rounded down: the remainder counts outside the layers, so the two still sum to the total.
-    in_blocks = sum(p.numel() for block in blocks for p in block.parameters())
-    num_per_layer = in_blocks // num_layers if num_layers else 0
-    num_total = sum(p.numel() for p in params)
     return {
         "parameters_bytes": parameters_bytes,
         "gradients_bytes": marks["gradients_bytes"],
@@ -458,9 +537,22 @@ def _report(
         "num_layers": num_layers,
         "layer_path": block_path,
         "layer_class": type(blocks[0]).__name__ if blocks else "",
+        **_parameter_counts(params, trainable, blocks),
+        "elapsed_s": time.perf_counter() - started,
+    }
+
+
+def _parameter_counts(params: list[Any], trainable: list[Any], blocks: list[Any]) -> dict[str, int]:
+    """num_parameters, parameters_per_layer (the mean block: an encoder's and a decoder's differ,
+    T5's first holds the position bias; rounded down, the remainder counts outside the layers,
+    so the two still sum to the total), parameters_outside_layers, trainable_parameters."""
+    num_layers = len(blocks)
+    in_blocks = sum(p.numel() for block in blocks for p in block.parameters())
+    num_per_layer = in_blocks // num_layers if num_layers else 0
+    num_total = sum(p.numel() for p in params)
+    return {
         "num_parameters": num_total,
         "parameters_per_layer": num_per_layer,
         "parameters_outside_layers": num_total - num_per_layer * num_layers,
         "trainable_parameters": sum(p.numel() for p in trainable),
-        "elapsed_s": time.perf_counter() - started,
     }

@@ -39,6 +39,7 @@ from .._pipeline import STAGE_FIRST, STAGE_LAST, STAGE_MIDDLE, STAGE_ONLY
 from .._rank_activations import ACT_KEYS
 from .._rank_states import STATE_KEYS
 from .._rules import RuleModel
+from .._tensor_parallel import sequence_parallel_on
 from . import _rows
 
 _TERMS = (
@@ -159,7 +160,8 @@ def _evaluate_terms(
     """Every per-key term of the row, as estimate()'s per-key pass computes them."""
     g = make_grid({k: v for k, v in row.items() if k in DEFAULTS})
     dp, _, _ = batch_layout(g)
-    cols = {**g, "dp": dp, "sp": g["sequence_parallel"] & (g["tp"] > 1)}
+    sp = sequence_parallel_on(g["sequence_parallel"], g["tp"], g["framework"])
+    cols = {**g, "dp": dp, "sp": sp}
     cols["lora_zero3"] = lora_zero3(g["zero"], g["lora_rank"])
     cols["stage_pos"] = np.full(1, stage_pos, dtype=np.int8)
     _, _, (tables,) = _key_tables(m, cols, [None], _TERMS)
@@ -187,7 +189,8 @@ def estimate_one(
     dp = max(row["num_gpus"] // max(tp * pp * cp, 1), 1)
     micro, given = row["micro_batch_size"], row["global_batch_size"]
     num_micro = float(max(given // max(micro * dp, 1) if given > 0 else 1, 1))
-    row["dp"], row["sp"] = dp, row["sequence_parallel"] and tp > 1
+    row["dp"] = dp
+    row["sp"] = bool(sequence_parallel_on(row["sequence_parallel"], tp, row["framework"]))
     row["lora_zero3"] = bool(lora_zero3(row["zero"], row["lora_rank"]))
     reason = _reason(m, cache, row)
     peaks, s, a, stage = _worst_rank(m, cache, row, pp_stage, num_micro)
@@ -286,6 +289,7 @@ def _terms_out(
         "optimizer_states": s[_S_INDEX["optimizer_states"]],
         "activations_autocast_weight_copies": a[_A_INDEX["activations_autocast_weight_copies"]],
         "optimizer_step_temporaries": s[_S_INDEX["optimizer_step_temporaries"]],
+        "paged_optimizer_bytes": s[_S_INDEX["paged_optimizer_bytes"]],
         "activations_per_layer": a[_A_INDEX["activations_per_layer"]],
         "activations_outside_layers": a[_A_INDEX["activations_outside_layers"]],
         "host_bytes": s[_S_INDEX["host_bytes"]]

@@ -25,18 +25,18 @@ PEAK_TOLERANCE = 0.01
 """The 8B cases' peaks agree within 0.02% (the loss phase's last-chunk reduce-scatter and the
 backward's re-gathered [norm, lm_head] unit as wrapper_loss_bytes counts them); 1% leaves room for
 the RoPE caches' and FSDP's small tensors, under 0.5% of these peaks."""
-BACKWARD_TOLERANCE = 0.07
-"""The backward phase (not the step's peak, which is the loss phase): +4.5% at 1 x 8192, +6.6% at
-2 x 8192 since the top-block moment counts FSDP2's backward buffers and the block's unsharded
-gradients (fsdp2_block_gradient_bytes, traced at real size under full recompute) under
-selective-op recompute too; this trace holds less there (the engine was within 0.02% before).
-A known gap, not tuned: the state terms that carry those buffers do not see the recompute
-policy."""
-DEBUG_BACKWARD_OVER = 0.10
+BACKWARD_TOLERANCE = 0.05
+"""The backward phase (not the step's peak, which is the loss phase): +2.7% at 1 x 8192, +4.2% at
+2 x 8192. The top block's per-op SAC moment is counted op by op (op_sac_top_block_bytes, exact
+on the debug model below); what is left is the top-block moment's FSDP2 backward buffers and
+the block's unsharded gradients (fsdp2_block_gradient_bytes, traced at real size under full
+recompute), which the state terms count under selective-op recompute too. A known gap, not
+tuned: those state terms do not see the recompute policy."""
+DEBUG_TOLERANCE = 0.01
 """The debug model (dim 256, 16 heads of 16, b 8 x 2048) peaks in backward, at the top block's
-per-op SAC recompute; the engine's recompute moment is 9.7% above the trace there, as it is
-with the one-piece loss (the debug-ce case peaks at the start of backward, which hides it).
-Not the wrapper's: its loss phase agrees within 0.2%."""
+per-op SAC moment (its activation's backward one device; the down projection's under TP 4 with
+sequence parallelism): both within 0.2% of the traces (op_sac_top_block_bytes was read off
+them); 1% leaves room for the fake device's small tensors (the rng seeds, the [b, s] masks)."""
 
 
 def estimate_case(case: dict[str, Any], **flags: Any) -> dict[str, float]:
@@ -48,18 +48,17 @@ def estimate_case(case: dict[str, Any], **flags: Any) -> dict[str, float]:
         if case["dims"]["layers"] == 32
         else small_llama_spec(case["dims"])
     )
-    return estimate_one(
-        spec,
-        num_gpus=case["fsdp_world_size"],
-        zero=3,
-        micro_batch_size=case["local_batch_size"],
-        seq_len=case["seq_len"],
-        framework="torchtitan",
-        precision="mixed-bf16",
-        recompute="selective",
-        optimizer="adamw-fused",
-        **flags,
-    )
+    fields = {
+        "num_gpus": case["fsdp_world_size"],
+        "zero": 3,
+        "micro_batch_size": case["local_batch_size"],
+        "seq_len": case["seq_len"],
+        "framework": "torchtitan",
+        "precision": "mixed-bf16",
+        "recompute": "selective",
+        "optimizer": "adamw-fused",
+    }
+    return estimate_one(spec, **{**fields, **flags})
 
 
 @pytest.mark.parametrize("name", ["8b-fsdp8", "8b-fsdp8-b2"])
@@ -73,9 +72,7 @@ def test_llama3_8b_fsdp8_with_the_registry_defaults(name: str) -> None:
         err = got[f"peak_{phase}_bytes"] / case[f"peak_{phase}_bytes"] - 1.0
         assert abs(err) <= tolerance, (phase, err)
     peak = got["peak_allocated_bytes"] / case["peak_allocated_bytes"] - 1.0
-    # 2 x 8192: the engine's backward (BACKWARD_TOLERANCE) passes the traced loss-phase peak by
-    # 1.1%; the issue's bar for these traces is 3%.
-    assert abs(peak) <= 0.015, peak
+    assert abs(peak) <= PEAK_TOLERANCE, peak
 
 
 def test_auto_is_the_wrapper_and_full_is_the_old_one_piece_loss() -> None:
@@ -90,10 +87,25 @@ def test_debug_model_single_device() -> None:
     case = CASES["debug"]
     got = estimate_case(case)
     assert got["parameters"] == case["parameters_bytes"]
-    loss_phase = got["peak_forward_bytes"] / case["peak_forward_bytes"] - 1.0
-    assert abs(loss_phase) <= PEAK_TOLERANCE, loss_phase
-    over = got["peak_backward_bytes"] / case["peak_backward_bytes"] - 1.0
-    assert 0.0 <= over <= DEBUG_BACKWARD_OVER, over
+    for phase in ("forward", "backward", "allocated"):  # forward: the wrapper's loss phase
+        err = got[f"peak_{phase}_bytes"] / case[f"peak_{phase}_bytes"] - 1.0
+        assert abs(err) <= DEBUG_TOLERANCE, (phase, err)
+
+
+def test_debug_model_tp4_with_loss_parallel_as_a_user_writes_it() -> None:
+    """`--tp 4 --num-gpus 4` and nothing else about SP: torchtitan's TP is sequence-parallel by
+    default (FrameworkSpec.tp_sequence_parallel; the trace ran parallelize_llama's own plan).
+    Before that default the engine counted TP without SP: +16.4% at the peak."""
+    case = CASES["debug-tp4"]
+    assert (case["tp"], case["world_size"]) == (4, 4)
+    got = estimate_case(case, tp=4, num_gpus=4)
+    assert got["parameters"] == case["parameters_bytes"]
+    assert got["optimizer_states"] == case["optimizer_states_bytes"]
+    assert got["activations_per_layer"] == case["activations_by_layer_bytes"][1]
+    for phase in ("forward", "backward", "allocated"):
+        err = got[f"peak_{phase}_bytes"] / case[f"peak_{phase}_bytes"] - 1.0
+        assert abs(err) <= DEBUG_TOLERANCE, (phase, err)
+    assert got == estimate_case(case, tp=4, num_gpus=4, sequence_parallel=True)
 
 
 def test_debug_model_with_the_registrys_one_piece_loss() -> None:

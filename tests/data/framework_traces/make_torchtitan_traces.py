@@ -19,6 +19,9 @@ forward, backward, optimizer step). Policies: none; FullAC; SelectiveAC (per-op,
 ops); layer-wise selective AC as torchtitan <= 0.2 did it (selective_ac_option "2": a global
 counter, every block whose count % 2 == 0 is wrapped in a full checkpoint_wrapper).
 
+SiLU: rows with silu "fused" run F.silu as the CUDA kernel does in backward (one output);
+the others keep fake mode's decomposition of silu_backward.
+
 RMSNorm: on this CPU build of torch, aten::_fused_rms_norm is only its CompositeImplicitAutograd
 decomposition, so the fake CUDA device saves x.float(), x * rstd (fp32), rstd and the bf16
 output per norm; a CUDA build runs the fused kernel, whose autograd node saves only the input
@@ -170,7 +173,7 @@ class Traced(torch.nn.Module):
 
 
 def trace(policy: str, micro_batch: int, seq_len: int, optimizer: str, fuse_qkv: bool = True,
-          rms_norm: str = "composite"):
+          rms_norm: str = "composite", silu: str = "composite"):
     from torchtitan.components.loss import IGNORE_INDEX, CrossEntropyLoss
 
     loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config(global_vocab_size=DIMS["vocab_size"]))
@@ -200,6 +203,10 @@ def trace(policy: str, micro_batch: int, seq_len: int, optimizer: str, fuse_qkv:
     device_type, contexts, note = step_contexts(device="cuda", fake=True, sdpa_kernel="flash")
     assert device_type == "cuda" and not note, note
     contexts = norm_contexts(contexts, rms_norm)
+    if silu == "fused":  # aten::silu_backward as one CUDA kernel (no decomposed temporaries)
+        import make_torchtitan_8b_fsdp_traces as t8
+
+        contexts = [*contexts, t8.silu_as("fused")]
     out = step.run_step(build, precision="bf16",
                         recompute="none" if policy == "none" else "full",
                         optimizer=optimizer, device_type=device_type, contexts=contexts,
@@ -210,6 +217,7 @@ def trace(policy: str, micro_batch: int, seq_len: int, optimizer: str, fuse_qkv:
     return {
         "policy": policy, "micro_batch_size": micro_batch, "seq_len": seq_len, "tokens": tokens,
         "optimizer": optimizer, "fuse_qkv": fuse_qkv, "rms_norm": rms_norm,
+        "silu": silu,
         "dims": {"hidden": d["dim"], "intermediate": info["hidden"], "heads": d["n_heads"],
                  "kv_heads": d["n_kv_heads"], "head_dim": head_dim, "vocab": d["vocab_size"],
                  "layers": d["n_layers"]},
@@ -238,6 +246,8 @@ def main() -> None:
              for n in ("composite", "fused") for p in POLICIES for b, s in SHAPES]
     cases += [trace("none", b, s, "adamw-fused") for b, s in SHAPES]  # torchtitan's default
     cases += [trace("selective_op", b, s, "adamw", fuse_qkv=False) for b, s in SHAPES]
+    cases += [trace(p, b, s, "adamw", rms_norm="fused", silu="fused")
+              for p in POLICIES for b, s in SHAPES]
     OUT.write_text(json.dumps({
         "provenance": {
             "torchtitan": "0.3.0", "torch": torch.__version__,
@@ -259,6 +269,10 @@ def main() -> None:
                 "block's output, so it is counted in block k-1 (block 0's: outside)",
                 "rms_norm composite: what the fake device runs on a CPU torch build; fused: "
                 "the CUDA build's _fused_rms_norm saved set (input, rstd), emulated",
+                "silu composite: fake mode decomposes aten::silu_backward "
+                "(CompositeImplicitAutograd: sigmoid, 1 - sigmoid and their products, several "
+                "[tokens, ffn] temporaries at once); fused: one kernel, one output like its "
+                "input, as a GPU runs it (make_torchtitan_8b_fsdp_traces.py _FusedSiLU)",
                 "rope_cache_buffers_bytes: complex64 ComplexRoPE caches (max_seq_len = "
                 "seq_len, one per layer), computed, inside every peak",
             ],

@@ -38,6 +38,7 @@ per chunk, all in the forward phase of the step).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -62,6 +63,17 @@ CASES = {  # name: (registry function, fsdp world, local batch or None: the regi
     "debug-ce": ("llama3_debugmodel_ce_loss", 1, None),  # the registry's one-piece loss
     "8b-fsdp8": ("llama3_8b", 8, None),
     "8b-fsdp8-b2": ("llama3_8b", 8, 2),
+    "debug-tp4": ("llama3_debugmodel", 1, None),
+    "debug-cp2": ("llama3_debugmodel", 1, None),
+    "8b-tp4-fsdp2": ("llama3_8b", 2, None),
+    "8b-cp2-fsdp4": ("llama3_8b", 4, None),
+    "8b-fsdp128": ("llama3_8b", 128, None),
+}
+MODEL_PARALLEL = {  # name: (tp, cp) where > 1: parallelize_llama's own path (module docstring)
+    "debug-tp4": (4, 1),
+    "debug-cp2": (1, 2),
+    "8b-tp4-fsdp2": (4, 1),
+    "8b-cp2-fsdp4": (1, 2),
 }
 
 
@@ -95,10 +107,16 @@ def trainer_config(name: str):
     _stub_unused_imports()
     from torchtitan.models.llama3 import config_registry
 
-    registry_fn, _, batch = CASES[name]
+    registry_fn, fsdp, batch = CASES[name]
     cfg = getattr(config_registry, registry_fn)()
     if batch is not None:
         cfg.training.local_batch_size = batch
+    tp, cp = MODEL_PARALLEL.get(name, (1, 1))
+    cfg.parallelism.tensor_parallel_degree = tp
+    cfg.parallelism.context_parallel_degree = cp
+    cfg.parallelism.data_parallel_shard_degree = fsdp
+    if tp * cp > 1:  # torch 2.13's fully_shard does not read spmd_types' annotations
+        cfg.parallelism.spmd_backend = "partial_dtensor"
     cfg.model_spec.model.update_from_config(config=cfg)
     return cfg
 
@@ -113,6 +131,21 @@ def build_registry_model(cfg):
     return model_cfg.build(), model_cfg
 
 
+def _mesh_ops_outside_fake_mode() -> None:
+    """FSDP2 over TP DTensors concatenates the dp and tp meshes at fully_shard time; a mesh's
+    rank tensor is host bookkeeping, made outside fake mode (as the meshes themselves are)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import DeviceMesh
+
+    plain = DeviceMesh._concatenate
+
+    def concatenate(*args, **kwargs):
+        with unset_fake_temporarily():
+            return plain(*args, **kwargs)
+
+    DeviceMesh._concatenate = staticmethod(concatenate)
+
+
 def trace(name: str) -> dict:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.distributed.device_mesh import init_device_mesh
@@ -120,8 +153,12 @@ def trace(name: str) -> dict:
     from torchtitan.distributed.activation_checkpoint import SelectiveAC
     from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
 
-    _, world, _ = CASES[name]
+    _, fsdp_world, _ = CASES[name]
+    _mesh_ops_outside_fake_mode()
+    tp, cp = MODEL_PARALLEL.get(name, (1, 1))
+    world = fsdp_world * tp * cp
     cfg = trainer_config(name)
+    dims = None
     micro_batch, seq_len = cfg.training.local_batch_size, cfg.training.seq_len
     wrapped = isinstance(cfg.loss, ChunkedLossWrapper.Config)
     assert isinstance(cfg.activation_checkpoint, SelectiveAC.Config), cfg.activation_checkpoint
@@ -134,17 +171,30 @@ def trace(name: str) -> dict:
         model, model_cfg = build_registry_model(cfg)
         info["model_cfg"] = model_cfg
         info["intermediate"] = int(model.layers["0"].feed_forward.w1.weight.shape[0])
-        cfg.activation_checkpoint.build(dump_folder="/tmp/tt3").apply(model)
-        with unset_fake_temporarily():
-            mesh = init_device_mesh("cuda", (world,), mesh_dim_names=("fsdp",))
-        apply_fsdp_to_decoder(model, mesh, param_dtype=torch.bfloat16,
-                              reduce_dtype=torch.float32, pp_enabled=False)
+        if dims is None:
+            cfg.activation_checkpoint.build(dump_folder="/tmp/tt3").apply(model)
+            with unset_fake_temporarily():
+                mesh = init_device_mesh("cuda", (world,), mesh_dim_names=("fsdp",))
+            apply_fsdp_to_decoder(model, mesh, param_dtype=torch.bfloat16,
+                                  reduce_dtype=torch.float32, pp_enabled=False)
+        else:  # parallelize_llama itself: CP, TP (spmd_types), AC, FSDP2
+            model = cfg.model_spec.parallelize_fn(
+                model, parallel_dims=dims, training=cfg.training,
+                parallelism=cfg.parallelism, compile_config=cfg.compile,
+                ac_config=cfg.activation_checkpoint, dump_folder="/tmp/tt3")
         if wrapped:  # as Trainer.__init__ does for a ChunkedLossWrapper
             loss_fn.set_lm_head(model.lm_head)
             model._skip_lm_head = True
         vocab = model_cfg.vocab_size
         tokens = torch.randint(0, vocab, (micro_batch, seq_len))
         labels = torch.randint(0, vocab, (micro_batch, seq_len))
+        if cp > 1:  # Trainer.post_dataloading_process: this rank's sequence shard
+            from torchtitan.distributed.context_parallel import prepare_context_parallel_input
+
+            tokens, labels, _ = prepare_context_parallel_input(
+                tokens, labels, {}, dims.get_mesh("cp"), tokens.device,
+                cfg.parallelism.context_parallel_load_balancer,
+                cfg.parallelism.context_parallel_ptrr_mask_key)
 
         def loss(m, batch):
             hidden = m(batch[0])
@@ -197,7 +247,24 @@ def trace(name: str) -> dict:
 
     device_type, contexts, note = step_contexts(device="cuda", fake=True, sdpa_kernel="flash")
     assert device_type == "cuda" and not note, note
-    contexts = [fake_process_group(world), fake_fsdp_device_handle(), *contexts,
+    @contextlib.contextmanager
+    def spmd_context():
+        """The Trainer's train_context (dist_utils.get_spmd_context) around the step, on a
+        ParallelDims over the fake world (its meshes built outside fake mode)."""
+        nonlocal dims
+        if name not in MODEL_PARALLEL:
+            yield
+            return
+        from torchtitan.distributed import ParallelDims
+        from torchtitan.distributed import utils as dist_utils
+
+        dist_utils.set_spmd_backend(cfg.parallelism.spmd_backend)  # as Trainer.__init__
+        dims = ParallelDims.from_config(cfg.parallelism, world)
+        dims.build_mesh()
+        with dist_utils.get_spmd_context(parallel_dims=dims)():
+            yield
+
+    contexts = [fake_process_group(world), spmd_context(), fake_fsdp_device_handle(), *contexts,
                 base.rms_norm_as("fused"), t8.silu_as("fused")]
     out = step.run_step(build, precision="mixed-bf16", recompute="none",
                         optimizer="adamw-fused", device_type=device_type, contexts=contexts,
@@ -209,7 +276,8 @@ def trace(name: str) -> dict:
     head_dim = dim // heads
     rope_cache = step.rounded(seq_len * head_dim // 2 * 8)
     return {
-        "case": name, "registry": CASES[name][0], "fsdp_world_size": world,
+        "case": name, "registry": CASES[name][0], "fsdp_world_size": fsdp_world,
+        "tp": tp, "cp": cp, "world_size": world,
         "policy": "selective_op", "loss": f"ChunkedLossWrapper(num_chunks={cfg.loss.num_chunks})" if wrapped
         else "CrossEntropyLoss",
         "local_batch_size": micro_batch, "seq_len": seq_len,

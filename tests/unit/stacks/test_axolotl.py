@@ -59,7 +59,7 @@ EXPECTED = {
         _job(L1B, 2, 2, 2048, "adamw-8bit", **_lora(16, (SEVEN, "file:lora_target_modules"))),
         ["lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel"],
     ),
-    "llama-3_fft-8b.yaml": (_job(L8B, 1, 8, 8192, "adamw-8bit"), ["optimizer"]),
+    "llama-3_fft-8b.yaml": (_job(L8B, 1, 8, 8192, "paged-adamw-8bit"), []),
     "llama-3_fft-8b-liger-fsdp.yaml": (
         _job(L8B, 2, 4, 4096, "adamw-fused", "mixed-bf16", **FSDP,
              loss=("chunked", "file:liger_fused_linear_cross_entropy")),
@@ -89,8 +89,8 @@ EXPECTED = {
         ["deepspeed", "unfrozen_parameters"],
     ),
     "llama-2_qlora.yml": (
-        _job("NousResearch/Llama-2-7b-hf", 2, 4, 4096, "adamw", **_lora(32, qlora=True)),
-        ["optimizer"],
+        _job("NousResearch/Llama-2-7b-hf", 2, 4, 4096, "paged-adamw", **_lora(32, qlora=True)),
+        [],
     ),
     "llama-2_fft_optimized.yml": (
         _job("NousResearch/Llama-2-7b-hf", 1, 1, 4096, "adamw-8bit"), ["flash_attn_fuse_mlp"]
@@ -119,10 +119,10 @@ EXPECTED = {
         ["deepspeed"],
     ),
     "jamba_qlora_deepspeed.yaml": (
-        _job("ai21labs/Jamba-v0.1", 1, 4, 4096, "adamw-8bit", "mixed-bf16", **DS,
+        _job("ai21labs/Jamba-v0.1", 1, 4, 4096, "paged-adamw-8bit", "mixed-bf16", **DS,
              zero=(2, "file:deepspeed"), offload=("optimizer", "file:deepspeed"),
              **_lora(8, qlora=True)),
-        ["optimizer"],
+        [],
     ),
     "tiny-llama_pretrain.yml": (_job("TinyLlama/TinyLlama-1.1B-Chat-v1.0", 2, 4, 2048,
                                      "adamw-8bit"), []),
@@ -271,7 +271,8 @@ def test_bad_values_name_file_and_key(text: str, message: str) -> None:
          global_batch_size=8, precision="bf16", lora_rank=32, lora_targets=SEVEN, qlora=True,
          optimizer="adamw-8bit", recompute="full")),
         ("llama-3_fft-8b.yaml", dict(model="llama-3.1-8b", micro_batch_size=1, seq_len=8192,
-         global_batch_size=8, precision="bf16", optimizer="adamw-8bit", recompute="full")),
+         global_batch_size=8, precision="bf16", optimizer="paged-adamw-8bit",
+         recompute="full")),
     ],
 )  # fmt: skip
 def test_check_equals_the_expert_estimate(name: str, flags: dict) -> None:

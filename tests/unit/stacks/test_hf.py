@@ -106,11 +106,11 @@ EXPECTED: dict[str, Want] = {
             ("seq_len", 1024, "file:max_length"),
             ("precision", "bf16", "file:torch_dtype"),
             ("recompute", "full", "file:gradient_checkpointing"),
-            ("optimizer", "adamw", "file:optim"),  # paged_adamw_32bit
+            ("optimizer", "paged-adamw", "file:optim"),  # paged_adamw_32bit
             ("attention", "flash", "file:attn_implementation"),
             *qlora(128),
         ],
-        ("optim", "beta"),
+        ("beta",),
     ),
     "trl_example_config.yaml": Want(  # the model, a dataset and a learning rate only
         [

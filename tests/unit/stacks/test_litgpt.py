@@ -41,28 +41,28 @@ SHARDED = {"zero": (3, D), "recompute": ("full", D)}
 L31, L32 = "checkpoints/meta-llama/Meta-Llama-3.1-8B", "checkpoints/meta-llama/Llama-3.2-1B"
 EXPECTED = {
     "llama-3.1-8b_lora.yaml": (_job(L31, 1, 1, 8, **_lora(32, QV)), []),
-    "llama-3.1-8b_qlora.yaml": (_job(L31, 1, 2, 8, **_lora(32, QV), **QLORA), ["quantize"]),
+    "llama-3.1-8b_qlora.yaml": (_job(L31, 1, 2, 8, **_lora(32, QV), **QLORA), []),
     "llama-3.1-8b_full.yaml": (_job(L31, 4, 4, 64, **SHARDED), []),
     "llama-3.2-1B_lora.yaml": (_job(L32, 1, 1, 8, **_lora(32, QV)), []),
-    "llama-3.2-1B_qlora.yaml": (_job(L32, 1, 2, 8, **_lora(32, QV), **QLORA), ["quantize"]),
+    "llama-3.2-1B_qlora.yaml": (_job(L32, 1, 2, 8, **_lora(32, QV), **QLORA), []),
     "llama-3.2-1B_full.yaml": (_job(L32, 1, 4, 64), []),
     "gemma-2b_lora.yaml": (_job("checkpoints/google/gemma-2b", 1, 2, 6, **_lora(8, ALL)),
                            ["lora_head"]),
     "gemma-2b_full.yaml": (_job("checkpoints/google/gemma-2b", 4, 1, 16, **SHARDED), []),
     "gemma2-9b_qlora.yaml": (
         _job("checkpoints/google/gemma-2-9b", 1, 1, 6, **_lora(16, ALL), **QLORA),
-        ["quantize", "lora_head"],
+        ["lora_head"],
     ),
     "phi-2_lora.yaml": (_job("checkpoints/microsoft/phi-2", 1, 4, 8, **_lora(8, ALL)),
                         ["lora_head"]),
     "phi-2_full.yaml": (_job("checkpoints/microsoft/phi-2", 2, 4, 8, **SHARDED), []),
     "phi-3_qlora.yaml": (
         _job("checkpoints/microsoft/Phi-3-mini-4k-instruct", 1, 4, 8, **_lora(8, ALL), **QLORA),
-        ["quantize", "lora_head"],
+        ["lora_head"],
     ),
     "mistral-7b_qlora.yaml": (
         _job("checkpoints/mistralai/Mistral-7B-v0.1", 1, 2, 8, **_lora(32, QV), **QLORA),
-        ["quantize"],
+        [],
     ),
     "falcon-7b_lora.yaml": (_job("checkpoints/tiiuae/falcon-7b", 1, 1, 8, **_lora(32, QV)), []),
     "llama-2-7b_full.yaml": (

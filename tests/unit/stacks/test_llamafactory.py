@@ -84,8 +84,8 @@ EXPECTED = {
         _job("models/llama3-8b-pro", 1, 8, AMP), ["finetuning_type", "use_llama_pro"]
     ),
     "extras_mod_llama3_full_sft.yaml": (
-        _job(L3, 1, 8, PURE, optimizer=("adamw-8bit", "file:optim")),
-        ["mixture_of_depths", "optim"],
+        _job(L3, 1, 8, PURE, optimizer=("paged-adamw-8bit", "file:optim")),
+        ["mixture_of_depths"],
     ),
     "extras_fp8_llama3_fp8_fsdp_sft.yaml": (
         _job(L3, 1, 8, ("fp8-mixed", "file:fp8"), seq=1024, zero=(3, "file:fsdp")), []
