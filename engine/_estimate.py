@@ -113,6 +113,7 @@ _S_TERMS = (
     "load_peak",
     "load_host_bytes",
     "accum_end_grads",
+    "fsdp_bwd_start",
 )
 _A_TERMS = (
     "stage_act",

@@ -192,6 +192,15 @@ class FrameworkSpec:
     dtype) after forward, so the loop holds fp32 logits and the chunked loss runs on them
     (lightning 2.6.6 fabric/wrappers.py _FabricModule.forward, plugins/precision/half.py,
     amp.py and bitsandbytes.py convert_output); only with head_chunk_tokens."""
+    fsdp1_full_finetune: bool = False
+    """ZeRO-3 of a full fine-tune (no LoRA) runs torch FSDP1 (FullyShardedDataParallel: one
+    flat parameter per wrapped Block and one root unit, FULL_SHARD, limit_all_gathers) rather
+    than FSDP2: the same sharded states (engine/_fsdp1.py), but no block's gather in flight at
+    the loss and no reduce-scatter input held into the next block's backward. Source: litgpt
+    0.5.13 finetune/full.py (several devices: lightning FSDPStrategy(auto_wrap_policy={Block},
+    activation_checkpointing_policy={Block}, state_dict_type="full", limit_all_gathers=True));
+    its LoRA recipe runs ModelParallelStrategy (FSDP2, finetune/lora.py). Traced:
+    tests/data/framework_traces/fsdp1_llama.json."""
     pp_receive_buffer_per_micro_batch: bool
     """Pipeline stages receive each micro-batch's activations into a buffer of its own
     (torch.distributed.pipelining allocates one receive buffer per micro-batch); False: a stage
@@ -541,6 +550,7 @@ _SPEC_VALUES: dict[str, dict[str, Any]] = {
         qlora_stable_embedding=True,
         qlora_paged_optimizer=True,
         logits_cast_fp32=True,
+        fsdp1_full_finetune=True,
         load="meta-init",
         load_source=(
             "litgpt 0.5.13 finetune/lora.py main (fabric.init_module(empty_init=world_size > 1): "
@@ -651,6 +661,8 @@ EAGER_SOFTMAX_FUSED = _table("eager_softmax_fused")
 """Per framework code: eager attention's masked softmax is a fused 16-bit kernel."""
 FSDP2_EMBEDDING_UNIT = _table("fsdp2_embedding_unit")
 """Per framework code: FSDP2 units as torchtitan wraps them (FrameworkSpec)."""
+FSDP1_FULL_FINETUNE = _table("fsdp1_full_finetune")
+"""Per framework code: ZeRO-3 of a full fine-tune is FSDP1 (FrameworkSpec.fsdp1_full_finetune)."""
 LOAD_POLICY = np.array(
     [LOADS.index(FRAMEWORK_SPECS[name].load) for name in FRAMEWORKS], dtype=np.int64
 )

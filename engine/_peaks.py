@@ -67,7 +67,7 @@ def phase_peaks(T: Any, *, pp: Any, v: Any, stage: Any, num_micro: Any) -> dict[
     live = base + grads_live
     forward_peak = live + stored + S["fsdp_fwd"] + A["fwd_max"]
     live_acts = live + activations
-    backward_start = live_acts + S["fsdp_fwd"] + A["bwd_start_extra"]
+    backward_start = live_acts + S["fsdp_bwd_start"] + A["bwd_start_extra"]
     # What an accumulation micro-step keeps to the end of its backward besides (ZeRO-Offload).
     accum = np.where(num_micro > 1, S["accum_end_grads"], 0.0)
     backward_end = base + S["end_grads"] + accum + stored + A["bwd_end_extra"]

@@ -29,6 +29,7 @@ from ._frameworks import (
     ADAPTERS_IN_PARAM_DTYPE,
     FP8_WEIGHT_CACHE,
     FP32_MAIN_GRAD_BUFFER,
+    FSDP1_FULL_FINETUNE,
     FSDP2_EMBEDDING_UNIT,
     LOAD_POLICY,
     QLORA_DOUBLE_QUANT,
@@ -37,6 +38,11 @@ from ._frameworks import (
     QLORA_STABLE_EMBEDDING,
     recipe_optimizer,
     state_shard_degree,
+)
+from ._fsdp1 import (
+    fsdp1_backward_prefetch_bytes,
+    fsdp1_forward_blocks_in_flight,
+    fsdp1_reduce_scatter_input_element_bytes,
 )
 from ._load import load_buffer_bytes, load_host_bytes, load_policy
 from ._lora import (
@@ -362,6 +368,7 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
         "persistent": held + ds["buffers"] + fp8_cache,
         "fp8_weight_cache": fp8_cache,
         "fsdp_fwd": fsdp_fwd + dequant,
+        "fsdp_bwd_start": fsdp_fwd + _fsdp1_prefetch(x, layer, active=fsdp_active) + dequant,
         "end_grads": grads_end + fsdp_bwd + dequant,
         "grads_persistent": grads_persistent,
         "tied_embedding_grad": _tied_embedding_grad(m, x, grad_e, single_stage=c["pp"] <= 1),
@@ -506,6 +513,8 @@ def _fsdp2_buffers(
     """FSDP2's unsharded buffers (fsdp2_buffer_bytes) with the framework's units: torchtitan
     wraps the embedding apart, resharded after forward, and gathers no block at the loss
     (FrameworkSpec.fsdp2_embedding_unit); elsewhere the root holds embedding, norm and head.
+    FSDP1 (FrameworkSpec.fsdp1_full_finetune, a full fine-tune): no block gathered at the loss
+    and no reduce-scatter input held (engine/_fsdp1.py).
 
     A gathered tensor is its padded shard times the ranks (dim 0 padded up to a multiple of dp:
     four experts over 64 ranks gather 64 rows), in the dtype the parameters are gathered in
@@ -527,14 +536,32 @@ def _fsdp2_buffers(
     # tracer's and accelerate's reading) gathers 16 bits and reduces in fp32.
     policy = x.mixed | IS_AMP[x.prec]
     gather_e = np.where(policy, 2.0, PARAM_BYTES[x.prec])
-    return fsdp2_buffer_bytes(
+    fsdp1 = FSDP1_FULL_FINETUNE[x.fw] & ~x.lora  # FSDP1 (engine/_fsdp1.py)
+    gathered_layer = largest_layer_numel(x.part, x.counts) * gathered
+    fwd, bwd = fsdp2_buffer_bytes(
         active=active,
         root_numel=root_numel,
         root_grad_numel=root_grad_numel,
-        layer_numel=largest_layer_numel(x.part, x.counts) * gathered,
-        layers_in_flight=np.where(own_unit, 0.0, 1.0),
+        layer_numel=gathered_layer,
+        layers_in_flight=fsdp1_forward_blocks_in_flight(fsdp1, np.where(own_unit, 0.0, 1.0)),
         element_bytes=gather_e,
-        reduce_bytes=np.where(policy, 4.0, PARAM_BYTES[x.prec]),
+        reduce_bytes=fsdp1_reduce_scatter_input_element_bytes(
+            fsdp1, np.where(policy, 4.0, PARAM_BYTES[x.prec])
+        ),
+    )
+    return fwd, bwd
+
+
+def _fsdp1_prefetch(x: RankLayout, layer: np.ndarray, *, active) -> np.ndarray:
+    """FSDP1's block prefetched at the start of backward (fsdp1_backward_prefetch_bytes; FSDP2's
+    start of backward holds its forward buffers only): the largest gathered block in the
+    all-gather dtype (16-bit under a mixed-precision policy)."""
+    fsdp1 = FSDP1_FULL_FINETUNE[x.fw] & ~x.lora
+    policy = x.mixed | IS_AMP[x.prec]
+    return fsdp1_backward_prefetch_bytes(
+        active & fsdp1,
+        layer_numel=largest_layer_numel(x.part, x.counts) * x.dp,
+        element_bytes=np.where(policy, 2.0, PARAM_BYTES[x.prec]),
     )
 
 
