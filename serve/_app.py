@@ -8,7 +8,8 @@
                            (+ `launch`: the rendered config when `format` is not json)
     POST /v1/check         {"files": {NAME: TEXT}} + any check flag -> `trainmem check --json`
                            (HTTP 200 whether it fits or not: read `fits`)
-    GET  /openapi.json     the schema (FastAPI), /docs its browsable form
+    GET  /openapi.json     the schema (FastAPI)
+    GET  /, /docs          the offline page and API docs (serve/_page.py; not in the schema)
 
 The request models are generated from the commands' declared options (trainmem.report.Option:
 the training configuration's fields and each command's own; names, types, defaults, help,
@@ -51,6 +52,7 @@ from trainmem.sweep import FIT_OPTIONS
 
 from ._asgi import Guard, logger
 from ._fleet import MAX_POOLS, inline_pools, pool_model
+from ._page import add_page
 from ._work import (
     Busy,
     Runner,
@@ -250,6 +252,8 @@ def create_app(
         title="trainmem",
         version=version(),
         description="Per-GPU training memory, fit and plans for schedulers (see README).",
+        docs_url=None,  # FastAPI's /docs and /redoc load from a CDN; serve/_page.py's do not
+        redoc_url=None,
     )
     app.add_middleware(Guard, max_body_bytes=limits.max_body_bytes)
     _add_error_handlers(app)
@@ -257,6 +261,7 @@ def create_app(
     _add_estimate_fit(app, choices=choices, dirs=dirs, limits=limits, run=run)
     _add_recommend(app, choices=choices, dirs=dirs, limits=limits, run=run)
     _add_check(app, choices=choices, dirs=dirs, run=run)
+    add_page(app)
     return app
 
 
