@@ -19,7 +19,13 @@ import typer
 import typer.main
 from typer.core import TyperGroup
 
-from trainmem.report import ESTIMATE_OPTIONS, EXIT_CODES, estimate_report, human_table
+from trainmem.report import (
+    ESTIMATE_OPTIONS,
+    EXIT_CODES,
+    PICTURE_OPTIONS,
+    estimate_report,
+    human_table,
+)
 
 from ._options import command
 
@@ -35,6 +41,7 @@ LAZY_COMMANDS = {
     "serve": "._serve",
     "heatmap": "._heatmap",
     "check": "._check",
+    "compare": "._compare",
 }
 """Commands built from their module (its `register(app)`) when named, after this file's own
 (in this order in `--help`): `trainmem estimate` neither imports what they run (polars, Optuna,
@@ -107,14 +114,31 @@ def _group() -> None:
 
 
 @app.command("estimate", epilog=EXIT_CODES)
-@command(ESTIMATE_OPTIONS)
-def estimate_cmd(training: dict[str, Any], *, as_json: bool, check: bool, **options: Any) -> None:
+@command((*ESTIMATE_OPTIONS, *PICTURE_OPTIONS))
+def estimate_cmd(
+    training: dict[str, Any],
+    *,
+    as_json: bool,
+    check: bool,
+    plot: str | None = None,
+    memory_viz: str | None = None,
+    **options: Any,
+) -> None:
     """Per-device memory of one training configuration: breakdown, phase peaks, fit."""
+    pictures = plot is not None or memory_viz is not None
+    if pictures:  # its module (and matplotlib) only when asked for
+        from ._pictures import check_pictures
+
+        check_pictures(plot, memory_viz)
     report = estimate_report(training, **options)
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:
         typer.echo(human_table(report))
+    if pictures:
+        from ._pictures import write_pictures
+
+        write_pictures(report, options, plot=plot, memory_viz=memory_viz)
     if check and not report["fits"]:
         raise typer.Exit(1)
 

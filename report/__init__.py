@@ -22,6 +22,7 @@ from ._estimate import (
     traced_choices,
     training_config,
 )
+from ._memory_snapshot import memory_snapshot
 from ._options import (
     AS_JSON,
     CHECK,
@@ -40,6 +41,15 @@ from ._options import (
     training_options,
 )
 from ._row import human_table, row_report, stage_summary, time_line, time_report
+from ._timeline import (
+    MEMORY_VIZ_SUFFIXES,
+    PICTURE_OPTIONS,
+    PLOT_FORMATS,
+    TIMELINE_COMPONENTS,
+    picture_suffix,
+    stage_blocks,
+    step_timeline,
+)
 from ._validate import VOCABULARIES, check_choices, check_headroom, check_options, choice
 
 __all__ = [
@@ -86,4 +96,12 @@ __all__ = [
     "time_line",
     "time_report",
     "traced_choices",
+    "MEMORY_VIZ_SUFFIXES",
+    "PICTURE_OPTIONS",
+    "PLOT_FORMATS",
+    "TIMELINE_COMPONENTS",
+    "memory_snapshot",
+    "picture_suffix",
+    "stage_blocks",
+    "step_timeline",
 ]

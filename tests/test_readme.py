@@ -124,6 +124,8 @@ def writes(argv: list[str]) -> str | None:
         return _option(argv, "--out") or "heatmap.png"
     if argv[0] == "trace":
         return _option(argv, "--save-profile")
+    if argv[0] == "estimate":
+        return _option(argv, "--plot") or _option(argv, "--memory-viz")
     return None
 
 
@@ -146,7 +148,7 @@ def localise(argv: list[str], out: Path) -> list[str]:
 
 
 def _run(argv: list[str], out: Path, capsys: pytest.CaptureFixture[str]) -> str:
-    if argv[0] == "heatmap":
+    if argv[0] == "heatmap" or (argv[0] == "estimate" and "--plot" in argv):
         pytest.importorskip("matplotlib")
     if argv[0] == "trace":
         pytest.importorskip("torch")
