@@ -9,7 +9,8 @@ written under the test's tmp folder (and to $TRAINMEM_PAGE_SCREENSHOT when set: 
 docs/serve-page.png is made).
 
 Skipped only where /usr/bin/chromium or /usr/bin/chromedriver is missing (.ci/run installs
-both) or the test extra is not installed (selenium, fastapi, uvicorn).
+both, and sets TRAINMEM_REQUIRE_BROWSER, under which a missing browser fails instead) or the test
+extra is not installed (selenium, fastapi, uvicorn).
 """
 
 from __future__ import annotations
@@ -103,7 +104,10 @@ def base_url() -> Iterator[str]:
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """Headless chromium with a fresh profile and the performance log on; always quit."""
     if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
-        pytest.skip("no browser: apt-get install chromium chromium-driver (.ci/run does)")
+        why = "no browser: apt-get install chromium chromium-driver (.ci/run does)"
+        if os.environ.get("TRAINMEM_REQUIRE_BROWSER"):
+            pytest.fail(f"{why}; TRAINMEM_REQUIRE_BROWSER is set", pytrace=False)
+        pytest.skip(why)
     os.environ.setdefault("SE_OFFLINE", "true")  # selenium-manager never downloads a driver
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
