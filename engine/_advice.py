@@ -21,8 +21,8 @@ from ._estimate import PHASES, estimate, layout_reason
 from ._frameworks import (
     ADAPTERS_IN_PARAM_DTYPE,
     FRAMEWORK_SPECS,
-    HEAD_CHUNK_TOKENS,
     QLORA_KBIT_PREPARED,
+    head_chunk_tokens,
     recipe_optimizer,
     resolved_loss,
 )
@@ -484,7 +484,8 @@ def _transient_items(
     pp = int(config["pp"])
     last_stage = pp == 1 or int(at("pp_stage")) == pp - 1
     # A framework's own loss over head chunks (LitGPT) has no fp32 [T, v] gradients.
-    own_chunks = HEAD_CHUNK_TOKENS[FRAMEWORKS.index(str(config["framework"]))] > 0
+    fw_code = FRAMEWORKS.index(str(config["framework"]))
+    own_chunks = head_chunk_tokens(fw_code, int(config["lora_rank"])) > 0
     loss = resolved_loss(str(config["framework"]), str(config["loss"]))
     if phase == "backward" and loss == "full" and last_stage and not own_chunks:
         tokens = int(config["micro_batch_size"]) * int(config["seq_len"]) / int(config["cp"])

@@ -127,6 +127,7 @@ _A_TERMS = (
     "embed_extra",
     "recompute_extra",
     "small",
+    "step_held",
     "largest_block",
 )
 _OPTIONAL_TERMS = {  # output column -> (state terms, activation terms) it needs besides

@@ -95,6 +95,14 @@ class FrameworkSpec:
     whole (each chunk's log-softmax is saved; under autocast each chunk is upcast apart); the
     training loop holds the list of logits from forward until the next step's forward returns.
     0: one head over the sequence (what `--loss full` means elsewhere)."""
+    head_chunk_lora_only: bool = False
+    """head_chunk_tokens applies to the LoRA/QLoRA recipe only: a full fine-tune (no adapters)
+    runs one head over the sequence and the generic loss. Source: litgpt 0.5.13
+    finetune/full.py fit (`logits = model(input_ids)`, then `chunked_cross_entropy(logits[...,
+    :-1, :], targets[..., 1:])` on the whole fp32 logits) vs finetune/lora.py fit
+    (`model(input_ids, lm_head_chunk_size=128)`). Traced: litgpt_full.json. Ignores: the
+    previous step's fp32 logits, which full.py's `logits` local keeps alive through the next
+    forward (its traced forward peak is 1.9-4.5% under without AC)."""
     lora_dropout: bool = False
     """The recipe's LoRA dropout is on by default: every adapted module drops its input apart
     and keeps the dropped 16-bit copy (for lora_A's gradient) and a bool mask."""
@@ -191,7 +199,10 @@ class FrameworkSpec:
     """The training loop's model wrapper casts the returned chunk logits to fp32 (the default
     dtype) after forward, so the loop holds fp32 logits and the chunked loss runs on them
     (lightning 2.6.6 fabric/wrappers.py _FabricModule.forward, plugins/precision/half.py,
-    amp.py and bitsandbytes.py convert_output); only with head_chunk_tokens."""
+    amp.py and bitsandbytes.py convert_output). With head_chunk_tokens the list of chunk
+    logits is held in every phase; without (head_chunk_lora_only on a full fine-tune) one
+    head's fp32 logits through the optimizer step (engine/_loss.py
+    loop_held_step_logits_bytes)."""
     fsdp1_full_finetune: bool = False
     """ZeRO-3 of a full fine-tune (no LoRA) runs torch FSDP1 (FullyShardedDataParallel: one
     flat parameter per wrapped Block and one root unit, FULL_SHARD, limit_all_gathers) rather
@@ -540,6 +551,7 @@ _SPEC_VALUES: dict[str, dict[str, Any]] = {
         fused_qkv=True,
         gqa_kv_expanded=True,
         head_chunk_tokens=128,
+        head_chunk_lora_only=True,
         lora_dropout=True,
         lora_qkv_zero_pad=True,
         norm_scale_fp32=True,
@@ -669,6 +681,8 @@ LOAD_POLICY = np.array(
 """Per framework code: the LOADS code `--load auto` resolves to."""
 HEAD_CHUNK_TOKENS = _table("head_chunk_tokens").astype(np.float64)
 """Per framework code: positions per head chunk of its own loss (0: one head)."""
+HEAD_CHUNK_LORA_ONLY = _table("head_chunk_lora_only")
+"""Per framework code: its head chunks only under LoRA (FrameworkSpec.head_chunk_lora_only)."""
 LORA_DROPOUT = _table("lora_dropout")
 """Per framework code: the recipe's LoRA dropout is on."""
 LORA_QKV_ZERO_PAD = _table("lora_qkv_zero_pad")
@@ -727,6 +741,14 @@ def recompute_policy(fw, rc) -> np.ndarray:
     fw = np.asarray(fw, dtype=np.int64)
     rc = np.asarray(rc, dtype=np.int64)
     return np.where(rc == RECOMPUTE_SELECTIVE, SELECTIVE_POLICY[fw], rc)
+
+
+def head_chunk_tokens(fw, lora_rank) -> np.ndarray:
+    """Positions per head chunk of the framework's own loss on these rows (0: one head):
+    HEAD_CHUNK_TOKENS, but none on a full fine-tune where the chunking is LoRA-only
+    (FrameworkSpec.head_chunk_lora_only, LitGPT's full.py)."""
+    full_finetune = np.asarray(lora_rank) <= 0
+    return np.where(HEAD_CHUNK_LORA_ONLY[fw] & full_finetune, 0.0, HEAD_CHUNK_TOKENS[fw])
 
 
 def loss_policy(fw, loss) -> np.ndarray:

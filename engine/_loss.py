@@ -143,6 +143,20 @@ def head_chunked_loss_bytes(
     return saved, held, forward, backward, lp_e * rows * v
 
 
+def loop_held_step_logits_bytes(m: ModelSpec, *, T, loss_tp_div) -> np.ndarray:
+    """fp32 logits a training loop keeps from its loss through the optimizer step: a whole
+    head's output cast to fp32 (FrameworkSpec.logits_cast_fp32) and held by the loop's local,
+    released only when the next forward returns. The loss counts them in forward and backward
+    (they are its input); this is what stays once backward is done.
+    Source: litgpt 0.5.13 finetune/full.py fit (`logits = model(input_ids)`; Fabric's
+    convert_output casts to fp32, lightning 2.6.6 fabric/wrappers.py _FabricModule.forward).
+    Traced: a vocab-32768 variant of make_litgpt_full_traces.py (the optimizer step's peak
+    exactly 4 [T, v] fp32 above the engine without it, forward and backward within 0.13 [T, v]).
+    Ignores: the previous step's logits during the next forward (its traced peak, at the loss,
+    comes after they are released)."""
+    return 4.0 * np.asarray(T, dtype=np.float64) * m.vocab_size / loss_tp_div
+
+
 def liger_chunk_rows(m: ModelSpec, T) -> np.ndarray:
     """Rows per chunk of a fused linear + cross-entropy loss: next_power_of_2(ceil(T / ceil(V /
     H))), at most T. Source: Liger-Kernel fused_linear_cross_entropy.py

@@ -81,7 +81,11 @@ def phase_peaks(T: Any, *, pp: Any, v: Any, stage: Any, num_micro: Any) -> dict[
     return {
         "forward": forward_peak,
         "backward": backward_peak,
-        "optimizer_step": S["optimizer_peak"] + A["small"] + per_micro + A["pipe_fixed"],
+        "optimizer_step": S["optimizer_peak"]
+        + A["small"]
+        + A["step_held"]
+        + per_micro
+        + A["pipe_fixed"],
         "activations": activations,
         "gradients": gradients,
         "grads_live": grads_live,

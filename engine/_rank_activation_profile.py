@@ -79,6 +79,7 @@ def profile_activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str
         "activations_offloaded": offloaded,
         "stage_act": stage_act,
         "small": zero_col,
+        "step_held": zero_col,
         "fwd_extra": transient if forward else zero_col,
         "fwd_block_extra": np.full_like(b, -np.inf),
         "bwd_start_extra": transient if not (forward or end) else zero_col,

@@ -43,7 +43,6 @@ from ._frameworks import (
     FUSED_QKV,
     FUSED_RMS_NORM,
     GQA_KV_EXPANDED,
-    HEAD_CHUNK_TOKENS,
     LOGITS_CAST_FP32,
     LOGITS_UPCAST_IN_MODEL,
     LORA_DROPOUT,
@@ -58,6 +57,7 @@ from ._frameworks import (
     ROPE_BUFFERS_FP32,
     ROPE_CACHE_PER_BLOCK,
     TRANSFORMERS_MODEL_CODE,
+    head_chunk_tokens,
     loss_policy,
     recompute_policy,
     state_shard_degree,
@@ -78,6 +78,7 @@ from ._lora import (
 from ._loss import (
     head_chunked_loss_bytes,
     largest_loss_block_bytes,
+    loop_held_step_logits_bytes,
     loss_forward_extra_bytes,
     loss_gradient_bytes,
     outside_layers_bytes,
@@ -223,6 +224,9 @@ class MicroBatch:
     logits_cast_fp32: np.ndarray
     """The training loop's wrapper casts the chunked head's logits to fp32
     (FrameworkSpec.logits_cast_fp32)."""
+    step_logits_held: np.ndarray
+    """The loop holds one head's whole fp32 logits through the optimizer step (the wrapper's
+    cast, no head chunks, the full loss: loop_held_step_logits_bytes)."""
     capacity: np.ndarray
     softmax_in_place_loss: np.ndarray
     """The cross entropy's softmax and gradient live in its one fp32 copy (FrameworkSpec
@@ -302,10 +306,14 @@ def _stack_fields(fw: np.ndarray, c: dict[str, np.ndarray], loss: np.ndarray) ->
         "fsdp2": is_fsdp2(fw, c["zero"]),
         "shard_dp": state_shard_degree(c["dp"], c["cp"], c["dp_shard"]),
         "rope_cache_per_block": ROPE_CACHE_PER_BLOCK[fw],
-        "head_chunked": (HEAD_CHUNK_TOKENS[fw] > 0)
+        "head_chunked": (head_chunk_tokens(fw, c["lora_rank"]) > 0)
         & (loss == LOSS_FULL)
         & (c["compile"] != COMPILE_BLOCKS_AND_LOSS),
-        "head_chunk_tokens": HEAD_CHUNK_TOKENS[fw],
+        "head_chunk_tokens": head_chunk_tokens(fw, c["lora_rank"]),
+        "step_logits_held": LOGITS_CAST_FP32[fw]
+        & (head_chunk_tokens(fw, c["lora_rank"]) == 0)
+        & (loss == LOSS_FULL)
+        & (c["compile"] != COMPILE_BLOCKS_AND_LOSS),
         "lora_dropout": LORA_DROPOUT[fw],
         "lora_qkv_zero_pad": LORA_QKV_ZERO_PAD[fw] & FUSED_QKV[fw],
         "norm_scale_fp32": NORM_SCALE_FP32[fw],
@@ -886,6 +894,13 @@ def _checkpointed_copies(x: MicroBatch, copies_layers: np.ndarray, *, full) -> n
     return np.where(x.amp & full & ~x.lora, copies_layers, 0.0)
 
 
+def _step_held(m: ModelSpec, x: MicroBatch) -> np.ndarray:
+    """The loop's whole fp32 logits, alive through the optimizer step on the last stage
+    (MicroBatch.step_logits_held: LitGPT's full.py)."""
+    held = loop_held_step_logits_bytes(m, T=x.T, loss_tp_div=x.loss_tp_div)
+    return np.where(x.last & x.step_logits_held, held, 0.0)
+
+
 def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Activation bytes of one micro-batch on one stage, and the loss/backward transients."""
     if m.profile is not None:
@@ -939,6 +954,7 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
         + cp_bwd
         + np.where(last & x.chunked_head, _wrapper(m, x)[2], 0.0),
         "largest_block": _largest_block(m, x, out["head"]),
+        "step_held": _step_held(m, x),
         "bwd_end_extra": small + bwd["act_end"] + bwd["temp_end"] - stage_act,
         "embed_extra": small + np.where(x.first, T * m.hidden_size * x.r, 0.0),
         **_recompute_terms(x, layers, out, bwd, small=small),
