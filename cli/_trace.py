@@ -95,16 +95,20 @@ def trace_cmd(
 ) -> None:
     """Measure one training step on fake tensors next to the estimate (needs the trace extra)."""
     fields = command_fields(locals())
-    from trainmem.report import command_defaults
+    from trainmem.report import PICTURE_OPTIONS, command_defaults
     from trainmem.trace import trace_report, trace_text
 
     from ._app import estimate_cmd
     from ._progress import spinner
 
+    # estimate's defaults for the report beside the trace: its training and output fields, not
+    # the files its --plot / --memory-viz would write.
+    pictures = {option.name for option in PICTURE_OPTIONS}
+    defaults = {k: v for k, v in command_defaults(estimate_cmd).items() if k not in pictures}
     try:
         what = fields["module"] or fields["model"]
         with spinner(f"tracing {what} on fake tensors", as_json=as_json):
-            report = trace_report(**fields, estimate_defaults=command_defaults(estimate_cmd))
+            report = trace_report(**fields, estimate_defaults=defaults)
     except (RuntimeError, AssertionError, NotImplementedError, TypeError) as exc:
         # A model code path the fake device cannot run: one line, not torch's traceback.
         first = (str(exc).strip().splitlines() or [""])[0][:300]
