@@ -10,6 +10,7 @@ engine/_model_readers.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
@@ -223,11 +224,13 @@ class ModelSpec:
 
     def group_count(self, group: Group) -> int:
         """How many times a group's tensors occur in the model."""
-        return {
-            "layer": self.num_hidden_layers,
-            "mlp": self.num_mlp_layers,
-            "moe": self.num_moe_layers,
-        }.get(group, 1)
+        if group == "layer":
+            return self.num_hidden_layers
+        if group == "mlp":
+            return self.num_mlp_layers
+        if group == "moe":
+            return self.num_moe_layers
+        return 1
 
     def param_tensors(self) -> tuple[ParamTensor, ...]:
         """Every parameter tensor, per layer for group "layer" (once each otherwise)."""
@@ -236,7 +239,7 @@ class ModelSpec:
     @property
     def num_parameters(self) -> int:
         """Exact count, tied embeddings counted once (PyTorch's `sum(p.numel())`)."""
-        return sum(p.numel * self.group_count(p.group) for p in self.param_tensors())
+        return _num_parameters(self)
 
     def num_parameters_in(self, group: Group) -> int:
         """Parameters of one occurrence of a group (one block's attention, one MoE block...)."""
@@ -248,7 +251,16 @@ class ModelSpec:
         return sum(self.group_count(p.group) for p in self.param_tensors())
 
 
+@lru_cache(maxsize=256)
+def _num_parameters(m: ModelSpec) -> int:
+    """ModelSpec.num_parameters, cached per spec as _param_tensors is."""
+    return sum(p.numel * m.group_count(p.group) for p in m.param_tensors())
+
+
+@lru_cache(maxsize=256)
 def _param_tensors(m: ModelSpec) -> tuple[ParamTensor, ...]:
+    """The inventory of `m` (a frozen, hashable spec: the tuple is cached per spec, as every
+    estimate of one job asks for it about ten times; 48 us each for an 8B model)."""
     if m.profile is not None:
         # A traced profile knows its parameter counts only: one tensor per layer, one outside.
         per_layer = m.profile.num_parameters_per_layer

@@ -57,8 +57,16 @@ def advice_report(
     time_params: TimeParams,
     hardware_dir: str | None,
     optimizer_name: str | None = None,
+    changes: bool = True,
 ) -> dict[str, Any]:
-    """{"advice": [...], "top_consumers": [...]} for `estimate --json` (see README, "Advice")."""
+    """{"advice": [...], "top_consumers": [...]} for `estimate --json` (see README, "Advice");
+    `changes` False (--no-advice): the top consumers only, no search of changes."""
+    consumers = [
+        {"what": what, "bytes": int(round(num_bytes))}
+        for what, num_bytes in top_consumers(spec, config, out, optimizer_name=optimizer_name)
+    ]
+    if not changes:
+        return {"top_consumers": consumers}
     overrides = {
         "workspace_override": overhead_overrides.get("cublas_workspace_bytes"),
         "context_override": overhead_overrides.get("cuda_context_bytes"),
@@ -92,10 +100,6 @@ def advice_report(
         }
         for a in result["advice"]
     ]
-    consumers = [
-        {"what": what, "bytes": int(round(num_bytes))}
-        for what, num_bytes in top_consumers(spec, config, out, optimizer_name=optimizer_name)
-    ]
     return {"advice": advice, "top_consumers": consumers}
 
 
@@ -110,10 +114,10 @@ def _ratio(a: dict[str, Any]) -> str:
 def advice_lines(report: dict[str, Any]) -> list[str]:
     """The human advice section: when the job does not fit, the changes on the same GPU that make
     it fit (ranked as in the JSON) and the larger GPUs it fits on; then the top consumers."""
-    if "advice" not in report:
+    if "top_consumers" not in report:
         return []
     lines = [""]
-    if not report["fits"]:
+    if not report["fits"] and "advice" in report:
         fitting = [a for a in report["advice"] if a["fits"]]
         same_gpu = [a for a in fitting if a["knob"] != "gpu"]
         gpus = [a for a in fitting if a["knob"] == "gpu"]

@@ -190,6 +190,7 @@ def estimate_report(
     optimizers_dir: str | None = None,
     overhead: list[str] | None = None,
     per_stage: bool = False,
+    advice: bool = True,
     tokens: float | None = None,
     time_param: list[str] | None = None,
     profile_file: str | None = None,
@@ -232,6 +233,7 @@ class _EstimateJob:
     optimizers_dir: str | None
     overhead: list[str] | None
     per_stage: bool
+    advice: bool
     tokens: float | None
     time_param: list[str] | None
     profile_file: str | None
@@ -311,7 +313,12 @@ def _time_report(job: _EstimateJob, inputs: _EstimateInputs) -> tuple[dict[str, 
     )
     profile = inputs.profile
     timing = estimate_time(
-        inputs.spec, inputs.grid, **time_inputs(profile), tokens=tokens, params=time_params
+        inputs.spec,
+        inputs.grid,
+        **time_inputs(profile),
+        tokens=tokens,
+        params=time_params,
+        reason=np.zeros(1, dtype=np.int8),  # check_layout passed: the one row is valid
     )
     return time_report(timing, price_per_gpu_hour_usd=profile.price_per_hour_usd), time_params
 
@@ -323,7 +330,8 @@ def _advice(
     ov: Overheads,
     time_params: TimeParams,
 ) -> dict[str, Any]:
-    """The advice keys (`advice_report`): what to change when the job does not fit."""
+    """The advice keys (`advice_report`): what to change when the job does not fit (only the
+    top consumers under --no-advice)."""
     return advice_report(
         inputs.spec,
         inputs.grid_config,
@@ -335,6 +343,7 @@ def _advice(
         time_params=time_params,
         hardware_dir=job.hardware_dir,
         optimizer_name=inputs.optimizer,
+        changes=job.advice,
     )
 
 

@@ -213,6 +213,16 @@ ESTIMATE_OPTIONS: tuple[Option, ...] = (
         flag="--per-stage",
         help="Also report every pipeline stage's rank.",
     ),
+    Option(
+        name="advice",
+        type=bool,
+        default=True,
+        flag="--advice",
+        help=(
+            "Search the changes that make the job fit (the `advice` key; about 95% of one "
+            "estimate's time). --no-advice: the breakdown, peaks, fit and time only."
+        ),
+    ),
     AS_JSON,
     CHECK,
     Option(

@@ -180,6 +180,8 @@ def check_report(
     if fleet is not None:
         given.update(fleet_flags(fleet, given))
     options = {k: given.pop(k) for k in list(given) if k in ESTIMATE_ONLY and k != "gpu"}
+    if fix:
+        options["advice"] = True  # the fix is chosen among the advice's changes
     resolved_fields(
         reading,
         given,
