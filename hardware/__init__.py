@@ -6,14 +6,16 @@
 79.19
 
 Built-in profiles live in ``gpus/<name>.toml``; a folder passed as ``hardware_dir`` or named by
-``$TRAINMEM_HARDWARE_DIR`` adds profiles or overrides built-ins of the same name. The fleet
-names (Fleet, FleetSource, Pool, parse_fleet) load their module when first used.
+``$TRAINMEM_HARDWARE_DIR`` adds profiles or overrides built-ins of the same name. A GPU is named
+by its profile name or an alias, in any case (``get_gpu("H100")``): `resolve_gpu_name` is the
+one lookup. The fleet names (Fleet, FleetSource, Pool, parse_fleet) load their module when first
+used.
 """
 
 from typing import TYPE_CHECKING, Any
 
 from ._gpu import GIB, GpuProfile
-from ._loader import ENV_VAR, get_gpu, gpu_aliases, load_gpus
+from ._loader import ENV_VAR, get_gpu, gpu_aliases, load_gpus, resolve_gpu_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._fleet import Fleet, FleetSource, Pool, parse_fleet
@@ -32,6 +34,7 @@ __all__ = [
     "gpu_aliases",
     "load_gpus",
     "parse_fleet",
+    "resolve_gpu_name",
 ]
 
 

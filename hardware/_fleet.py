@@ -28,7 +28,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-_SHORTHAND_RE = re.compile(r"^(?P<count>[0-9]+)x(?P<gpu>[a-z0-9][a-z0-9.-]*)$")
+_SHORTHAND_RE = re.compile(r"^(?P<count>[0-9]+)x(?P<gpu>[a-z0-9][a-z0-9.-]*)$", re.IGNORECASE)
+"""COUNTxGPU, in any case (``8xH100``, ``8XH100``): the name is `resolve_gpu_name`'s to match."""
 _POOL_KEYS = ("gpu", "nodes", "gpus_per_node", "price_per_hour_usd", "host_memory_gib")
 IN_MEMORY_LABEL = "fleet"
 """What errors about an in-memory fleet's tables name (a file's are named by the file)."""

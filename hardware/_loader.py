@@ -73,11 +73,21 @@ def gpu_aliases(gpus: Mapping[str, GpuProfile]) -> dict[str, str]:
     }
 
 
-def resolve_gpu_name(name: str, gpus: Mapping[str, GpuProfile]) -> str | None:
-    """The profile name that `name` means (itself or an alias's target), None if unknown."""
+def resolve_gpu_name(name: str, gpus: Mapping[str, Any]) -> str | None:
+    """The profile name that `name` means, None if unknown: the one lookup of a GPU name
+    behind every face (``--gpu``, ``--fleet``, fleet files, stack files, HTTP, Python).
+
+    Case does not matter (``H100``, ``8xH100``: people type GPU names as marketed): profile
+    names are lower-case by rule (`GpuProfile`), so `name` lower-cased is looked up among
+    them, then among the aliases (`gpu_aliases`, lower-cased too). `gpus` maps profile names
+    to anything (`load_gpus()`, or names -> GPUs per node); only its keys are read.
+    """
     if name in gpus:
         return name
-    return gpu_aliases(gpus).get(name)
+    key = name.lower()
+    if key in gpus:
+        return key
+    return {alias.lower(): target for alias, target in gpu_aliases(gpus).items()}.get(key)
 
 
 def allowed_gpus_text(name: str, gpus: Mapping[str, GpuProfile]) -> str:
@@ -86,9 +96,11 @@ def allowed_gpus_text(name: str, gpus: Mapping[str, GpuProfile]) -> str:
 
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:
-    """``did you mean 'x'? `` for the known name closest to `name` (difflib), else ``""``."""
-    close = difflib.get_close_matches(name, list(known), n=1)
-    return f"did you mean {close[0]!r}? " if close else ""
+    """``did you mean 'x'? `` for the known name closest to `name` (difflib, compared
+    lower-cased as `resolve_gpu_name` matches), else ``""``."""
+    spelled = {k.lower(): k for k in reversed(list(known))}
+    close = difflib.get_close_matches(name.lower(), list(spelled), n=1)
+    return f"did you mean {spelled[close[0]]!r}? " if close else ""
 
 
 @functools.cache

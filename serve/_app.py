@@ -17,6 +17,9 @@ choices, bounds): one declaration of the fields for the CLI, the API and HTTP. T
 wider than any real job and narrow enough that no product of them overflows int64 in the engine
 (seq_len^2 x micro-batch x heads < 2^63). Choices become enums (unknown model,
 GPU, precision... -> 422 naming the field), numbers are bounded, unknown fields are refused.
+A GPU is named as on the CLI (an alias, any case): a validator before the enum check maps it to
+the profile name, the schema's enum staying the profile names (serve/_fleet.py canonical_gpu).
+A POST body must be sent as JSON (else 415, serve/_asgi.py).
 Paths are not: a request cannot name a file on the server (model presets, GPUs and optimizers
 come from the folders the server was started with; `fleet` is inline text or JSON pools,
 serve/_fleet.py). Errors never echo the input (no `input` in `detail`, text cut to 300 chars).
@@ -51,7 +54,7 @@ from trainmem.report import (
 from trainmem.sweep import FIT_OPTIONS
 
 from ._asgi import Guard, logger
-from ._fleet import MAX_POOLS, inline_pools, pool_model
+from ._fleet import MAX_POOLS, canonical_gpu, inline_pools, pool_model
 from ._page import add_page
 from ._work import (
     Busy,
@@ -115,8 +118,9 @@ def request_model(
 ) -> Any:
     """A pydantic model of a command's declared options (report.Option): same names, defaults,
     help, choices and bounds; options that name a server path or only change printing are left
-    out (`http` False)."""
-    from pydantic import ConfigDict, Field, create_model
+    out (`http` False). `gpu` also takes aliases and any case (`canonical_gpu`), its schema
+    still the enum of profile names."""
+    from pydantic import BeforeValidator, ConfigDict, Field, create_model
 
     fields: dict[str, Any] = {}
     for option in options:
@@ -130,6 +134,8 @@ def request_model(
             base = Literal[allowed]  # type: ignore[valid-type]
             if option.default is None:
                 base = base | None
+            if option.name == "gpu":
+                base = Annotated[base, BeforeValidator(canonical_gpu(allowed))]
         elif base is int or base == (int | None):
             kwargs.setdefault("ge", -INT32_MAX)
             kwargs.setdefault("le", INT32_MAX)
@@ -164,6 +170,11 @@ def _error_line(errors: list[dict[str, Any]]) -> str:
     if not errors:
         return "invalid request"
     first = errors[0]
+    if first.get("type") == "json_invalid":  # loc: ("body", character); ctx: json's reason
+        reason = str(first.get("ctx", {}).get("error", "JSON decode error"))
+        return _short(f"body: not valid JSON at character {first['loc'][-1]}: {reason}")
+    if tuple(first.get("loc", ())) == ("body",) and first.get("type") in _BODY_ERRORS:
+        return _BODY_ERRORS[str(first["type"])]
     if first.get("loc", ())[:2] == ("body", "fleet"):  # a union: the most specific branch
         first = max(errors, key=lambda e: len(e.get("loc", ())))
     loc = [str(p) for p in first.get("loc", ()) if p != "body" and p not in _UNION_TAGS]
@@ -171,6 +182,11 @@ def _error_line(errors: list[dict[str, Any]]) -> str:
     return _short(f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid value')}")
 
 
+_BODY_ERRORS = {
+    "missing": "body: empty; send the fields as a JSON object ({} for every default)",
+    "model_attributes_type": "body: expected a JSON object of the request's fields",
+}
+"""pydantic's errors about the whole body, said as what to send."""
 _UNION_TAGS = ("constrained-str", "FleetPool", "list[FleetPool]")
 """pydantic's names of the `fleet` union's branches in error locations."""
 

@@ -1,9 +1,13 @@
-"""The outer ASGI layer: a body limit whatever the transfer encoding, one log line per request,
-and a last-resort 500 that logs the traceback and answers a generic message.
+"""The outer ASGI layer: a body limit whatever the transfer encoding, JSON bodies only, one log
+line per request, and a last-resort 500 that logs the traceback and answers a generic message.
 
 The body is read here, counting bytes as they arrive (Content-Length or chunked alike): past
 `max_body_bytes` the request is answered 413 at once and the rest is never read; within the
-limit the application receives the buffered body. Log line (logger "trainmem.serve", INFO):
+limit the application receives the buffered body. A POST (every POST endpoint takes a JSON
+body) whose content type is missing or not JSON is answered 415 saying to send
+application/json: without this the application would judge the raw bytes and answer "body:
+Input should be a valid dictionary", which names no cause. Log line (logger "trainmem.serve",
+INFO):
 
     POST /v1/estimate 200 12.3ms client=127.0.0.1:51234
 
@@ -55,6 +59,8 @@ class Guard:
                     {"error": f"body: larger than {self.max_body_bytes} bytes"},
                     close=True,
                 )
+            elif scope["method"] == "POST" and not is_json(_header(scope, b"content-type")):
+                await _answer(send_logged, 415, {"error": UNSUPPORTED_MEDIA_TYPE})
             else:
                 await self.app(scope, _replay(body, receive), send_logged)
         except Exception:  # the last resort: every known cause is answered inside the app
@@ -88,6 +94,30 @@ class Guard:
             if not message.get("more_body", False):
                 break
         return b"".join(chunks)
+
+
+UNSUPPORTED_MEDIA_TYPE = (
+    "content-type: send the body as JSON with the header 'content-type: application/json'"
+)
+"""The 415 answer's one line: what to send (the body itself is not judged)."""
+
+
+def is_json(content_type: str | None) -> bool:
+    """Whether a Content-Type names JSON: application/json or application/*+json, any case,
+    any parameters (``application/json; charset=utf-8``); what FastAPI parses as JSON."""
+    if not content_type:
+        return False
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    kind, _, subtype = media_type.partition("/")
+    return kind == "application" and (subtype == "json" or subtype.endswith("+json"))
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    """A request header's value (the first of that name), decoded as latin-1; None if absent."""
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return bytes(value).decode("latin-1")
+    return None
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

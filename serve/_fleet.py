@@ -9,13 +9,20 @@ The CLI's `--fleet` also takes a TOML file; over HTTP a fleet is only
 (`num_nodes` or `count`; `gpus_per_node` defaults to the profile's; `count` without it follows the
 text form: fewer GPUs than a node make one partial node, more must fill whole nodes). Anything else
 (a path, a file name) is a 422 that says what is accepted and nothing about the server's files.
+
+A GPU is named as on the CLI: a profile name or an alias, in any case (``8xH100``,
+``{"gpu": "h100"}``), resolved by trainmem.hardware's `resolve_gpu_name`. The schema's enum
+lists the profile names; `canonical_gpu` maps the other spellings onto them before the enum
+is checked.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from trainmem.hardware import resolve_gpu_name
 
 MAX_POOLS = 64
 MAX_POOL_GPUS = 1_000_000
@@ -23,26 +30,46 @@ MAX_POOL_GPUS = 1_000_000
 MAX_GPUS_PER_NODE = 1024
 MAX_PRICE_PER_HOUR_USD = 1e6
 
-_TOKEN_RE = re.compile(r"^(?P<count>[0-9]{1,7})x(?P<gpu>[a-z0-9][a-z0-9.-]{0,63})$")
+_TOKEN_RE = re.compile(r"^(?P<count>[0-9]{1,7})x(?P<gpu>[a-z0-9][a-z0-9.-]{0,63})$", re.IGNORECASE)
 ACCEPTED = (
     "fleet: expected COUNTxGPU[,COUNTxGPU...] (e.g. 64xh100-sxm-80gb) or pools as JSON objects "
     "({gpu, num_nodes or count, gpus_per_node, price_per_hour_usd}); server paths are not accepted"
 )
 
 
+def canonical_gpu(gpu_names: tuple[str, ...]) -> Callable[[Any], Any]:
+    """A pydantic before-validator for a `gpu` field: an alias or a name in any case becomes
+    its profile name (`resolve_gpu_name`); anything else passes on unchanged, for the enum
+    check to refuse it naming the field and listing the profile names. The schema keeps the
+    enum of profile names (a before-validator does not change it)."""
+    names = dict.fromkeys(gpu_names)
+
+    def canonical(value: Any) -> Any:
+        if isinstance(value, str):
+            return resolve_gpu_name(value, names) or value
+        return value
+
+    return canonical
+
+
 def pool_model(gpu_names: tuple[str, ...]) -> Any:
-    """The pydantic model of one inline pool (GPU names as an enum)."""
+    """The pydantic model of one inline pool (GPU names as an enum, aliases and any case
+    accepted: `canonical_gpu`)."""
     from typing import Annotated, Literal
 
-    from pydantic import ConfigDict, Field, create_model
+    from pydantic import BeforeValidator, ConfigDict, Field, create_model
 
     def bounded(kind: type, **kwargs: Any) -> Any:
         return (Annotated[kind | None, Field(**kwargs)], None)
 
+    name_type: Any = Annotated[
+        Literal[gpu_names],  # type: ignore[valid-type]
+        BeforeValidator(canonical_gpu(gpu_names)),
+    ]
     return create_model(
         "FleetPool",
         __config__=ConfigDict(extra="forbid"),
-        gpu=(Literal[gpu_names], Field(description="GPU profile name (GET /v1/gpus).")),  # type: ignore[arg-type, valid-type]
+        gpu=(name_type, Field(description="GPU profile name (GET /v1/gpus).")),
         num_nodes=bounded(int, ge=1, le=MAX_POOL_GPUS, description="Nodes in the pool."),
         count=bounded(int, ge=1, le=MAX_POOL_GPUS, description="GPUs in the pool."),
         gpus_per_node=bounded(
@@ -85,9 +112,9 @@ def _token_pool(token: str, per_node: Mapping[str, int]) -> dict[str, Any]:
     match = _TOKEN_RE.match(token)
     if not match:
         raise ValueError(ACCEPTED)
-    gpu = match["gpu"]
-    if gpu not in per_node:
-        raise ValueError(f"fleet: unknown gpu '{gpu}'; the accepted names: GET /v1/gpus")
+    gpu = resolve_gpu_name(match["gpu"], per_node)
+    if gpu is None:
+        raise ValueError(f"fleet: unknown gpu '{match['gpu']}'; the accepted names: GET /v1/gpus")
     return _counted(gpu, int(match["count"]), None, per_node, where=f"fleet: pool '{token}'")
 
 

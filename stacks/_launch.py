@@ -265,11 +265,10 @@ def read_gpu(doc: Doc, reading: Reading, script: Script) -> None:
     found = gpu_of(script)
     if found is None:
         return
-    from trainmem.hardware import load_gpus
-    from trainmem.hardware._loader import resolve_gpu_name
+    from trainmem.hardware import load_gpus, resolve_gpu_name
 
     kind, key = found
-    profile = resolve_gpu_name(kind.lower(), load_gpus())
+    profile = resolve_gpu_name(kind, load_gpus())
     if profile is None:
         reading.warn(f"{doc.name}:{key}: GPU type {kind!r} is no trainmem GPU profile; give --gpu")
         return

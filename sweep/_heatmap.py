@@ -21,6 +21,7 @@ from trainmem.engine import (
     OPTIMIZERS,
     TYPES,
     ModelSpec,
+    bound_reason,
     estimate,
     make_grid,
     overheads_for,
@@ -83,6 +84,8 @@ POINT_AXES = (
 BOOL_AXES = tuple(a for a in dict.fromkeys((*AXIS_LABELS, *POINT_AXES)) if TYPES.get(a) is bool)
 """The switches among the axes (values on / off)."""
 MAX_AXIS_VALUES = 64
+DERIVED_LOWEST = {"dp": 1, "grad_accum_steps": 1}
+"""The least value of the stored axes that are no training field (derived: at least 1)."""
 
 
 def axis_label(axis: str) -> str:
@@ -117,7 +120,12 @@ def default_values(axis: str, config: dict[str, Any]) -> list[Any]:
 
 
 def parse_values(flag: str, axis: str, text: str) -> list[Any]:
-    """A comma list of axis values: whole numbers, names of the axis's choices, or on/off."""
+    """A comma list of axis values: whole numbers, names of the axis's choices, or on/off.
+
+    Each value is judged as its field's own flag would judge it (its choices, its bounds:
+    micro-batch, sequence length and parallel degrees >= 1, ...): a bad value is a
+    ValueError naming `flag` and the value, before any cell is computed or drawn (a column of
+    micro-batch -3 is no question anyone asked)."""
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items:
         raise ValueError(f"{flag}: give a comma-separated list of values")
@@ -130,15 +138,29 @@ def parse_values(flag: str, axis: str, text: str) -> list[Any]:
                 choice(flag, item.lower(), ("on", "off", "true", "false")) in ("on", "true")
             )
         else:
-            try:
-                values.append(int(item))
-            except ValueError:
-                raise ValueError(f"{flag}: '{item}' is not a whole number ({axis})") from None
+            values.append(_whole_number(flag, axis, item))
     if len(set(values)) != len(values):
         raise ValueError(f"{flag}: a value is repeated")
     if len(values) > MAX_AXIS_VALUES:
         raise ValueError(f"{flag}: at most {MAX_AXIS_VALUES} values, got {len(values)}")
     return values
+
+
+def _whole_number(flag: str, axis: str, item: str) -> int:
+    """`item` as a whole number within the axis's bounds (the training field's, as declared
+    in engine/_config.py), else a ValueError naming the flag and the value."""
+    try:
+        value = int(item)
+    except ValueError:
+        raise ValueError(f"{flag}: '{item}' is not a whole number ({axis})") from None
+    knob_ = KNOBS.get(axis)
+    if knob_ is not None:
+        reason = bound_reason(value, ge=knob_.ge, le=knob_.le)
+    else:
+        reason = bound_reason(value, ge=DERIVED_LOWEST.get(axis))
+    if reason:
+        raise ValueError(f"{flag}: {axis} {reason}")
+    return value
 
 
 def check_axes(x: str, y: str, allowed: Sequence[str]) -> None:
