@@ -13,7 +13,7 @@ import importlib
 import json
 import sys
 from collections.abc import Iterator, Mapping, MutableMapping
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 import typer.main
@@ -106,10 +106,35 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    """`trainmem --version`: the installed distribution's version, then exit 0."""
+    if not value:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("trainmem")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        installed = "(not installed)"
+    typer.echo(f"trainmem {installed}")
+    raise typer.Exit()
+
+
 @app.callback()
-def _group() -> None:
+def _group(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print trainmem's version and exit.",
+        ),
+    ] = False,
+) -> None:
     # A callback keeps `trainmem` a group of commands although `estimate` is its only command
-    # registered up front (typer makes a lone command the whole program); it takes no options.
+    # registered up front (typer makes a lone command the whole program); its one option is
+    # --version (eager: it answers before any command runs).
     pass
 
 
