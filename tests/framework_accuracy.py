@@ -192,6 +192,22 @@ def estimate_litgpt(case: dict[str, Any], *, framework: str = "litgpt") -> dict[
     )
 
 
+def estimate_litgpt_full(case: dict[str, Any]) -> dict[str, float]:
+    """A litgpt_full.json case (LitGPT's full fine-tune of the small Llama, bf16-true, AdamW);
+    its activations include the loop's held fp32 logits, as the trace counts them."""
+    got = estimate_one(
+        small_llama_spec(case["dims"]),
+        micro_batch_size=case["micro_batch_size"],
+        seq_len=case["seq_len"],
+        precision="bf16",
+        framework="litgpt",
+        recompute="full" if case["ac"] else "none",
+        optimizer=case["optimizer"],
+    )
+    held = 4.0 * case["tokens"] * case["dims"]["vocab"]
+    return {**got, "activations_total": got["activations_total"] + held}
+
+
 def traced_rows() -> list[dict[str, Any]]:
     """Per traced case (the CUDA build's behaviour): the activations and allocated-peak errors."""
     folder = DATA / "framework_traces"
@@ -231,6 +247,12 @@ def traced_rows() -> list[dict[str, Any]]:
         adapted = "+".join(k.removeprefix("lora_") for k, on in c["targets"].items() if on)
         name = f"llama small QLoRA bnb.nf4 r{c['lora_rank']} ({adapted}), bf16, AC off"
         out.append({**_traced(name, c, _with_held_logits(c)), "framework": "litgpt"})
+    for c in json.loads((folder / "litgpt_full.json").read_text())["cases"]:
+        name = (
+            f"llama small full fine-tune (finetune/full.py), vocab {c['dims']['vocab']}, "
+            f"AC {'on' if c['ac'] else 'off'}, {c['micro_batch_size']}x{c['seq_len']}"
+        )
+        out.append({**_traced(name, c, estimate_litgpt_full(c)), "framework": "litgpt"})
     big = json.loads((folder / "torchtitan_llama3_8b_fsdp.json").read_text())["cases"]
     for c in (c for c in big if c["silu_backward"] == "fused"):
         name = (
