@@ -301,19 +301,16 @@ def _stack_fields(fw: np.ndarray, c: dict[str, np.ndarray], loss: np.ndarray) ->
     """MicroBatch's per-framework fields (engine/_frameworks.py: LitGPT's behaviour, torchtitan's
     loss wrapper and RoPE caches; `loss`: the resolved loss); LitGPT's head-chunked loss runs in
     place of `--loss full`, not when the loss is compiled."""
+    chunk_tokens = head_chunk_tokens(fw, c["lora_rank"])
+    own_full_loss = (loss == LOSS_FULL) & (c["compile"] != COMPILE_BLOCKS_AND_LOSS)
     return {
         "chunked_head": loss == LOSS_CHUNKED_HEAD,
         "fsdp2": is_fsdp2(fw, c["zero"]),
         "shard_dp": state_shard_degree(c["dp"], c["cp"], c["dp_shard"]),
         "rope_cache_per_block": ROPE_CACHE_PER_BLOCK[fw],
-        "head_chunked": (head_chunk_tokens(fw, c["lora_rank"]) > 0)
-        & (loss == LOSS_FULL)
-        & (c["compile"] != COMPILE_BLOCKS_AND_LOSS),
-        "head_chunk_tokens": head_chunk_tokens(fw, c["lora_rank"]),
-        "step_logits_held": LOGITS_CAST_FP32[fw]
-        & (head_chunk_tokens(fw, c["lora_rank"]) == 0)
-        & (loss == LOSS_FULL)
-        & (c["compile"] != COMPILE_BLOCKS_AND_LOSS),
+        "head_chunked": (chunk_tokens > 0) & own_full_loss,
+        "head_chunk_tokens": chunk_tokens,
+        "step_logits_held": LOGITS_CAST_FP32[fw] & (chunk_tokens == 0) & own_full_loss,
         "lora_dropout": LORA_DROPOUT[fw],
         "lora_qkv_zero_pad": LORA_QKV_ZERO_PAD[fw] & FUSED_QKV[fw],
         "norm_scale_fp32": NORM_SCALE_FP32[fw],

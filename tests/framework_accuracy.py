@@ -193,9 +193,8 @@ def estimate_litgpt(case: dict[str, Any], *, framework: str = "litgpt") -> dict[
 
 
 def estimate_litgpt_full(case: dict[str, Any]) -> dict[str, float]:
-    """A litgpt_full.json case (LitGPT's full fine-tune of the small Llama, bf16-true, AdamW);
-    its activations include the loop's held fp32 logits, as the trace counts them."""
-    got = estimate_one(
+    """A litgpt_full.json case (LitGPT's full fine-tune of the small Llama, bf16-true, AdamW)."""
+    return estimate_one(
         small_llama_spec(case["dims"]),
         micro_batch_size=case["micro_batch_size"],
         seq_len=case["seq_len"],
@@ -204,8 +203,6 @@ def estimate_litgpt_full(case: dict[str, Any]) -> dict[str, float]:
         recompute="full" if case["ac"] else "none",
         optimizer=case["optimizer"],
     )
-    held = 4.0 * case["tokens"] * case["dims"]["vocab"]
-    return {**got, "activations_total": got["activations_total"] + held}
 
 
 def traced_rows() -> list[dict[str, Any]]:
@@ -240,19 +237,24 @@ def traced_rows() -> list[dict[str, Any]]:
             f"llama small LoRA r{c['lora_rank']} ({adapted}), {c['precision']}, "
             f"AC {'on' if c['ac'] else 'off'}, dropout {c['lora_dropout']}, {shape}"
         )
-        out.append({**_traced(name, c, _with_held_logits(c)), "framework": "litgpt"})
+        out.append(
+            {**_traced(name, c, _with_held_logits(c, estimate_litgpt(c))), "framework": "litgpt"}
+        )
     for c in json.loads((folder / "litgpt_qlora.json").read_text())["cases"]:
         if c["bnb_saves_input"]:
             continue  # bitsandbytes <= 0.43.0's MatMul4Bit, not modelled (docs/techniques.md)
         adapted = "+".join(k.removeprefix("lora_") for k, on in c["targets"].items() if on)
         name = f"llama small QLoRA bnb.nf4 r{c['lora_rank']} ({adapted}), bf16, AC off"
-        out.append({**_traced(name, c, _with_held_logits(c)), "framework": "litgpt"})
+        out.append(
+            {**_traced(name, c, _with_held_logits(c, estimate_litgpt(c))), "framework": "litgpt"}
+        )
     for c in json.loads((folder / "litgpt_full.json").read_text())["cases"]:
         name = (
             f"llama small full fine-tune (finetune/full.py), vocab {c['dims']['vocab']}, "
             f"AC {'on' if c['ac'] else 'off'}, {c['micro_batch_size']}x{c['seq_len']}"
         )
-        out.append({**_traced(name, c, estimate_litgpt_full(c)), "framework": "litgpt"})
+        got = _with_held_logits(c, estimate_litgpt_full(c))
+        out.append({**_traced(name, c, got), "framework": "litgpt"})
     big = json.loads((folder / "torchtitan_llama3_8b_fsdp.json").read_text())["cases"]
     for c in (c for c in big if c["silu_backward"] == "fused"):
         name = (
@@ -263,11 +265,11 @@ def traced_rows() -> list[dict[str, Any]]:
     return out
 
 
-def _with_held_logits(c: dict[str, Any]) -> dict[str, float]:
-    """estimate_litgpt with fit's list of fp32 logits (Fabric's convert_output) added to the
-    activations: the trace counts it there, the engine apart (alive in every phase,
-    engine/_loss.py LOOP_HELD_LOGITS)."""
-    got = estimate_litgpt(c)
+def _with_held_logits(c: dict[str, Any], got: dict[str, float]) -> dict[str, float]:
+    """A LitGPT estimate with fit's fp32 logits (Fabric's convert_output) added to the
+    activations: the trace counts them there, the engine apart (LoRA's chunk list alive in every
+    phase, engine/_loss.py LOOP_HELD_LOGITS; full.py's whole logits the loss's input, then
+    loop_held_step_logits_bytes)."""
     held = 4.0 * c["tokens"] * c["dims"]["vocab"]
     return {**got, "activations_total": got["activations_total"] + held}
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.framework_accuracy import estimate_one, small_llama_spec
+from tests.framework_accuracy import estimate_litgpt_full
 
 DATA = Path(__file__).parents[1] / "data" / "framework_traces"
 CASES = json.loads((DATA / "litgpt_full.json").read_text())["cases"]
@@ -48,16 +48,8 @@ FORWARD_OVER = 0.08
 full loss's forward moment; not the step's peak, which is backward, within PEAK_TOLERANCE)."""
 
 
-def _estimate(case: dict[str, Any]) -> dict[str, float]:
-    return estimate_one(
-        small_llama_spec(case["dims"]),
-        micro_batch_size=case["micro_batch_size"],
-        seq_len=case["seq_len"],
-        precision="bf16",
-        framework="litgpt",
-        recompute="full" if case["ac"] else "none",
-        optimizer=case["optimizer"],
-    )
+_estimate = estimate_litgpt_full
+"""The engine's columns for a case, as the README's accuracy table computes them."""
 
 
 def _case_id(c: dict[str, Any]) -> str:
