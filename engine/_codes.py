@@ -56,6 +56,7 @@ LOSS_CHUNKED = LOSSES.index("chunked")
 LOSS_CHUNKED_OUTPUT = LOSSES.index("chunked-output")
 LOSS_CHUNKED_HEAD = LOSSES.index("chunked-head")
 LOSS_AUTO = LOSSES.index("auto")
+LOSS_VOCAB_PARALLEL = LOSSES.index("vocab-parallel")
 
 EXPANDABLE_SEGMENTS = ALLOCATORS.index("expandable-segments")
 

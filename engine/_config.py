@@ -207,7 +207,8 @@ class TrainingConfig:
     loss: str = knob(
         "auto",
         help=" | ".join(LOSSES) + " (auto: the framework's own; torchtitan 0.3: chunked-head, "
-        "every other framework: full)",
+        "every other framework: full; vocab-parallel: Megatron's in-place vocab-parallel cross "
+        "entropy, e.g. Megatron-LM under DeepSpeed)",
         choices=LOSSES,
     )
     activation_offload: bool = knob(

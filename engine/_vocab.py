@@ -27,10 +27,12 @@ softmax is unfused already, so there it means eager)."""
 FRAMEWORKS = ("hf", "megatron", "deepspeed", "torchtitan", "torchtune", "litgpt")
 """Appended names keep the codes of the older ones (points tables stay readable)."""
 OFFLOADS = ("none", "optimizer", "optimizer+params")
-LOSSES = ("full", "chunked", "chunked-output", "chunked-head", "auto")
+LOSSES = ("full", "chunked", "chunked-output", "chunked-head", "auto", "vocab-parallel")
 """chunked-head: torchtitan 0.3's ChunkedLossWrapper (the head and cross entropy run forward and
 backward per sequence chunk inside the loss call); auto: the framework's own loss
-(FrameworkSpec.loss). Appended names keep the codes of the older ones."""
+(FrameworkSpec.loss); vocab-parallel: Megatron's vocab-parallel cross entropy under any stack
+(one fp32 copy of the logits, its softmax and gradient written in place, split over tp), as
+Megatron-LM runs it under DeepSpeed. Appended names keep the codes of the older ones."""
 COMPILES = ("none", "blocks", "blocks+loss")
 """torch.compile of nothing, of each transformer block, or of the blocks and the loss."""
 ALLOCATORS = ("native", "expandable-segments")

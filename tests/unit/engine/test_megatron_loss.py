@@ -108,3 +108,35 @@ def test_fused_softmax_kernel_limits() -> None:
     got = megatron_fused_softmax_runs(s=s, b=b, heads_per_rank=heads, sixteen_bit=sixteen)
     expected = [True, True, False, False, False, True, False, False, True, False]
     assert got.tolist() == expected
+
+
+def test_vocab_parallel_loss_runs_megatrons_cross_entropy_under_any_stack() -> None:
+    # `--loss vocab-parallel` (Megatron-LM under DeepSpeed: its GPT2Model calls
+    # mpu.vocab_parallel_cross_entropy(output.float(), labels)): the in-place softmax of
+    # `--framework megatron`, split over tp, under the deepspeed and hf stacks; `full` keeps
+    # their own cross entropy (two fp32 [T, v] gradients, the logits gathered over tp).
+    from trainmem.engine import estimate, make_grid
+
+    m = load_model("gpt2")
+    rows = {
+        "framework": ["deepspeed", "deepspeed", "hf", "megatron"],
+        "loss": ["vocab-parallel", "full", "vocab-parallel", "auto"],
+        "tp": 2,
+        "num_gpus": 2,
+        "micro_batch_size": 8,
+        "seq_len": 1024,
+        "precision": "mixed-bf16",
+    }
+    transient = estimate(m, make_grid(rows), columns=["transient"])["transient"]
+    # At the start of backward (the transient peak): megatron's bf16 gradient cast of [T, v/tp]
+    # under every stack that runs its loss ...
+    assert transient[0] == transient[2] == transient[3]
+    # ... against the stack's own two fp32 [T, v] gradients: 8 T v - 2 T v/2 = 7 T v more.
+    assert transient[1] - transient[0] == 7 * T * V == 2_881_937_408
+
+
+def test_vocab_parallel_keeps_the_older_loss_codes() -> None:
+    from trainmem.engine import LOSSES
+
+    assert LOSSES.index("auto") == 4  # stored in points tables: appended names only
+    assert LOSSES[-1] == "vocab-parallel"
