@@ -11,6 +11,7 @@ from __future__ import annotations
 from ._vocab import (
     ALLOCATORS,
     ATTENTION,
+    BITSANDBYTES_VERSIONS,
     COMPILES,
     FRAMEWORKS,
     LOSSES,
@@ -57,6 +58,7 @@ LOSS_CHUNKED_OUTPUT = LOSSES.index("chunked-output")
 LOSS_CHUNKED_HEAD = LOSSES.index("chunked-head")
 LOSS_AUTO = LOSSES.index("auto")
 LOSS_VOCAB_PARALLEL = LOSSES.index("vocab-parallel")
+BNB_LEGACY = BITSANDBYTES_VERSIONS.index("legacy")
 
 EXPANDABLE_SEGMENTS = ALLOCATORS.index("expandable-segments")
 

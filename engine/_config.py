@@ -23,6 +23,7 @@ import numpy as np
 from ._vocab import (
     ALLOCATORS,
     ATTENTION,
+    BITSANDBYTES_VERSIONS,
     COMPILES,
     FRAMEWORKS,
     LOADS,
@@ -235,6 +236,13 @@ class TrainingConfig:
         help=" | ".join(LOADS) + " (how the model and checkpoint load before step 1; auto: the "
         "framework's own)",
         choices=LOADS,
+    )
+    bitsandbytes_version: str = knob(
+        "current",
+        help=" | ".join(BITSANDBYTES_VERSIONS) + " (the bitsandbytes of a --qlora job: legacy is "
+        "0.43.1 and earlier, whose 4-bit matmul keeps each frozen linear's input for backward; "
+        "current: 0.43.2 and later)",
+        choices=BITSANDBYTES_VERSIONS,
     )
 
     def __post_init__(self) -> None:

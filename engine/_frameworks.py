@@ -190,6 +190,11 @@ class FrameworkSpec:
     optimizer is built, keeping the old one referenced and giving the new one a gradient no
     optimizer frees (litgpt 0.5.13 finetune/lora.py main): two more [v, h] tensors in the
     parameter dtype, alive all run (engine/_lora.py qlora_stable_embedding_bytes)."""
+    qlora_bitsandbytes: bool = True
+    """`--qlora`'s NF4 base is bitsandbytes' Linear4bit, whose MatMul4Bit autograd function
+    follows `--bitsandbytes-version` (engine/_lora.py bnb_kept_input_bytes); False: torchao's
+    NF4Tensor (torchtune 0.6.1 modules/peft/lora.py LoRALinear with quantize_base, torchao
+    dtypes/nf4tensor.py linear_nf4: its backward needs the weight only)."""
     qlora_paged_optimizer: bool = False
     """`--qlora` with AdamW runs bitsandbytes' PagedAdamW (32-bit: fp32 states, those of tensors
     of 1e5+ elements in unified memory) whatever optimizer the recipe names, as litgpt 0.5.13
@@ -492,6 +497,7 @@ _SPEC_VALUES: dict[str, dict[str, Any]] = {
         "(per-op, 0.3.0).",
     ),
     "torchtune": dict(
+        qlora_bitsandbytes=False,
         load="meta-init",
         load_source=(
             "torchtune 0.6.1 recipes/full_finetune_distributed.py (model built on meta under "
@@ -655,6 +661,8 @@ QLORA_DOUBLE_QUANT = _table("qlora_double_quant")
 """Per framework code: QLoRA's NF4 absmax double-quantised (FrameworkSpec)."""
 QLORA_STABLE_EMBEDDING = _table("qlora_stable_embedding")
 """Per framework code: QLoRA keeps a second embedding and its gradient (FrameworkSpec)."""
+QLORA_BITSANDBYTES = _table("qlora_bitsandbytes")
+"""Per framework code: QLoRA's NF4 base is bitsandbytes' Linear4bit (FrameworkSpec)."""
 QLORA_PAGED_OPTIMIZER = _table("qlora_paged_optimizer")
 """Per framework code: QLoRA's AdamW is bitsandbytes' PagedAdamW (FrameworkSpec)."""
 

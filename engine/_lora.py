@@ -393,6 +393,48 @@ def qlora_kbit_activation_delta_bytes(
     return np.where(np.asarray(prepared) & np.asarray(amp), mlp - o_proj, 0.0)
 
 
+def bnb_kept_input_bytes(m: ModelSpec, *, T, e, tp, keeps, separate_qkv, per_linear_casts):
+    """Bytes of one block's frozen 4-bit linears' inputs that bitsandbytes <= 0.43.1 keeps for
+    backward (`--bitsandbytes-version legacy`), beyond what the block saves otherwise.
+
+    MatMul4Bit.forward stores `ctx.tensors = (A, B)` when its input needs a gradient: A is
+    Linear4bit's `x.to(compute_dtype)`, the layer's input itself where it is in the compute
+    dtype (one tensor per distinct input: q/k/v's norm output, the attention output's
+    [T, o_dim] copy, the MLP norm output, the MLP product [T, f]), a cast copy per linear where
+    it is not (`per_linear_casts`: peft's prepare_model_for_kbit_training leaves an fp32
+    residual stream, so q, k, v and gate, up each keep their own; `separate_qkv`: q, k, v are
+    three linears, not one fused). ctx attributes are not saved tensors: backward does not
+    free them, they go with the graph (engine/_rank_activations.py holds them to the end of
+    backward, and past it where the loop keeps the logits and so the graph).
+
+    Source: bitsandbytes 0.42.0 / 0.43.1 autograd/_functions.py MatMul4Bit.forward, nn/modules.py
+    Linear4bit.forward; traced: tests/data/framework_traces/litgpt_qlora.json (the
+    bnb_saves_input case: +2 B x T (3 h + f) per block, exact).
+    Assumes: the kept input is no tensor the block saves anyway (LitGPT's lora_dropout feeds
+    lora_A a dropout output; peft's adapters under autocast save their own casts); column-
+    parallel inputs whole, row-parallel ones split over tp.
+    Ignores: checkpointed blocks (a reentrant checkpoint runs forward without grad, so nothing
+    is kept; a non-reentrant one would keep them, its saved-tensor hooks do not see ctx
+    attributes); MoE experts (not Linear4bit).
+    """
+    h = m.hidden_size
+    f_r = 0.0 if m.is_moe else m.intermediate_size / tp
+    casts = np.asarray(per_linear_casts)
+    qkv_inputs = np.where(casts & np.asarray(separate_qkv), 3.0, 1.0)
+    mlp_inputs = np.where(casts & m.gated_mlp, 2.0, 1.0)
+    kept = e * T * (qkv_inputs * h + m.o_dim / tp + mlp_inputs * h + f_r)
+    return np.where(keeps, kept, 0.0)
+
+
+def bnb_kept_head_input_bytes(m: ModelSpec, *, T, e, keeps, head_quantised, last) -> np.ndarray:
+    """The 4-bit head's input (the final norm's [T, h] output, which every head chunk views)
+    kept by bitsandbytes <= 0.43.1 on the last stage where the stack quantises the head
+    (FrameworkSpec.qlora_every_linear). Source: bnb_kept_input_bytes; traced:
+    tests/data/framework_traces/litgpt_qlora.json (outside the blocks: +2 B x T h)."""
+    kept = e * T * m.hidden_size
+    return np.where(np.asarray(keeps) & np.asarray(head_quantised) & np.asarray(last), kept, 0.0)
+
+
 def qlora_head_copy_bytes(m: ModelSpec, *, amp, qlora, last, tp) -> np.ndarray:
     """The 16-bit autocast copy of the head's weight a QLoRA model keeps for backward: the
     head is left unquantised (an fp32 frozen linear under autocast), and its matmul saves the

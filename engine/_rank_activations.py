@@ -15,6 +15,7 @@ import numpy as np
 
 from . import _activations as act
 from ._codes import (
+    BNB_LEGACY,
     COMPILE_BLOCKS_AND_LOSS,
     COMPILE_NONE,
     EAGER,
@@ -54,6 +55,8 @@ from ._frameworks import (
     NORM_INPUT_FP32,
     NORM_SCALE_FP32,
     O_PROJ_INPUT_KEPT,
+    QLORA_BITSANDBYTES,
+    QLORA_EVERY_LINEAR,
     QLORA_KBIT_PREPARED,
     ROPE_BUFFERS_FP32,
     ROPE_CACHE_PER_BLOCK,
@@ -65,6 +68,8 @@ from ._frameworks import (
 )
 from ._lora import (
     adapters_in_compute_dtype,
+    bnb_kept_head_input_bytes,
+    bnb_kept_input_bytes,
     kbit_activation_precision,
     lora_activation_delta_bytes,
     lora_first_layer_unsaved_copy_bytes,
@@ -144,6 +149,7 @@ ACT_KEYS = (
     "lora_rank",
     "lora_targets",
     "qlora",
+    "bitsandbytes_version",
     "lora_zero3",
     "loss",
     "activation_offload",
@@ -204,6 +210,11 @@ class MicroBatch:
     kbit_prepared: np.ndarray
     """QLoRA rows whose stack prepares the model for k-bit training (FrameworkSpec
     qlora_kbit_prepared)."""
+    bnb_keeps_input: np.ndarray
+    """QLoRA rows on bitsandbytes <= 0.43.1 (`--bitsandbytes-version legacy`, a stack whose NF4
+    base is bitsandbytes): each frozen 4-bit linear keeps its input (bnb_kept_input_bytes)."""
+    head_quantised: np.ndarray
+    """The stack's QLoRA quantises the head too (FrameworkSpec.qlora_every_linear)."""
     bits: dict[str, np.ndarray]
     chunked: np.ndarray
     chunked_output: np.ndarray
@@ -318,6 +329,11 @@ def _stack_fields(fw: np.ndarray, c: dict[str, np.ndarray], loss: np.ndarray) ->
         "rope_buffers_fp32": ROPE_BUFFERS_FP32[fw],
         "o_proj_input_kept": O_PROJ_INPUT_KEPT[fw],
         "logits_cast_fp32": LOGITS_CAST_FP32[fw],
+        "bnb_keeps_input": c["qlora"]
+        & (c["lora_rank"] > 0)
+        & QLORA_BITSANDBYTES[fw]
+        & (c["bitsandbytes_version"] == BNB_LEGACY),
+        "head_quantised": QLORA_EVERY_LINEAR[fw],
     }
 
 
@@ -384,6 +400,7 @@ def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool):
     delta = delta + qlora_kbit_activation_delta_bytes(
         m, T=T, tp=tp, amp=amp, o_adapted=x.bits["o_proj"], prepared=x.kbit_prepared
     )
+    delta = delta + _bnb_kept_per_layer(m, x)
     block = np.where(x.lora, block + delta, block)
     if m.is_mla or moe:
         return block, core, mlp, block
@@ -393,6 +410,39 @@ def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool):
     op_saved = np.where(x.lora, op_saved + delta, op_saved)
     block, op_saved = _compiled(m, x, block, op_saved)
     return block, core, mlp, op_saved
+
+
+def _bnb_kept_per_layer(m: ModelSpec, x: MicroBatch) -> np.ndarray:
+    """One block's 4-bit linear inputs kept by bitsandbytes <= 0.43.1 (bnb_kept_input_bytes)."""
+    return bnb_kept_input_bytes(
+        m,
+        T=x.T,
+        e=x.e,
+        tp=x.tp,
+        keeps=x.bnb_keeps_input,
+        separate_qkv=~x.fused_qkv,
+        per_linear_casts=x.kbit_prepared,
+    )
+
+
+def _bnb_kept_stage(m: ModelSpec, x: MicroBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(every kept input of the stage: its non-checkpointed blocks' and the 4-bit head's; that
+    of one block; the previous step's, in this forward): what bitsandbytes <= 0.43.1 keeps
+    with the graph (bnb_kept_input_bytes), alive to the end of backward (the embedding's
+    included) and, where the loop holds the logits and so the graph (LitGPT), through the
+    optimizer step into the next forward."""
+    per_layer = _bnb_kept_per_layer(m, x)
+    blocks = np.maximum(x.counts["layer"] - x.num_checkpointed, 0.0)
+    kept = per_layer * blocks + _bnb_kept_head(m, x, last=x.last)
+    prev_graph = np.where(x.head_chunked | x.step_logits_held, kept, 0.0)
+    return kept, np.where(blocks > 0, per_layer, 0.0), prev_graph
+
+
+def _bnb_kept_head(m: ModelSpec, x: MicroBatch, *, last) -> np.ndarray:
+    """The 4-bit head's input bitsandbytes <= 0.43.1 keeps (bnb_kept_head_input_bytes)."""
+    return bnb_kept_head_input_bytes(
+        m, T=x.T, e=x.e, keeps=x.bnb_keeps_input, head_quantised=x.head_quantised, last=last
+    )
 
 
 def _lora_module_extra(m: ModelSpec, x: MicroBatch) -> np.ndarray:
@@ -531,6 +581,9 @@ def _layers(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
         moe_block = moe_op = x.zero_col
     layer_full = np.where(num_mlp > 0, dense_block, moe_block)
     layer_ckpt = act.hf_checkpointed_layer_bytes(m, T=x.T, r=x.r, tp=x.tp, sp=x.sp)
+    # Per-op SAC keeps at least the block's checkpointed input: a LoRA block's net delta (the
+    # frozen linears' inputs it no longer saves) cannot take its saved set below that.
+    dense_op = np.where(x.lora, np.maximum(dense_op, layer_ckpt), dense_op)
     op_stage = num_mlp * dense_op + num_moe * moe_op
     stage_hf = saved_blocks_bytes(
         x.rc,
@@ -616,7 +669,7 @@ def _outside(m: ModelSpec, x: MicroBatch, layers: dict[str, np.ndarray]) -> dict
     final_norm = lora_frozen_norm_bytes(
         m, T=T, r=r, fused_norm=x.fused_norm, num_norms=1, scale_fp32=x.norm_scale_fp32
     )
-    outside_all = outside_all - np.where(x.lora, final_norm, 0.0)
+    outside_all = outside_all - np.where(x.lora, final_norm, 0.0) + _bnb_kept_head(m, x, last=True)
     outside = np.where(x.last, outside_all + logits_held, rope)
     ckpt_mask = act.hf_checkpointed_mask_bytes(m, T=T, s=s / x.cp, r=r, eager=x.eager)
     outside = outside + np.where(checkpointing & CHECKPOINT_KEEPS_MASK[x.fw], ckpt_mask, 0.0)
@@ -926,6 +979,8 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
         np.where(multi, e * T * m.hidden_size / x.sp_div, 0.0), fw=x.fw
     )
     stage_act = out["stage_act"]
+    kept, kept_layer, prev_graph = _bnb_kept_stage(m, x)
+    fwd_common = small + prev_graph + copies + amp_ckpt_copies + a2a + cp_fwd
     return {
         "activations_per_layer": layers["per_layer"],
         "activations_outside_layers": out["outside"],
@@ -933,28 +988,18 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
         "activations_offloaded": out["offloaded"],
         "stage_act": stage_act,
         "small": small,
-        "fwd_extra": small
-        + copies
-        + loss_extra
-        + amp_ckpt_copies
-        + a2a
-        + cp_fwd
-        + np.where(multi & ~last, bwd["fwd_working"], 0.0),
+        "fwd_extra": fwd_common + loss_extra + np.where(multi & ~last, bwd["fwd_working"], 0.0),
         # Inside a checkpointed block's forward (single stage): no loss tensors yet.
-        "fwd_block_extra": np.where(
-            full & ~multi,
-            small + copies + amp_ckpt_copies + a2a + cp_fwd + bwd["fwd_working"],
-            -np.inf,
-        ),
+        "fwd_block_extra": np.where(full & ~multi, fwd_common + bwd["fwd_working"], -np.inf),
         "bwd_start_extra": small
         + loss_grads
         + a2a
         + cp_bwd
         + np.where(last & x.chunked_head, _wrapper(m, x)[2], 0.0),
         "largest_block": _largest_block(m, x, out["head"]),
-        "step_held": _step_held(m, x),
-        "bwd_end_extra": small + bwd["act_end"] + bwd["temp_end"] - stage_act,
-        "embed_extra": small + np.where(x.first, T * m.hidden_size * x.r, 0.0),
+        "step_held": _step_held(m, x) + prev_graph,
+        "bwd_end_extra": small + bwd["act_end"] + bwd["temp_end"] - stage_act + kept - kept_layer,
+        "embed_extra": small + kept + np.where(x.first, T * m.hidden_size * x.r, 0.0),
         **_recompute_terms(x, layers, out, bwd, small=small),
         "pipe_per_micro": per_micro + inputs_per_extra_micro,
         "pipe_fixed": fixed - inputs_per_extra_micro,

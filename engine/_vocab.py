@@ -37,6 +37,12 @@ COMPILES = ("none", "blocks", "blocks+loss")
 """torch.compile of nothing, of each transformer block, or of the blocks and the loss."""
 ALLOCATORS = ("native", "expandable-segments")
 """PYTORCH_CUDA_ALLOC_CONF: the default caching allocator, or expandable_segments:True."""
+BITSANDBYTES_VERSIONS = ("current", "legacy")
+"""The bitsandbytes a `--qlora` job runs: current (0.43.2 and later, July 2024 on: MatMul4Bit
+keeps only the quantised weight for backward) or legacy (0.43.1 and earlier: it keeps its input
+too; the QLoRA paper's runs, LitGPT 0.4 to 0.5.3, which pin 0.42.0). Source: bitsandbytes
+autograd/_functions.py MatMul4Bit.forward, `ctx.tensors = (A, B)` in the 0.42.0, 0.43.0 and
+0.43.1 wheels, `(None, B)` in 0.43.2, 0.43.3, 0.44.x and 0.50.2."""
 LOADS = ("auto", "full-state-dict", "cpu-full-state-dict", "meta-init", "sharded")
 """How the job builds its model and loads the checkpoint before step 1 (engine/_load.py); auto:
 the stack's own default (FrameworkSpec.load)."""

@@ -221,6 +221,8 @@ def _knobs(c: dict[str, Any]) -> str:
         words.append("optimizer in backward")
     if c.get("allocator", "native") != "native":
         words.append(f"allocator {c['allocator']}")
+    if c.get("qlora") and c.get("bitsandbytes_version", "current") != "current":
+        words.append(f"bitsandbytes {c['bitsandbytes_version']}")
     return "".join(f", {w}" for w in words)
 
 

@@ -10,8 +10,9 @@ import polars as pl
 
 from trainmem.engine import COMPONENTS, FIELD_NAMES, TYPES
 
-SCHEMA_VERSION = 5
-"""5: the training field `load` and the load phase's peak_load_bytes;
+SCHEMA_VERSION = 6
+"""6: the training field `bitsandbytes_version`; 5: the training field `load` and the load
+phase's peak_load_bytes;
 4: byte columns (BYTE_COLUMNS) are whole bytes, Int64 (were Float64), and the string columns
 are stored dictionary-encoded (Categorical; readers see strings); 3: the fields dp_shard,
 recompute_every, compile, optimizer_in_backward and allocator, and the vocabularies' new names

@@ -174,7 +174,9 @@ LITGPT_TARGETS = {
 fc_1 = gate, fc_2 = up, proj = down)."""
 
 
-def estimate_litgpt(case: dict[str, Any], *, framework: str = "litgpt") -> dict[str, float]:
+def estimate_litgpt(
+    case: dict[str, Any], *, framework: str = "litgpt", bitsandbytes_version: str = "current"
+) -> dict[str, float]:
     """A litgpt_lora.json case (a small Llama in litgpt.lora.GPT, rank 16, bf16-true); a
     litgpt_qlora.json case (it records quant_state_bytes) with --qlora."""
     targets = ",".join(LITGPT_TARGETS[k] for k, on in case["targets"].items() if on)
@@ -189,6 +191,7 @@ def estimate_litgpt(case: dict[str, Any], *, framework: str = "litgpt") -> dict[
         recompute="full" if case["ac"] else "none",
         optimizer=case["optimizer"],
         qlora="quant_state_bytes" in case,
+        bitsandbytes_version=bitsandbytes_version,
     )
 
 
@@ -241,13 +244,14 @@ def traced_rows() -> list[dict[str, Any]]:
             {**_traced(name, c, _with_held_logits(c, estimate_litgpt(c))), "framework": "litgpt"}
         )
     for c in json.loads((folder / "litgpt_qlora.json").read_text())["cases"]:
-        if c["bnb_saves_input"]:
-            continue  # bitsandbytes <= 0.43.0's MatMul4Bit, not modelled (docs/techniques.md)
         adapted = "+".join(k.removeprefix("lora_") for k, on in c["targets"].items() if on)
         name = f"llama small QLoRA bnb.nf4 r{c['lora_rank']} ({adapted}), bf16, AC off"
-        out.append(
-            {**_traced(name, c, _with_held_logits(c, estimate_litgpt(c))), "framework": "litgpt"}
-        )
+        # bitsandbytes <= 0.43.1's MatMul4Bit (keeps its input): `--bitsandbytes-version legacy`
+        bnb = "legacy" if c["bnb_saves_input"] else "current"
+        if c["bnb_saves_input"]:
+            name += ", bitsandbytes legacy"
+        got = _with_held_logits(c, estimate_litgpt(c, bitsandbytes_version=bnb))
+        out.append({**_traced(name, c, got), "framework": "litgpt"})
     for c in json.loads((folder / "litgpt_full.json").read_text())["cases"]:
         name = (
             f"llama small full fine-tune (finetune/full.py), vocab {c['dims']['vocab']}, "

@@ -116,8 +116,13 @@ def test_allocated_le_reserved_le_device(case: tuple) -> None:
 
 
 def _activations_by_micro_batch(
-    m: ModelSpec, row: dict[str, Any], view: Any, sizes: tuple[int, ...] = (1, 2, 3)
+    m: ModelSpec, row: dict[str, Any], view: Any, sizes: tuple[int, ...] | None = None
 ) -> np.ndarray:
+    # Once a rank holds more tokens than one sequence (b > cp): below that a view folds into
+    # the next op where a single-head k/v broadcasts (engine/_activations.py
+    # _falcon_kv_width: `T > s`, traced), a shape of its own.
+    cp = int(row.get("cp", 1))
+    sizes = sizes or (cp + 1, cp + 2, cp + 3)
     # No gradient accumulation (global_batch_size 0): one micro-batch per step at every size.
     rows = [{**row, "micro_batch_size": b, "global_batch_size": 0} for b in sizes]
     return estimate(m, _grid(rows), pp_stage=view)["activations_total"]

@@ -51,6 +51,7 @@ SNAPSHOT = [
     ("optimizer_in_backward", "Boolean"),
     ("allocator", "Categorical"),
     ("load", "Categorical"),
+    ("bitsandbytes_version", "Categorical"),
     ("dp", "Int64"),
     ("grad_accum_steps", "Int64"),
     ("peak_device_bytes", "Int64"),
@@ -79,7 +80,7 @@ SNAPSHOT = [
 
 def test_schema_snapshot() -> None:
     assert [(k, str(v)) for k, v in SCHEMA.items()] == SNAPSHOT
-    assert SCHEMA_VERSION == 5
+    assert SCHEMA_VERSION == 6
 
 
 def _frame(n: int = 5) -> pl.DataFrame:
