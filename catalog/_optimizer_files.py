@@ -14,6 +14,7 @@ from typing import Any
 
 from trainmem.engine import OPTIMIZERS, OptimizerSpec, builtin_optimizers, spec_columns
 
+from ._files import check_path_name, read_input_text
 from ._presets import did_you_mean
 
 if sys.version_info >= (3, 11):
@@ -33,6 +34,7 @@ def _user_dir(optimizers_dir: str | os.PathLike[str] | None) -> Path | None:
     chosen = optimizers_dir if optimizers_dir is not None else os.environ.get(ENV_VAR) or None
     if chosen is None:
         return None
+    check_path_name(chosen, what="optimizers dir")
     folder = Path(chosen)
     if not folder.is_dir():
         raise ValueError(f"optimizers dir {str(folder)!r} is not a directory")
@@ -61,8 +63,8 @@ def read_optimizer_file(path: str) -> OptimizerSpec:
     file = Path(path)
     label = file.name
     try:
-        table = tomllib.loads(file.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as error:
+        table = tomllib.loads(read_input_text(file))
+    except tomllib.TOMLDecodeError as error:
         raise ValueError(f"{label}: invalid TOML: {error}") from None
     problems = []
     missing = sorted(_REQUIRED - table.keys())

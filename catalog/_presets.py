@@ -13,6 +13,8 @@ from typing import Any
 
 from trainmem.engine import ModelSpec, model_from_hf_config
 
+from ._files import check_path_name, read_input_text
+
 PRESET_DIR = Path(__file__).parent / "presets"
 ENV_VAR = "TRAINMEM_MODELS_DIR"
 """Environment variable naming a folder of extra or overriding ``<name>.json`` model presets."""
@@ -26,14 +28,9 @@ def preset_names() -> tuple[str, ...]:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    text = read_input_text(path, what="model")
     try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ValueError(f"model: cannot read config {path}: {exc.strerror or exc}") from None
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ValueError(f"model: {path}: not UTF-8 JSON") from None
+        data = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ValueError(f"model: {path}: not a JSON object ({first})") from None
@@ -49,6 +46,7 @@ def _load_cached(name_or_path: str, family: str | None = None) -> ModelSpec:
         return model_from_hf_config(
             _read_json(PRESET_DIR / f"{name_or_path}.json"), name=name_or_path, family=family
         )
+    check_path_name(name_or_path, what="model")
     if path.is_dir() and (path / "config.json").is_file():
         path = path / "config.json"
     if path.is_file():
@@ -64,6 +62,7 @@ def _user_dir(models_dir: str | os.PathLike[str] | None) -> Path | None:
     chosen = models_dir if models_dir is not None else os.environ.get(ENV_VAR) or None
     if chosen is None:
         return None
+    check_path_name(chosen, what="models dir")
     folder = Path(chosen)
     if not folder.is_dir():
         raise ValueError(f"models dir {str(folder)!r} is not a directory")

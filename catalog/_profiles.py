@@ -10,6 +10,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ._files import read_input_text
+
 if TYPE_CHECKING:
     from trainmem.engine import ModelSpec
 
@@ -38,11 +40,9 @@ def load_profile(path: str | os.PathLike[str]) -> ModelSpec:
             raise ValueError(f"profile {text}: no such file, nor a shipped profile ({names})")
         path = PROFILES / f"{text}.json"
     where = f" {os.fspath(path)}"
+    body = read_input_text(path, what="profile")
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except OSError as exc:
-        raise ValueError(f"profile{where}: cannot read: {exc.strerror or exc}") from None
+        data = json.loads(body)
     except json.JSONDecodeError as exc:
         raise ValueError(f"profile{where}: not JSON: {exc.msg} (line {exc.lineno})") from None
     from trainmem.engine import profile_model  # the profile code loads for a profile only

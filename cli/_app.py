@@ -9,6 +9,7 @@ stderr, no traceback).
 
 from __future__ import annotations
 
+import errno
 import importlib
 import json
 import sys
@@ -19,6 +20,7 @@ import typer
 import typer.main
 from typer.core import TyperGroup
 
+from trainmem.hardware._files import shown_path
 from trainmem.report import (
     ESTIMATE_OPTIONS,
     EXIT_CODES,
@@ -183,6 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:
+        if exc.errno not in (errno.ENAMETOOLONG, errno.ELOOP):  # a name the user gave
+            raise
+        name = shown_path(exc.filename) if exc.filename else "a path"
+        print(f"error: {name}: {exc.strerror}", file=sys.stderr)
+        return 2
     except Exception as exc:
         if type(exc).__name__ == "Exit":
             return int(getattr(exc, "exit_code", 0) or 0)

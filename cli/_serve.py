@@ -54,12 +54,6 @@ def serve_cmd(
     No authentication: keep it on loopback or behind a proxy that authenticates (docs/serve.md).
     One log line per request on stderr.
     """
-    if not 0 < port < 65536:
-        raise ValueError(f"port: must be 1-65535, got {port}")
-    if min(max_points, max_grid_rows, max_concurrent, max_body_bytes) < 1 or not timeout_s > 0:
-        raise ValueError(
-            "max-points, max-grid-rows, max-concurrent, max-body-bytes and timeout-s must be > 0"
-        )
     limits = Limits(
         max_body_bytes=max_body_bytes,
         max_points=max_points,
@@ -67,13 +61,16 @@ def serve_cmd(
         timeout_s=timeout_s,
         max_concurrent=max_concurrent,
     )
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        print(
-            f"warning: serving on {host}: reachable beyond this machine, without authentication"
-            " (docs/serve.md, Authentication)",
-            file=sys.stderr,
-        )
-    print(f"trainmem serve: http://{host}:{port} (OpenAPI at /openapi.json)", file=sys.stderr)
+
+    def banner() -> None:
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            print(
+                f"warning: serving on {host}: reachable beyond this machine, without "
+                "authentication (docs/serve.md, Authentication)",
+                file=sys.stderr,
+            )
+        print(f"trainmem serve: http://{host}:{port} (OpenAPI at /openapi.json)", file=sys.stderr)
+
     serve(
         host=host,
         port=port,
@@ -81,6 +78,7 @@ def serve_cmd(
         models_dir=models_dir,
         optimizers_dir=optimizers_dir,
         limits=limits,
+        on_ready=banner,
     )
 
 

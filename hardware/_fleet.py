@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ._files import read_input_text
 from ._gpu import GIB, GpuProfile
 from ._loader import allowed_gpus_text, resolve_gpu_name
 
@@ -34,8 +35,29 @@ _POOL_KEYS = ("gpu", "nodes", "gpus_per_node", "price_per_hour_usd", "host_memor
 IN_MEMORY_LABEL = "fleet"
 """What errors about an in-memory fleet's tables name (a file's are named by the file)."""
 
+MAX_POOLS = 64
+"""Pools in one fleet at most (every search runs once per pool: 1,000 pools ran for minutes)."""
+MAX_POOL_GPUS = 1_000_000
+"""GPUs in one pool at most: far above any fleet, far below any overflow of int64 in the
+engine's products (GPUs x bytes)."""
+MAX_GPUS_PER_NODE = 1024
+"""GPUs in one node at most (a DGX holds 8, an NVL72 rack 72)."""
+MAX_HOST_MEMORY_GIB = 1 << 20
+"""Host RAM of one node at most, GiB (1 PiB: no node holds a thousandth of it)."""
+
 FleetSource = str | os.PathLike[str] | Mapping[str, Any] | Sequence[Mapping[str, Any]]
 """A fleet as `parse_fleet` takes it: shorthand text, a TOML path, or its tables in memory."""
+
+
+def pool_size_problem(num_nodes: int, gpus_per_node: int) -> str | None:
+    """What is too large in a pool of `num_nodes` x `gpus_per_node` GPUs (None: nothing)."""
+    if gpus_per_node > MAX_GPUS_PER_NODE:
+        return f"gpus_per_node must be <= {MAX_GPUS_PER_NODE}, got {gpus_per_node:,}"
+    if num_nodes * gpus_per_node > MAX_POOL_GPUS:
+        return (
+            f"at most {MAX_POOL_GPUS:,} GPUs per pool, got {num_nodes:,} nodes of {gpus_per_node}"
+        )
+    return None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,6 +83,9 @@ class Pool:
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 errors.append(f"{field} must be a whole number >= 1, got {value!r}")
+        size = None if errors else pool_size_problem(self.num_nodes, self.gpus_per_node)
+        if size:
+            errors.append(size)
         price = self.price_per_hour_usd
         if price is not None and (
             isinstance(price, bool)
@@ -103,6 +128,8 @@ class Fleet:
             raise ValueError("fleet: needs at least one pool")
         if not all(isinstance(p, Pool) for p in self.pools):
             raise ValueError("fleet: pools must be Pool objects")
+        if len(self.pools) > MAX_POOLS:
+            raise ValueError(f"fleet: at most {MAX_POOLS} pools, got {len(self.pools)}")
 
     @property
     def num_gpus(self) -> int:
@@ -164,6 +191,8 @@ def _parse_token(token: str, gpus: Mapping[str, GpuProfile]) -> Pool:
     profile = _profile(match["gpu"], gpus, f"fleet: pool {token!r}")
     if count < 1:
         raise ValueError(f"fleet: pool {token!r}: COUNT must be >= 1")
+    if count > MAX_POOL_GPUS:
+        raise ValueError(f"fleet: pool {token!r}: COUNT must be <= {MAX_POOL_GPUS:,}")
     per_node = profile.gpus_per_node
     if count < per_node:
         return Pool(gpu=profile.name, num_nodes=1, gpus_per_node=count)
@@ -178,10 +207,8 @@ def _parse_token(token: str, gpus: Mapping[str, GpuProfile]) -> Pool:
 def _parse_toml(path: Path, gpus: Mapping[str, GpuProfile]) -> Fleet:
     label = path.name
     try:
-        table = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise ValueError(f"fleet: cannot read {str(path)!r}: {error.strerror}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        table = tomllib.loads(read_input_text(path, what="fleet"))
+    except tomllib.TOMLDecodeError as error:
         raise ValueError(f"{label}: invalid TOML: {error}") from None
     return fleet_from_tables(table, gpus, label=label)
 
@@ -218,6 +245,9 @@ def _pool_from_table(t: dict[str, Any], gpus: Mapping[str, GpuProfile], where: s
         value = t.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{where}: {key} must be a whole number >= 1, got {value!r}")
+    size = pool_size_problem(t["nodes"], t.get("gpus_per_node", profile.gpus_per_node))
+    if size:
+        raise ValueError(f"{where}: {size}")
     price = t.get("price_per_hour_usd")
     if price is not None and (
         isinstance(price, bool)
@@ -229,9 +259,12 @@ def _pool_from_table(t: dict[str, Any], gpus: Mapping[str, GpuProfile], where: s
     if host_gib is not None and (
         isinstance(host_gib, bool)
         or not isinstance(host_gib, (int, float))
-        or not (math.isfinite(host_gib) and host_gib > 0)
+        or not (math.isfinite(host_gib) and 0 < host_gib <= MAX_HOST_MEMORY_GIB)
     ):
-        raise ValueError(f"{where}: host_memory_gib must be a finite number > 0, got {host_gib!r}")
+        raise ValueError(
+            f"{where}: host_memory_gib must be a finite number > 0 and <= "
+            f"{MAX_HOST_MEMORY_GIB:,}, got {host_gib!r}"
+        )
     return Pool(
         gpu=profile.name,
         num_nodes=t["nodes"],

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from ._files import check_path_name, read_input_text
 from ._gpu import _FLOAT_FIELDS, GpuProfile
 
 if sys.version_info >= (3, 11):
@@ -46,6 +47,7 @@ def load_gpus(hardware_dir: str | os.PathLike[str] | None = None) -> dict[str, G
     gpus = dict(_builtin_gpus())
     user_dir = hardware_dir if hardware_dir is not None else os.environ.get(ENV_VAR) or None
     if user_dir is not None:
+        check_path_name(user_dir, what="hardware dir")
         folder = Path(user_dir)
         if not folder.is_dir():
             raise ValueError(f"hardware dir {str(folder)!r} is not a directory")
@@ -106,7 +108,7 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
 @functools.cache
 def _builtin_aliases() -> Mapping[str, str]:
     """The shipped alias table, read once per process (read-only view)."""
-    table = tomllib.loads(_ALIASES_FILE.read_text(encoding="utf-8"))
+    table = tomllib.loads(read_input_text(_ALIASES_FILE))
     return MappingProxyType({str(alias): str(target) for alias, target in table.items()})
 
 
@@ -127,8 +129,8 @@ def _read_folder(files: Iterable[Path]) -> dict[str, GpuProfile]:
 def _read_file(file: Path) -> GpuProfile:
     label = file.name
     try:
-        table = tomllib.loads(file.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        table = tomllib.loads(read_input_text(file))
+    except tomllib.TOMLDecodeError as error:
         raise ValueError(f"{label}: invalid TOML: {error}") from None
     missing = sorted(_KEYS - _OPTIONAL_KEYS - table.keys())
     unknown = sorted(table.keys() - _KEYS)

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from trainmem.hardware._files import check_path_name
+
 from ._options import Option
 
 TIMELINE_COMPONENTS = (
@@ -63,7 +65,9 @@ PICTURE_OPTIONS = (
 
 def picture_suffix(flag: str, path: str, allowed: tuple[str, ...]) -> str:
     """The extension of `path` (lower case, no dot) when it is one of `allowed`; else one
-    ValueError line naming `flag` and the allowed suffixes (checked before any work)."""
+    ValueError line naming `flag` and the allowed suffixes (checked before any work), or the
+    file system's limit on a name's length."""
+    check_path_name(path, what=flag)
     suffix = path.rsplit(".", 1)[-1].lower() if "." in path.rsplit("/", 1)[-1] else ""
     if suffix not in allowed:
         names = ", ".join(f".{s}" for s in allowed)

@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from trainmem.hardware._files import check_path_name
+
 HEATMAP_FORMATS = ("png", "svg")
 """The file types `write_heatmap` writes, chosen by the path's extension."""
 
@@ -32,7 +34,9 @@ _MISSING_MESSAGE = "heatmap needs matplotlib: pip install 'trainmem[plot]'"
 
 
 def heatmap_format(path: str | os.PathLike[str]) -> str:
-    """The file type of `path` ("png" or "svg") from its extension; ValueError otherwise."""
+    """The file type of `path` ("png" or "svg") from its extension; ValueError otherwise (or
+    when the file system could not hold the name)."""
+    check_path_name(path, what="--out")
     suffix = Path(path).suffix.lower().lstrip(".")
     if suffix not in HEATMAP_FORMATS:
         allowed = ", ".join(f".{f}" for f in HEATMAP_FORMATS)

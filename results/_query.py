@@ -21,6 +21,13 @@ WHERE_KEYWORDS = frozenset(
     {"and", "or", "not", "in", "between", "is", "null", "like", "ilike", "true", "false"}
 )
 """The SQL words a --where expression may use (case-insensitive)."""
+MAX_HEAD_ROWS = 2**32 - 1
+"""The most rows `head` may ask for (polars' row index is 32 bits)."""
+MAX_WHERE_INTEGER = 2**53
+"""The largest integer a --where literal may write (float64's exact range; the stored integers
+are far below it). Arithmetic over integer columns and integer literals is 64-bit and wraps past
+2^63 without a word (polars), so a larger literal is refused: write it as a decimal (4.6e18),
+which computes in floating point."""
 _TOKEN = re.compile(
     r"""\s+
     |(?P<number>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)
@@ -49,6 +56,11 @@ def check_where(where: str, columns: Sequence[str]) -> None:
         text, kind = match.group(0), match.lastgroup
         if where.startswith(("--", "/*"), position):
             raise ValueError("--where: comments are not allowed")
+        if kind == "number" and text.isdigit() and _above_exact(text):
+            raise ValueError(
+                f"--where: integer {_shown(text)} is above 2^53; 64-bit arithmetic would wrap "
+                "silently: write it as a decimal (4.6e18) to compute in floating point"
+            )
         if kind == "word":
             lower = text.lower()
             if lower not in WHERE_KEYWORDS and text not in names:
@@ -69,6 +81,17 @@ def check_where(where: str, columns: Sequence[str]) -> None:
         if kind is not None:
             previous = text
         position = match.end()
+
+
+def _above_exact(digits: str) -> bool:
+    """Whether the integer literal `digits` exceeds MAX_WHERE_INTEGER (length first: Python
+    refuses to convert more than 4,300 digits)."""
+    digits = digits.lstrip("0")
+    return len(digits) > 16 or int(digits or "0") > MAX_WHERE_INTEGER
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 30 else f"{text[:12]}...{text[-12:]} ({len(text)} digits)"
 
 
 def check_parts(path: str | os.PathLike[str]) -> None:
@@ -112,8 +135,8 @@ def query_points(
         raise ValueError(f"points: {os.fspath(path)}: unreadable parts: {message}") from None
     if sort is not None and sort not in names:
         raise ValueError(f"--sort: unknown column {sort!r}; columns: {', '.join(names)}")
-    if head is not None and head < 0:
-        raise ValueError(f"--head: must be >= 0, got {head}")
+    if head is not None and not 0 <= head <= MAX_HEAD_ROWS:
+        raise ValueError(f"--head: must be in [0, {MAX_HEAD_ROWS:,}], got {head}")
     if where is not None:
         check_where(where, names)
     try:

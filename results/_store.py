@@ -64,6 +64,8 @@ from typing import Any, TypeVar
 import numpy as np
 import polars as pl
 
+from trainmem.hardware._files import check_path_name, shown_path
+
 from ._schema import BYTE_COLUMNS, SCHEMA, SCHEMA_VERSION
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -600,7 +602,12 @@ def part_files(path: str | os.PathLike[str]) -> tuple[Any, list[str]]:
     if is_url(path):
         fs, root = url_filesystem(os.fspath(path).rstrip("/"))
         return fs, [i.path for i in _url_files(fs, root, "part-*.parquet", recursive=True)]
-    return None, [str(f) for f in sorted(local_path(path).rglob("part-*.parquet"))]
+    check_path_name(path, what="points")
+    files = sorted(local_path(path).rglob("part-*.parquet"))
+    for file in files:  # a FIFO would block the reader, a device never end
+        if not file.is_file():
+            raise ValueError(f"points: {shown_path(file)}: not a regular file; not a part")
+    return None, [str(f) for f in files]
 
 
 def open_part(fs: Any, file: str) -> Any:

@@ -53,6 +53,7 @@ from trainmem.report import (
 )
 from trainmem.sweep import FIT_OPTIONS
 
+from ._address import check_address, limit_problems
 from ._asgi import Guard, logger
 from ._fleet import MAX_POOLS, canonical_gpu, inline_pools, pool_model
 from ._page import add_page
@@ -89,6 +90,11 @@ class Limits:
     """Computing time per request; past it the computation's worker process is killed (422)."""
     max_concurrent: int = 2
     """Computations at once, one worker process each (503 with Retry-After when all are busy)."""
+
+    def __post_init__(self) -> None:
+        problems = limit_problems({name: getattr(self, name) for name in self.__dataclass_fields__})
+        if problems:
+            raise ValueError("; ".join(problems))
 
 
 DEFAULT_LIMITS = Limits()
@@ -461,8 +467,14 @@ def serve(
     models_dir: str | None = None,
     optimizers_dir: str | None = None,
     limits: Limits = DEFAULT_LIMITS,
+    on_ready: Callable[[], None] | None = None,
 ) -> None:
-    """Run the API under uvicorn until interrupted; one log line per request on stderr."""
+    """Run the API under uvicorn until interrupted; one log line per request on stderr.
+
+    The address is checked first (`check_address`: the host resolves, the port binds), then the
+    app is built (the folders read); `on_ready` runs after both (the CLI's banner), before
+    uvicorn starts."""
+    check_address(host, port)
     try:
         import uvicorn
     except ImportError:  # pragma: no cover - depends on the environment
@@ -480,4 +492,6 @@ def serve(
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
+    if on_ready is not None:
+        on_ready()
     uvicorn.run(app, host=host, port=port, log_level="warning")

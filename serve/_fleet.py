@@ -23,11 +23,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from trainmem.hardware import resolve_gpu_name
+from trainmem.hardware._fleet import MAX_GPUS_PER_NODE, MAX_POOL_GPUS, MAX_POOLS
 
-MAX_POOLS = 64
-MAX_POOL_GPUS = 1_000_000
-"""GPUs in one pool: far above any fleet, far below any overflow."""
-MAX_GPUS_PER_NODE = 1024
 MAX_PRICE_PER_HOUR_USD = 1e6
 
 _TOKEN_RE = re.compile(r"^(?P<count>[0-9]{1,7})x(?P<gpu>[a-z0-9][a-z0-9.-]{0,63})$", re.IGNORECASE)

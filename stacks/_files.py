@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
+
+from trainmem.hardware._files import read_input_text
 
 from ._reading import Doc
 
@@ -41,19 +42,7 @@ def read_files(paths: list[str]) -> dict[str, str]:
         raise ValueError("files: give at least one config file")
     out: dict[str, str] = {}
     for path in paths:
-        p = Path(path)
-        try:
-            if p.stat().st_size > MAX_FILE_BYTES:
-                raise ValueError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB; not a config")
-            out[path] = p.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ValueError(f"{path}: no such file") from None
-        except IsADirectoryError:
-            raise ValueError(f"{path}: is a folder; give the config file") from None
-        except UnicodeDecodeError:
-            raise ValueError(f"{path}: not a UTF-8 text file") from None
-        except OSError as exc:
-            raise ValueError(f"{path}: cannot read ({exc.strerror})") from None
+        out[path] = read_input_text(path, cap_bytes=MAX_FILE_BYTES)
     return out
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from trainmem.catalog import model_presets
 from trainmem.catalog._presets import PRESET_DIR, did_you_mean
+from trainmem.hardware._files import read_input_text
 
 SUFFIXES = re.compile(
     r"(-(instruct|chat|hf|it|base|sft|dpo|rlhf|gptq|awq|fp8|bnb|4bit|8bit|nf4|unsloth|"
@@ -48,7 +49,7 @@ def _hub_ids() -> dict[str, str]:
     """Each built-in preset's Hugging Face id (from its `_source`), lower case -> preset."""
     out: dict[str, str] = {}
     for file in sorted(PRESET_DIR.glob("*.json")):
-        source = json.loads(file.read_text()).get("_source", "")
+        source = json.loads(read_input_text(file)).get("_source", "")
         match = re.match(r"\s*([\w.-]+/[\w.-]+)/config\.json", source)
         if match:
             out[match.group(1).lower()] = file.stem

@@ -14,12 +14,14 @@ import numpy as np
 from trainmem.catalog import optimizer_columns
 from trainmem.engine import (
     DEFAULTS,
+    KNOBS,
     ModelSpec,
     Overheads,
     TimeParams,
     TrainingConfig,
     estimate,
     estimate_time,
+    layout_reason,
     make_grid,
     overheads_for,
     reason_text,
@@ -41,6 +43,7 @@ from trainmem.report import (
     Option,
     advice_report,
     check_headroom,
+    check_layout,
     check_options,
     choice,
     host_reason,
@@ -239,9 +242,27 @@ def _scan(job: _FitJob, inputs: _FitInputs) -> _Scan:
         row = int(fitting[-1] if key == "micro_batch_size" else fitting[0])
     else:  # nothing fits: report the closest candidate (most headroom) and why
         valid = np.flatnonzero(out["reason"] == 0)
+        if not len(valid):
+            _refuse_invalid_layout(job, inputs, candidates)
         row = int(valid[np.argmax(out["headroom_bytes"][valid])]) if len(valid) else 0
     chosen = {**inputs.config, key: int(candidates[row])}
     return _Scan(candidates, out, ov, host, fitting, row, chosen)
+
+
+def _refuse_invalid_layout(job: _FitJob, inputs: _FitInputs, candidates: np.ndarray) -> None:
+    """ValueError `layout: ...` (as `estimate` says it, exit 2) when no candidate is a valid
+    layout because the job's own layout is invalid: no value of the searched field could make
+    it valid. Micro-batch 1 is the most permissive micro-batch (a larger one only divides the
+    global batch less), so its rule decides; GPU counts are tried up to num_gpus' bound (not
+    --max-num-gpus): when one of those is valid, the search space was too small (exit 1 with
+    --check, the reason in the answer)."""
+    if job.key == "num_gpus":
+        step = int(candidates[0])
+        wider = np.arange(step, int(KNOBS["num_gpus"].le or step) + 1, step)
+        grid = make_grid({**inputs.config, "num_gpus": wider})
+        if (layout_reason(inputs.spec, grid) == 0).any():
+            return
+    check_layout(inputs.spec, make_grid({**inputs.config, job.key: int(candidates[0])}))
 
 
 def _row_of(out: Mapping[str, Any], row: int) -> dict[str, np.ndarray]:

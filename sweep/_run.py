@@ -22,6 +22,7 @@ from trainmem.engine import (
     TrainingConfig,
 )
 from trainmem.hardware import load_gpus, parse_fleet
+from trainmem.hardware._files import check_path_name
 from trainmem.report import (
     check_headroom,
     check_options,
@@ -394,6 +395,7 @@ def check_out_dir(out: str) -> None:
 
     if is_url(out):
         return
+    check_path_name(out, what="out")
     path = local_path(out)
     if path.exists() and not path.is_dir():
         raise ValueError(f"out: {out!r} is a file, not a folder")

@@ -335,7 +335,7 @@ def test_missing_and_unreadable_files(tmp_path) -> None:
     (tmp_path / "b.json").write_text("{not json")
     with pytest.raises(ValueError, match="not JSON"):
         load_profile(tmp_path / "b.json")
-    with pytest.raises(ValueError, match="cannot read"):
+    with pytest.raises(ValueError, match="missing.json: no such file"):
         load_profile(tmp_path / "missing.json")
 
 
