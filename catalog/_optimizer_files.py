@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from trainmem.engine import OPTIMIZERS, OptimizerSpec, builtin_optimizers, spec_columns
+from trainmem.hardware._files import check_path_name, read_input_text
 
-from ._files import check_path_name, read_input_text
 from ._presets import did_you_mean
 
 if sys.version_info >= (3, 11):

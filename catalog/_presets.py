@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmem.engine import ModelSpec, model_from_hf_config
-
-from ._files import check_path_name, read_input_text
+from trainmem.hardware._files import check_path_name, read_input_text
 
 PRESET_DIR = Path(__file__).parent / "presets"
 ENV_VAR = "TRAINMEM_MODELS_DIR"

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ._files import read_input_text
+from trainmem.hardware._files import read_input_text
 
 if TYPE_CHECKING:
     from trainmem.engine import ModelSpec

@@ -6,9 +6,8 @@ socket (refused before it is read: /dev/zero would never end, a FIFO without a w
 starts), more than the cap (16 MiB; read at most one byte past it), text that is not UTF-8, a
 name longer than the file system allows (ENAMETOOLONG, checked before any lookup).
 
-This file is kept twice, byte for byte, as hardware/_files.py and catalog/_files.py: the
-layering lets neither package import the other (nor engine, which reads no files), and both
-read user files. tests/unit/hardware/test_files.py checks that the copies are the same.
+It lives in hardware, a leaf that every package reading user files may import (catalog
+included; engine reads no files).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The bounded reader of input files (hardware/_files.py, kept byte for byte as
-catalog/_files.py): a cap, regular files only, UTF-8, names the file system can hold; every
+"""The bounded reader of input files (hardware/_files.py, which catalog imports too): a cap,
+regular files only, UTF-8, names the file system can hold; every
 refusal one ValueError line naming the file."""
 
 from __future__ import annotations
@@ -11,18 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from trainmem.catalog import _files as catalog_files
 from trainmem.hardware import _files
 
 ROOT = Path(__file__).parents[3]
-READERS = [_files.read_input_text, catalog_files.read_input_text]
-
-
-def test_the_two_copies_are_the_same_file() -> None:
-    """The layering lets neither catalog nor hardware import the other: one file, twice."""
-    assert (ROOT / "catalog" / "_files.py").read_bytes() == (
-        ROOT / "hardware" / "_files.py"
-    ).read_bytes()
+READERS = [_files.read_input_text]
 
 
 @pytest.mark.parametrize("read", READERS)
