@@ -536,3 +536,40 @@ def test_recommend_renders_the_launch_format(
     assert config["train_batch_size"] == 256
     bad = http.post("/v1/recommend", params={"format": "helm"}, json=fields)
     assert bad.status_code == 422 and "format" in bad.json()["error"]
+
+
+def test_concurrent_load_has_no_5xx_and_leaves_nothing(server: _Server) -> None:
+    # A CI-sized load (bench/serve_load.py is the full one): 8 clients x 12 requests mixing
+    # one job's report, fit, an inline fleet and a bad body; every answer a 200 or a 422, the
+    # same report for every equal request, and no fleet folder left in the temp directory.
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    job = {"model": "llama-3.2-1b", "gpu": "h100-sxm-80gb", "advice": False}
+    bodies = [
+        ("/v1/estimate", job),
+        ("/v1/fit", {"model": "llama-3.2-1b", "gpu": "h100-sxm-80gb"}),
+        ("/v1/recommend", {"model": "llama-3.2-1b", "fleet": "2xh100-sxm-80gb"}),
+        ("/v1/estimate", {**job, "seq_len": -1}),
+    ]
+    before = set(Path(tempfile.gettempdir()).glob("trainmem-fleet-*"))
+
+    def client(i: int) -> list[tuple[int, str]]:
+        out = []
+        with httpx.Client(base_url=server.url, timeout=120) as c:
+            for k in range(12):
+                path, body = bodies[(i + k) % len(bodies)]
+                r = c.post(path, json=body)
+                bad = "seq_len" in body
+                out.append((r.status_code, r.text if path == "/v1/estimate" and not bad else ""))
+                assert r.status_code == (422 if bad else 200), (path, r.text[:200])
+        return out
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = [a for batch in pool.map(client, range(8)) for a in batch]
+    codes = [code for code, _ in answers]
+    assert len(codes) == 96 and set(codes) <= {200, 422}, sorted(set(codes))
+    reports = {text for code, text in answers if code == 200 and text}
+    assert len(reports) == 1  # one job, one answer, whatever the load
+    assert set(Path(tempfile.gettempdir()).glob("trainmem-fleet-*")) <= before
