@@ -393,7 +393,9 @@ def qlora_kbit_activation_delta_bytes(
     return np.where(np.asarray(prepared) & np.asarray(amp), mlp - o_proj, 0.0)
 
 
-def bnb_kept_input_bytes(m: ModelSpec, *, T, e, tp, keeps, separate_qkv, per_linear_casts):
+def bnb_kept_input_bytes(
+    m: ModelSpec, *, T, e, tp, keeps, separate_qkv, per_linear_casts, o_aliased=False, qkv_grad=True
+):
     """Bytes of one block's frozen 4-bit linears' inputs that bitsandbytes <= 0.43.1 keeps for
     backward (`--bitsandbytes-version legacy`), beyond what the block saves otherwise.
 
@@ -410,19 +412,30 @@ def bnb_kept_input_bytes(m: ModelSpec, *, T, e, tp, keeps, separate_qkv, per_lin
     Source: bitsandbytes 0.42.0 / 0.43.1 autograd/_functions.py MatMul4Bit.forward, nn/modules.py
     Linear4bit.forward; traced: tests/data/framework_traces/litgpt_qlora.json (the
     bnb_saves_input case: +2 B x T (3 h + f) per block, exact).
-    Assumes: the kept input is no tensor the block saves anyway (LitGPT's lora_dropout feeds
-    lora_A a dropout output; peft's adapters under autocast save their own casts); column-
+    `o_aliased`: o_proj's kept input is the attention output its adapter's lora_A saves anyway
+    (peft under autocast feeds lora_A its input uncast, dropout off, a block not checkpointed);
+    `qkv_grad` False: the block's input needs no gradient (the first block over a frozen
+    embedding, no checkpointing to call enable_input_require_grads), so q/k/v keep nothing.
+    A checkpointed block keeps them all the same: a non-reentrant checkpoint's saved-tensor
+    hooks do not see ctx attributes (transformers 5.24's gradient checkpointing, Lightning's
+    FSDP checkpoint_wrapper).
+    Traced also: tests/data/framework_traces/hf_qlora_old_bnb.json (peft-prepared Llama: per
+    block 2 B x T (3 h + o + 2 h + f), less o under amp, less 3 h on the first block without
+    checkpointing; exact).
+    Assumes: no other kept input is a tensor the block saves anyway (LitGPT's lora_dropout
+    feeds lora_A a dropout output; peft's prepared fp32 inputs are cast apart); column-
     parallel inputs whole, row-parallel ones split over tp.
-    Ignores: checkpointed blocks (a reentrant checkpoint runs forward without grad, so nothing
-    is kept; a non-reentrant one would keep them, its saved-tensor hooks do not see ctx
-    attributes); MoE experts (not Linear4bit).
+    Ignores: a reentrant checkpoint (forward without grad: nothing kept); MoE experts (not
+    Linear4bit).
     """
     h = m.hidden_size
     f_r = 0.0 if m.is_moe else m.intermediate_size / tp
     casts = np.asarray(per_linear_casts)
     qkv_inputs = np.where(casts & np.asarray(separate_qkv), 3.0, 1.0)
     mlp_inputs = np.where(casts & m.gated_mlp, 2.0, 1.0)
-    kept = e * T * (qkv_inputs * h + m.o_dim / tp + mlp_inputs * h + f_r)
+    qkv = np.where(qkv_grad, qkv_inputs * h, 0.0)
+    o_in = np.where(o_aliased, 0.0, m.o_dim / tp)
+    kept = e * T * (qkv + o_in + mlp_inputs * h + f_r)
     return np.where(keeps, kept, 0.0)
 
 

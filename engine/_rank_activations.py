@@ -129,6 +129,12 @@ FORWARD_WORKING_FREED_TF = 2.0
 """[T, f] tensors a checkpointed block's forward has freed at its peak (the traces: about a full
 block's activations less two [T, f] tensors; pp rank 0, 1F1B, 4 in flight; CPU MoE traces)."""
 
+BNB_COMPUTE_BYTES = 2.0
+"""The 4-bit linears' compute dtype, in which bitsandbytes <= 0.43.1 keeps their inputs: 16-bit
+(transformers' bnb_4bit_compute_dtype bf16 / fp16; Lightning's BitsandbytesPrecision bf16-true)
+whatever dtype the residual stream has (peft's kbit preparation leaves it fp32). Traced:
+tests/data/framework_traces/hf_qlora_old_bnb.json (the bf16 case's fp32 stream)."""
+
 ACT_KEYS = (
     "micro_batch_size",
     "seq_len",
@@ -412,28 +418,46 @@ def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool):
     return block, core, mlp, op_saved
 
 
-def _bnb_kept_per_layer(m: ModelSpec, x: MicroBatch) -> np.ndarray:
-    """One block's 4-bit linear inputs kept by bitsandbytes <= 0.43.1 (bnb_kept_input_bytes)."""
+def _bnb_kept_per_layer(m: ModelSpec, x: MicroBatch, *, qkv_grad: Any = True) -> np.ndarray:
+    """One block's 4-bit linear inputs kept by bitsandbytes <= 0.43.1 (bnb_kept_input_bytes):
+    o_proj's aliases its adapter's saved input where lora_A gets it as it is (no dropout, the
+    compute dtype)."""
+    in_compute_dtype = x.amp | ~x.kbit_prepared
+    o_aliased = x.bits["o_proj"] & ~x.lora_dropout & in_compute_dtype
     return bnb_kept_input_bytes(
         m,
         T=x.T,
-        e=x.e,
+        e=BNB_COMPUTE_BYTES,
         tp=x.tp,
         keeps=x.bnb_keeps_input,
         separate_qkv=~x.fused_qkv,
         per_linear_casts=x.kbit_prepared,
+        o_aliased=o_aliased,
+        qkv_grad=qkv_grad,
     )
 
 
+def _bnb_stage_extra(m: ModelSpec, x: MicroBatch) -> np.ndarray:
+    """What bitsandbytes <= 0.43.1 keeps on the stage beyond the non-checkpointed blocks'
+    per-layer share: less q/k/v's on a peft-prepared first block that no checkpoint made
+    require grad. A checkpointed block keeps nothing in forward: the stacks of that
+    bitsandbytes checkpointed reentrantly (transformers < 5 passed use_reentrant=True,
+    torch.utils.checkpoint's default before 2.4), forward under no_grad; its recomputation,
+    which backward then runs through, keeps them (the block's layer_full)."""
+    no_grad = x.first & x.kbit_prepared & (x.num_checkpointed == 0)
+    return _bnb_kept_per_layer(m, x, qkv_grad=~no_grad) - _bnb_kept_per_layer(m, x)
+
+
 def _bnb_kept_stage(m: ModelSpec, x: MicroBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(every kept input of the stage: its non-checkpointed blocks' and the 4-bit head's; that
-    of one block; the previous step's, in this forward): what bitsandbytes <= 0.43.1 keeps
-    with the graph (bnb_kept_input_bytes), alive to the end of backward (the embedding's
-    included) and, where the loop holds the logits and so the graph (LitGPT), through the
-    optimizer step into the next forward."""
+    """(every kept input of the stage: its blocks' and the 4-bit head's; that of one block; the
+    previous step's, in this forward): what bitsandbytes <= 0.43.1 keeps with the graph
+    (bnb_kept_input_bytes), alive to the end of backward (the embedding's included) and, where
+    the loop holds the logits and so the graph (LitGPT), through the optimizer step into the
+    next forward."""
     per_layer = _bnb_kept_per_layer(m, x)
     blocks = np.maximum(x.counts["layer"] - x.num_checkpointed, 0.0)
-    kept = per_layer * blocks + _bnb_kept_head(m, x, last=x.last)
+    extra = np.where(blocks > 0, _bnb_stage_extra(m, x), 0.0)
+    kept = per_layer * blocks + extra + _bnb_kept_head(m, x, last=x.last)
     prev_graph = np.where(x.head_chunked | x.step_logits_held, kept, 0.0)
     return kept, np.where(blocks > 0, per_layer, 0.0), prev_graph
 
@@ -441,7 +465,12 @@ def _bnb_kept_stage(m: ModelSpec, x: MicroBatch) -> tuple[np.ndarray, np.ndarray
 def _bnb_kept_head(m: ModelSpec, x: MicroBatch, *, last) -> np.ndarray:
     """The 4-bit head's input bitsandbytes <= 0.43.1 keeps (bnb_kept_head_input_bytes)."""
     return bnb_kept_head_input_bytes(
-        m, T=x.T, e=x.e, keeps=x.bnb_keeps_input, head_quantised=x.head_quantised, last=last
+        m,
+        T=x.T,
+        e=BNB_COMPUTE_BYTES,
+        keeps=x.bnb_keeps_input,
+        head_quantised=x.head_quantised,
+        last=last,
     )
 
 
@@ -598,7 +627,7 @@ def _layers(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
     # Megatron's own formulas (FrameworkSpec.megatron_core_blocks) cover none, selective (core)
     # and full; per-op SAC is counted op by op as for every framework.
     megatron = MEGATRON_CORE_BLOCKS[x.fw] & (x.rc != RECOMPUTE_SELECTIVE_OP)
-    stage_layers = np.where(megatron, stage_mg, stage_hf)
+    stage_layers = np.where(megatron, stage_mg, stage_hf) + _bnb_stage_extra(m, x)
     op_layer = np.where(num_mlp > 0, dense_op, moe_op)
     recomputed = np.where(
         x.rc == RECOMPUTE_SELECTIVE_OP,

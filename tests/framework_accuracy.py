@@ -148,7 +148,8 @@ def estimate_torchtune(case: dict[str, Any]) -> dict[str, float]:
 
 def estimate_hf_qlora(case: dict[str, Any]) -> dict[str, float]:
     """An hf_qlora.json case (small Llama, bitsandbytes NF4 base + peft rank-16 all-linear
-    adapters on a k-bit-prepared model, AdamW)."""
+    adapters on a k-bit-prepared model, AdamW); an hf_qlora_old_bnb.json one (its
+    bnb_saves_input) with `--bitsandbytes-version legacy`."""
     return estimate_one(
         small_llama_spec(case["dims"]),
         micro_batch_size=case["micro_batch_size"],
@@ -160,6 +161,7 @@ def estimate_hf_qlora(case: dict[str, Any]) -> dict[str, float]:
         qlora=True,
         recompute=case["recompute"],
         optimizer=case["optimizer"],
+        bitsandbytes_version="legacy" if case.get("bnb_saves_input") else "current",
     )
 
 
@@ -227,12 +229,12 @@ def traced_rows() -> list[dict[str, Any]]:
             ", activation offload" if c["offload"] else ""
         )
         out.append({**_traced(name, c, estimate_torchtune(c)), "framework": "torchtune"})
-    for c in json.loads((folder / "hf_qlora.json").read_text())["cases"]:
-        shape = f"{c['micro_batch_size']}x{c['seq_len']}"
-        name = (
-            f"llama small QLoRA (bnb NF4 + peft r16), {c['precision']}, {c['recompute']}, {shape}"
-        )
-        out.append({**_traced(name, c, estimate_hf_qlora(c)), "framework": "hf"})
+    for file in ("hf_qlora.json", "hf_qlora_old_bnb.json"):
+        for c in json.loads((folder / file).read_text())["cases"]:
+            shape = f"{c['micro_batch_size']}x{c['seq_len']}"
+            name = f"llama small QLoRA (bnb NF4 + peft r16), {c['precision']}, {c['recompute']}, "
+            name += shape + (", bitsandbytes legacy" if c.get("bnb_saves_input") else "")
+            out.append({**_traced(name, c, estimate_hf_qlora(c)), "framework": "hf"})
     for c in json.loads((folder / "litgpt_lora.json").read_text())["cases"]:
         shape = f"{c['micro_batch_size']}x{c['seq_len']}"
         adapted = "+".join(k.removeprefix("lora_") for k, on in c["targets"].items() if on)

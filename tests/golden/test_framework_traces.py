@@ -311,3 +311,43 @@ def test_hf_qlora_step(case: dict[str, Any]) -> None:
     assert 0.0 <= per_layer <= HF_QLORA_PER_LAYER_TOLERANCE, per_layer
     peak = got["peak_allocated_bytes"] / case["peak_allocated_bytes"] - 1.0
     assert abs(peak) <= HF_QLORA_PEAK_TOLERANCE[key], peak
+
+
+HF_QLORA_OLD_BNB = json.loads((DATA.parent / "hf_qlora_old_bnb.json").read_text())["cases"]
+"""The same three steps with bitsandbytes <= 0.43.1's MatMul4Bit, which keeps its input
+(make_hf_qlora_traces.py --old-bnb)."""
+
+
+@pytest.mark.parametrize(
+    ("new", "old"), list(zip(HF_QLORA_CASES, HF_QLORA_OLD_BNB, strict=True)), ids=_qlora_id
+)
+def test_hf_qlora_legacy_bitsandbytes(new: dict[str, Any], old: dict[str, Any]) -> None:
+    # `--bitsandbytes-version legacy` adds what the old MatMul4Bit keeps, to the byte: each
+    # 4-bit linear's bf16 cast of its fp32 input (q, k, v, gate, up, down; o's input is the
+    # attention output its adapter saves anyway under autocast), none of q/k/v's on block 0
+    # (its input needs no gradient); alive to the end of backward, gone before the optimizer
+    # step (the Trainer drops the graph).
+    assert old["bnb_saves_input"] and (old["precision"], old["recompute"]) == (
+        new["precision"],
+        new["recompute"],
+    )
+    current, legacy = estimate_hf_qlora(new), estimate_hf_qlora(old)
+    added = legacy["activations_total"] - current["activations_total"]
+    traced = old["activations_bytes"] - new["activations_bytes"]
+    if new["recompute"] == "full":
+        # The engine pairs legacy bitsandbytes with the reentrant checkpoint of its time
+        # (transformers < 5: use_reentrant=True; forward under no_grad keeps nothing). The trace
+        # ran transformers 5.24, whose checkpoint is non-reentrant: its saved-tensor hooks do
+        # not see ctx attributes, so every block keeps 2 B x T (3 h + o + 2 h + f) in forward.
+        d, T = old["dims"], old["micro_batch_size"] * old["seq_len"]
+        per_block = 2 * T * (3 * d["hidden"] + d["hidden"] + 2 * d["hidden"] + d["intermediate"])
+        assert added == 0 and traced == d["layers"] * per_block
+        return
+    assert added == traced
+    for phase in ("backward", "optimizer_step"):
+        key = f"peak_{phase}_bytes"
+        assert legacy[key] - current[key] == old[key] - new[key], phase
+    # The peak (in backward) errs as the current trace's does.
+    peak_old = legacy["peak_allocated_bytes"] / old["peak_allocated_bytes"] - 1.0
+    peak_new = current["peak_allocated_bytes"] / new["peak_allocated_bytes"] - 1.0
+    assert abs(peak_old) <= abs(peak_new) + 1e-9

@@ -40,13 +40,22 @@ def test_litgpt_keeps_one_input_per_distinct_tensor() -> None:
 
 def test_peft_prepared_inputs_are_a_cast_copy_per_linear() -> None:
     # HF + peft's prepare_model_for_kbit_training: the residual stream is fp32, so each of q, k,
-    # v and gate, up casts its own bf16 copy (Linear4bit: x.to(compute_dtype)).
+    # v and gate, up, down casts its own bf16 copy (Linear4bit: x.to(compute_dtype)); o_proj's
+    # input is the attention output its adapter saves anyway (under autocast); block 0's q/k/v
+    # input needs no gradient without checkpointing.
     m = load_model("llama-2-7b")
-    T, h, f = 2 * 1024, m.hidden_size, m.intermediate_size
+    T, h, f, L = 2 * 1024, m.hidden_size, m.intermediate_size, m.num_hidden_layers
     new = _one("llama-2-7b", framework="hf", precision="amp-bf16")
     old = _one("llama-2-7b", framework="hf", precision="amp-bf16", bitsandbytes_version="legacy")
-    per_layer = old["activations_per_layer"] - new["activations_per_layer"]
-    assert per_layer == 2 * T * (3 * h + h + 2 * h + f)
+    added = old["activations_total"] - new["activations_total"]
+    assert added == 2 * T * (L * (3 * h + 2 * h + f) - 3 * h)
+    # Under checkpointing nothing is kept in forward: the stacks of that bitsandbytes
+    # checkpointed reentrantly (forward under no_grad); the recomputed block keeps its own.
+    ckpt = {"framework": "hf", "precision": "amp-bf16", "recompute": "full"}
+    new_c = _one("llama-2-7b", **ckpt)
+    old_c = _one("llama-2-7b", **ckpt, bitsandbytes_version="legacy")
+    assert old_c["activations_total"] == new_c["activations_total"]
+    assert old_c["peak_backward_bytes"] - new_c["peak_backward_bytes"] == 2 * T * (5 * h + f)
     # The HF head is not quantised: nothing kept outside the blocks; the Trainer drops the graph
     # after backward, so the optimizer step is unchanged.
     assert old["activations_outside_layers"] == new["activations_outside_layers"]
