@@ -231,6 +231,11 @@ def traced_rows() -> list[dict[str, Any]]:
         out.append({**_traced(name, c, estimate_torchtune(c)), "framework": "torchtune"})
     for file in ("hf_qlora.json", "hf_qlora_old_bnb.json"):
         for c in json.loads((folder / file).read_text())["cases"]:
+            if c.get("bnb_saves_input") and c["recompute"] == "full":
+                # transformers 5's non-reentrant checkpoint with legacy bitsandbytes: a mix the
+                # engine does not model (legacy is paired with its era's reentrant checkpoint;
+                # docs/techniques.md, tests/golden/test_framework_traces.py)
+                continue
             shape = f"{c['micro_batch_size']}x{c['seq_len']}"
             name = f"llama small QLoRA (bnb NF4 + peft r16), {c['precision']}, {c['recompute']}, "
             name += shape + (", bitsandbytes legacy" if c.get("bnb_saves_input") else "")
