@@ -81,8 +81,8 @@ def choice_help(help_text: str, choices: Sequence[str] | None) -> str:
     for listed in (" | ".join(choices or ()), "|".join(choices or ())):
         if listed and help_text.startswith(listed):
             rest = help_text.removeprefix(listed).strip()
-            if rest.startswith("(") and rest.endswith(")") and rest.count("(") == 1:
-                rest = rest[1:-1]
+            if rest.startswith("(") and rest.rstrip(".").endswith(")") and rest.count("(") == 1:
+                rest = rest.rstrip(".")[1:-1]
             return rest
     return help_text
 

@@ -7,7 +7,7 @@ import pytest
 import typer.main
 
 from trainmem.cli._app import LAZY_COMMANDS, app, main
-from trainmem.cli._options import PANEL_OF, PANELS, choices_metavar
+from trainmem.cli._options import PANEL_OF, PANELS, choice_help, choices_metavar
 
 
 def _commands() -> dict[str, object]:
@@ -87,3 +87,17 @@ def test_choices_break_after_a_bar_on_long_lists() -> None:
 def test_choices_still_refuse_an_unknown_value(capsys) -> None:
     assert main(["estimate", "--framework", "bogus"]) == 2
     assert capsys.readouterr().err.startswith("error: framework: unknown value 'bogus'")
+
+
+@pytest.mark.parametrize(
+    ("help_text", "shown"),
+    [
+        ("a | b | c", ""),
+        ("a | b | c (a: the usual)", "a: the usual"),
+        ("a | b | c (default: a summary).", "default: a summary"),
+        ("a|b|c", ""),
+        ("Pick one (a or b).", "Pick one (a or b)."),
+    ],
+)
+def test_a_help_that_lists_the_choices_drops_the_list(help_text: str, shown: str) -> None:
+    assert choice_help(help_text, ("a", "b", "c")) == shown
