@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import importlib
 import json
+import os
 import sys
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Annotated, Any
@@ -29,7 +30,7 @@ from trainmem.report import (
     human_table,
 )
 
-from ._options import command
+from ._options import command, dress
 
 LAZY_COMMANDS = {
     "models": "._lists",
@@ -44,6 +45,7 @@ LAZY_COMMANDS = {
     "heatmap": "._heatmap",
     "check": "._check",
     "compare": "._compare",
+    "completion": "._completion",
 }
 """Commands built from their module (its `register(app)`) when named, after this file's own
 (in this order in `--help`): `trainmem estimate` neither imports what they run (polars, Optuna,
@@ -82,7 +84,8 @@ class _LazyGroup(TyperGroup):
 
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
-        self.commands = _Commands(self.commands)
+        dress(self)
+        self.commands = _Commands({k: dress(c) for k, c in self.commands.items()})
 
     def list_commands(self, ctx: Any) -> list[str]:
         return list(self.commands)  # the names, without building every command
@@ -93,16 +96,18 @@ def _build_command(name: str) -> Any:
     registry = typer.Typer()
     importlib.import_module(LAZY_COMMANDS[name], __package__).register(registry)
     (info,) = (c for c in registry.registered_commands if c.name == name)
-    return typer.main.get_command_from_info(
-        info,
-        pretty_exceptions_short=app.pretty_exceptions_short,
-        rich_markup_mode=app.rich_markup_mode,
+    return dress(
+        typer.main.get_command_from_info(
+            info,
+            pretty_exceptions_short=app.pretty_exceptions_short,
+            rich_markup_mode=app.rich_markup_mode,
+        )
     )
 
 
 app = typer.Typer(
     cls=_LazyGroup,
-    add_completion=False,
+    add_completion=False,  # `trainmem completion SHELL` prints the script instead
     no_args_is_help=True,
     help="Predict the per-GPU memory of a training job before it runs.",
 )
@@ -176,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     typer vendors its own click in recent releases, so click's exceptions are matched by their
     interface (`exit_code`, `format_message`) rather than by class.
     """
+    if "_TRAINMEM_COMPLETE" in os.environ:  # a shell asks (cli/_completion.py COMPLETE_VAR)
+        from typer._completion_classes import completion_init
+
+        completion_init()  # typer's shells: registered by add_completion, which is off
     try:
         # Not standalone, click returns typer.Exit's code instead of raising it.
         code = app(args=argv, standalone_mode=False)

@@ -20,6 +20,7 @@ from trainmem.report import (
 )
 
 from ._options import command
+from ._progress import spinner
 
 if TYPE_CHECKING:
     from trainmem.sweep._heatmap import Plot
@@ -115,16 +116,17 @@ def heatmap_cmd(
         headroom=check_headroom(headroom),
         hardware_dir=hardware_dir,
     )
-    report = _cells_report(
-        plot,
-        training,
-        model=model,
-        gpu=gpu,
-        points=points,
-        where=where,
-        models_dir=models_dir,
-        optimizers_dir=optimizers_dir,
-    )
+    with spinner(f"heatmap: {x} x {y}", as_json=as_json):
+        report = _cells_report(
+            plot,
+            training,
+            model=model,
+            gpu=gpu,
+            points=points,
+            where=where,
+            models_dir=models_dir,
+            optimizers_dir=optimizers_dir,
+        )
     report["format"] = fmt
     _echo_report(report, x=x, y=y, as_json=as_json)
 

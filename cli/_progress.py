@@ -1,6 +1,8 @@
-"""Progress shown while a long command runs: a rich bar (sweeps, Optuna studies) or spinner
-(traces) on stderr, and only when stderr is a terminal and the output is not `--json`: a pipe,
-a log file or a scheduler reading stdout gets the result alone, byte for byte."""
+"""Progress shown while a long command runs: a rich bar (sweeps, Optuna studies: they report
+points or trials as they go) or a spinner (traces, recommend, heatmap: one search or one
+vectorized call with nothing to count) on stderr, and only when stderr is a terminal and the
+output is not `--json`: a pipe, a log file or a scheduler reading stdout gets the result alone,
+byte for byte."""
 
 from __future__ import annotations
 

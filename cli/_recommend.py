@@ -10,6 +10,7 @@ from trainmem.plan import RECOMMEND_OPTIONS, format_framework, render
 from trainmem.report import EXIT_CODES
 
 from ._options import command
+from ._progress import spinner
 
 
 @command(RECOMMEND_OPTIONS)
@@ -33,7 +34,8 @@ def recommend_cmd(
     shown = "json" if as_json else fmt
     fields = {**options, **training}
     fields["framework"] = format_framework(shown, training["framework"])
-    report = recommend_report(**fields)
+    with spinner(f"recommend: searching {options['fleet']}", as_json=shown == "json"):
+        report = recommend_report(**fields)
     if shown not in (None, "json") and not report["fits"]:
         typer.echo(report["reason"], err=True)
     else:

@@ -33,6 +33,7 @@ RECOMMEND_OPTIONS: tuple[Option, ...] = (
         default=None,
         flag="--format",
         http=False,
+        choices=FORMATS,
         help=" | ".join(FORMATS) + " (default: a summary).",
     ),
     AS_JSON,

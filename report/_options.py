@@ -110,7 +110,10 @@ CHECK = Option(
     default=False,
     flag="--check",
     http=False,
-    help="Exit code 1 when it does not fit (recommend: when no plan fits); see EXIT_CODES.",
+    help=(
+        "Exit code 1 when it does not fit (recommend: when no plan fits); the exit codes "
+        "are below (docs/exit-codes.md)."
+    ),
 )
 EXIT_CODES = (
     "Exit codes: 0 the command ran (with --check: it fits); 1 with --check, it does not fit; "

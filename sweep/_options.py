@@ -113,7 +113,13 @@ SWEEP_OPTIONS: tuple[Option, ...] = (
     *training_options(
         defaults=SEARCH_DEFAULTS, exclude=("sequence_parallel",), optional=SWEEP_AXES
     ),
-    Option(name="method", type=str, default="exhaustive", help="exhaustive|optuna"),
+    Option(
+        name="method",
+        type=str,
+        default="exhaustive",
+        choices=("exhaustive", "optuna"),
+        help="exhaustive|optuna",
+    ),
     Option(name="trials", type=int, default=200, ge=1, help="Optuna: the study's total trials."),
     Option(name="seed", type=int, default=0, help="Optuna sampler seed."),
     Option(
