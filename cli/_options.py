@@ -129,7 +129,7 @@ _PANEL_NAMES: dict[str, tuple[str, ...]] = {
     "Precision": ("precision",),
     "Memory techniques": (
         *("zero", "recompute", "recompute_every", "offload", "activation_offload"),
-        *("lora_rank", "lora_targets", "qlora", "loss"),
+        *("lora_rank", "lora_targets", "qlora", "bitsandbytes_version", "loss"),
     ),
     "Training setup": (
         *("framework", "stack", "optimizer", "optimizer_in_backward", "optimizers_dir"),
