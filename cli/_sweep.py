@@ -61,7 +61,7 @@ def sweep_cmd(training: dict[str, Any], *, as_json: bool, **options: Any) -> Non
         f"{_stored_text(result)}"
     )
     if not result.best:
-        typer.echo(_nothing_fits(result) + _constraints_hint(options))
+        typer.echo(_nothing_fits(result, space) + _constraints_hint(options))
         return
     if report["used_gpus"] is not None:
         typer.echo(f"best {fleet_use_text(report)}")
@@ -81,16 +81,19 @@ def _job_text(space: Any) -> str:
     )
 
 
-def _nothing_fits(result: SearchResult) -> str:
-    """``nothing fits`` and, when a valid point exists, the one nearest to fitting."""
+def _nothing_fits(result: SearchResult, space: Any) -> str:
+    """``nothing fits`` and, when a valid point exists, the one nearest to fitting and how far
+    over its GPU's limit (usable memory x (1 - headroom); the points hold no headroom column)."""
     near = result.extra.get("closest")
     if not near:
         return "nothing fits (no valid layout: see the reasons with `trainmem points`)"
     layout = " ".join(f"{k} {near[k]}" for k in SHOW if k not in ("gpu", "num_gpus"))
-    over = -near["headroom_bytes"] / GIB
+    limit_bytes = space.gpus[near["gpu"]].usable_bytes * (1 - space.headroom)
+    over = (near["peak_device_bytes"] - limit_bytes) / GIB
     return (
         f"nothing fits; closest: {near['num_gpus']} x {near['gpu']}, {layout}: peak "
-        f"{near['peak_device_bytes'] / GIB:.2f} GiB, {over:.2f} GiB over the limit"
+        f"{near['peak_device_bytes'] / GIB:.2f} GiB, {over:.2f} GiB over the limit (what to "
+        "change: `trainmem estimate` of it lists the changes that make it fit)"
     )
 
 

@@ -665,7 +665,8 @@ def summary(report: dict[str, Any]) -> str:
         )
     lines.append(f"  reproduce: {report['estimate_command']}")
     if not report["fits"]:
-        return "\n".join([*lines, report["reason"]])
+        hint = "  what to change: run the reproduce line (estimate lists what makes it fit)"
+        return "\n".join([*lines, report["reason"], hint])
     if report["alternatives"]:
         lines += ["alternatives (distinct layouts):", _table(report["alternatives"])]
     fmt = "torchrun|slurm" if report["framework"] in ("megatron", "deepspeed") else ""

@@ -126,3 +126,17 @@ def test_nothing_under_a_budget_says_which_flag_to_loosen(tmp_path: Path, capsys
     argv = ["sweep", *FLEET, "--max-cost-per-million-tokens", "0.001", "--out", str(tmp_path)]
     text = _text(capsys, argv)
     assert "nothing fits" in text and "loosen --max-cost-per-million-tokens" in text
+
+
+def test_a_sweep_that_fits_nowhere_names_the_closest_point_and_what_to_change(
+    tmp_path: Path, capsys
+) -> None:
+    """The stumble: the human output raised KeyError 'headroom_bytes' (the points hold none)."""
+    argv = ["sweep", "--model", "llama-3.1-70b", "--fleet", "8xa100-sxm-40gb"]
+    lines = _text(capsys, [*argv, "--out", str(tmp_path)]).splitlines()
+    assert lines[1].startswith("nothing fits; closest: 8 x a100-sxm-40gb, ")
+    assert "peak 185.94 GiB, 150.48 GiB over the limit" in lines[1]  # recommend's margin
+    assert "`trainmem estimate` of it lists the changes that make it fit" in lines[1]
+    out = _text(capsys, ["recommend", "--model", "llama-3.1-70b", "--fleet", "8xa100-sxm-40gb"])
+    assert "margin -150.48 GiB" in out
+    assert out.splitlines()[-1].startswith("  what to change: run the reproduce line")
