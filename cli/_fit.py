@@ -11,7 +11,7 @@ from typing import Any
 import typer
 
 from trainmem.hardware import GIB
-from trainmem.report import EXIT_CODES
+from trainmem.report import EXIT_CODES, change_lines
 from trainmem.sweep import FIT_OPTIONS, fit_report
 
 from ._options import command
@@ -36,11 +36,8 @@ def _print_fit(result: dict[str, Any], minimize: str, seq_len: int, *, as_json: 
     answer = result["min_num_gpus" if by_gpus else "max_micro_batch_size"]
     if answer is None:
         typer.echo(f"nothing fits on {report['gpu']['name']}{_shortfall_text(result, by_gpus)}")
-        for entry in result.get("advice", [])[:5]:
-            verdict = "fits" if entry["fits"] else "still does not fit"
-            typer.echo(
-                f"  {entry['change']}: saves {entry['saved_bytes'] / GIB:.2f} GiB, {verdict}"
-            )
+        if result.get("advice"):  # what to change, as estimate says it
+            typer.echo("\n".join(change_lines(result["advice"])))
         return
     what = "smallest GPU count" if by_gpus else "largest micro-batch size"
     typer.echo(

@@ -12,7 +12,10 @@ from trainmem.hardware import GIB
 from trainmem.report import (
     AS_JSON,
     EXIT_CODES,
+    GPU,
     HEADROOM,
+    JOB_DEFAULT_MODEL,
+    JOB_DEFAULTS,
     USER_DIRS,
     Option,
     check_headroom,
@@ -30,13 +33,13 @@ HEATMAP_OPTIONS: tuple[Option, ...] = (
         name="model",
         type=str | None,
         default=None,
-        help="Preset name or HF config.json path; default llama-3.1-8b.",
+        help=f"Preset name or HF config.json path; default {JOB_DEFAULT_MODEL}.",
     ),
     Option(
         name="gpu",
         type=str | None,
         default=None,
-        help="GPU profile (`trainmem gpus`); default h100-sxm-80gb.",
+        help=f"GPU profile (`trainmem gpus`); default {GPU.default}.",
     ),
     Option(
         name="x",
@@ -66,7 +69,7 @@ HEATMAP_OPTIONS: tuple[Option, ...] = (
         default=None,
         help='With --points: SQL WHERE clause, e.g. "zero = 3".',
     ),
-    *training_options(),
+    *training_options(defaults=JOB_DEFAULTS),
     HEADROOM,
     *USER_DIRS,
     AS_JSON,
@@ -104,7 +107,7 @@ def heatmap_cmd(
     """
     # polars and matplotlib: imported when the command runs, not when it is registered.
     from trainmem.results import heatmap_format
-    from trainmem.sweep._heatmap import Plot
+    from trainmem.sweep._heatmap import Plot, closest_cell_advice
 
     fmt = heatmap_format(out)
     plot = Plot(
@@ -127,6 +130,19 @@ def heatmap_cmd(
             models_dir=models_dir,
             optimizers_dir=optimizers_dir,
         )
+        if points is None:  # nothing fits: what to change, from the closest cell
+            report.update(
+                closest_cell_advice(
+                    report,
+                    training,
+                    model=model or JOB_DEFAULT_MODEL,
+                    gpu=gpu or GPU.default,
+                    headroom=plot.headroom,
+                    hardware_dir=hardware_dir,
+                    models_dir=models_dir,
+                    optimizers_dir=optimizers_dir,
+                )
+            )
     report["format"] = fmt
     _echo_report(report, x=x, y=y, as_json=as_json)
 
@@ -159,8 +175,8 @@ def _cells_report(
     return from_flags(
         plot,
         config,
-        model=model or "llama-3.1-8b",
-        gpu=gpu or "h100-sxm-80gb",
+        model=model or JOB_DEFAULT_MODEL,
+        gpu=gpu or GPU.default,
         models_dir=models_dir,
         optimizers_dir=optimizers_dir,
     )
@@ -187,6 +203,29 @@ def _echo_report(report: dict[str, Any], *, x: str, y: str, as_json: bool) -> No
     else:
         text = "; ".join(f"{k}: {', '.join(map(str, v)) or 'none'}" for k, v in answers)
         typer.echo(f"{x} that fits, by {y}: {text}")
+    _echo_nothing_fits(report, cells)
+
+
+def _echo_nothing_fits(report: dict[str, Any], cells: list[dict[str, Any]]) -> None:
+    """No cell fits: the closest cell and what to change (estimate's advice for it); from
+    stored points, where to look instead."""
+    from trainmem.report import change_lines
+
+    if any(c["fits"] for c in cells):
+        return
+    if "closest_cell" not in report:
+        typer.echo(
+            "nothing fits: widen --x-values/--y-values, or run `trainmem estimate` on a "
+            "cell's settings for the changes that make it fit"
+        )
+        return
+    cell, x, y = report["closest_cell"], report["x"], report["y"]
+    typer.echo(
+        f"nothing fits; the closest cell, {x} {cell[x]} x {y} {cell[y]}, needs "
+        f"{cell['peak_device_bytes'] / GIB:.2f} GiB:"
+    )
+    if report["advice"]:
+        typer.echo("\n".join(change_lines(report["advice"])))
 
 
 def register(app: typer.Typer) -> None:

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import typer
 
-from trainmem.plan import RECOMMEND_OPTIONS, format_framework, render
+from trainmem.plan import (
+    RECOMMEND_OPTIONS,
+    format_framework,
+    render,
+    replan_line,
+    replan_note,
+    replans,
+)
 from trainmem.report import EXIT_CODES
 
 from ._options import command
@@ -31,15 +39,22 @@ def recommend_cmd(
     """
     from trainmem.plan import recommend_report, summary  # the search (polars): run time only
 
-    shown = "json" if as_json else fmt
+    launched = None if fmt in (None, "json") else fmt
     fields = {**options, **training}
-    fields["framework"] = format_framework(shown, training["framework"])
-    with spinner(f"recommend: searching {options['fleet']}", as_json=shown == "json"):
+    fields["framework"] = format_framework(launched, training["framework"])
+    with spinner(f"recommend: searching {options['fleet']}", as_json=as_json or fmt == "json"):
         report = recommend_report(**fields)
-    if shown not in (None, "json") and not report["fits"]:
+        if launched is not None and replans(launched, training["framework"]):
+            before = recommend_report(**{**fields, "framework": training["framework"]})
+            report["replanned_for_format"] = replan_note(before, report, launched)
+    if "replanned_for_format" in report:
+        typer.echo(replan_line(report["replanned_for_format"]), err=True)
+    if as_json or fmt == "json":
+        typer.echo(json.dumps(report, indent=2))
+    elif launched is not None and not report["fits"]:
         typer.echo(report["reason"], err=True)
     else:
-        text = summary(report) if shown is None else render(report, shown)
+        text = summary(report) if launched is None else render(report, launched)
         typer.echo(text.rstrip("\n"))
     if check and not report["fits"]:
         raise typer.Exit(1)

@@ -43,6 +43,7 @@ def _top_table(result: SearchResult) -> str:
 @command(SWEEP_OPTIONS)
 def sweep_cmd(training: dict[str, Any], *, as_json: bool, **options: Any) -> None:
     """Search a fleet for the cheapest (or fastest, or smallest) configuration that fits."""
+    from trainmem.sweep._fleet_use import fleet_use_text
     from trainmem.sweep._run import sweep_report  # the searches (polars, Optuna): run time only
     from trainmem.sweep._why import why_lines
 
@@ -60,8 +61,10 @@ def sweep_cmd(training: dict[str, Any], *, as_json: bool, **options: Any) -> Non
         f"{_stored_text(result)}"
     )
     if not result.best:
-        typer.echo(_nothing_fits(result))
+        typer.echo(_nothing_fits(result, space) + _constraints_hint(options))
         return
+    if report["used_gpus"] is not None:
+        typer.echo(f"best {fleet_use_text(report)}")
     typer.echo(_top_table(result))
     if len(objectives) > 1:
         typer.echo(f"Pareto front ({' vs '.join(objectives)}): {len(result.best)} points")
@@ -78,17 +81,36 @@ def _job_text(space: Any) -> str:
     )
 
 
-def _nothing_fits(result: SearchResult) -> str:
-    """``nothing fits`` and, when a valid point exists, the one nearest to fitting."""
+def _nothing_fits(result: SearchResult, space: Any) -> str:
+    """``nothing fits`` and, when a valid point exists, the one nearest to fitting and how far
+    over its GPU's limit (usable memory x (1 - headroom); the points hold no headroom column)."""
     near = result.extra.get("closest")
     if not near:
         return "nothing fits (no valid layout: see the reasons with `trainmem points`)"
     layout = " ".join(f"{k} {near[k]}" for k in SHOW if k not in ("gpu", "num_gpus"))
-    over = -near["headroom_bytes"] / GIB
+    limit_bytes = space.gpus[near["gpu"]].usable_bytes * (1 - space.headroom)
+    over = (near["peak_device_bytes"] - limit_bytes) / GIB
     return (
         f"nothing fits; closest: {near['num_gpus']} x {near['gpu']}, {layout}: peak "
-        f"{near['peak_device_bytes'] / GIB:.2f} GiB, {over:.2f} GiB over the limit"
+        f"{near['peak_device_bytes'] / GIB:.2f} GiB, {over:.2f} GiB over the limit (what to "
+        "change: `trainmem estimate` of it lists the changes that make it fit)"
     )
+
+
+CONSTRAINT_FLAGS = {
+    "max_step_time_s": "--max-step-time",
+    "max_cost_per_million_tokens": "--max-cost-per-million-tokens",
+    "use_all_gpus": "--use-all-gpus",
+}
+"""The search options that rule points out (each a reason of its own in `trainmem points`)."""
+
+
+def _constraints_hint(options: dict[str, Any]) -> str:
+    """When nothing fits under constraints the user set: ``; loosen --max-step-time ...``."""
+    given = [flag for name, flag in CONSTRAINT_FLAGS.items() if options.get(name)]
+    if options.get("min_gpus", 1) > 1:
+        given.append("--min-gpus")
+    return f"; loosen {', '.join(given)}, which rule points out" if given else ""
 
 
 def _stored_text(result: SearchResult) -> str:

@@ -17,6 +17,9 @@ from ._launch import (
     deepspeed_config,
     format_framework,
     render,
+    replan_line,
+    replan_note,
+    replans,
 )
 from ._options import RECOMMEND_OPTIONS
 
@@ -36,6 +39,9 @@ __all__ = [
     "format_framework",
     "recommend_report",
     "render",
+    "replan_line",
+    "replan_note",
+    "replans",
     "space_points",
     "summary",
 ]

@@ -88,6 +88,53 @@ def format_framework(fmt: str | None, framework: str | None) -> str | None:
     return chosen
 
 
+def replans(fmt: str | None, framework: str | None) -> bool:
+    """Whether printing a plan as `fmt` searches another framework than the summary would (the
+    format's default, DEFAULT_FRAMEWORK, where none was given): then the plan may change."""
+    if fmt in (None, "json") or framework is not None:
+        return False
+    return DEFAULT_FRAMEWORK[fmt] != DEFAULT_FRAMEWORK["json"]
+
+
+REPLAN_FIELDS = (
+    "framework",
+    "gpu",
+    "num_gpus",
+    "tp",
+    "pp",
+    "cp",
+    "dp",
+    "ep",
+    "zero",
+    "recompute",
+    "offload",
+    "micro_batch_size",
+    "grad_accum_steps",
+)
+"""A plan's fields a re-plan for a launch format may change (said when they do)."""
+REPLAN_WORDS = {"grad_accum_steps": "accumulation", "micro_batch_size": "micro-batch"}
+
+
+def replan_note(before: dict[str, Any], after: dict[str, Any], fmt: str) -> dict[str, Any]:
+    """The JSON key `replanned_for_format`: the format, and each REPLAN_FIELDS field whose
+    value differs between the summary's plan (`before`) and the format's (`after`), as
+    [before, after]."""
+    changed = {
+        k: [before.get(k), after.get(k)] for k in REPLAN_FIELDS if before.get(k) != after.get(k)
+    }
+    return {"format": fmt, "changed": changed}
+
+
+def replan_line(note: dict[str, Any]) -> str:
+    """The stderr line of a re-plan: ``note: --format deepspeed plans for deepspeed, not the
+    summary's megatron: zero 2 -> 3, accumulation 16 -> 8``."""
+    changed = dict(note["changed"])
+    before, after = changed.pop("framework", [None, None])
+    head = f"note: --format {note['format']} plans for {after}, not the summary's {before}"
+    parts = [f"{REPLAN_WORDS.get(k, k)} {a} -> {b}" for k, (a, b) in changed.items()]
+    return f"{head}: {', '.join(parts)}" if parts else f"{head} (the same layout)"
+
+
 def check_format(fmt: str, framework: str) -> None:
     """ValueError unless `fmt` launches `framework`."""
     allowed = FORMAT_FRAMEWORKS[fmt]

@@ -36,6 +36,7 @@ from trainmem.engine import (
 )
 from trainmem.hardware import GIB, Fleet, FleetSource, load_gpus, parse_fleet
 from trainmem.report import (
+    JOB_DEFAULTS,
     check_headroom,
     check_options,
     choice,
@@ -51,6 +52,7 @@ from trainmem.sweep import (
 )
 from trainmem.sweep._axes import AXES, INNER_AXES, SHOW, heading
 from trainmem.sweep._axes import LAYOUT as SWEEP_LAYOUT
+from trainmem.sweep._fleet_use import fleet_gpus, fleet_use, fleet_use_text
 from trainmem.sweep._space import (
     _NAMES,
     Space,
@@ -151,6 +153,8 @@ def recommend_report(
     min_gpus: int = 1,
     use_all_gpus: bool = False,
     max_step_time_s: float | None = None,
+    max_cost_per_million_tokens: float | None = None,
+    tokens: float | None = None,
     headroom: float = 0.10,
     script: str | None = None,
     job_name: str = "trainmem",
@@ -229,6 +233,8 @@ def _context(
         "seq_len": job["seq_len"],
         "global_batch_size": job["global_batch_size"],
         "headroom": args["headroom"],
+        "fleet_gpus": fleet_gpus(space.fleet),  # also each plan's, with its own used_gpus
+        "tokens": args["tokens"],
         "launch": {
             "script": args["script"],
             "job_name": args["job_name"],
@@ -252,6 +258,15 @@ def _complete_plan(
         allocator=space.fixed.get("allocator", DEFAULTS["allocator"]),
     )
     plan.update({k: v for k, v in fixed.items() if k not in space.axes})  # axes: the plan's
+    plan.update(  # fleet_gpus, used_gpus, tokens, time_to_train_s, cost_to_train_usd
+        fleet_use(
+            space.fleet,
+            used_gpus=plan["num_gpus"],
+            tokens=args["tokens"],
+            tokens_per_second=plan.get("tokens_per_second"),
+            cost_per_million_tokens=plan.get("cost_per_million_tokens"),
+        )
+    )
     plan["estimate_command"] = estimate_command(
         plan,
         model=args["model"],
@@ -276,6 +291,8 @@ def _answer(
     alternatives."""
     best = plans[0] if plans else dict.fromkeys(CONTRACT)
     fits = bool(rows)
+    # Nothing fits: the closest configuration uses no GPUs and trains nothing.
+    unused = {} if fits else {"used_gpus": None, "time_to_train_s": None, "cost_to_train_usd": None}
     if fits:
         reason = ""
     elif plans:
@@ -286,6 +303,7 @@ def _answer(
         **{k: best.get(k) for k in CONTRACT},
         **{k: v for k, v in best.items() if k not in CONTRACT},
         **context,
+        **unused,
         "fits": fits,
         "reason": reason,
         "num_points": result.num_points,
@@ -387,6 +405,7 @@ def _searched_space(f: Mapping[str, Any], framework: str) -> Space:
         min_gpus=f["min_gpus"],
         use_all_gpus=f["use_all_gpus"],
         max_step_time_s=f["max_step_time_s"],
+        max_cost_per_million_tokens=f["max_cost_per_million_tokens"],
     )
 
 
@@ -589,8 +608,8 @@ def estimate_command(
     if plan["sequence_parallel"]:
         args.append("--sequence-parallel")
     for key, value in (extra or {}).items():
-        if key in plan or value == DEFAULTS_BY_FIELD[key]:
-            continue
+        if key in plan or (value == DEFAULTS_BY_FIELD[key] and key not in JOB_DEFAULTS):
+            continue  # estimate's own defaults (JOB_DEFAULTS) differ from TrainingConfig's
         if key == "loss" and value == resolved_loss(str(plan["framework"]), "auto"):
             continue  # what `--loss auto` (the default) resolves to
         flag = KNOBS[key].flag or "--" + key.replace("_", "-")
@@ -623,6 +642,7 @@ def summary(report: dict[str, Any]) -> str:
         f"{report['global_batch_size']} ({report['framework']}, {report['precision']}, "
         f"{report['optimizer']}): {word} of {report['num_points']:,} points, "
         f"{report['num_fitting_layouts']} layouts fit"
+        + (f"; the best {fleet_use_text(report)}" if report["fits"] else "")
     ]
     if report["gpu"] is None:
         return "\n".join([*lines, report["reason"]])
@@ -645,7 +665,8 @@ def summary(report: dict[str, Any]) -> str:
         )
     lines.append(f"  reproduce: {report['estimate_command']}")
     if not report["fits"]:
-        return "\n".join([*lines, report["reason"]])
+        hint = "  what to change: run the reproduce line (estimate lists what makes it fit)"
+        return "\n".join([*lines, report["reason"], hint])
     if report["alternatives"]:
         lines += ["alternatives (distinct layouts):", _table(report["alternatives"])]
     fmt = "torchrun|slurm" if report["framework"] in ("megatron", "deepspeed") else ""

@@ -4,7 +4,7 @@
 are the blocks that fit, recommend and the HTTP service reuse. Imports engine and hardware only.
 """
 
-from ._advice import advice_lines, advice_report, gpu_choice
+from ._advice import advice_lines, advice_report, change_lines, gpu_choice
 from ._estimate import (
     DEFAULT_MODEL,
     MINIMIZE,
@@ -32,6 +32,9 @@ from ._options import (
     GPU,
     HEADROOM,
     HOST_MEMORY_GIB,
+    JOB_DEFAULT_MODEL,
+    JOB_DEFAULTS,
+    JOB_MODEL,
     MODEL,
     PROFILE_FILE,
     USER_DIRS,
@@ -60,6 +63,9 @@ __all__ = [
     "GPU",
     "HEADROOM",
     "HOST_MEMORY_GIB",
+    "JOB_DEFAULT_MODEL",
+    "JOB_DEFAULTS",
+    "JOB_MODEL",
     "MODEL",
     "PROFILE_FILE",
     "USER_DIRS",
@@ -77,6 +83,7 @@ __all__ = [
     "OUTPUT_FIELDS",
     "VOCABULARIES",
     "advice_lines",
+    "change_lines",
     "advice_report",
     "check_choices",
     "check_headroom",

@@ -118,27 +118,40 @@ def advice_lines(report: dict[str, Any]) -> list[str]:
         return []
     lines = [""]
     if not report["fits"] and "advice" in report:
-        fitting = [a for a in report["advice"] if a["fits"]]
-        same_gpu = [a for a in fitting if a["knob"] != "gpu"]
-        gpus = [a for a in fitting if a["knob"] == "gpu"]
-        if any("+" not in a["knob"] for a in same_gpu):
-            lines.append("  changes that make it fit (least slowdown first):")
-        elif same_gpu:
-            lines.append(
-                "  no single change makes it fit; these together do (least slowdown first):"
-            )
-        else:
-            lines.append("  no change of up to three knobs makes it fit; the largest savings:")
-            same_gpu = sorted(report["advice"], key=lambda a: -a["saved_bytes"])
-        shown = same_gpu[:HUMAN_MAX_CHANGES]
-        for a in shown:
-            lines.append(f"    {a['change']}: saves {a['saved_bytes'] / GIB:.2f} GiB, {_ratio(a)}")
-        if len(same_gpu) > len(shown) and any(a["fits"] for a in same_gpu):
-            lines.append(f"    ... and {len(same_gpu) - len(shown)} more (--json: advice)")
-        if gpus:
-            names = ", ".join(f"{a['gpu']} (step time x{a['step_time_ratio']:.2f})" for a in gpus)
-            lines.append(f"  it fits as it is on: {names}")
+        lines += change_lines(report["advice"])
     lines.append("  top memory consumers at the peak:")
     for c in report["top_consumers"][:HUMAN_MAX_CONSUMERS]:
         lines.append(f"    {c['what']}: {c['bytes'] / GIB:.2f} GiB")
+    return lines
+
+
+def _gpu_text(a: dict[str, Any]) -> str:
+    r = a["step_time_ratio"]
+    return a["gpu"] if r is None else f"{a['gpu']} (step time x{r:.2f})"
+
+
+def change_lines(advice: list[dict[str, Any]]) -> list[str]:
+    """What to change when a job does not fit (estimate, fit): the memory changes on the same
+    GPU first (least slowdown first, as ranked in the JSON; else the largest savings), then the
+    GPUs it fits on as it is, on one line."""
+    fitting = [a for a in advice if a["fits"]]
+    same_gpu = [a for a in fitting if a["knob"] != "gpu"]
+    gpus = [a for a in fitting if a["knob"] == "gpu"]
+    lines = []
+    if any("+" not in a["knob"] for a in same_gpu):
+        lines.append("  changes that make it fit (least slowdown first):")
+    elif same_gpu:
+        lines.append("  no single change makes it fit; these together do (least slowdown first):")
+    else:
+        lines.append("  no change of up to three knobs makes it fit; the largest savings:")
+        same_gpu = sorted(
+            (a for a in advice if a["knob"] != "gpu"), key=lambda a: -a["saved_bytes"]
+        )
+    shown = same_gpu[:HUMAN_MAX_CHANGES]
+    for a in shown:
+        lines.append(f"    {a['change']}: saves {a['saved_bytes'] / GIB:.2f} GiB, {_ratio(a)}")
+    if len(same_gpu) > len(shown) and any(a["fits"] for a in same_gpu):
+        lines.append(f"    ... and {len(same_gpu) - len(shown)} more (--json: advice)")
+    if gpus:
+        lines.append(f"  it fits as it is on: {', '.join(_gpu_text(a) for a in gpus)}")
     return lines

@@ -45,7 +45,7 @@ from trainmem.engine import (
 from trainmem.hardware import GIB, GpuProfile, get_gpu
 
 from ._advice import advice_report
-from ._options import gib_to_bytes
+from ._options import JOB_DEFAULT_MODEL, JOB_DEFAULTS, gib_to_bytes
 from ._row import row_report, stage_summary, time_report
 from ._validate import check_choices, check_headroom
 
@@ -63,8 +63,8 @@ def model_spec(
     """The model a command estimates: a preset or config.json (`family`: read with that
     family's layout, `--family`), or a traced profile file.
 
-    With `profile_file` (--profile), `model` must be left at its default or equal the profile's
-    name.
+    With `profile_file` (--profile), `model` must be left at its default (a search's or one
+    job's) or equal the profile's name.
     """
     if profile_file is None:
         return load_model(model, models_dir=models_dir, family=family)
@@ -73,7 +73,7 @@ def model_spec(
             f"family: --family applies to a config.json, not to --profile {profile_file}"
         )
     spec = load_profile(profile_file)
-    if model not in (DEFAULT_MODEL, spec.name):
+    if model not in (DEFAULT_MODEL, JOB_DEFAULT_MODEL, spec.name):
         raise ValueError(
             f"model: --model {model} conflicts with --profile {profile_file} (model "
             f"{spec.name!r}); leave --model out"
@@ -83,12 +83,13 @@ def model_spec(
 
 def traced_choices(spec: ModelSpec, precision: str, recompute: str, attention: str):
     """(precision, recompute, attention): with a traced profile, those left at their defaults
-    become the traced ones (an explicit other value then fails the layout check)."""
+    (TrainingConfig's or one job's, JOB_DEFAULTS) become the traced ones (an explicit other
+    value then fails the layout check)."""
     p = spec.profile
     if p is None:
         return precision, recompute, attention
     return tuple(
-        traced if given == DEFAULTS[key] else given
+        traced if given in (DEFAULTS[key], JOB_DEFAULTS.get(key, DEFAULTS[key])) else given
         for key, given, traced in (
             ("precision", precision, p.precision),
             ("recompute", recompute, p.recompute),
@@ -182,7 +183,7 @@ def training_config(
 def estimate_report(
     training: TrainingConfig | Mapping[str, Any] | None = None,
     *,
-    model: str = DEFAULT_MODEL,
+    model: str = JOB_DEFAULT_MODEL,
     gpu: str = "h100-sxm-80gb",
     headroom: float = 0.10,
     hardware_dir: str | None = None,
@@ -201,7 +202,9 @@ def estimate_report(
     """`trainmem estimate --json`: the per-device breakdown, phase peaks, fit, time and advice.
 
     The job is `training` (a TrainingConfig or a mapping of its fields) updated by keyword
-    training fields; every option is ESTIMATE_OPTIONS' (report/_options.py).
+    training fields; every option is ESTIMATE_OPTIONS' (report/_options.py). Training fields
+    not given are TrainingConfig's defaults (1 GPU, no ZeRO); the command line and HTTP start
+    from one job's defaults instead (JOB_DEFAULTS: 8 GPUs, ZeRO-3, full recompute, ...).
     """
     job = _EstimateJob(**locals())  # every parameter, first: the steps below take the job
     inputs = _estimate_inputs(job)

@@ -42,10 +42,26 @@ class Option:
         return dataclasses.replace(self, default=default)
 
 
+JOB_DEFAULT_MODEL = "llama-2-13b"
+"""One job's --model default (estimate, fit, heatmap, compare): the design's first example."""
+JOB_DEFAULTS = {
+    "num_gpus": 8,
+    "zero": 3,
+    "recompute": "full",
+    "precision": "mixed-bf16",
+    "micro_batch_size": 4,
+}
+"""Training-field defaults of one job (estimate, fit, heatmap, compare; CLI and HTTP): the
+design's first example, a 13B model on 8 x H100 with ZeRO-3 (FSDP full shard under hf), full
+recompute, bf16 (FSDP MixedPrecision: 16-bit weights, fp32 master) and micro-batch 4. It fits
+with the default 10% headroom (peak 32.6 GiB of 71.3 GiB at seq 2048), so that the first
+command a user runs answers with a fitting job. The Python API (`trainmem.estimate()`) keeps
+TrainingConfig's own defaults."""
+
 DEFAULTS_NOTE = {
     "precision": (
-        " (default: amp-bf16 for one job: estimate, fit, heatmap; mixed-bf16 for a search: "
-        "sweep, recommend)"
+        " (default: mixed-bf16 for every command: one job, estimate, fit, heatmap, and a "
+        "search, sweep, recommend)"
     ),
     "framework": (
         " (default: hf for one job: estimate, fit, heatmap; megatron for a search: sweep, "
@@ -53,7 +69,7 @@ DEFAULTS_NOTE = {
     ),
 }
 """Said in every command's --help: the one job's defaults (a Hugging Face run) and a search's
-(Megatron's mixed bf16), so that no command differs from another silently."""
+(Megatron's), so that no command differs from another silently."""
 
 
 def training_options(
@@ -123,6 +139,9 @@ EXIT_CODES = (
 MODEL = Option(
     name="model", type=str, default="llama-3.1-8b", help="Preset name or path to a HF config.json."
 )
+"""A search's --model (sweep, recommend)."""
+JOB_MODEL = MODEL.with_default(JOB_DEFAULT_MODEL)
+"""One job's --model (estimate, fit, heatmap, compare)."""
 FAMILY = Option(
     name="family",
     type=str | None,
@@ -196,10 +215,10 @@ PROFILE_FILE = Option(
 USER_DIRS = (HARDWARE_DIR, MODELS_DIR, OPTIMIZERS_DIR)
 
 ESTIMATE_OPTIONS: tuple[Option, ...] = (
-    MODEL,
+    JOB_MODEL,
     FAMILY,
     GPU,
-    *training_options(),
+    *training_options(defaults=JOB_DEFAULTS),
     HEADROOM,
     HOST_MEMORY_GIB,
     *USER_DIRS,

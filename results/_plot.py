@@ -261,17 +261,24 @@ def _draw_colour_bar(
 def _draw_legend(
     fig: Any, m: dict[str, np.ndarray], *, cmap: Any, limit_label: str, outline: list[Any]
 ) -> None:
-    """The legend under the plot: the limit line, fits, does not fit, and the invalid and
-    missing cells only where the picture has some."""
+    """The legend under the plot: the limit line (where a boundary is drawn), fits, does not
+    fit, and the invalid and missing cells, each only where the picture has some (an all-red
+    picture's legend names no fitting cells and no boundary)."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     valid, present = m["valid"], m["present"]
-    handles = [
-        Line2D([], [], color="black", linewidth=3, label=limit_label, path_effects=outline),
-        Patch(facecolor=cmap(0.35), label="fits"),
-        Patch(facecolor=cmap(0.75), label="does not fit (\u2717)"),
-    ]
+    fits = present & valid & m["fits"].astype(bool)
+    fails = present & valid & ~m["fits"].astype(bool)
+    handles: list[Any] = []
+    if len(boundary_segments(m["fits"], m["valid"])):
+        handles.append(
+            Line2D([], [], color="black", linewidth=3, label=limit_label, path_effects=outline)
+        )
+    if fits.any():
+        handles.append(Patch(facecolor=cmap(0.35), label="fits"))
+    if fails.any():
+        handles.append(Patch(facecolor=cmap(0.75), label="does not fit (\u2717)"))
     if (present & ~valid).any():
         handles.append(
             Patch(

@@ -424,7 +424,14 @@ def _add_recommend(
 ) -> None:
     from pydantic import Field
 
-    from trainmem.plan import FORMATS, RECOMMEND_OPTIONS, format_framework, render
+    from trainmem.plan import (
+        FORMATS,
+        RECOMMEND_OPTIONS,
+        format_framework,
+        render,
+        replan_note,
+        replans,
+    )
 
     per_node = {name: p.gpus_per_node for name, p in load_gpus(dirs["hardware_dir"]).items()}
     Pool = pool_model(choices["gpu"])
@@ -448,10 +455,20 @@ def _add_recommend(
         pools, label = inline_pools(fields.pop("fleet"), per_node)
         # The launch format decides the framework, as on the CLI (json: the search's default).
         launched = None if format == "json" else format
-        fields["framework"] = format_framework(launched, fields["framework"])
+        given = fields["framework"]
+        fields["framework"] = format_framework(launched, given)
         report: dict[str, Any] = run(
             recommend_work, fields, pools=pools, label=label, max_points=limits.max_points
         )
+        if launched is not None and replans(launched, given):  # as the CLI: said in the JSON
+            before = run(
+                recommend_work,
+                {**fields, "framework": given},
+                pools=pools,
+                label=label,
+                max_points=limits.max_points,
+            )
+            report = {**report, "replanned_for_format": replan_note(before, report, launched)}
         if format != "json":
             report = {**report, "format": format, "launch": render(report, format)}
         return report

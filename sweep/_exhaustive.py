@@ -74,6 +74,8 @@ def space_fingerprint(space: Space, *, chunk_size: int) -> str:
         desc["use_all_gpus"] = True
     if space.max_step_time_s is not None:
         desc["max_step_time_s"] = space.max_step_time_s
+    if space.max_cost_per_million_tokens is not None:
+        desc["max_cost_per_million_tokens"] = space.max_cost_per_million_tokens
     return hashlib.sha256(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 

@@ -31,13 +31,14 @@ from trainmem.hardware import GpuProfile, get_gpu
 from trainmem.report import (
     AS_JSON,
     CHECK,
-    DEFAULT_MODEL,
     FAMILY,
     GPU,
     HEADROOM,
     HOST_MEMORY_GIB,
+    JOB_DEFAULT_MODEL,
+    JOB_DEFAULTS,
+    JOB_MODEL,
     MINIMIZE,
-    MODEL,
     PROFILE_FILE,
     USER_DIRS,
     Option,
@@ -84,10 +85,10 @@ MINIMIZE_OPTIONS = (
     ),
 )
 FIT_OPTIONS: tuple[Option, ...] = (
-    MODEL,
+    JOB_MODEL,
     FAMILY,
     GPU,
-    *training_options(),
+    *training_options(defaults=JOB_DEFAULTS),
     HEADROOM,
     HOST_MEMORY_GIB,
     *USER_DIRS,
@@ -102,7 +103,7 @@ FIT_OPTIONS: tuple[Option, ...] = (
 def fit_report(
     training: TrainingConfig | Mapping[str, Any] | None = None,
     *,
-    model: str = DEFAULT_MODEL,
+    model: str = JOB_DEFAULT_MODEL,
     gpu: str = "h100-sxm-80gb",
     headroom: float = 0.10,
     host_memory_gib: float | None = None,

@@ -463,3 +463,39 @@ def from_points(plot: Plot, path: str, *, where: str | None) -> dict[str, Any]:
     return plot.report(
         cells, xs, ys, model=model, profile=profile, config={"points": path, "where": where}
     )
+
+
+def closest_cell_advice(
+    report: dict[str, Any],
+    training: dict[str, Any],
+    *,
+    model: str,
+    gpu: str,
+    headroom: float,
+    hardware_dir: str | None,
+    models_dir: str | None,
+    optimizers_dir: str | None,
+) -> dict[str, Any]:
+    """When no cell of a flags heatmap fits: the valid cell with the smallest peak
+    (`closest_cell`) and estimate's advice for it (`advice`: the changes that make it fit);
+    {} when some cell fits or none is valid."""
+    from trainmem.report import estimate_report
+
+    cells = [c for c in report["cells"] if c["valid"]]
+    if not cells or any(c["fits"] for c in report["cells"]):
+        return {}
+    x, y = report["x"], report["y"]
+    cell = min(cells, key=lambda c: c["peak_device_bytes"])
+    closest = estimate_report(
+        {**training, x: cell[x], y: cell[y]},
+        model=model,
+        gpu=gpu,
+        headroom=headroom,
+        hardware_dir=hardware_dir,
+        models_dir=models_dir,
+        optimizers_dir=optimizers_dir,
+    )
+    return {
+        "closest_cell": {x: cell[x], y: cell[y], "peak_device_bytes": cell["peak_device_bytes"]},
+        "advice": closest.get("advice", []),
+    }

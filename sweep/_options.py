@@ -30,8 +30,12 @@ SEARCH_DEFAULTS = {
 Sequence parallelism is on in every search point (not an option there)."""
 JOB_FIELDS = ("seq_len", "global_batch_size", "precision", "optimizer", "framework")
 """Training fields a search space always takes; the others fix or pin it only when given."""
+OBJECTIVE_HELP = (
+    "cost | time | gpus (time with --max-cost-per-million-tokens: the fastest under a budget; "
+    "with --use-all-gpus: the fastest on whole pools)"
+)
 SEARCH_OPTIONS: tuple[Option, ...] = (
-    Option(name="objective", type=str, default="cost", help="cost | time | gpus"),
+    Option(name="objective", type=str, default="cost", help=OBJECTIVE_HELP),
     Option(
         name="max_micro_batch_size",
         type=int,
@@ -77,6 +81,26 @@ SEARCH_OPTIONS: tuple[Option, ...] = (
             "Slowest step allowed, seconds: a slower configuration does not qualify "
             "(reason: step time above --max-step-time)."
         ),
+    ),
+    Option(
+        name="max_cost_per_million_tokens",
+        type=float | None,
+        default=None,
+        gt=0,
+        flag="--max-cost-per-million-tokens",
+        help=(
+            "Cost budget, $ per million tokens: a dearer configuration does not qualify "
+            "(reason: cost above --max-cost-per-million-tokens); with --objective time, the "
+            "fastest plan under the budget."
+        ),
+    ),
+    Option(
+        name="tokens",
+        type=float | None,
+        default=None,
+        gt=0,
+        le=1e18,
+        help="Total training tokens: adds the time (and cost) to train them on the answer.",
     ),
 )
 FLEET = Option(

@@ -34,6 +34,7 @@ from trainmem.report import (
 )
 
 from ._axes import SHOW
+from ._fleet_use import fleet_use
 from ._options import SEARCH_DEFAULTS, SWEEP_OPTIONS, extra_fields
 from ._parts import check_store
 from ._search import Progress, SearchResult, parse_objectives, run_exhaustive, run_optuna
@@ -54,17 +55,26 @@ class SweepRun:
     why: dict[str, Any] | None = None
     """The best point's step-time parts next to the best conventional layout's (`_why.why`);
     None for a Pareto front or when nothing fits."""
+    tokens: float | None = None
+    """The token budget (--tokens): the time to train it on the best point."""
 
 
-def _constraints_text(min_gpus: int, use_all_gpus: bool, max_step_time_s: float | None) -> str:
-    """``-min32-all-max20s``: the constraints a default study name carries when set, so that a
-    sweep under other constraints is another study (an Optuna study rebuilt from its points
-    would otherwise mix points judged under both)."""
+def _constraints_text(
+    min_gpus: int,
+    use_all_gpus: bool,
+    max_step_time_s: float | None,
+    max_cost_per_million_tokens: float | None = None,
+) -> str:
+    """``-min32-all-max20s-max0.2usd``: the constraints a default study name carries when set,
+    so that a sweep under other constraints is another study (an Optuna study rebuilt from its
+    points would otherwise mix points judged under both)."""
     parts = [f"min{min_gpus}"] if min_gpus > 1 else []
     if use_all_gpus:
         parts.append("all")
     if max_step_time_s is not None:
         parts.append(f"max{max_step_time_s:g}s")
+    if max_cost_per_million_tokens is not None:
+        parts.append(f"max{max_cost_per_million_tokens:g}usd")
     return "".join(f"-{p}" for p in parts)
 
 
@@ -97,6 +107,8 @@ def run_sweep(
     min_gpus: int = 1,
     use_all_gpus: bool = False,
     max_step_time_s: float | None = None,
+    max_cost_per_million_tokens: float | None = None,
+    tokens: float | None = None,
     headroom: float = 0.10,
     hardware_dir: str | None = None,
     models_dir: str | None = None,
@@ -126,6 +138,7 @@ def run_sweep(
         objectives=objectives,
         method=method,
         why=explained,
+        tokens=tokens,
     )
 
 
@@ -157,6 +170,8 @@ class _SweepJob:
     min_gpus: int
     use_all_gpus: bool
     max_step_time_s: float | None
+    max_cost_per_million_tokens: float | None
+    tokens: float | None
     headroom: float
     hardware_dir: str | None
     models_dir: str | None
@@ -196,6 +211,8 @@ def _checked(job: _SweepJob) -> tuple[dict[str, Any], dict[str, Any], tuple[str,
             "host_memory_gib": job.host_memory_gib,
             "min_gpus": job.min_gpus,
             "max_step_time_s": job.max_step_time_s,
+            "max_cost_per_million_tokens": job.max_cost_per_million_tokens,
+            "tokens": job.tokens,
         },
     )
     return training, optimizer_fields, objectives
@@ -236,6 +253,7 @@ def _job_space(job: _SweepJob, training: dict[str, Any], optimizer_fields: dict[
         min_gpus=job.min_gpus,
         use_all_gpus=job.use_all_gpus,
         max_step_time_s=job.max_step_time_s,
+        max_cost_per_million_tokens=job.max_cost_per_million_tokens,
     )
 
 
@@ -247,7 +265,10 @@ def _study_name(job: _SweepJob, model_name: str, training: Mapping[str, Any]) ->
         job.fleet,
         training["seq_len"],
         training["global_batch_size"],
-        job.method + _constraints_text(job.min_gpus, job.use_all_gpus, job.max_step_time_s),
+        job.method
+        + _constraints_text(
+            job.min_gpus, job.use_all_gpus, job.max_step_time_s, job.max_cost_per_million_tokens
+        ),
     )
 
 
@@ -364,10 +385,24 @@ def sweep_payload(done: SweepRun) -> dict[str, Any]:
         "parquet": result.parquet,
         "elapsed_s": round(result.elapsed_s, 3),
         **{k: v for k, v in result.extra.items() if k != "study"},
+        **_fleet_use(done),
     }
     if len(objectives) > 1:
         payload["pareto"] = [point_json(r) for r in result.best]
     return payload
+
+
+def _fleet_use(done: SweepRun) -> dict[str, Any]:
+    """`fleet_gpus`, `used_gpus`, `tokens`, `time_to_train_s`, `cost_to_train_usd` of the best
+    point (used_gpus None for a Pareto front or when nothing fits)."""
+    best = done.result.best[0] if len(done.result.best) == 1 else {}
+    return fleet_use(
+        done.space.fleet,
+        used_gpus=best.get("num_gpus"),
+        tokens=done.tokens,
+        tokens_per_second=best.get("tokens_per_second"),
+        cost_per_million_tokens=best.get("cost_per_million_tokens"),
+    )
 
 
 def point_json(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -44,6 +44,7 @@ SWEEP_REASONS = (
     "host memory: the node's ranks need more host RAM than the node has (CPU offload)",
     "num_gpus is not the whole pool (--use-all-gpus)",
     "step time above --max-step-time",
+    "cost above --max-cost-per-million-tokens",
 )
 """The sweep's own invalid-point reasons; their codes follow the engine's REASONS (new ones are
 appended: a stored point's reason is its text, a code only lives in memory)."""
@@ -55,6 +56,7 @@ ALL_REASONS = REASONS + SWEEP_REASONS
     EXCEEDS_HOST_MEMORY,
     PART_OF_POOL,
     SLOWER_THAN_MAX,
+    COSTLIER_THAN_MAX,
 ) = range(len(REASONS), len(ALL_REASONS))
 
 
@@ -100,6 +102,8 @@ class Space:
     """Only points that take their whole pool are valid (others: PART_OF_POOL)."""
     max_step_time_s: float | None = None
     """Points slower than this (step time, s) are not valid (SLOWER_THAN_MAX); None: any."""
+    max_cost_per_million_tokens: float | None = None
+    """Points dearer than this ($ per million tokens) are not valid (COSTLIER_THAN_MAX)."""
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -226,6 +230,10 @@ def evaluate_columns(
     if space.max_step_time_s is not None:  # timed first: a slow point keeps its step time
         slow = (reason == 0) & (timing["step_time_s"] > space.max_step_time_s)
         reason = np.where(slow, SLOWER_THAN_MAX, reason).astype(np.int16)
+    if space.max_cost_per_million_tokens is not None:  # as the step time: its cost kept
+        cost = timing["cost_per_million_tokens"]
+        dear = (reason == 0) & (cost > space.max_cost_per_million_tokens)
+        reason = np.where(dear, COSTLIER_THAN_MAX, reason).astype(np.int16)
     valid = reason == 0
     dp = out["dp"]
     return {
@@ -425,6 +433,7 @@ def make_space(
     min_gpus: int = 1,
     use_all_gpus: bool = False,
     max_step_time_s: float | None = None,
+    max_cost_per_million_tokens: float | None = None,
 ) -> Space:
     """The space of a job on a fleet; ValueError on bad input (one line).
 
@@ -436,7 +445,8 @@ def make_space(
     `min_gpus`: the fewest GPUs a point takes (the GPU-count axis starts there);
     `use_all_gpus`: a point takes its whole pool (`gpu_counts` keeps the pool sizes; a point
     of a smaller pool's size on a larger pool is invalid, PART_OF_POOL); `max_step_time_s`: a
-    slower point is invalid (SLOWER_THAN_MAX), its step time kept.
+    slower point is invalid (SLOWER_THAN_MAX), its step time kept; `max_cost_per_million_tokens`:
+    a dearer point is invalid (COSTLIER_THAN_MAX), its cost kept.
     `training`: other training fields (engine TrainingConfig names). A searched field (AXES)
     given there pins its axis to that value; any other field that differs from its default is
     fixed for every point (a field at its default changes nothing: the space is the one without
@@ -458,6 +468,7 @@ def make_space(
         host_memory_bytes=host_memory_bytes,
         use_all_gpus=use_all_gpus,
         max_step_time_s=max_step_time_s,
+        max_cost_per_million_tokens=max_cost_per_million_tokens,
     )
 
 
@@ -485,6 +496,7 @@ class _SpaceJob:
     min_gpus: int
     use_all_gpus: bool
     max_step_time_s: float | None
+    max_cost_per_million_tokens: float | None
 
 
 def _check_sizes(job: _SpaceJob) -> None:

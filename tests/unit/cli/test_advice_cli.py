@@ -15,6 +15,10 @@ NOT_FITTING = [
     "llama-3-8b",
     "--gpu",
     "h100-sxm-80gb",
+    "--num-gpus",
+    "1",
+    "--zero",
+    "0",
     "--seq-len",
     "8192",
     "--micro-batch-size",
@@ -28,6 +32,11 @@ NOT_FITTING = [
     "--json",
 ]
 """Llama-3-8B, seq 8192, micro-batch 4, no checkpointing, 1 x H100 SXM 80GB (issue 8)."""
+
+ONE_GPU_JOB = ["--precision", "amp-bf16", "--recompute", "none", "--micro-batch-size", "1"]
+ONE_GPU_JOB += ["--json"]
+"""The fields the one-job defaults set (JOB_DEFAULTS) back at TrainingConfig's: a job that does
+not fit on 8 GPUs with ZeRO-1."""
 
 BOOL_FLAGS = ("sequence_parallel", "qlora", "activation_offload")
 
@@ -141,7 +150,7 @@ def test_top_consumers_name_the_loss_gradients(report: dict[str, Any]) -> None:
 def test_multi_gpu_neighbours_include_zero_and_parallel_degrees(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    base = ["estimate", "--model", "llama-3.1-8b", "--num-gpus", "8", "--zero", "1", "--json"]
+    base = ["estimate", "--model", "llama-3.1-8b", "--num-gpus", "8", "--zero", "1", *ONE_GPU_JOB]
     out = _run(base, capsys)
     knobs = {a["knob"] for a in out["advice"]}
     assert {"zero", "tp", "pp", "cp"} <= knobs

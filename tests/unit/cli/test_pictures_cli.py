@@ -48,14 +48,17 @@ def test_bad_extension_is_one_line_exit_2(tmp_path: Path, capsys, flag, name, al
     assert not list(tmp_path.iterdir())
 
 
+EIGHT_GPU_JOB = ["--model", "llama-3.1-8b", "--num-gpus", "8", "--zero", "0", "--recompute", "none"]
+"""8B on 8 GPUs without ZeRO or recompute (the one-job defaults, JOB_DEFAULTS, set both)."""
+
+
 def test_compare_json_is_the_two_estimates_and_their_difference(capsys) -> None:
-    assert main(["estimate", "--num-gpus", "8", "--json"]) == 0
+    assert main(["estimate", *EIGHT_GPU_JOB, "--json"]) == 0
     a = json.loads(capsys.readouterr().out)
-    assert (
-        main(["estimate", "--num-gpus", "8", "--zero", "3", "--recompute", "full", "--json"]) == 0
-    )
+    assert main(["estimate", *EIGHT_GPU_JOB, "--zero", "3", "--recompute", "full", "--json"]) == 0
     b = json.loads(capsys.readouterr().out)
-    assert main(["compare", "--num-gpus", "8", "--vs", "--zero 3 --recompute full", "--json"]) == 0
+    vs = ["--vs", "--zero 3 --recompute full", "--json"]
+    assert main(["compare", *EIGHT_GPU_JOB, *vs]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["a"] == a and result["b"] == b
     assert result["changed"] == {"zero": [0, 3], "recompute": ["none", "full"]}
@@ -68,7 +71,7 @@ def test_compare_json_is_the_two_estimates_and_their_difference(capsys) -> None:
 
 
 def test_compare_table(capsys) -> None:
-    assert main(["compare", "--num-gpus", "8", "--vs", "--zero 3"]) == 0
+    assert main(["compare", *EIGHT_GPU_JOB, "--vs", "--zero 3"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[:2] == ["a: llama-3.1-8b on 8 x h100-sxm-80gb", "b: zero 0 -> 3"]
     names = [line.split("  ")[0] for line in lines[3:]]

@@ -532,8 +532,17 @@ def test_recommend_renders_the_launch_format(
         )
         == 0
     )
-    assert config == json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    assert config == json.loads(captured.out)
     assert config["train_batch_size"] == 256
+    # The re-plan for the format (deepspeed, not the summary's megatron) is in the JSON, as the
+    # CLI says it on stderr (issue 27 item 1).
+    note = got.json()["replanned_for_format"]
+    assert note["format"] == "deepspeed"
+    assert note["changed"]["framework"] == ["megatron", "deepspeed"]
+    assert captured.err.startswith("note: --format deepspeed plans for deepspeed")
+    plain = http.post("/v1/recommend", json=fields).json()
+    assert "replanned_for_format" not in plain
     bad = http.post("/v1/recommend", params={"format": "helm"}, json=fields)
     assert bad.status_code == 422 and "format" in bad.json()["error"]
 

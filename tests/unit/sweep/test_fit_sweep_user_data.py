@@ -32,6 +32,12 @@ def test_fit_gives_advice_when_nothing_fits(capsys: pytest.CaptureFixture[str]) 
             "8192",
             "--precision",
             "amp-bf16",
+            "--num-gpus",
+            "1",
+            "--zero",
+            "0",
+            "--recompute",
+            "none",
             "--json",
         ],
         capsys,
@@ -51,8 +57,9 @@ def test_fit_and_sweep_use_a_user_optimizer(capsys: pytest.CaptureFixture[str], 
         "--optimizer",
         "adam-mini",
     ]
-    adamw = _json(["fit", *base, "--json"], capsys)["estimate"]["bytes"]["optimizer_states"]
-    mini = _json(["fit", *user, "--json"], capsys)["estimate"]["bytes"]["optimizer_states"]
+    one_gpu = ["--num-gpus", "1", "--zero", "0", "--json"]  # unsharded states (not JOB_DEFAULTS)
+    adamw = _json(["fit", *base, *one_gpu], capsys)["estimate"]["bytes"]["optimizer_states"]
+    mini = _json(["fit", *user, *one_gpu], capsys)["estimate"]["bytes"]["optimizer_states"]
     assert mini < adamw
     swept = _json(["sweep", *user, "--json", "--out", str(tmp_path)], capsys)
     best, layout = swept["best"], swept["best"]["configuration"]
