@@ -139,7 +139,7 @@ _PANEL_NAMES: dict[str, tuple[str, ...]] = {
         *("gpu", "fleet", "num_gpus", "headroom", "host_memory_gib", "hardware_dir"),
         "overhead",
     ),
-    "Time and cost": ("tokens", "time_param"),
+    "Time and cost": ("tokens", "time_param", "max_cost_per_million_tokens"),
     "Search": (
         *("method", "objective", "trials", "seed", "storage", "study_name", "workers"),
         *("warm_start", "jobs", "scheduler", "minimize", "max_micro_batch_size"),
