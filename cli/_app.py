@@ -156,6 +156,8 @@ def estimate_cmd(
 
         check_pictures(plot, memory_viz)
     report = estimate_report(training, **options)
+    for warning in report.get("warnings", []):
+        print(f"warning: {warning}", file=sys.stderr)
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:

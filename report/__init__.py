@@ -15,6 +15,7 @@ from ._estimate import (
     estimate_report,
     host_fit,
     host_reason,
+    job_warnings,
     jsonable,
     key_numbers,
     model_spec,
@@ -24,6 +25,7 @@ from ._estimate import (
 )
 from ._memory_snapshot import memory_snapshot
 from ._options import (
+    ALLOW_LONG_SEQ,
     AS_JSON,
     CHECK,
     ESTIMATE_OPTIONS,
@@ -50,7 +52,18 @@ from ._timeline import (
     stage_blocks,
     step_timeline,
 )
-from ._validate import VOCABULARIES, check_choices, check_headroom, check_options, choice
+from ._validate import (
+    VOCABULARIES,
+    check_choices,
+    check_headroom,
+    check_lora_rank,
+    check_options,
+    check_precision,
+    choice,
+    gpu_precisions,
+    precision_reason,
+    seq_len_warnings,
+)
 
 __all__ = [
     "AS_JSON",
@@ -59,6 +72,7 @@ __all__ = [
     "FAMILY",
     "GPU",
     "HEADROOM",
+    "ALLOW_LONG_SEQ",
     "HOST_MEMORY_GIB",
     "MODEL",
     "PROFILE_FILE",
@@ -89,6 +103,12 @@ __all__ = [
     "gpu_choice",
     "human_table",
     "jsonable",
+    "check_lora_rank",
+    "check_precision",
+    "gpu_precisions",
+    "precision_reason",
+    "seq_len_warnings",
+    "job_warnings",
     "key_numbers",
     "model_spec",
     "row_report",

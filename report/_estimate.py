@@ -47,7 +47,14 @@ from trainmem.hardware import GIB, GpuProfile, get_gpu
 from ._advice import advice_report
 from ._options import gib_to_bytes
 from ._row import row_report, stage_summary, time_report
-from ._validate import check_choices, check_headroom
+from ._validate import (
+    check_choices,
+    check_headroom,
+    check_lora_rank,
+    check_overhead_bytes,
+    check_precision,
+    seq_len_warnings,
+)
 
 OUTPUT_FIELDS = ("as_json", "check")
 """Command options that choose how a report is printed, not what it says."""
@@ -196,6 +203,7 @@ def estimate_report(
     profile_file: str | None = None,
     host_memory_gib: float | None = None,
     family: str | None = None,
+    allow_long_seq: bool = False,
     **fields: Any,
 ) -> dict[str, Any]:
     """`trainmem estimate --json`: the per-device breakdown, phase peaks, fit, time and advice.
@@ -208,8 +216,12 @@ def estimate_report(
     check_layout(inputs.spec, inputs.grid)
     profile = inputs.profile
     ov = overheads_for(profile.arch, cuda_context_bytes=profile.cuda_context_bytes)
-    ov = ov.with_overrides(key_numbers("--overhead", overhead or [], Overheads.names()))
+    overrides = key_numbers("--overhead", overhead or [], Overheads.names())
+    ov = ov.with_overrides(overrides)
+    check_overhead_bytes(overrides, profile)
     report, out = _memory_report(job, inputs, ov)
+    if inputs.warnings:  # present only when there is something to say
+        report["warnings"] = inputs.warnings
     report["time"], time_params = _time_report(job, inputs)
     report["pp_stage"] = int(out["pp_stage"][0])
     report.update(_advice(job, inputs, out, ov, time_params))
@@ -239,13 +251,14 @@ class _EstimateJob:
     profile_file: str | None
     host_memory_gib: float | None
     family: str | None
+    allow_long_seq: bool
     fields: dict[str, Any]
 
 
 class _EstimateInputs(NamedTuple):
     """The checked job: its model, GPU, the training configuration's grid columns (`config`,
-    what the report shows) and with a user optimizer's columns (`grid_config`, what the engine
-    reads), its one-row grid, the optimizer's name and the pipeline degree."""
+    reads), its one-row grid, the optimizer's name, the pipeline degree and the warnings
+    about it (a sequence beyond the model's positions)."""
 
     spec: ModelSpec
     profile: GpuProfile
@@ -254,6 +267,7 @@ class _EstimateInputs(NamedTuple):
     grid: dict[str, np.ndarray]
     optimizer: str
     pp: int
+    warnings: list[str]
 
 
 def _estimate_inputs(job: _EstimateJob) -> _EstimateInputs:
@@ -273,10 +287,24 @@ def _estimate_inputs(job: _EstimateJob) -> _EstimateInputs:
     )
     config_ = config_.replace(precision=precision, recompute=recompute, attention=attention)
     profile = get_gpu(job.gpu, job.hardware_dir)
+    warnings = job_warnings(spec, profile, config_, allow_long_seq=job.allow_long_seq)
     config: dict[str, Any] = config_.grid_columns()
     grid_config = {**config, **optimizer_fields}  # a user optimizer as engine columns
     grid = make_grid(grid_config)
-    return _EstimateInputs(spec, profile, config, grid_config, grid, optimizer, config_.pp)
+    return _EstimateInputs(
+        spec, profile, config, grid_config, grid, optimizer, config_.pp, warnings
+    )
+
+
+def job_warnings(
+    spec: ModelSpec, profile: GpuProfile, training: TrainingConfig, *, allow_long_seq: bool
+) -> list[str]:
+    """The physical checks of one job on one GPU (ValueError, one line): a precision the GPU
+    runs, a LoRA rank within the adapted matrices; and the warnings about it (a sequence
+    beyond the model's positions; learned positions refused without `allow_long_seq`)."""
+    check_precision(training.precision, profile)
+    check_lora_rank(spec, training.lora_rank, training.lora_targets)
+    return seq_len_warnings(spec, training.seq_len, allow_long_seq=allow_long_seq)
 
 
 def _memory_report(
