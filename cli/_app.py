@@ -10,7 +10,6 @@ stderr, no traceback).
 from __future__ import annotations
 
 import importlib
-import json
 import sys
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Annotated, Any
@@ -25,6 +24,7 @@ from trainmem.report import (
     PICTURE_OPTIONS,
     estimate_report,
     human_table,
+    json_text,
 )
 
 from ._options import command
@@ -159,7 +159,7 @@ def estimate_cmd(
     for warning in report.get("warnings", []):
         print(f"warning: {warning}", file=sys.stderr)
     if as_json:
-        typer.echo(json.dumps(report, indent=2))
+        typer.echo(json_text(report))
     else:
         typer.echo(human_table(report))
     if pictures:

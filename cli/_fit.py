@@ -5,13 +5,12 @@ Bad input raises ValueError (one line); the CLI's main() prints it and exits wit
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import typer
 
 from trainmem.hardware import GIB
-from trainmem.report import EXIT_CODES
+from trainmem.report import EXIT_CODES, json_text
 from trainmem.sweep import FIT_OPTIONS, fit_report
 
 from ._options import command
@@ -29,7 +28,7 @@ def fit_cmd(training: dict[str, Any], *, as_json: bool, check: bool, **options: 
 
 def _print_fit(result: dict[str, Any], minimize: str, seq_len: int, *, as_json: bool) -> None:
     if as_json:
-        typer.echo(json.dumps(result, indent=2))
+        typer.echo(json_text(result))
         return
     report = result["estimate"]
     by_gpus = minimize == "num-gpus"

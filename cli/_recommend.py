@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import typer
@@ -34,6 +35,8 @@ def recommend_cmd(
     fields = {**options, **training}
     fields["framework"] = format_framework(shown, training["framework"])
     report = recommend_report(**fields)
+    for warning in report.get("warnings", []):
+        print(f"warning: {warning}", file=sys.stderr)
     if shown not in (None, "json") and not report["fits"]:
         typer.echo(report["reason"], err=True)
     else:

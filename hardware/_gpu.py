@@ -21,9 +21,9 @@ Dtype = Literal["bf16", "fp16", "fp8", "fp32"]
 VENDORS: tuple[Vendor, ...] = ("nvidia", "amd")
 DTYPES: tuple[Dtype, ...] = ("bf16", "fp16", "fp8", "fp32")
 
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
-_ARCH_RE = re.compile(r"^(sm[0-9]{2,3}|cdna[0-9])$")
-_DATE_RE = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])(-(0[1-9]|[12][0-9]|3[01]))?$")
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*\Z")
+_ARCH_RE = re.compile(r"^(sm[0-9]{2,3}|cdna[0-9])\Z")
+_DATE_RE = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])(-(0[1-9]|[12][0-9]|3[01]))?\Z")
 
 _FLOAT_FIELDS = (
     "bf16_flops",

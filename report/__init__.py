@@ -16,6 +16,7 @@ from ._estimate import (
     host_fit,
     host_reason,
     job_warnings,
+    json_text,
     jsonable,
     key_numbers,
     model_spec,
@@ -62,6 +63,7 @@ from ._validate import (
     choice,
     gpu_precisions,
     precision_reason,
+    runnable_precision,
     seq_len_warnings,
 )
 
@@ -103,10 +105,12 @@ __all__ = [
     "gpu_choice",
     "human_table",
     "jsonable",
+    "json_text",
     "check_lora_rank",
     "check_precision",
     "gpu_precisions",
     "precision_reason",
+    "runnable_precision",
     "seq_len_warnings",
     "job_warnings",
     "key_numbers",

@@ -11,6 +11,7 @@ Bad input raises ValueError (one line naming the field).
 from __future__ import annotations
 
 import inspect
+import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -52,7 +53,7 @@ from ._validate import (
     check_headroom,
     check_lora_rank,
     check_overhead_bytes,
-    check_precision,
+    runnable_precision,
     seq_len_warnings,
 )
 
@@ -140,6 +141,12 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def json_text(value: Any, *, indent: int | None = 2) -> str:
+    """`value` as JSON text, never a bare NaN or Infinity (invalid JSON): `jsonable` maps
+    non-finite floats to null, and json refuses any left (allow_nan=False)."""
+    return json.dumps(jsonable(value), indent=indent, allow_nan=False)
 
 
 def key_numbers(flag: str, items: list[str], keys: tuple[str, ...]) -> dict[str, float]:
@@ -287,7 +294,7 @@ def _estimate_inputs(job: _EstimateJob) -> _EstimateInputs:
     )
     config_ = config_.replace(precision=precision, recompute=recompute, attention=attention)
     profile = get_gpu(job.gpu, job.hardware_dir)
-    warnings = job_warnings(spec, profile, config_, allow_long_seq=job.allow_long_seq)
+    config_, warnings = job_warnings(spec, profile, config_, allow_long_seq=job.allow_long_seq)
     config: dict[str, Any] = config_.grid_columns()
     grid_config = {**config, **optimizer_fields}  # a user optimizer as engine columns
     grid = make_grid(grid_config)
@@ -298,13 +305,18 @@ def _estimate_inputs(job: _EstimateJob) -> _EstimateInputs:
 
 def job_warnings(
     spec: ModelSpec, profile: GpuProfile, training: TrainingConfig, *, allow_long_seq: bool
-) -> list[str]:
+) -> tuple[TrainingConfig, list[str]]:
     """The physical checks of one job on one GPU (ValueError, one line): a precision the GPU
-    runs, a LoRA rank within the adapted matrices; and the warnings about it (a sequence
-    beyond the model's positions; learned positions refused without `allow_long_seq`)."""
-    check_precision(training.precision, profile)
+    runs (the default bf16 one on a GPU without bf16: its fp16 counterpart, with a warning,
+    runnable_precision), a LoRA rank within the adapted matrices; the job as it runs and the
+    warnings about it (also a sequence beyond the model's positions; learned positions are
+    refused without `allow_long_seq`)."""
+    precision, warnings = runnable_precision(
+        training.precision, [profile], default=DEFAULTS_BY_FIELD["precision"]
+    )
     check_lora_rank(spec, training.lora_rank, training.lora_targets)
-    return seq_len_warnings(spec, training.seq_len, allow_long_seq=allow_long_seq)
+    warnings += seq_len_warnings(spec, training.seq_len, allow_long_seq=allow_long_seq)
+    return training.replace(precision=precision), warnings
 
 
 def _memory_report(

@@ -97,6 +97,28 @@ def check_precision(precision: str, profile: GpuProfile) -> None:
         raise ValueError(reason)
 
 
+def runnable_precision(
+    precision: str, profiles: Sequence[GpuProfile], *, default: str
+) -> tuple[str, list[str]]:
+    """The precision a job runs on `profiles` (one GPU, or a fleet's pools) and the warning
+    when it is not the one asked: `precision` if some GPU runs it; the precision left at its
+    `default` (amp-bf16, mixed-bf16) and run by none (V100, T4: no bf16) becomes its fp16
+    counterpart, said in a warning; any other precision no GPU runs is a ValueError naming the
+    first GPU and the precisions it runs (check_precision)."""
+    if not profiles or any(precision_reason(precision, g) is None for g in profiles):
+        return precision, []
+    counterpart = precision.replace("bf16", "fp16")
+    runs_counterpart = any(precision_reason(counterpart, g) is None for g in profiles)
+    if precision == default and counterpart != precision and runs_counterpart:
+        names = ", ".join(dict.fromkeys(g.name for g in profiles))
+        return counterpart, [
+            f"precision: {names} has no bf16 (bf16_flops = 0): the default {precision} is "
+            f"estimated as {counterpart} (--precision chooses another)"
+        ]
+    check_precision(precision, profiles[0])
+    return precision, []  # not reached: check_precision raised
+
+
 def seq_len_warnings(spec: ModelSpec, seq_len: int, *, allow_long_seq: bool) -> list[str]:
     """A sequence beyond the model's `max_position_embeddings`: a ValueError for learned
     absolute positions (GPT-2, BERT: the table has no row for it) unless `allow_long_seq`

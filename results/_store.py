@@ -66,7 +66,7 @@ import polars as pl
 
 from ._schema import BYTE_COLUMNS, SCHEMA, SCHEMA_VERSION
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")  # \Z, not $: no trailing newline
 HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 """This machine in temporary file names (`.tmp-HOST-PID-*.parquet`): a pid is checked only on
 its own host."""

@@ -9,6 +9,7 @@ from typing import Any
 
 from trainmem.engine import FIELD_NAMES, SWEEP_AXES
 from trainmem.report import (
+    ALLOW_LONG_SEQ,
     AS_JSON,
     FAMILY,
     HEADROOM,
@@ -78,6 +79,7 @@ SEARCH_OPTIONS: tuple[Option, ...] = (
             "(reason: step time above --max-step-time)."
         ),
     ),
+    ALLOW_LONG_SEQ,
 )
 FLEET = Option(
     name="fleet",

@@ -103,6 +103,7 @@ def run_sweep(
     profile_file: str | None = None,
     family: str | None = None,
     progress: Progress | None = None,
+    allow_long_seq: bool = False,
     **fields: Any,
 ) -> SweepRun:
     """Search `fleet` for the best configurations of the job (SWEEP_OPTIONS).
@@ -163,6 +164,7 @@ class _SweepJob:
     profile_file: str | None
     family: str | None
     progress: Progress | None
+    allow_long_seq: bool
     fields: dict[str, Any]
 
 
@@ -235,6 +237,7 @@ def _job_space(job: _SweepJob, training: dict[str, Any], optimizer_fields: dict[
         min_gpus=job.min_gpus,
         use_all_gpus=job.use_all_gpus,
         max_step_time_s=job.max_step_time_s,
+        allow_long_seq=job.allow_long_seq,
     )
 
 
@@ -366,6 +369,8 @@ def sweep_payload(done: SweepRun) -> dict[str, Any]:
     }
     if len(objectives) > 1:
         payload["pareto"] = [point_json(r) for r in result.best]
+    if done.space.warnings:  # present only when there is something to say
+        payload["warnings"] = list(done.space.warnings)
     return payload
 
 
