@@ -362,3 +362,18 @@ def test_http_refuses_them_with_422(http, path: str, body: dict[str, Any], field
 def test_http_answers_a_warning_in_the_json(http) -> None:
     got = http.post("/v1/estimate", json={"model": "gpt2", "seq_len": 4096, "allow_long_seq": True})
     assert got.status_code == 200 and got.json()["warnings"][0].startswith("seq_len: ")
+
+
+def test_a_heatmap_of_precisions_skips_those_the_gpu_lacks(capsys, folder) -> None:
+    argv = ["heatmap", "--gpu", "v100-sxm2-16gb", "--model", "llama-3.2-1b", "--x", "precision"]
+    code = main([*argv, "--y", "micro_batch_size", "--out", str(folder / "p.png"), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["x_values"] == ["fp32", "fp16", "amp-fp16", "mixed-fp16"]
+    only_bf16 = [*argv, "--x-values", "bf16,fp8-mixed", "--out", str(folder / "q.png")]
+    _refused(capsys, folder, only_bf16, "precision", "v100")
+
+
+def test_the_advice_never_swaps_to_a_gpu_that_cannot_run_the_precision() -> None:
+    report = trainmem.estimate(model="llama-3.1-70b", precision="fp8-mixed")
+    swaps = {a["gpu"] for a in report["advice"] if a["gpu"]}
+    assert swaps and all(precision_reason("fp8-mixed", load_gpus()[g]) is None for g in swaps)
