@@ -20,6 +20,8 @@ from ._options import command
 def fit_cmd(training: dict[str, Any], *, as_json: bool, check: bool, **options: Any) -> None:
     """The largest micro-batch that fits (or, --minimize num-gpus, the fewest GPUs)."""
     result = fit_report(training, **options)
+    for warning in result.get("warnings", []):
+        typer.echo(f"warning: {warning}", err=True)
     key = "min_num_gpus" if options["minimize"] == "num-gpus" else "max_micro_batch_size"
     _print_fit(result, options["minimize"], training["seq_len"], as_json=as_json)
     if check and result[key] is None:
