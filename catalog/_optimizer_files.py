@@ -93,7 +93,9 @@ def read_optimizer_file(path: str) -> OptimizerSpec:
 def optimizer_columns(
     name: str, optimizers_dir: str | os.PathLike[str] | None = None
 ) -> dict[str, Any]:
-    """The grid fields that select optimizer `name` (a built-in or a user file's name)."""
+    """The grid fields that select optimizer `name` (a built-in or a user file's name); a
+    missing `optimizers_dir` is an error whatever the name (as a missing hardware dir is)."""
+    _user_dir(optimizers_dir)
     if name in OPTIMIZERS:
         return {"optimizer": name}
     found = load_optimizers(optimizers_dir)

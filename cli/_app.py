@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import importlib
-import json
 import os
 import sys
 from collections.abc import Iterator, Mapping, MutableMapping
@@ -28,6 +27,7 @@ from trainmem.report import (
     PICTURE_OPTIONS,
     estimate_report,
     human_table,
+    json_text,
 )
 
 from ._options import command, dress
@@ -163,8 +163,10 @@ def estimate_cmd(
 
         check_pictures(plot, memory_viz)
     report = estimate_report(training, **options)
+    for warning in report.get("warnings", []):
+        print(f"warning: {warning}", file=sys.stderr)
     if as_json:
-        typer.echo(json.dumps(report, indent=2))
+        typer.echo(json_text(report))
     else:
         typer.echo(human_table(report))
     if pictures:

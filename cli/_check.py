@@ -8,13 +8,12 @@ Exit codes: 0 fits, 1 does not fit, 2 bad input (one line on stderr naming the f
 from __future__ import annotations
 
 import inspect
-import json
 from typing import Annotated, Any
 
 import typer
 
 from trainmem.hardware import GIB
-from trainmem.report import human_table
+from trainmem.report import human_table, json_text
 from trainmem.stacks import read_files
 from trainmem.stacks._check import base_dir_of, check_report
 from trainmem.stacks._options import CHECK_OPTIONS
@@ -28,7 +27,7 @@ def check_cmd(files: list[str], *, as_json: bool, **options: Any) -> None:
     """Read a job's own config files and answer as estimate does: fits (exit 0) or not (1)."""
     report = check_report(read_files(files), base_dir=base_dir_of(files), **options)
     if as_json:
-        typer.echo(json.dumps(report, indent=2))
+        typer.echo(json_text(report))
     else:
         typer.echo(human_check(report))
     if not report["fits"]:

@@ -6,14 +6,13 @@ the same flags with the same checks.
 
 from __future__ import annotations
 
-import json
 import shlex
 from typing import Any
 
 import typer
 
 from trainmem.engine import FIELD_NAMES
-from trainmem.report import AS_JSON, ESTIMATE_OPTIONS, EXIT_CODES, Option, check_options
+from trainmem.report import AS_JSON, ESTIMATE_OPTIONS, EXIT_CODES, Option, check_options, json_text
 from trainmem.report._compare import compare_report, compare_table
 
 from ._options import command
@@ -79,7 +78,7 @@ def compare_cmd(training: dict[str, Any], *, as_json: bool, vs: str | None, **op
         raise ValueError(f"vs: {exc}") from None
     result = compare_report(_split(first), _split(second))
     result["vs"] = shlex.split(vs)
-    typer.echo(json.dumps(result, indent=2) if as_json else compare_table(result))
+    typer.echo(json_text(result) if as_json else compare_table(result))
 
 
 def register(app: typer.Typer) -> None:

@@ -5,13 +5,12 @@ Bad input raises ValueError (one line); the CLI's main() prints it and exits wit
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import typer
 
 from trainmem.hardware import GIB
-from trainmem.report import EXIT_CODES, change_lines
+from trainmem.report import EXIT_CODES, change_lines, json_text
 from trainmem.sweep import FIT_OPTIONS, fit_report
 
 from ._options import command
@@ -21,6 +20,8 @@ from ._options import command
 def fit_cmd(training: dict[str, Any], *, as_json: bool, check: bool, **options: Any) -> None:
     """The largest micro-batch that fits (or, --minimize num-gpus, the fewest GPUs)."""
     result = fit_report(training, **options)
+    for warning in result.get("warnings", []):
+        typer.echo(f"warning: {warning}", err=True)
     key = "min_num_gpus" if options["minimize"] == "num-gpus" else "max_micro_batch_size"
     _print_fit(result, options["minimize"], training["seq_len"], as_json=as_json)
     if check and result[key] is None:
@@ -29,7 +30,7 @@ def fit_cmd(training: dict[str, Any], *, as_json: bool, check: bool, **options: 
 
 def _print_fit(result: dict[str, Any], minimize: str, seq_len: int, *, as_json: bool) -> None:
     if as_json:
-        typer.echo(json.dumps(result, indent=2))
+        typer.echo(json_text(result))
         return
     report = result["estimate"]
     by_gpus = minimize == "num-gpus"

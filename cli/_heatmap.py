@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -19,6 +18,7 @@ from trainmem.report import (
     USER_DIRS,
     Option,
     check_headroom,
+    json_text,
     training_options,
 )
 
@@ -188,7 +188,7 @@ def _echo_report(report: dict[str, Any], *, x: str, y: str, as_json: bool) -> No
     from trainmem.sweep._heatmap import BOOL_AXES, CATEGORICAL
 
     if as_json:
-        typer.echo(json.dumps(report, indent=2))
+        typer.echo(json_text(report))
         return
     cells = report["cells"]
     typer.echo(

@@ -4,14 +4,13 @@ files, GPU profiles), built only when named (cli/_app.py's LAZY_COMMANDS).
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
 
 from trainmem.catalog import load_model, load_optimizers, model_presets
 from trainmem.hardware import GIB, gpu_aliases, load_gpus
-from trainmem.report import EXIT_CODES
+from trainmem.report import EXIT_CODES, json_text
 
 
 def models_cmd(
@@ -39,7 +38,7 @@ def models_cmd(
             }
         )
     if as_json:
-        typer.echo(json.dumps(rows, indent=2))
+        typer.echo(json_text(rows))
         return
     typer.echo(f"{'name':<20}{'family':<9}{'parameters':>18}{'layers':>8}{'hidden':>8}{'heads':>7}")
     for r in rows:
@@ -74,7 +73,7 @@ def optimizers_cmd(
         for o in load_optimizers(optimizers_dir).values()
     ]
     if as_json:
-        typer.echo(json.dumps(rows, indent=2))
+        typer.echo(json_text(rows))
         return
     width = max(14, *(len(r["name"]) + 1 for r in rows))
     typer.echo(f"{'name':<{width}}{'states':>7}{'dtype':>12}{'temps':>6}  source")
@@ -117,7 +116,7 @@ def gpus_cmd(
         for g in sorted(gpus.values(), key=lambda g: g.name)
     ]
     if as_json:
-        typer.echo(json.dumps(rows, indent=2))
+        typer.echo(json_text(rows))
         return
     typer.echo(
         f"{'name':<18}{'memory GiB':>11}{'usable GiB':>11}{'bf16 TFLOP/s':>13}{'$/h':>7}  aliases"

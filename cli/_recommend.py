@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import sys
 from typing import Any
 
 import typer
@@ -15,7 +15,7 @@ from trainmem.plan import (
     replan_note,
     replans,
 )
-from trainmem.report import EXIT_CODES
+from trainmem.report import EXIT_CODES, json_text
 
 from ._options import command
 from ._progress import spinner
@@ -47,10 +47,12 @@ def recommend_cmd(
         if launched is not None and replans(launched, training["framework"]):
             before = recommend_report(**{**fields, "framework": training["framework"]})
             report["replanned_for_format"] = replan_note(before, report, launched)
+    for warning in report.get("warnings", []):
+        print(f"warning: {warning}", file=sys.stderr)
     if "replanned_for_format" in report:
         typer.echo(replan_line(report["replanned_for_format"]), err=True)
     if as_json or fmt == "json":
-        typer.echo(json.dumps(report, indent=2))
+        typer.echo(json_text(report))
     elif launched is not None and not report["fits"]:
         typer.echo(report["reason"], err=True)
     else:

@@ -5,13 +5,13 @@ Bad input raises ValueError (one line); the CLI's main() prints it and exits wit
 
 from __future__ import annotations
 
-import json
+import sys
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from trainmem.hardware import GIB
-from trainmem.report import EXIT_CODES, jsonable
+from trainmem.report import EXIT_CODES, json_text
 from trainmem.sweep import SWEEP_OPTIONS
 from trainmem.sweep._axes import SHOW, heading
 
@@ -51,8 +51,10 @@ def sweep_cmd(training: dict[str, Any], *, as_json: bool, **options: Any) -> Non
     unit = "points" if method == "exhaustive" else "trials"
     with progress_bar(f"{method}: {unit}", as_json=as_json) as progress:
         report = sweep_report(training, progress=progress, **options)
+    for warning in report.get("warnings", []):
+        print(f"warning: {warning}", file=sys.stderr)
     if as_json:
-        typer.echo(json.dumps(report, indent=2))
+        typer.echo(json_text(report))
         return
     result, space, objectives = report.result, report.space, report.objectives
     typer.echo(
@@ -154,7 +156,7 @@ def points_cmd(
             [*SHOW, "peak_device_bytes", "fits", "step_time_s", "cost_per_million_tokens"]
         )
     if as_json:  # byte counts are whole bytes (Int64; rounded from schema 3's Float64)
-        typer.echo(json.dumps(jsonable(frame.to_dicts()), indent=2))
+        typer.echo(json_text(frame.to_dicts()))
         return
     byte_columns = [name for name in frame.columns if name.endswith("_bytes")]
     frame = frame.select(

@@ -4,13 +4,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
 
 from trainmem.engine import ATTENTION
-from trainmem.report import EXIT_CODES, command_fields
+from trainmem.report import EXIT_CODES, command_fields, json_text
 
 # The options, one alias each (the help text beside the type), so that the command's signature
 # reads as the option list: names, order and defaults.
@@ -115,7 +114,7 @@ def trace_cmd(
         raise ValueError(
             f"trace: the step failed on fake tensors: {type(exc).__name__}: {first}"
         ) from None
-    typer.echo(json.dumps(report, indent=2) if as_json else trace_text(report))
+    typer.echo(json_text(report) if as_json else trace_text(report))
 
 
 def register(app: typer.Typer) -> None:

@@ -51,6 +51,7 @@ from ._grid import (
     make_grid,
 )
 from ._lazy import lazy_names
+from ._lora import max_lora_rank
 from ._model import ModelSpec
 from ._model_readers import FAMILIES, model_from_hf_config
 from ._offload import node_host_bytes, ranks_per_node
@@ -61,6 +62,7 @@ from ._overhead import (
     cuda_context_bytes_for,
     overheads_for,
 )
+from ._precision import PRECISION_RATES
 from ._rules import PROFILE_MISMATCH, REASONS
 from ._states import LORA_TARGETS, lora_mask, lora_num_parameters
 from ._time import TIME_COLUMNS, bubble_fraction, estimate_time
@@ -134,6 +136,8 @@ __all__ = [
     "estimate_time",
     "layout_reason",
     "lora_mask",
+    "max_lora_rank",
+    "PRECISION_RATES",
     "lora_num_parameters",
     "make_grid",
     "resolved_loss",

@@ -102,6 +102,19 @@ def lora_num_parameters(m: ModelSpec, rank: int, mask: int) -> int:
     return total
 
 
+def max_lora_rank(m: ModelSpec, mask: int) -> int | None:
+    """The largest rank an adapter of the block linears under target `mask` can have: the
+    smaller side of the smallest adapted weight (lora_B A of rank r is a d_out x d_in matrix
+    of rank min(r, d_in, d_out): a larger r only adds parameters). None: nothing adapted.
+    Source: Hu et al. 2021 (LoRA), Sec. 4.1 (r << min(d, k))."""
+    sides = [
+        min(p.shape)
+        for p in m.param_tensors()
+        if p.is_block_linear and bool(lora_adapted(p, np.asarray(mask)))
+    ]
+    return min(sides) if sides else None
+
+
 def lora_width(m: ModelSpec, targets: np.ndarray) -> np.ndarray:
     """Sum of (d_in + d_out) over the adapted weight matrices of all blocks, per row's target
     mask: x lora_rank it is the trainable adapter count (PEFT's r (d_in + d_out) per weight).

@@ -185,6 +185,12 @@ class ModelSpec:
         return int(self.head_dim * self.partial_rotary_factor)
 
     @property
+    def learned_positions(self) -> bool:
+        """Absolute positions from a learned table of `max_position_embeddings` rows (GPT-2,
+        BERT): a longer sequence has no row to look up (rotary positions can be scaled)."""
+        return self.family in ("gpt2", "bert")
+
+    @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
@@ -334,7 +340,7 @@ class _Inventory:
 
 def _add_embeddings(inv: _Inventory, m: ModelSpec) -> None:
     inv.add("embed_tokens.weight", (m.vocab_size, m.hidden_size), "embed", "vocab")
-    if m.family in ("gpt2", "bert"):
+    if m.learned_positions:
         inv.add("position_embeddings.weight", (m.max_position_embeddings, m.hidden_size), "embed",
                 "rep")  # fmt: skip
     if m.family == "bert":

@@ -816,6 +816,11 @@ def _moe_fields(config: dict[str, Any], model_type: str) -> dict[str, Any]:
     top_k = config.get("num_experts_per_tok")
     if not top_k:
         raise ValueError("model: MoE config is missing required field(s): num_experts_per_tok")
+    if int(top_k) > num_experts:  # a token cannot be routed to more experts than there are
+        raise ValueError(
+            f"model: num_experts_per_tok: {int(top_k)} experts per token exceed the model's "
+            f"{num_experts} experts (allowed: 1 to {num_experts})"
+        )
     width = int(config.get("moe_intermediate_size") or config["intermediate_size"])
     shared = int(config.get("shared_expert_intermediate_size") or 0)
     if config.get("n_shared_experts"):

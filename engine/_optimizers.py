@@ -36,6 +36,16 @@ ENV_VAR = "TRAINMEM_OPTIMIZERS_DIR"
 BUILTIN = "built-in"
 
 
+_NUMBER_LIMITS = {
+    "num_states": 64.0,
+    "state_bytes": 16.0,
+    "step_temp_states": 64.0,
+    "step_bytes_per_parameter": 1e4,
+}
+"""Upper bounds of an optimizer's numbers (AdamW: 2 states of 4 bytes, 1 temporary, 28 step
+bytes per parameter): far above any optimizer, below a typo's 1e300."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OptimizerSpec:
     """What an optimizer keeps per trainable parameter and what its step allocates."""
@@ -73,10 +83,14 @@ class OptimizerSpec:
         errors = []
         if self.path != BUILTIN and self.name in OPTIMIZERS:  # built-ins define them
             errors.append(f"name {self.name!r} is a built-in optimizer; choose another name")
-        for key in ("num_states", "state_bytes", "step_temp_states", "step_bytes_per_parameter"):
+        for key, high in _NUMBER_LIMITS.items():
             value = getattr(self, key)
-            if not (isinstance(value, (int, float)) and value >= 0 and value == value):
-                errors.append(f"{key} must be a number >= 0")
+            if not (isinstance(value, (int, float)) and 0 <= value <= high):  # NaN fails
+                errors.append(f"{key} must be a number in [0, {high:g}], got {value!r}")
+        if isinstance(self.num_states, (int, float)) and self.num_states % 1:  # NaN: above
+            errors.append(
+                f"num_states must be a whole number of state tensors, got {self.num_states}"
+            )
         if not isinstance(self.eight_bit_blockwise, bool):
             errors.append("eight_bit_blockwise must be true or false")
         if errors:

@@ -72,6 +72,11 @@ figure (SM90_STEP_CONTEXT_BYTES): no per-generation measurement was found for th
 docs/concepts.md#overheads for the evidence table)."""
 
 
+MAX_OVERHEAD = 2.0**50
+"""An overhead in bytes (or a factor) up to 1 PiB: beyond any device, below any overflow; the
+GPU's own memory bounds the bytes further (report/_validate.check_overhead_bytes)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Overheads:
     """Overhead parameters (bytes, or fractions where named so)."""
@@ -134,9 +139,9 @@ class Overheads:
                 f"overhead: unknown key '{unknown[0]}'; allowed: {', '.join(self.names())}"
             )
         for key, value in overrides.items():
-            high = " and < 1" if key.endswith("_fraction") else ""
-            if not (np.isfinite(value) and value >= 0 and (not high or value < 1)):
-                rule = "in [0, 1)" if high else "finite and >= 0"
+            fraction = key.endswith("_fraction")
+            if not (0 <= value < 1 if fraction else 0 <= value <= MAX_OVERHEAD):  # NaN fails
+                rule = "in [0, 1)" if fraction else f"in [0, {MAX_OVERHEAD:g}] (2^50)"
                 raise ValueError(f"overhead: {key} must be {rule}, got {value}")
         return replace(self, **overrides)
 

@@ -64,6 +64,22 @@ PRECISION_SPECS: dict[str, Precision] = {
 
 assert tuple(PRECISION_SPECS) == PRECISIONS, "one Precision per PRECISIONS name, in order"
 
+PRECISION_RATES: dict[str, tuple[str, ...]] = {
+    "fp32": ("fp32",),
+    "bf16": ("bf16",),
+    "fp16": ("fp16",),
+    "amp-bf16": ("bf16",),
+    "amp-fp16": ("fp16",),
+    "mixed-bf16": ("bf16",),
+    "mixed-fp16": ("fp16",),
+    "fp8-mixed": ("fp8", "bf16"),
+}
+"""The matmul formats each precision runs, as a GPU profile's rate fields name them
+(`<format>_flops`): a GPU whose rate of one of them is 0 cannot run the precision (V100 and T4
+have no bf16, A100 no fp8). fp8 recipes run their other matmuls in bf16 (_fp8.py)."""
+
+assert tuple(PRECISION_RATES) == PRECISIONS, "one entry per PRECISIONS name, in order"
+
 
 def _table(field: str, dtype: type = np.float64) -> np.ndarray:
     """One field of every Precision, indexed by precision code."""

@@ -21,9 +21,9 @@ Dtype = Literal["bf16", "fp16", "fp8", "fp32"]
 VENDORS: tuple[Vendor, ...] = ("nvidia", "amd")
 DTYPES: tuple[Dtype, ...] = ("bf16", "fp16", "fp8", "fp32")
 
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
-_ARCH_RE = re.compile(r"^(sm[0-9]{2,3}|cdna[0-9])$")
-_DATE_RE = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])(-(0[1-9]|[12][0-9]|3[01]))?$")
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*\Z")
+_ARCH_RE = re.compile(r"^(sm[0-9]{2,3}|cdna[0-9])\Z")
+_DATE_RE = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])(-(0[1-9]|[12][0-9]|3[01]))?\Z")
 
 _FLOAT_FIELDS = (
     "bf16_flops",
@@ -38,6 +38,18 @@ _FLOAT_FIELDS = (
 )
 _INT_FIELDS = ("memory_bytes", "usable_bytes", "gpus_per_node")
 _STR_FIELDS = ("name", "display_name", "vendor", "arch", "price_source", "price_date")
+
+MAX_MEMORY_BYTES = 2**44
+"""16 TiB: above any accelerator's memory (B200: 180 GiB) by far; more is a typo (1e23)."""
+MAX_GPUS_PER_NODE = 1024
+"""Above any scale-up domain (NVL72: 72 GPUs); more is a typo (1e9)."""
+FLOPS_RANGE = (1e9, 1e18)
+"""A rate that is not 0 lies in [1 GFLOP/s, 1 EFLOP/s] (B200 dense fp8: 4.5e15): a near-zero
+rate makes every step time infinite (NaN in the outputs)."""
+BANDWIDTH_RANGE = (1e6, 1e15)
+"""[1 MB/s, 1 PB/s] for every link and memory bandwidth (B200 HBM3e: 8e12)."""
+MAX_PRICE_PER_HOUR_USD = 1e4
+"""USD per GPU-hour; more is a typo."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -234,18 +246,12 @@ def _value_violations(p: GpuProfile, bad_type: set[str]) -> list[str]:
         errors.append("memory_bytes must be > 0")
     if ok("memory_bytes", "usable_bytes") and not 0 < p.usable_bytes <= p.memory_bytes:
         errors.append("usable_bytes must be > 0 and <= memory_bytes")
-    for field in ("bf16_flops", "fp8_flops"):
-        value = getattr(p, field)
-        if ok(field) and not (math.isfinite(value) and value >= 0):
-            errors.append(f"{field} must be finite and >= 0 (0 = format not supported)")
-    for field in _FLOAT_FIELDS:
-        if field in ("bf16_flops", "fp8_flops"):
-            continue
-        value = getattr(p, field)
-        if ok(field) and not (math.isfinite(value) and value > 0):
-            errors.append(f"{field} must be finite and > 0")
-    if ok("gpus_per_node") and p.gpus_per_node < 1:
-        errors.append("gpus_per_node must be >= 1")
+    if ok("memory_bytes") and p.memory_bytes > MAX_MEMORY_BYTES:
+        errors.append(f"memory_bytes must be <= {MAX_MEMORY_BYTES} (16 TiB), got {p.memory_bytes}")
+    errors += [_rate_violation(p, field) for field in _FLOAT_FIELDS if ok(field)]
+    if ok("gpus_per_node") and not 1 <= p.gpus_per_node <= MAX_GPUS_PER_NODE:
+        errors.append(f"gpus_per_node must be in [1, {MAX_GPUS_PER_NODE}], got {p.gpus_per_node}")
+    errors = [e for e in errors if e]
     if ok("price_source") and not p.price_source.strip():
         errors.append("price_source must not be empty")
     if ok("price_date") and not _DATE_RE.match(p.price_date):
@@ -253,3 +259,24 @@ def _value_violations(p: GpuProfile, bad_type: set[str]) -> list[str]:
     if ok("sources") and (not p.sources or not all(s.strip() for s in p.sources)):
         errors.append("sources must list at least one non-empty string")
     return errors
+
+
+def _rate_violation(p: GpuProfile, field: str) -> str:
+    """The rule a rate, bandwidth or price of `p` breaks ("" where none): finite, inside its
+    range (FLOPS_RANGE, BANDWIDTH_RANGE, price > 0); bf16 and fp8 rates may be 0 (the card
+    lacks the format)."""
+    value = getattr(p, field)
+    optional = field in ("bf16_flops", "fp8_flops")
+    if field.endswith("_flops"):
+        low, high = FLOPS_RANGE
+    elif field.endswith("_bytes_per_s"):
+        low, high = BANDWIDTH_RANGE
+    else:
+        low, high = 0.0, MAX_PRICE_PER_HOUR_USD
+    if optional and value == 0:
+        return ""
+    if math.isfinite(value) and (low < value if low == 0 else low <= value) and value <= high:
+        return ""
+    zero = " or 0 (format not supported)" if optional else ""
+    rule = f"> 0 and <= {high:g}" if low == 0 else f"in [{low:g}, {high:g}]"
+    return f"{field} must be finite and {rule}{zero}, got {value}"

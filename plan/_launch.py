@@ -610,7 +610,7 @@ def torchrun_script(plan: dict[str, Any]) -> str:
     return "\n".join([*comments, *_environment(plan), _lines(head, args, "$EXTRA_ARGS")]) + "\n"
 
 
-TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$")
+TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}\Z|^\d+-\d+\Z")  # \Z: no trailing newline
 """sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (sbatch man page)."""
 
 

@@ -135,7 +135,8 @@ MODEL_KEYS = (
 )
 """The model's shape in the report (what the launch formats need); `rope_architecture` adds
 the rotary base and scaling and the norm epsilon from the model's config."""
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+"""A job name (fullmatch-like: `\\Z`, since `$` also matches before a trailing newline)."""
 
 
 def recommend_report(
@@ -163,6 +164,7 @@ def recommend_report(
     models_dir: str | None = None,
     optimizers_dir: str | None = None,
     family: str | None = None,
+    allow_long_seq: bool = False,
     **fields: Any,
 ) -> dict[str, Any]:
     """The best plan (CONTRACT keys at the top level, and more) and `alternatives`: the next
@@ -184,7 +186,10 @@ def recommend_report(
     context = _context(args, job, space, objectives)
     for plan in plans:
         _complete_plan(plan, args, job, space)
-    return _answer(context, result, rows, plans)
+    answer = _answer(context, result, rows, plans)
+    if space.warnings:  # present only when there is something to say
+        answer["warnings"] = list(space.warnings)
+    return answer
 
 
 def _search(
@@ -372,7 +377,7 @@ def _checked_fields(fields: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
     check_options(RECOMMEND_OPTIONS, f)
     if f["num_alternatives"] < 0:
         raise ValueError(f"num-alternatives: must be >= 0, got {f['num_alternatives']}")
-    if not _NAME_RE.match(f["job_name"]):
+    if not isinstance(f["job_name"], str) or not _NAME_RE.match(f["job_name"]):
         raise ValueError(f"job-name: letters, digits, '.', '_' and '-' only, got '{f['job_name']}'")
     if not TIME_RE.match(f["time_limit"]):
         raise ValueError(
@@ -406,6 +411,7 @@ def _searched_space(f: Mapping[str, Any], framework: str) -> Space:
         use_all_gpus=f["use_all_gpus"],
         max_step_time_s=f["max_step_time_s"],
         max_cost_per_million_tokens=f["max_cost_per_million_tokens"],
+        allow_long_seq=f["allow_long_seq"],
     )
 
 

@@ -15,6 +15,8 @@ from ._estimate import (
     estimate_report,
     host_fit,
     host_reason,
+    job_warnings,
+    json_text,
     jsonable,
     key_numbers,
     model_spec,
@@ -24,6 +26,7 @@ from ._estimate import (
 )
 from ._memory_snapshot import memory_snapshot
 from ._options import (
+    ALLOW_LONG_SEQ,
     AS_JSON,
     CHECK,
     ESTIMATE_OPTIONS,
@@ -53,7 +56,19 @@ from ._timeline import (
     stage_blocks,
     step_timeline,
 )
-from ._validate import VOCABULARIES, check_choices, check_headroom, check_options, choice
+from ._validate import (
+    VOCABULARIES,
+    check_choices,
+    check_headroom,
+    check_lora_rank,
+    check_options,
+    check_precision,
+    choice,
+    gpu_precisions,
+    precision_reason,
+    runnable_precision,
+    seq_len_warnings,
+)
 
 __all__ = [
     "AS_JSON",
@@ -62,6 +77,7 @@ __all__ = [
     "FAMILY",
     "GPU",
     "HEADROOM",
+    "ALLOW_LONG_SEQ",
     "HOST_MEMORY_GIB",
     "JOB_DEFAULT_MODEL",
     "JOB_DEFAULTS",
@@ -96,6 +112,14 @@ __all__ = [
     "gpu_choice",
     "human_table",
     "jsonable",
+    "json_text",
+    "check_lora_rank",
+    "check_precision",
+    "gpu_precisions",
+    "precision_reason",
+    "runnable_precision",
+    "seq_len_warnings",
+    "job_warnings",
     "key_numbers",
     "model_spec",
     "row_report",

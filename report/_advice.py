@@ -20,6 +20,8 @@ from trainmem.engine import (
 )
 from trainmem.hardware import GpuProfile, load_gpus
 
+from ._validate import precision_reason
+
 HUMAN_MAX_CHANGES = 5
 """How many ranked changes the human output lists."""
 HUMAN_MAX_CONSUMERS = 3
@@ -75,6 +77,7 @@ def advice_report(
     catalogue = [
         gpu_choice(g, **overrides)
         for g in sorted(load_gpus(hardware_dir).values(), key=lambda g: g.usable_bytes)
+        if precision_reason(str(config["precision"]), g) is None  # never a GPU it cannot run on
     ]
     result = advise(
         spec,

@@ -11,6 +11,7 @@ Bad input raises ValueError (one line naming the field).
 from __future__ import annotations
 
 import inspect
+import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -47,7 +48,14 @@ from trainmem.hardware import GIB, GpuProfile, get_gpu
 from ._advice import advice_report
 from ._options import JOB_DEFAULT_MODEL, JOB_DEFAULTS, gib_to_bytes
 from ._row import row_report, stage_summary, time_report
-from ._validate import check_choices, check_headroom
+from ._validate import (
+    check_choices,
+    check_headroom,
+    check_lora_rank,
+    check_overhead_bytes,
+    runnable_precision,
+    seq_len_warnings,
+)
 
 OUTPUT_FIELDS = ("as_json", "check")
 """Command options that choose how a report is printed, not what it says."""
@@ -136,6 +144,12 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+def json_text(value: Any, *, indent: int | None = 2) -> str:
+    """`value` as JSON text, never a bare NaN or Infinity (invalid JSON): `jsonable` maps
+    non-finite floats to null, and json refuses any left (allow_nan=False)."""
+    return json.dumps(jsonable(value), indent=indent, allow_nan=False)
+
+
 def key_numbers(flag: str, items: list[str], keys: tuple[str, ...]) -> dict[str, float]:
     """KEY=NUMBER items of a repeatable flag (--overhead, --time-param) as a dict."""
     out: dict[str, float] = {}
@@ -197,6 +211,7 @@ def estimate_report(
     profile_file: str | None = None,
     host_memory_gib: float | None = None,
     family: str | None = None,
+    allow_long_seq: bool = False,
     **fields: Any,
 ) -> dict[str, Any]:
     """`trainmem estimate --json`: the per-device breakdown, phase peaks, fit, time and advice.
@@ -211,8 +226,12 @@ def estimate_report(
     check_layout(inputs.spec, inputs.grid)
     profile = inputs.profile
     ov = overheads_for(profile.arch, cuda_context_bytes=profile.cuda_context_bytes)
-    ov = ov.with_overrides(key_numbers("--overhead", overhead or [], Overheads.names()))
+    overrides = key_numbers("--overhead", overhead or [], Overheads.names())
+    ov = ov.with_overrides(overrides)
+    check_overhead_bytes(overrides, profile)
     report, out = _memory_report(job, inputs, ov)
+    if inputs.warnings:  # present only when there is something to say
+        report["warnings"] = inputs.warnings
     report["time"], time_params = _time_report(job, inputs)
     report["pp_stage"] = int(out["pp_stage"][0])
     report.update(_advice(job, inputs, out, ov, time_params))
@@ -242,13 +261,14 @@ class _EstimateJob:
     profile_file: str | None
     host_memory_gib: float | None
     family: str | None
+    allow_long_seq: bool
     fields: dict[str, Any]
 
 
 class _EstimateInputs(NamedTuple):
     """The checked job: its model, GPU, the training configuration's grid columns (`config`,
-    what the report shows) and with a user optimizer's columns (`grid_config`, what the engine
-    reads), its one-row grid, the optimizer's name and the pipeline degree."""
+    reads), its one-row grid, the optimizer's name, the pipeline degree and the warnings
+    about it (a sequence beyond the model's positions)."""
 
     spec: ModelSpec
     profile: GpuProfile
@@ -257,6 +277,7 @@ class _EstimateInputs(NamedTuple):
     grid: dict[str, np.ndarray]
     optimizer: str
     pp: int
+    warnings: list[str]
 
 
 def _estimate_inputs(job: _EstimateJob) -> _EstimateInputs:
@@ -276,10 +297,29 @@ def _estimate_inputs(job: _EstimateJob) -> _EstimateInputs:
     )
     config_ = config_.replace(precision=precision, recompute=recompute, attention=attention)
     profile = get_gpu(job.gpu, job.hardware_dir)
+    config_, warnings = job_warnings(spec, profile, config_, allow_long_seq=job.allow_long_seq)
     config: dict[str, Any] = config_.grid_columns()
     grid_config = {**config, **optimizer_fields}  # a user optimizer as engine columns
     grid = make_grid(grid_config)
-    return _EstimateInputs(spec, profile, config, grid_config, grid, optimizer, config_.pp)
+    return _EstimateInputs(
+        spec, profile, config, grid_config, grid, optimizer, config_.pp, warnings
+    )
+
+
+def job_warnings(
+    spec: ModelSpec, profile: GpuProfile, training: TrainingConfig, *, allow_long_seq: bool
+) -> tuple[TrainingConfig, list[str]]:
+    """The physical checks of one job on one GPU (ValueError, one line): a precision the GPU
+    runs (the default bf16 one on a GPU without bf16: its fp16 counterpart, with a warning,
+    runnable_precision), a LoRA rank within the adapted matrices; the job as it runs and the
+    warnings about it (also a sequence beyond the model's positions; learned positions are
+    refused without `allow_long_seq`)."""
+    precision, warnings = runnable_precision(
+        training.precision, [profile], default=DEFAULTS_BY_FIELD["precision"]
+    )
+    check_lora_rank(spec, training.lora_rank, training.lora_targets)
+    warnings += seq_len_warnings(spec, training.seq_len, allow_long_seq=allow_long_seq)
+    return training.replace(precision=precision), warnings
 
 
 def _memory_report(

@@ -176,6 +176,18 @@ HOST_MEMORY_GIB = Option(
     ),
 )
 """A node's host RAM: bounds what CPU offload may move off the GPUs (GiB at the edge)."""
+ALLOW_LONG_SEQ = Option(
+    name="allow_long_seq",
+    type=bool,
+    default=False,
+    flag="--allow-long-seq",
+    help=(
+        "Estimate a seq_len beyond a model's learned position embeddings (GPT-2, BERT) as if "
+        "its table were extended (a warning instead of an error)."
+    ),
+)
+"""Learned absolute positions have max_position_embeddings rows: a longer sequence is refused
+unless this is set (rotary models only get a warning: RoPE can be scaled)."""
 
 
 def gib_to_bytes(gib: float | None) -> int | None:
@@ -221,6 +233,7 @@ ESTIMATE_OPTIONS: tuple[Option, ...] = (
     *training_options(defaults=JOB_DEFAULTS),
     HEADROOM,
     HOST_MEMORY_GIB,
+    ALLOW_LONG_SEQ,
     *USER_DIRS,
     Option(
         name="overhead",

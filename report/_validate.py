@@ -5,7 +5,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trainmem.engine import KNOBS, bound_reason, cross_field_reason
+from trainmem.engine import (
+    KNOBS,
+    PRECISION_RATES,
+    PRECISIONS,
+    ModelSpec,
+    bound_reason,
+    cross_field_reason,
+    lora_mask,
+    max_lora_rank,
+)
+from trainmem.hardware import GpuProfile
 
 from ._options import Option
 
@@ -57,3 +67,96 @@ def check_options(options: Sequence[Option], values: Mapping[str, Any]) -> None:
     reason = cross_field_reason({k: v for k, v in given.items() if k in KNOBS})
     if reason:
         raise ValueError(reason)
+
+
+def gpu_precisions(profile: GpuProfile) -> tuple[str, ...]:
+    """The precisions `profile` runs: those whose every matmul format (PRECISION_RATES) has a
+    rate above 0 in the GPU's profile (`bf16_flops`, `fp8_flops`, ...)."""
+    return tuple(
+        p for p in PRECISIONS if all(profile.peak_flops(r) > 0 for r in PRECISION_RATES[p])
+    )
+
+
+def precision_reason(precision: str, profile: GpuProfile) -> str | None:
+    """Why `profile` cannot run `precision` (a matmul format its profile rates 0: bf16 before
+    Ampere, fp8 before Ada/Hopper), naming the GPU and the precisions it runs; None if it can
+    (or the precision is unknown: its own check names it)."""
+    lacking = [r for r in PRECISION_RATES.get(precision, ()) if not profile.peak_flops(r) > 0]
+    if not lacking:
+        return None
+    return (
+        f"precision: {precision} needs {lacking[0]} matmuls and gpu {profile.name} has none "
+        f"({lacking[0]}_flops = 0); allowed on {profile.name}: {', '.join(gpu_precisions(profile))}"
+    )
+
+
+def check_precision(precision: str, profile: GpuProfile) -> None:
+    """precision_reason as a ValueError."""
+    reason = precision_reason(precision, profile)
+    if reason:
+        raise ValueError(reason)
+
+
+def runnable_precision(
+    precision: str, profiles: Sequence[GpuProfile], *, default: str
+) -> tuple[str, list[str]]:
+    """The precision a job runs on `profiles` (one GPU, or a fleet's pools) and the warning
+    when it is not the one asked: `precision` if some GPU runs it; the precision left at its
+    `default` (amp-bf16, mixed-bf16) and run by none (V100, T4: no bf16) becomes its fp16
+    counterpart, said in a warning; any other precision no GPU runs is a ValueError naming the
+    first GPU and the precisions it runs (check_precision)."""
+    if not profiles or any(precision_reason(precision, g) is None for g in profiles):
+        return precision, []
+    counterpart = precision.replace("bf16", "fp16")
+    runs_counterpart = any(precision_reason(counterpart, g) is None for g in profiles)
+    if precision == default and counterpart != precision and runs_counterpart:
+        names = ", ".join(dict.fromkeys(g.name for g in profiles))
+        return counterpart, [
+            f"precision: {names} has no bf16 (bf16_flops = 0): the default {precision} is "
+            f"estimated as {counterpart} (--precision chooses another)"
+        ]
+    check_precision(precision, profiles[0])
+    return precision, []  # not reached: check_precision raised
+
+
+def seq_len_warnings(spec: ModelSpec, seq_len: int, *, allow_long_seq: bool) -> list[str]:
+    """A sequence beyond the model's `max_position_embeddings`: a ValueError for learned
+    absolute positions (GPT-2, BERT: the table has no row for it) unless `allow_long_seq`
+    (then a warning), a warning for rotary positions (they can be scaled: YaRN, NTK); [] when
+    it is within the positions (a traced profile's model has no positions to judge)."""
+    limit = spec.max_position_embeddings
+    if spec.profile is not None or limit <= 0 or seq_len <= limit:
+        return []
+    beyond = f"seq_len: {seq_len} tokens exceed {spec.name}'s {limit} positions"
+    if spec.learned_positions and not allow_long_seq:
+        raise ValueError(
+            f"{beyond} (learned position embeddings, max_position_embeddings rows; allowed: up "
+            f"to {limit}, or --allow-long-seq)"
+        )
+    if spec.learned_positions:
+        return [f"{beyond}: estimated as given (the learned position table keeps {limit} rows)"]
+    return [f"{beyond} (max_position_embeddings): it needs RoPE scaling (e.g. YaRN)"]
+
+
+def check_lora_rank(spec: ModelSpec, lora_rank: int, lora_targets: str) -> None:
+    """ValueError when a LoRA rank exceeds the smaller side of an adapted matrix (an adapter
+    of a larger rank only adds parameters; engine max_lora_rank), naming the largest allowed."""
+    if lora_rank <= 0:
+        return
+    limit = max_lora_rank(spec, lora_mask(lora_targets))
+    if limit is not None and lora_rank > limit:
+        raise ValueError(
+            f"lora_rank: {lora_rank} exceeds the smaller side of {spec.name}'s adapted matrices "
+            f"(allowed: 1 to {limit})"
+        )
+
+
+def check_overhead_bytes(overrides: Mapping[str, float], profile: GpuProfile) -> None:
+    """ValueError when an overhead in bytes exceeds the GPU's whole memory (nothing could fit:
+    a typo such as cuda_context_bytes=1e300), naming the key and the allowed range."""
+    for key, value in overrides.items():
+        if "bytes" in key and value > profile.memory_bytes:
+            raise ValueError(
+                f"overhead: {key}={value:g} exceeds gpu {profile.name}'s memory (allowed: 0 to "
+                f"{profile.memory_bytes} bytes)"
+            )

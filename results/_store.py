@@ -68,7 +68,7 @@ from trainmem.hardware._files import check_path_name, shown_path
 
 from ._schema import BYTE_COLUMNS, SCHEMA, SCHEMA_VERSION
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")  # \Z, not $: no trailing newline
 HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 """This machine in temporary file names (`.tmp-HOST-PID-*.parquet`): a pid is checked only on
 its own host."""

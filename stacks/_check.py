@@ -202,6 +202,7 @@ def check_report(
     except ValueError as exc:
         raise ValueError(_with_origin(str(exc), reading.fields)) from None
     out = {**report, **reading_report(reading)}
+    out["warnings"] = [*report.get("warnings", []), *out["warnings"]]  # estimate's first
     if fix:
         from ._fix import fix_report
 

@@ -29,6 +29,7 @@ from trainmem.engine import (
 )
 from trainmem.hardware import GpuProfile, get_gpu
 from trainmem.report import (
+    ALLOW_LONG_SEQ,
     AS_JSON,
     CHECK,
     FAMILY,
@@ -48,6 +49,7 @@ from trainmem.report import (
     check_options,
     choice,
     host_reason,
+    job_warnings,
     jsonable,
     model_spec,
     node_host,
@@ -91,6 +93,7 @@ FIT_OPTIONS: tuple[Option, ...] = (
     *training_options(defaults=JOB_DEFAULTS),
     HEADROOM,
     HOST_MEMORY_GIB,
+    ALLOW_LONG_SEQ,
     *USER_DIRS,
     *MINIMIZE_OPTIONS,
     PROFILE_FILE,
@@ -115,6 +118,7 @@ def fit_report(
     optimizers_dir: str | None = None,
     profile_file: str | None = None,
     family: str | None = None,
+    allow_long_seq: bool = False,
     **fields: Any,
 ) -> dict[str, Any]:
     """`trainmem fit --json`: the largest micro-batch (or fewest GPUs) that fits, its estimate,
@@ -131,6 +135,8 @@ def fit_report(
     out, row = scan.out, scan.row
     if not len(scan.fitting) and out["reason"][row] == 0 and not out["fits"][row]:
         result.update(_closest(job, inputs, scan, report))
+    if inputs.warnings:  # present only when there is something to say
+        result["warnings"] = inputs.warnings
     return jsonable(result)
 
 
@@ -152,6 +158,7 @@ class _FitJob:
     optimizers_dir: str | None
     profile_file: str | None
     family: str | None
+    allow_long_seq: bool
     fields: dict[str, Any]
 
     @property
@@ -169,6 +176,8 @@ class _FitInputs(NamedTuple):
     training: TrainingConfig
     config: dict[str, Any]
     optimizer: str
+    warnings: list[str]
+    """A sequence beyond the model's rotary positions (job_warnings)."""
 
 
 def _fit_inputs(job: _FitJob) -> _FitInputs:
@@ -195,9 +204,10 @@ def _fit_inputs(job: _FitJob) -> _FitInputs:
     )
     config_ = config_.replace(precision=precision, recompute=recompute, attention=attention)
     profile = get_gpu(job.gpu, job.hardware_dir)
+    config_, warnings = job_warnings(spec, profile, config_, allow_long_seq=job.allow_long_seq)
     config: dict[str, Any] = config_.grid_columns()
     config.update(optimizer_fields)
-    return _FitInputs(spec, profile, config_, config, optimizer)
+    return _FitInputs(spec, profile, config_, config, optimizer, warnings)
 
 
 class _Scan(NamedTuple):

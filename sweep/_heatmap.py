@@ -17,6 +17,7 @@ import polars as pl
 
 from trainmem.catalog import load_model, optimizer_columns
 from trainmem.engine import (
+    DEFAULTS_BY_FIELD,
     KNOBS,
     OPTIMIZERS,
     TYPES,
@@ -30,7 +31,13 @@ from trainmem.engine import (
     resolved_loss,
 )
 from trainmem.hardware import GIB, GpuProfile, get_gpu
-from trainmem.report import choice
+from trainmem.report import (
+    check_lora_rank,
+    check_precision,
+    choice,
+    precision_reason,
+    runnable_precision,
+)
 from trainmem.results import query_points, write_heatmap
 
 from ._axes import SEARCHED
@@ -408,6 +415,14 @@ def from_flags(
     ys = parse_values("--y-values", y, plot.y_text) if plot.y_text else default_values(y, config)
     spec = load_model(model, models_dir=models_dir)
     profile = get_gpu(gpu, plot.hardware_dir)
+    xs, ys = _runnable(x, xs, profile), _runnable(y, ys, profile)
+    if "precision" not in (x, y):  # the default bf16 one on a GPU without bf16: its fp16 one
+        precision, _ = runnable_precision(
+            str(config["precision"]), [profile], default=DEFAULTS_BY_FIELD["precision"]
+        )
+        config = {**config, "precision": precision}
+    if "lora_rank" not in (x, y) and "lora_targets" not in (x, y):
+        check_lora_rank(spec, int(config["lora_rank"]), str(config["lora_targets"]))
     cells = heatmap_cells(
         spec,
         profile,
@@ -429,6 +444,17 @@ def from_flags(
     )
     fixed = {k: v for k, v in config.items() if k not in (x, y)}
     return plot.report(cells, xs, ys, model=spec.name, profile=profile, config=fixed)
+
+
+def _runnable(axis: str, values: list[Any], profile: GpuProfile) -> list[Any]:
+    """A precision axis's values without those the GPU cannot run (precision_reason: skipped,
+    never drawn); ValueError when none is left. Other axes as given."""
+    if axis != "precision":
+        return values
+    kept = [v for v in values if not precision_reason(str(v), profile)]
+    if not kept:
+        check_precision(str(values[0]), profile)
+    return kept
 
 
 def from_points(plot: Plot, path: str, *, where: str | None) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from typing import Any
 
 from trainmem.engine import FIELD_NAMES, SWEEP_AXES
 from trainmem.report import (
+    ALLOW_LONG_SEQ,
     AS_JSON,
     FAMILY,
     HEADROOM,
@@ -102,6 +103,7 @@ SEARCH_OPTIONS: tuple[Option, ...] = (
         le=1e18,
         help="Total training tokens: adds the time (and cost) to train them on the answer.",
     ),
+    ALLOW_LONG_SEQ,
 )
 FLEET = Option(
     name="fleet",

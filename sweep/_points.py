@@ -61,6 +61,12 @@ def parse_objectives(text: str) -> tuple[str, ...]:
             f"objective: unknown value '{(bad or [text])[0]}'; allowed: {', '.join(OBJECTIVES)} "
             "(comma-separated for a Pareto front)"
         )
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(
+            f"objective: '{twice[0]}' given twice in '{text}'; allowed: each of "
+            f"{', '.join(OBJECTIVES)} once"
+        )
     return names
 
 

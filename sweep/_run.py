@@ -116,6 +116,7 @@ def run_sweep(
     profile_file: str | None = None,
     family: str | None = None,
     progress: Progress | None = None,
+    allow_long_seq: bool = False,
     **fields: Any,
 ) -> SweepRun:
     """Search `fleet` for the best configurations of the job (SWEEP_OPTIONS).
@@ -179,6 +180,7 @@ class _SweepJob:
     profile_file: str | None
     family: str | None
     progress: Progress | None
+    allow_long_seq: bool
     fields: dict[str, Any]
 
 
@@ -254,6 +256,7 @@ def _job_space(job: _SweepJob, training: dict[str, Any], optimizer_fields: dict[
         use_all_gpus=job.use_all_gpus,
         max_step_time_s=job.max_step_time_s,
         max_cost_per_million_tokens=job.max_cost_per_million_tokens,
+        allow_long_seq=job.allow_long_seq,
     )
 
 
@@ -389,6 +392,8 @@ def sweep_payload(done: SweepRun) -> dict[str, Any]:
     }
     if len(objectives) > 1:
         payload["pareto"] = [point_json(r) for r in result.best]
+    if done.space.warnings:  # present only when there is something to say
+        payload["warnings"] = list(done.space.warnings)
     return payload
 
 

@@ -34,8 +34,15 @@ from trainmem.engine import (
     time_inputs,
 )
 from trainmem.hardware import Fleet, GpuProfile, Pool
+from trainmem.report import (
+    check_lora_rank,
+    precision_reason,
+    runnable_precision,
+    seq_len_warnings,
+)
 
 from ._axes import AXES, NAMED_AXES, declared_values
+from ._options import SEARCH_DEFAULTS
 
 SWEEP_REASONS = (
     "tp crosses a node (tp > gpus per node)",
@@ -45,6 +52,7 @@ SWEEP_REASONS = (
     "num_gpus is not the whole pool (--use-all-gpus)",
     "step time above --max-step-time",
     "cost above --max-cost-per-million-tokens",
+    "precision: the pool's GPU has no rate for one of its matmul formats (bf16, fp8)",
 )
 """The sweep's own invalid-point reasons; their codes follow the engine's REASONS (new ones are
 appended: a stored point's reason is its text, a code only lives in memory)."""
@@ -57,6 +65,7 @@ ALL_REASONS = REASONS + SWEEP_REASONS
     PART_OF_POOL,
     SLOWER_THAN_MAX,
     COSTLIER_THAN_MAX,
+    PRECISION_UNSUPPORTED,
 ) = range(len(REASONS), len(ALL_REASONS))
 
 
@@ -104,6 +113,11 @@ class Space:
     """Points slower than this (step time, s) are not valid (SLOWER_THAN_MAX); None: any."""
     max_cost_per_million_tokens: float | None = None
     """Points dearer than this ($ per million tokens) are not valid (COSTLIER_THAN_MAX)."""
+    unsupported_pools: tuple[int, ...] = ()
+    """Pools whose GPU cannot run the precision (report.precision_reason): their points are
+    invalid (PRECISION_UNSUPPORTED), never proposed."""
+    warnings: tuple[str, ...] = ()
+    """What the job should know (a sequence beyond the model's rotary positions)."""
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -296,6 +310,8 @@ def _layout_reasons(
     own = np.where(tp > pools.per_node, TP_CROSSES_NODE, own)
     if space.use_all_gpus:
         own = np.where((own == 0) & (num_gpus != pools.size), PART_OF_POOL, own)
+    if space.unsupported_pools:
+        own = np.where(np.isin(pools.pool, space.unsupported_pools), PRECISION_UNSUPPORTED, own)
     return np.where(reason == 0, own, reason).astype(np.int16)
 
 
@@ -434,6 +450,7 @@ def make_space(
     use_all_gpus: bool = False,
     max_step_time_s: float | None = None,
     max_cost_per_million_tokens: float | None = None,
+    allow_long_seq: bool = True,
 ) -> Space:
     """The space of a job on a fleet; ValueError on bad input (one line).
 
@@ -447,6 +464,10 @@ def make_space(
     of a smaller pool's size on a larger pool is invalid, PART_OF_POOL); `max_step_time_s`: a
     slower point is invalid (SLOWER_THAN_MAX), its step time kept; `max_cost_per_million_tokens`:
     a dearer point is invalid (COSTLIER_THAN_MAX), its cost kept.
+    slower point is invalid (SLOWER_THAN_MAX), its step time kept. A pool whose GPU cannot
+    run the precision has only invalid points (PRECISION_UNSUPPORTED; no pool can: ValueError);
+    a sequence beyond the model's positions is a warning (`Space.warnings`), or a ValueError
+    for learned positions when `allow_long_seq` is false (the commands' default).
     `training`: other training fields (engine TrainingConfig names). A searched field (AXES)
     given there pins its axis to that value; any other field that differs from its default is
     fixed for every point (a field at its default changes nothing: the space is the one without
@@ -457,6 +478,7 @@ def make_space(
     counts = _gpu_counts(fleet, min_gpus=min_gpus, use_all_gpus=use_all_gpus, training=training)
     axes, fixed = _with_training(job, _job_axes(job, counts), _fixed_fields(job))
     make_grid(fixed)  # validates the fixed fields' names and values
+    fixed, unsupported, warnings = _job_sanity(job, fixed)
     return Space(
         model=model,
         fleet=fleet,
@@ -469,7 +491,29 @@ def make_space(
         use_all_gpus=use_all_gpus,
         max_step_time_s=max_step_time_s,
         max_cost_per_million_tokens=max_cost_per_million_tokens,
+        unsupported_pools=unsupported,
+        warnings=tuple(warnings),
     )
+
+
+def _job_sanity(
+    job: _SpaceJob, fixed: dict[str, Any]
+) -> tuple[dict[str, Any], tuple[int, ...], list[str]]:
+    """The fixed fields with the precision the fleet runs (runnable_precision: the search's
+    default bf16 one on a fleet without bf16 becomes its fp16 counterpart), the pools whose GPU
+    cannot run it, and the job's warnings; ValueError (one line) when no pool can run it, for a
+    LoRA rank beyond the adapted matrices, or a sequence beyond learned positions without
+    `allow_long_seq` (report's checks)."""
+    profiles = [job.gpus[p.gpu] for p in job.fleet.pools]
+    precision, warnings = runnable_precision(
+        str(fixed["precision"]), profiles, default=SEARCH_DEFAULTS["precision"]
+    )
+    fixed = {**fixed, "precision": precision}
+    unsupported = tuple(i for i, g in enumerate(profiles) if precision_reason(precision, g))
+    fields = {**DEFAULTS_BY_FIELD, **(job.training or {}), **fixed}
+    check_lora_rank(job.model, int(fields["lora_rank"]), str(fields["lora_targets"]))
+    warnings += seq_len_warnings(job.model, int(job.seq_len), allow_long_seq=job.allow_long_seq)
+    return fixed, unsupported, warnings
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -497,6 +541,7 @@ class _SpaceJob:
     use_all_gpus: bool
     max_step_time_s: float | None
     max_cost_per_million_tokens: float | None
+    allow_long_seq: bool
 
 
 def _check_sizes(job: _SpaceJob) -> None:

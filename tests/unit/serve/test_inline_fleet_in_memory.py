@@ -13,6 +13,7 @@ from trainmem.serve._app import FILE_FIELDS
 from trainmem.serve._work import fleet_tables, recommend_work
 
 JOB = {"model": "gpt2", "seq_len": 1024, "global_batch_size": 32, "max_pp": 1, "max_cp": 1}
+JOB = {**JOB, "precision": "mixed-fp16"}  # a T4 has no bf16 (its fleets' tests below)
 
 
 def _request_fields() -> dict[str, object]:

@@ -108,9 +108,8 @@ def test_a_body_not_sent_as_json_is_415(
     "content_type", ["application/json", "application/json; charset=utf-8", "Application/JSON"]
 )
 def test_json_content_types_are_answered(http: TestClient, content_type: str) -> None:
-    got = http.post(
-        "/v1/estimate", content=b'{"model": "gpt2"}', headers={"content-type": content_type}
-    )
+    body = b'{"model": "gpt2", "seq_len": 1024}'
+    got = http.post("/v1/estimate", content=body, headers={"content-type": content_type})
     assert got.status_code == 200
 
 

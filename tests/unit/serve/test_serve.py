@@ -251,9 +251,18 @@ def test_overheads_out_of_range_are_422_naming_the_key(http: httpx.Client, value
 
 
 def test_overheads_at_their_bounds_are_answered(http: httpx.Client) -> None:
-    extremes = [f"{k}={2**50}" for k in ("cuda_context_bytes", "nccl_bytes_per_communicator")]
+    """Bytes up to the GPU's memory (the default H100's 80 GiB): above it nothing could fit."""
+    keys = ("cuda_context_bytes", "nccl_bytes_per_communicator")
+    extremes = [f"{k}={80 * 2**30}" for k in keys]
     body = {"overhead": [*extremes, "fragmentation_fraction=0.999"], "num_gpus": 8, "pp": 2}
     assert http.post("/v1/estimate", json={**body, "per_stage": True}).status_code == 200
+
+
+@pytest.mark.parametrize("value", [80 * 2**30 + 1, 2**50])
+def test_overheads_above_the_gpus_memory_are_422(http: httpx.Client, value: int) -> None:
+    got = http.post("/v1/estimate", json={"overhead": [f"cuda_context_bytes={value}"]})
+    assert got.status_code == 422
+    assert "cuda_context_bytes" in _short_answer(got) and "memory" in _short_answer(got)
 
 
 @pytest.mark.parametrize(
