@@ -46,7 +46,7 @@ from trainmem.engine import (
 from trainmem.hardware import GIB, GpuProfile, get_gpu
 
 from ._advice import advice_report
-from ._options import JOB_DEFAULT_MODEL, JOB_DEFAULTS, gib_to_bytes
+from ._options import DEFAULT_PRECISIONS, JOB_DEFAULT_MODEL, JOB_DEFAULTS, gib_to_bytes
 from ._row import row_report, stage_summary, time_report
 from ._validate import (
     check_choices,
@@ -315,7 +315,7 @@ def job_warnings(
     warnings about it (also a sequence beyond the model's positions; learned positions are
     refused without `allow_long_seq`)."""
     precision, warnings = runnable_precision(
-        training.precision, [profile], default=DEFAULTS_BY_FIELD["precision"]
+        training.precision, [profile], default=DEFAULT_PRECISIONS
     )
     check_lora_rank(spec, training.lora_rank, training.lora_targets)
     warnings += seq_len_warnings(spec, training.seq_len, allow_long_seq=allow_long_seq)

@@ -57,6 +57,10 @@ recompute, bf16 (FSDP MixedPrecision: 16-bit weights, fp32 master) and micro-bat
 with the default 10% headroom (peak 32.6 GiB of 71.3 GiB at seq 2048), so that the first
 command a user runs answers with a fitting job. The Python API (`trainmem.estimate()`) keeps
 TrainingConfig's own defaults."""
+DEFAULT_PRECISIONS = ("amp-bf16", str(JOB_DEFAULTS["precision"]))
+"""The precisions a job gets when --precision is left out (TrainingConfig's, the one-job
+commands'): on a GPU without bf16 they run as their fp16 counterpart (report/_validate.py
+runnable_precision)."""
 
 DEFAULTS_NOTE = {
     "precision": (

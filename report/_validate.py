@@ -98,7 +98,7 @@ def check_precision(precision: str, profile: GpuProfile) -> None:
 
 
 def runnable_precision(
-    precision: str, profiles: Sequence[GpuProfile], *, default: str
+    precision: str, profiles: Sequence[GpuProfile], *, default: str | Sequence[str]
 ) -> tuple[str, list[str]]:
     """The precision a job runs on `profiles` (one GPU, or a fleet's pools) and the warning
     when it is not the one asked: `precision` if some GPU runs it; the precision left at its
@@ -109,7 +109,8 @@ def runnable_precision(
         return precision, []
     counterpart = precision.replace("bf16", "fp16")
     runs_counterpart = any(precision_reason(counterpart, g) is None for g in profiles)
-    if precision == default and counterpart != precision and runs_counterpart:
+    defaults = (default,) if isinstance(default, str) else tuple(default)
+    if precision in defaults and counterpart != precision and runs_counterpart:
         names = ", ".join(dict.fromkeys(g.name for g in profiles))
         return counterpart, [
             f"precision: {names} has no bf16 (bf16_flops = 0): the default {precision} is "

@@ -17,7 +17,6 @@ import polars as pl
 
 from trainmem.catalog import load_model, optimizer_columns
 from trainmem.engine import (
-    DEFAULTS_BY_FIELD,
     KNOBS,
     OPTIMIZERS,
     TYPES,
@@ -32,6 +31,7 @@ from trainmem.engine import (
 )
 from trainmem.hardware import GIB, GpuProfile, get_gpu
 from trainmem.report import (
+    DEFAULT_PRECISIONS,
     check_lora_rank,
     check_precision,
     choice,
@@ -418,7 +418,7 @@ def from_flags(
     xs, ys = _runnable(x, xs, profile), _runnable(y, ys, profile)
     if "precision" not in (x, y):  # the default bf16 one on a GPU without bf16: its fp16 one
         precision, _ = runnable_precision(
-            str(config["precision"]), [profile], default=DEFAULTS_BY_FIELD["precision"]
+            str(config["precision"]), [profile], default=DEFAULT_PRECISIONS
         )
         config = {**config, "precision": precision}
     if "lora_rank" not in (x, y) and "lora_targets" not in (x, y):

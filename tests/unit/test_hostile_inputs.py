@@ -283,7 +283,7 @@ def test_serve_limits_bound_the_python_api_too() -> None:
 INVALID_LAYOUTS = {
     "tp-not-dividing-heads": ["--tp", "3", "--num-gpus", "3"],
     "ep-not-dividing-experts": ["--model", "mixtral-8x7b", "--ep", "3", "--num-gpus", "3"],
-    "pp-above-layers": ["--model", "gpt2", "--pp", "13", "--num-gpus", "13"],
+    "pp-above-layers": ["--model", "gpt2", "--seq-len", "1024", "--pp", "13", "--num-gpus", "13"],
     "global-batch-below-dp": ["--num-gpus", "8", "--global-batch-size", "4"],
     "gpus-not-a-multiple": ["--tp", "2", "--num-gpus", "3"],
 }
@@ -300,7 +300,11 @@ def test_fit_says_estimates_layout_error_with_exit_2(capsys, argv, check) -> Non
 
 @pytest.mark.parametrize(
     "argv",
-    [["--tp", "3"], ["--model", "gpt2", "--pp", "5"], ["--model", "mixtral-8x7b", "--ep", "3"]],
+    [
+        ["--tp", "3"],
+        ["--model", "gpt2", "--seq-len", "1024", "--pp", "5"],
+        ["--model", "mixtral-8x7b", "--ep", "3"],
+    ],
 )
 def test_fit_minimize_num_gpus_refuses_an_invalid_layout(capsys, argv) -> None:
     for check in ([], ["--check"]):

@@ -101,7 +101,7 @@ def test_the_precisions_a_gpu_runs_come_from_its_rates() -> None:
         ("a100-sxm-80gb", "fp8-mixed"),
         ("v100-sxm2-16gb", "fp8-mixed"),
         ("t4-16gb", "fp8-mixed"),
-        ("v100-sxm2-16gb", "mixed-bf16"),
+        ("v100-sxm2-16gb", "bf16"),  # mixed-bf16, amp-bf16: the defaults, run as fp16
         ("t4-16gb", "bf16"),
     ],
 )
@@ -119,8 +119,9 @@ def test_the_default_bf16_on_a_gpu_without_bf16_runs_in_fp16_with_a_warning(caps
     code = main(["estimate", "--gpu", "v100-sxm2-16gb", "--model", "llama-3.2-1b", "--json"])
     out, err = capsys.readouterr()
     report = json.loads(out)
-    assert code == 0 and report["config"]["precision"] == "amp-fp16"
-    assert err.startswith("warning: precision: ") and "amp-fp16" in err
+    # The one-job default (mixed-bf16) runs as mixed-fp16.
+    assert code == 0 and report["config"]["precision"] == "mixed-fp16"
+    assert err.startswith("warning: precision: ") and "mixed-fp16" in err
     assert report["warnings"] and "bf16" in report["warnings"][0]
 
 
@@ -336,7 +337,7 @@ def http() -> Any:
     ("path", "body", "field"),
     [
         ("/v1/estimate", {"gpu": "a100-sxm-80gb", "precision": "fp8-mixed"}, "precision"),
-        ("/v1/estimate", {"gpu": "v100-sxm2-16gb", "precision": "mixed-bf16"}, "precision"),
+        ("/v1/estimate", {"gpu": "v100-sxm2-16gb", "precision": "bf16"}, "precision"),
         ("/v1/fit", {"gpu": "t4-16gb", "precision": "bf16"}, "precision"),
         ("/v1/estimate", {"model": "gpt2", "seq_len": 4096}, "seq_len"),
         ("/v1/estimate", {"lora_rank": 65536}, "lora_rank"),
