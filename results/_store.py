@@ -332,6 +332,26 @@ def _write_parquet(frame: pl.DataFrame, fh: Any, meta: dict[str, str]) -> None:
     trainmem_num_rows, the rows written: a resume checks the part against it) to a binary
     file."""
     meta = {**meta, "trainmem_num_rows": str(frame.height)}
+    try:
+        _write_parquet_file(frame, fh, meta)
+    except pl.exceptions.PolarsError as error:  # polars' wrapping of the file's own OSError
+        raise _os_error(error) from None
+
+
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def _os_error(error: Exception) -> Exception:
+    """The OSError that a polars error wraps ("... No space left on device (os error 28)"),
+    so that a full disk is reported as one, naming the folder; else `error` itself."""
+    match = _OS_ERROR.search(str(error))
+    if match is None:
+        return error
+    code = int(match.group(1))
+    return OSError(code, os.strerror(code))
+
+
+def _write_parquet_file(frame: pl.DataFrame, fh: Any, meta: dict[str, str]) -> None:
     # No column statistics: a part is one chunk of a sweep, read whole by queries, and min/max/
     # null counts of ~46 columns cost a fifth of the write (and a third of the bytes) of every
     # part.
@@ -447,11 +467,19 @@ def write_pending(
 def publish_pending(pending: Sequence[PendingPart]) -> int:
     """Make pending parts durable and visible: fsync their files (SYNC_THREADS at once), link
     each to its part name unless the part exists (another run's, kept), drop the temporaries,
-    fsync each folder once. Returns the parts linked."""
+    fsync each folder once. Returns the parts linked. A failed fsync (a full disk) removes
+    the batch's temporaries before it is raised: nothing is left behind, and a rerun evaluates
+    those chunks again."""
     if not pending:
         return 0
-    with ThreadPoolExecutor(max_workers=SYNC_THREADS, thread_name_prefix="trainmem-fsync") as ex:
-        list(ex.map(_fsync, [p.tmp for p in pending]))
+    try:
+        with ThreadPoolExecutor(
+            max_workers=SYNC_THREADS, thread_name_prefix="trainmem-fsync"
+        ) as ex:
+            list(ex.map(_fsync, [p.tmp for p in pending]))
+    except BaseException:
+        discard_pending(pending)
+        raise
     linked = 0
     for p in pending:
         try:

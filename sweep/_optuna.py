@@ -96,15 +96,16 @@ def _open_study(storage: str, study: str, objectives: Sequence[str], seed: int |
     if storage == ":memory:":
         store = _MEMORY.setdefault(study, optuna.storages.InMemoryStorage())
     try:
-        if storage.startswith("sqlite:"):
-            store = _sqlite_storage(storage)
-        opened = optuna.create_study(
-            storage=store,
-            study_name=study,
-            sampler=_sampler(seed, len(objectives)),
-            directions=["minimize"] * len(objectives),
-            load_if_exists=True,
-        )
+        with _creation_lock(storage):
+            if storage.startswith("sqlite:"):
+                store = _sqlite_storage(storage)
+            opened = optuna.create_study(
+                storage=store,
+                study_name=study,
+                sampler=_sampler(seed, len(objectives)),
+                directions=["minimize"] * len(objectives),
+                load_if_exists=True,
+            )
         if opened.metric_names is None:  # optuna-dashboard labels its plots with these
             with warnings.catch_warnings():  # experimental since Optuna 3.2, still in 5.0
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -117,6 +118,52 @@ def _open_study(storage: str, study: str, objectives: Sequence[str], seed: int |
             message = mask_url(" ".join(str(error).split()))[:200]
             raise ValueError(f"storage: {message}") from None
         raise
+
+
+@contextlib.contextmanager
+def _creation_lock(storage: str) -> Iterator[None]:
+    """Hold an SQLite study's file lock (`_study.queue_lock`) while its storage is opened and
+    its study created: Optuna creates a new file's tables and the study without a lock, and two
+    sweeps starting on one new file raced ("table studies already exists", "UNIQUE constraint
+    failed: alembic_version", 3 of 5 seen here). A folder that cannot hold the lock: one line
+    naming --storage."""
+    from ._study import queue_lock  # imported here: it builds on this module
+
+    try:
+        lock = queue_lock(storage)
+        lock.__enter__()
+    except OSError as error:
+        raise ValueError(f"storage: {mask_url(storage)}: {error.strerror or error}") from None
+    try:
+        yield
+    finally:
+        lock.__exit__(None, None, None)
+
+
+STORAGE_ERROR_MODULES = ("sqlalchemy", "sqlite3", "optuna", "psycopg", "pymysql", "MySQLdb")
+"""Where a storage's own errors come from (a corrupted or full database, a lost server): one
+line naming --storage, not a traceback (`storage_errors`)."""
+
+
+@contextlib.contextmanager
+def storage_errors(storage: str | None) -> Iterator[None]:
+    """Turn a storage's own error raised while a study runs (STORAGE_ERROR_MODULES, or text of
+    a damaged file that is not UTF-8) into one ValueError naming --storage (password masked)."""
+    try:
+        yield
+    except ValueError as error:
+        if not isinstance(error, UnicodeDecodeError):
+            raise
+        raise ValueError(f"storage: {_where(storage)}damaged: {error}") from None
+    except Exception as error:
+        if not type(error).__module__.startswith(STORAGE_ERROR_MODULES):
+            raise
+        message = " ".join(str(error).split())[:200]
+        raise ValueError(f"storage: {_where(storage)}{mask_url(message)}") from None
+
+
+def _where(storage: str | None) -> str:
+    return f"{mask_url(storage)}: " if storage and storage != ":memory:" else ""
 
 
 def _sqlite_storage(url: str) -> Any:
@@ -477,7 +524,10 @@ def run_optuna(
         out, trials=trials, workers=workers, storage=storage, scheduler=scheduler
     )
     out = str(shared_out(out, address))
-    with _held_storage(out, study, storage=storage, workers=workers) as url:
+    with (
+        _held_storage(out, study, storage=storage, workers=workers) as url,
+        storage_errors(url),
+    ):
         st = _open_study(url, study, objectives, seed)  # once, before the workers race
         job: dict[str, Any] = {
             "out": out,
