@@ -37,6 +37,7 @@ from trainmem.results._store import (
     write_pending,
 )
 
+from ._bounds import check_points
 from ._cluster import executor, parse_scheduler, shared_out
 from ._parts import (
     PublishBatches,
@@ -125,6 +126,9 @@ def run_exhaustive(
     """
     start = time.perf_counter()
     check_store(store)
+    check_points(space)
+    if progress is not None:
+        progress(0, space.num_points)  # the size it will take, before any chunk
     address = parse_scheduler(scheduler)
     if address is not None and jobs != 1:
         raise ValueError(f"scheduler: --jobs {jobs} is for local processes; drop it with a cluster")

@@ -32,6 +32,7 @@ from trainmem.results._store import (
 )
 
 from ._axes import CATEGORICAL_AXES, INNER_AXES
+from ._bounds import bounded_trials, fresh_trials
 from ._cluster import check_cluster_storage, executor, parse_scheduler, shared_out
 from ._points import (
     OBJECTIVES,
@@ -421,7 +422,14 @@ def optuna_worker(
             batch = _within_total(st, batch, trials)
             if batch:
                 written += _run_batch(
-                    space, st, batch, inner=inner, out=out, study=study, objectives=objectives
+                    space,
+                    st,
+                    batch,
+                    inner=inner,
+                    out=out,
+                    study=study,
+                    objectives=objectives,
+                    seed=seed,
                 )
     finally:
         _LIVE_OWNERS.discard(owner)
@@ -436,10 +444,19 @@ def _run_batch(
     out: str,
     study: str,
     objectives: Sequence[str],
+    seed: int | None = None,
 ) -> int:
-    """Evaluate, stage, tell and publish one batch of trials; returns the points written."""
-    b, k = len(batch), len(next(iter(inner.values())))
+    """Evaluate, stage, tell and publish one batch of trials; returns the points written.
+    A trial whose layout another trial has (or is evaluating) is told FAIL unevaluated and
+    replaced by a new layout (`_bounds.fresh_trials`)."""
     outer = {a: _suggest(space, a, batch) for a in AXES if a not in INNER_AXES}
+    fresh = np.array(fresh_trials(space, st, batch, seed=seed), dtype=bool)
+    if not fresh.all():
+        batch = [t for t, new in zip(batch, fresh, strict=True) if new]
+        outer = {a: v[fresh] for a, v in outer.items()}
+    if not batch:
+        return 0
+    b, k = len(batch), len(next(iter(inner.values())))
     cols = {
         **{a: np.repeat(v, k) for a, v in outer.items()},
         **{a: np.tile(v, b) for a, v in inner.items()},
@@ -524,6 +541,9 @@ def run_optuna(
         out, trials=trials, workers=workers, storage=storage, scheduler=scheduler
     )
     out = str(shared_out(out, address))
+    trials = bounded_trials(space, trials)
+    if progress is not None:
+        progress(0, trials)  # the size it will take, before any trial
     with (
         _held_storage(out, study, storage=storage, workers=workers) as url,
         storage_errors(url),

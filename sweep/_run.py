@@ -282,6 +282,7 @@ def _search(
             progress=job.progress,
             scheduler=job.scheduler,
         )
+    assert job.out is not None, "refused by _check_method"
     return run_optuna(
         space,
         out=job.out,
