@@ -433,5 +433,8 @@ def write_heatmap(
         subtitle=subtitle,
     )
     target = Path(path)
-    _save_atomic(fig, target, fmt, dpi)
+    try:
+        _save_atomic(fig, target, fmt, dpi)
+    except OSError as error:  # a full or read-only disk, a folder that cannot be made
+        raise ValueError(f"out: {os.fspath(path)!r}: {error.strerror or error}") from None
     return target

@@ -43,6 +43,7 @@ Either way a visible part is whole, and a rerun skips it (`part_exists` asks the
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import functools
 import hashlib
@@ -329,7 +330,30 @@ def _metadata(study: str, trial: str, provenance: Mapping[str, str] | None) -> d
 
 
 def _write_parquet(frame: pl.DataFrame, fh: Any, meta: dict[str, str]) -> None:
-    """Write `frame` as one part's Parquet (SCHEMA's dtypes, zstd, `meta`) to a binary file."""
+    """Write `frame` as one part's Parquet (SCHEMA's dtypes, zstd, `meta` and
+    trainmem_num_rows, the rows written: a resume checks the part against it) to a binary
+    file."""
+    meta = {**meta, "trainmem_num_rows": str(frame.height)}
+    try:
+        _write_parquet_file(frame, fh, meta)
+    except pl.exceptions.PolarsError as error:  # polars' wrapping of the file's own OSError
+        raise _os_error(error) from None
+
+
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def _os_error(error: Exception) -> Exception:
+    """The OSError that a polars error wraps ("... No space left on device (os error 28)"),
+    so that a full disk is reported as one, naming the folder; else `error` itself."""
+    match = _OS_ERROR.search(str(error))
+    if match is None:
+        return error
+    code = int(match.group(1))
+    return OSError(code, os.strerror(code))
+
+
+def _write_parquet_file(frame: pl.DataFrame, fh: Any, meta: dict[str, str]) -> None:
     # No column statistics: a part is one chunk of a sweep, read whole by queries, and min/max/
     # null counts of ~46 columns cost a fifth of the write (and a third of the bytes) of every
     # part.
@@ -445,11 +469,19 @@ def write_pending(
 def publish_pending(pending: Sequence[PendingPart]) -> int:
     """Make pending parts durable and visible: fsync their files (SYNC_THREADS at once), link
     each to its part name unless the part exists (another run's, kept), drop the temporaries,
-    fsync each folder once. Returns the parts linked."""
+    fsync each folder once. Returns the parts linked. A failed fsync (a full disk) removes
+    the batch's temporaries before it is raised: nothing is left behind, and a rerun evaluates
+    those chunks again."""
     if not pending:
         return 0
-    with ThreadPoolExecutor(max_workers=SYNC_THREADS, thread_name_prefix="trainmem-fsync") as ex:
-        list(ex.map(_fsync, [p.tmp for p in pending]))
+    try:
+        with ThreadPoolExecutor(
+            max_workers=SYNC_THREADS, thread_name_prefix="trainmem-fsync"
+        ) as ex:
+            list(ex.map(_fsync, [p.tmp for p in pending]))
+    except BaseException:
+        discard_pending(pending)
+        raise
     linked = 0
     for p in pending:
         try:
@@ -588,12 +620,81 @@ def part_exists(out: str | os.PathLike[str], *, study: str, part: str) -> bool:
     return (study_dir(out, study) / f"part-{part}.parquet").exists()
 
 
-def read_part(out: str | os.PathLike[str], *, study: str, part: str) -> pl.DataFrame:
-    """Part PART of OUT/points/study=STUDY as stored (a folder's or a URL's)."""
+@dataclass(frozen=True, slots=True)
+class PartFooter:
+    """What a part's Parquet footer says, read without its data (`read_footer`)."""
+
+    path: str
+    """The part's path or URL (named in messages)."""
+    num_rows: int
+    """The rows the footer counts."""
+    schema: dict[str, Any]
+    """Its columns' polars dtypes, in order."""
+    metadata: dict[str, str]
+    """Its key-value metadata (`read_metadata`)."""
+
+
+class DamagedPart(ValueError):
+    """A part that cannot be read, or whose content is not what its name says."""
+
+
+def part_path(out: str | os.PathLike[str], *, study: str, part: str) -> str:
+    """Part PART's path (or URL) under OUT."""
+    if is_url(out):
+        return f"{study_location(out, study)}/part-{part}.parquet"
+    return str(study_dir(out, study) / f"part-{part}.parquet")
+
+
+def read_footer(out: str | os.PathLike[str], *, study: str, part: str) -> PartFooter:
+    """Part PART's footer (rows, schema, metadata); DamagedPart naming the file when it is not
+    a readable Parquet file (garbage, truncated)."""
+    import pyarrow.parquet as pq
+
+    path = part_path(out, study=study, part=part)
+    try:
+        if is_url(out):
+            fs, folder = _url_study(out, study)
+            source: Any = io.BytesIO(_read_url(fs, f"{folder}/part-{part}.parquet"))
+        else:
+            source = path
+        footer = pq.ParquetFile(source).metadata
+        kv = {k.decode(): v.decode() for k, v in (footer.metadata or {}).items()}
+        arrow_schema = footer.schema.to_arrow_schema().remove_metadata()
+        schema = dict(pl.from_arrow(arrow_schema.empty_table()).schema)  # type: ignore[union-attr]
+    except FileNotFoundError:
+        raise
+    except Exception as error:  # pyarrow's ArrowInvalid, OSError, UnicodeDecodeError, ...
+        raise DamagedPart(f"{path}: {_short(error)}") from None
+    kv.pop("ARROW:schema", None)
+    return PartFooter(path=path, num_rows=int(footer.num_rows), schema=schema, metadata=kv)
+
+
+def _short(error: BaseException) -> str:
+    return " ".join(str(error).split())[:200] or type(error).__name__
+
+
+def remove_part(out: str | os.PathLike[str], *, study: str, part: str) -> None:
+    """Remove part PART (a damaged one, to be written again); gone already: nothing."""
     if is_url(out):
         fs, folder = _url_study(out, study)
-        return pl.read_parquet(_read_url(fs, f"{folder}/part-{part}.parquet"))
-    return pl.read_parquet(study_dir(out, study) / f"part-{part}.parquet")
+        with contextlib.suppress(FileNotFoundError):
+            fs.delete_file(f"{folder}/part-{part}.parquet")
+        return
+    Path(part_path(out, study=study, part=part)).unlink(missing_ok=True)
+
+
+def read_part(out: str | os.PathLike[str], *, study: str, part: str) -> pl.DataFrame:
+    """Part PART of OUT/points/study=STUDY as stored (a folder's or a URL's); DamagedPart
+    naming the file when it cannot be read."""
+    try:
+        if is_url(out):
+            fs, folder = _url_study(out, study)
+            return pl.read_parquet(_read_url(fs, f"{folder}/part-{part}.parquet"))
+        return pl.read_parquet(study_dir(out, study) / f"part-{part}.parquet")
+    except FileNotFoundError:
+        raise
+    except Exception as error:  # polars' ComputeError, a zstd error, OSError, ...
+        raise DamagedPart(f"{part_path(out, study=study, part=part)}: {_short(error)}") from None
 
 
 def part_files(path: str | os.PathLike[str]) -> tuple[Any, list[str]]:

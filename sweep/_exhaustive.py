@@ -25,17 +25,30 @@ from trainmem.engine import preload_kernel
 from trainmem.results import SCHEMA_VERSION, part_exists, study_dir
 from trainmem.results._store import (
     HOST_TAG,
+    DamagedPart,
+    PartFooter,
     PendingPart,
     clean_temporaries,
     is_url,
+    read_footer,
     read_part,
     read_view,
     study_location,
     write_pending,
 )
 
+from ._bounds import check_points
 from ._cluster import executor, parse_scheduler, shared_out
-from ._parts import PublishBatches, check_store, chunk_points, part_name, stored_rows
+from ._parts import (
+    PublishBatches,
+    check_store,
+    chunk_points,
+    drop_damaged,
+    footer_problem,
+    part_name,
+    rows_problem,
+    stored_rows,
+)
 from ._points import (
     PROCESS_START,
     TOP,
@@ -115,6 +128,9 @@ def run_exhaustive(
     """
     start = time.perf_counter()
     check_store(store)
+    check_points(space)
+    if progress is not None:
+        progress(0, space.num_points)  # the size it will take, before any chunk
     address = parse_scheduler(scheduler)
     if address is not None and jobs != 1:
         raise ValueError(f"scheduler: --jobs {jobs} is for local processes; drop it with a cluster")
@@ -340,16 +356,23 @@ def _exhaustive_chunk(
     the part (`write_pending`, published by the caller): being written by `writer`, else
     written before returning.
     """
-    skipped = out is not None and part_exists(out, study=study, part=part)
+    footer, frame = _trusted_part(
+        space, out=out, study=study, part=part, lo=lo, hi=hi, store=store, fingerprint=fingerprint
+    )
+    skipped = footer is not None
     written: Written = None
-    if skipped and store == "all":
-        frame = stored = read_part(out, study=study, part=part)
+    if frame is not None:
+        stored = frame
     else:
         preload_kernel(space.num_points)  # this process evaluates many chunks: compiled loop
         res = space.evaluate(range(lo, hi), columns=POINT_COLUMNS)
         kept = _rows_needed(res, store="fits" if out is None else store)
         frame = _frame(space, res if kept is None else _take(res, kept), study=study)
         stored = stored_rows(frame, store=store, keys=keys)
+        if footer is not None and footer.num_rows != len(stored):
+            problem = f"it holds {footer.num_rows} rows; its chunk stores {len(stored)}"
+            drop_damaged(out, study=study, part=part, problem=f"{footer.path}: {problem}")
+            skipped = False
         if out is not None and not skipped:
             write = functools.partial(
                 write_pending,
@@ -359,6 +382,7 @@ def _exhaustive_chunk(
                 part=part,
                 provenance={
                     "store": store,
+                    "chunk": part,
                     "space_fingerprint": fingerprint,
                     "point_range": f"{lo}-{hi}",
                 },
@@ -372,6 +396,42 @@ def _exhaustive_chunk(
         best = pl.concat([best, _pareto(fitting, objectives)])
     closest = _closest(space, frame) if not len(fitting) else read_view(frame.head(0))
     return best, closest, skipped, 0 if out is None else len(stored), written
+
+
+def _trusted_part(
+    space: Space,
+    *,
+    out: Any,
+    study: str,
+    part: str,
+    lo: int,
+    hi: int,
+    store: str,
+    fingerprint: str,
+) -> tuple[PartFooter | None, pl.DataFrame | None]:
+    """A previous run's part of this chunk once checked (`_parts.footer_problem`; for store
+    all its rows too, `_parts.rows_problem`): its footer (None: no part to trust: none, or a
+    damaged one, named on stderr and removed) and, for store all, its rows."""
+    if out is None or not part_exists(out, study=study, part=part):
+        return None, None
+    frame = None
+    try:
+        footer = read_footer(out, study=study, part=part)
+        found = footer_problem(
+            footer, part=part, lo=lo, hi=hi, fingerprint=fingerprint, store=store
+        )
+        if found is None and store == "all":
+            frame = read_part(out, study=study, part=part)
+            found = rows_problem(space, frame, lo=lo, hi=hi)
+        problem = None if found is None else f"{footer.path}: {found}"
+    except DamagedPart as error:
+        problem = str(error)
+    except FileNotFoundError:  # removed meanwhile (another run rebuilding it)
+        return None, None
+    if problem is None:
+        return footer, frame
+    drop_damaged(out, study=study, part=part, problem=problem)
+    return None, None
 
 
 def _rows_needed(res: dict[str, np.ndarray], *, store: str) -> np.ndarray | None:

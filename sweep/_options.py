@@ -147,7 +147,14 @@ SWEEP_OPTIONS: tuple[Option, ...] = (
         help="exhaustive|optuna",
     ),
     Option(name="trials", type=int, default=200, ge=1, help="Optuna: the study's total trials."),
-    Option(name="seed", type=int, default=0, help="Optuna sampler seed."),
+    Option(
+        name="seed",
+        type=int,
+        default=0,
+        ge=0,
+        le=2**32 - 1,  # numpy's RandomState, which Optuna's samplers seed, takes no more
+        help="Optuna sampler seed.",
+    ),
     Option(
         name="objective",
         type=str,

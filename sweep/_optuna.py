@@ -32,6 +32,7 @@ from trainmem.results._store import (
 )
 
 from ._axes import CATEGORICAL_AXES, INNER_AXES
+from ._bounds import bounded_trials, fresh_trials
 from ._cluster import check_cluster_storage, executor, parse_scheduler, shared_out
 from ._points import (
     OBJECTIVES,
@@ -96,15 +97,16 @@ def _open_study(storage: str, study: str, objectives: Sequence[str], seed: int |
     if storage == ":memory:":
         store = _MEMORY.setdefault(study, optuna.storages.InMemoryStorage())
     try:
-        if storage.startswith("sqlite:"):
-            store = _sqlite_storage(storage)
-        opened = optuna.create_study(
-            storage=store,
-            study_name=study,
-            sampler=_sampler(seed, len(objectives)),
-            directions=["minimize"] * len(objectives),
-            load_if_exists=True,
-        )
+        with _creation_lock(storage):
+            if storage.startswith("sqlite:"):
+                store = _sqlite_storage(storage)
+            opened = optuna.create_study(
+                storage=store,
+                study_name=study,
+                sampler=_sampler(seed, len(objectives)),
+                directions=["minimize"] * len(objectives),
+                load_if_exists=True,
+            )
         if opened.metric_names is None:  # optuna-dashboard labels its plots with these
             with warnings.catch_warnings():  # experimental since Optuna 3.2, still in 5.0
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -117,6 +119,52 @@ def _open_study(storage: str, study: str, objectives: Sequence[str], seed: int |
             message = mask_url(" ".join(str(error).split()))[:200]
             raise ValueError(f"storage: {message}") from None
         raise
+
+
+@contextlib.contextmanager
+def _creation_lock(storage: str) -> Iterator[None]:
+    """Hold an SQLite study's file lock (`_study.queue_lock`) while its storage is opened and
+    its study created: Optuna creates a new file's tables and the study without a lock, and two
+    sweeps starting on one new file raced ("table studies already exists", "UNIQUE constraint
+    failed: alembic_version", 3 of 5 seen here). A folder that cannot hold the lock: one line
+    naming --storage."""
+    from ._study import queue_lock  # imported here: it builds on this module
+
+    try:
+        lock = queue_lock(storage)
+        lock.__enter__()
+    except OSError as error:
+        raise ValueError(f"storage: {mask_url(storage)}: {error.strerror or error}") from None
+    try:
+        yield
+    finally:
+        lock.__exit__(None, None, None)
+
+
+STORAGE_ERROR_MODULES = ("sqlalchemy", "sqlite3", "optuna", "psycopg", "pymysql", "MySQLdb")
+"""Where a storage's own errors come from (a corrupted or full database, a lost server): one
+line naming --storage, not a traceback (`storage_errors`)."""
+
+
+@contextlib.contextmanager
+def storage_errors(storage: str | None) -> Iterator[None]:
+    """Turn a storage's own error raised while a study runs (STORAGE_ERROR_MODULES, or text of
+    a damaged file that is not UTF-8) into one ValueError naming --storage (password masked)."""
+    try:
+        yield
+    except ValueError as error:
+        if not isinstance(error, UnicodeDecodeError):
+            raise
+        raise ValueError(f"storage: {_where(storage)}damaged: {error}") from None
+    except Exception as error:
+        if not type(error).__module__.startswith(STORAGE_ERROR_MODULES):
+            raise
+        message = " ".join(str(error).split())[:200]
+        raise ValueError(f"storage: {_where(storage)}{mask_url(message)}") from None
+
+
+def _where(storage: str | None) -> str:
+    return f"{mask_url(storage)}: " if storage and storage != ":memory:" else ""
 
 
 def _sqlite_storage(url: str) -> Any:
@@ -374,7 +422,14 @@ def optuna_worker(
             batch = _within_total(st, batch, trials)
             if batch:
                 written += _run_batch(
-                    space, st, batch, inner=inner, out=out, study=study, objectives=objectives
+                    space,
+                    st,
+                    batch,
+                    inner=inner,
+                    out=out,
+                    study=study,
+                    objectives=objectives,
+                    seed=seed,
                 )
     finally:
         _LIVE_OWNERS.discard(owner)
@@ -389,10 +444,19 @@ def _run_batch(
     out: str,
     study: str,
     objectives: Sequence[str],
+    seed: int | None = None,
 ) -> int:
-    """Evaluate, stage, tell and publish one batch of trials; returns the points written."""
-    b, k = len(batch), len(next(iter(inner.values())))
+    """Evaluate, stage, tell and publish one batch of trials; returns the points written.
+    A trial whose layout another trial has (or is evaluating) is told FAIL unevaluated and
+    replaced by a new layout (`_bounds.fresh_trials`)."""
     outer = {a: _suggest(space, a, batch) for a in AXES if a not in INNER_AXES}
+    fresh = np.array(fresh_trials(space, st, batch, seed=seed), dtype=bool)
+    if not fresh.all():
+        batch = [t for t, new in zip(batch, fresh, strict=True) if new]
+        outer = {a: v[fresh] for a, v in outer.items()}
+    if not batch:
+        return 0
+    b, k = len(batch), len(next(iter(inner.values())))
     cols = {
         **{a: np.repeat(v, k) for a, v in outer.items()},
         **{a: np.tile(v, b) for a, v in inner.items()},
@@ -477,7 +541,13 @@ def run_optuna(
         out, trials=trials, workers=workers, storage=storage, scheduler=scheduler
     )
     out = str(shared_out(out, address))
-    with _held_storage(out, study, storage=storage, workers=workers) as url:
+    trials = bounded_trials(space, trials)
+    if progress is not None:
+        progress(0, trials)  # the size it will take, before any trial
+    with (
+        _held_storage(out, study, storage=storage, workers=workers) as url,
+        storage_errors(url),
+    ):
         st = _open_study(url, study, objectives, seed)  # once, before the workers race
         job: dict[str, Any] = {
             "out": out,

@@ -3,20 +3,26 @@ names, and their publication in batches (one fsync round per batch, not per part
 
 `--store` keeps the table smaller; the points it leaves out are the space's, rebuilt by the same
 sweep: each part's metadata holds the store mode, the space fingerprint (`space_fingerprint`,
-also in the part's name) and the chunk's flat point range.
+also in the part's name), the chunk (its part name), the chunk's flat point range and the rows
+written. A resume trusts a part only once its footer and content agree with its name
+(`footer_problem`, `rows_problem`); a part that does not is named on stderr, removed and written
+again (`drop_damaged`).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import Sequence
 
 import numpy as np
 import polars as pl
 
-from trainmem.results._store import PendingPart, publish_pending
+from trainmem.results._schema import SCHEMA
+from trainmem.results._store import PartFooter, PendingPart, publish_pending, remove_part
 
-from ._axes import AXES, LAYOUT, LAYOUT_AXES
+from ._axes import AXES, LAYOUT, LAYOUT_AXES, NAMED_AXES
 from ._options import STORE_MODES
 from ._space import Space
 
@@ -100,3 +106,56 @@ class PublishBatches:
         """Publish every pending part (`publish_pending`)."""
         batch, self.pending = self.pending, []
         publish_pending(batch)
+
+
+def footer_problem(
+    footer: PartFooter, *, part: str, lo: int, hi: int, fingerprint: str, store: str
+) -> str | None:
+    """Why a stored part cannot be the chunk `part` (points [lo, hi) of the space
+    `fingerprint`, stored as `store`), or None: its schema, then each metadata entry it has
+    (chunk, point range, fingerprint, store mode, rows written: a part of an older version has
+    fewer) and, for store all, its row count against the chunk's."""
+    if footer.schema != dict(SCHEMA):
+        return "its columns are not the points table's"
+    meta = footer.metadata
+    expected = {
+        "trainmem_chunk": part,
+        "trainmem_point_range": f"{lo}-{hi}",
+        "trainmem_space_fingerprint": fingerprint,
+        "trainmem_store": store,
+        "trainmem_num_rows": str(footer.num_rows),
+    }
+    for key, value in expected.items():
+        if key in meta and meta[key] != value:
+            return f"its {key[len('trainmem_') :]} is {meta[key]!r}, not {value!r}"
+    if store == "all" and footer.num_rows != hi - lo:
+        return f"it holds {footer.num_rows} rows; its chunk has {hi - lo}"
+    return None
+
+
+def rows_problem(space: Space, frame: pl.DataFrame, *, lo: int, hi: int) -> str | None:
+    """Why a store-all part's rows are not the points [lo, hi) of `space` (each axis column
+    against the space's values, in point order), or None."""
+    if frame.height != hi - lo:
+        return f"it holds {frame.height} rows; its chunk has {hi - lo}"
+    expected = space.columns(range(lo, hi))
+    gpus = np.array([p.gpu for p in space.fleet.pools], dtype=object)
+    for axis in AXES:
+        if axis == "pool":
+            column, want = "gpu", gpus[expected["pool"]]
+        elif axis in NAMED_AXES:
+            column, want = axis, np.array(NAMED_AXES[axis], dtype=object)[expected[axis]]
+        else:
+            column, want = axis, expected[axis]
+        got = frame[column].cast(pl.String) if column == "gpu" or axis in NAMED_AXES else None
+        values = frame[column].to_numpy() if got is None else got.to_numpy().astype(object)
+        if not np.array_equal(values.astype(want.dtype), want):
+            return f"its {column} column is not its chunk's (points {lo}-{hi})"
+    return None
+
+
+def drop_damaged(out: str | os.PathLike[str], *, study: str, part: str, problem: str) -> None:
+    """Say on stderr that the part at `problem` ("PATH: why") is rebuilt, and remove it so
+    that its chunk's new part can take the name."""
+    print(f"rebuilding damaged part {problem}", file=sys.stderr, flush=True)
+    remove_part(out, study=study, part=part)

@@ -61,7 +61,9 @@ def parse_objectives(text: str) -> tuple[str, ...]:
             f"objective: unknown value '{(bad or [text])[0]}'; allowed: {', '.join(OBJECTIVES)} "
             "(comma-separated for a Pareto front)"
         )
-    twice = sorted({n for n in names if names.count(n) > 1})
+    if len(names) > 2:
+        raise ValueError(f"objective: at most two objectives for a Pareto front, got '{text}'")
+    twice = [n for i, n in enumerate(names) if n in names[:i]]
     if twice:
         raise ValueError(
             f"objective: '{twice[0]}' given twice in '{text}'; allowed: each of "

@@ -197,6 +197,7 @@ def _checked(job: _SweepJob) -> tuple[dict[str, Any], dict[str, Any], tuple[str,
     objectives = parse_objectives(job.objective)
     check_headroom(job.headroom)
     counts = {
+        "seed": job.seed,
         "trials": job.trials,
         "workers": job.workers,
         "jobs": job.jobs,
@@ -217,7 +218,23 @@ def _checked(job: _SweepJob) -> tuple[dict[str, Any], dict[str, Any], tuple[str,
             "tokens": job.tokens,
         },
     )
+    _check_method(job)
     return training, optimizer_fields, objectives
+
+
+def _check_method(job: _SweepJob) -> None:
+    """ValueError for an option of the other search (checked with the other options, before
+    anything is read or written)."""
+    if job.method == "exhaustive":
+        if job.storage or job.workers != 1:
+            raise ValueError("--storage and --workers apply to --method optuna")
+        return
+    if job.jobs != 1:
+        raise ValueError("--jobs applies to --method exhaustive (optuna: --workers)")
+    if job.store != "all":  # a study's best and top points are read back from all its points
+        raise ValueError("--store applies to --method exhaustive (optuna stores every point)")
+    if job.out is None:  # its workers share the points through the study's folder
+        raise ValueError("out: --method optuna stores its points under a folder; got None")
 
 
 def _job_space(job: _SweepJob, training: dict[str, Any], optimizer_fields: dict[str, Any]) -> Space:
@@ -280,8 +297,6 @@ def _search(
 ) -> SearchResult:
     """The job's search of `space`: exhaustive or Optuna, each refusing the other's options."""
     if job.method == "exhaustive":
-        if job.storage or job.workers != 1:
-            raise ValueError("--storage and --workers apply to --method optuna")
         return run_exhaustive(
             space,
             out=job.out,
@@ -292,12 +307,7 @@ def _search(
             progress=job.progress,
             scheduler=job.scheduler,
         )
-    if job.jobs != 1:
-        raise ValueError("--jobs applies to --method exhaustive (optuna: --workers)")
-    if job.store != "all":  # a study's best and top points are read back from all its points
-        raise ValueError("--store applies to --method exhaustive (optuna stores every point)")
-    if job.out is None:  # its workers share the points through the study's folder
-        raise ValueError("out: --method optuna stores its points under a folder; got None")
+    assert job.out is not None, "refused by _check_method"
     return run_optuna(
         space,
         out=job.out,

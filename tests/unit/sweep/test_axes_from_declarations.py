@@ -224,7 +224,8 @@ exhaustive = run_exhaustive(space, out=out, study="x")
 points = scan_points(study_dir(out, "x")).collect()
 storage = f"sqlite:///{out}/optuna.db"
 run_optuna(space, out=out, study="o", trials=4, batch_size=4, warm_start=False, storage=storage)
-trials = optuna.load_study(study_name="o", storage=storage).get_trials()
+study = optuna.load_study(study_name="o", storage=storage)
+trials = [t for t in study.get_trials() if t.state.name == "COMPLETE"]  # not layouts drawn again
 report = recommend_report(
     model="llama-3.2-1b", fleet="8xa100-sxm-40gb", seq_len=1024, global_batch_size=16,
     max_micro_batch_size=2, max_pp=1, max_cp=1, num_alternatives=3,

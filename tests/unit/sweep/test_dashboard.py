@@ -44,8 +44,9 @@ def test_optuna_dashboard_opens_a_sweep_study(
     assert summary["study_name"] == result["study"]
     assert summary["directions"] == ["minimize"]
     study = _get(app, f"/api/studies/{summary['study_id']}")
-    assert len(study["trials"]) == 30
-    assert {t["state"] for t in study["trials"]} == {"Complete"}
+    states = [t["state"] for t in study["trials"]]
+    assert states.count("Complete") == 30
+    assert set(states) <= {"Complete", "Fail"}  # Fail: a layout drawn again, not re-evaluated
     assert {p["name"] for p in study["trials"][0]["params"]} >= {"num_gpus", "tp", "pp", "cp"}
     best = study["best_trials"][0]
     assert best["values"][0] == pytest.approx(result["best"]["cost_per_million_tokens"])

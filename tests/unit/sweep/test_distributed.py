@@ -127,7 +127,7 @@ def test_progress_arrives_in_chunk_order(tmp_path, scheduler) -> None:
         scheduler=scheduler,
         progress=lambda done, total: seen.append(done),
     )
-    assert seen == [20_000, 40_000, 60_000, 80_000, 86_400]
+    assert seen == [0, 20_000, 40_000, 60_000, 80_000, 86_400]  # the size first
 
 
 def test_object_store_parts_are_put_in_place(tmp_path) -> None:

@@ -182,7 +182,12 @@ def test_optuna_rerun_continues_to_the_total(space, tmp_path) -> None:
     assert second.extra["complete_trials"] == 10
     assert second.extra["rebuilt_trials"] == 6 and second.extra["warm_start_trials"] == 0
     frame = pl.read_parquet(sorted((tmp_path / "points" / "study=r").glob("part-*.parquet")))
-    assert sorted(frame["trial"].unique().to_list()) == list(range(10))
+    trials = frame["trial"].unique().to_list()
+    assert len(trials) == 10 and set(range(6)) <= set(trials)  # a layout drawn twice is
+    # skipped (its number FAIL, `_bounds.fresh_trials`): the numbers may leave gaps
+    layout = ["gpu", "num_gpus", "tp", "pp", "cp", "ep", "virtual_stages"]
+    assert frame.select("trial", *layout).unique().height == 10  # ten distinct layouts
+    assert frame.select(layout).unique().height == 10
     assert frame.select(
         "trial", "zero", "recompute", "offload", "micro_batch_size"
     ).unique().height == len(frame)  # noqa: E501
@@ -257,11 +262,17 @@ def test_parts_written_in_the_background_equal_parts_written_in_line(space, tmp_
     folder = background / "points" / "study=w"
     on_disk: list[tuple[int, int]] = []
 
+    sizes: list[int] = []
+
     def progress(done: int, total: int) -> None:
+        if done == 0:  # the size it will take, reported before any chunk
+            sizes.append(total)
+            return
         written = [p for p in folder.iterdir() if p.name.startswith(("part-", ".tmp-"))]
         on_disk.append((done, len(written)))
 
     result = run_exhaustive(space, out=background, study="w", chunk_size=300, progress=progress)
+    assert sizes == [space.num_points]
     num_chunks = -(-space.num_points // 300)
     assert [done for done, _ in on_disk] == [
         min(300 * k, space.num_points) for k in range(1, num_chunks + 1)
@@ -315,7 +326,8 @@ def test_a_failed_background_write_is_raised(space, tmp_path, monkeypatch) -> No
             chunk_size=300,
             progress=lambda done, total: reported.append(done),
         )
-    assert reported == [300]  # the first chunk only: the second's part never reached the disk
+    assert reported == [0, 300]  # the size, then the first chunk only: the second's part
+    # never reached the disk
     parts = sorted(p.name for p in (tmp_path / "points" / "study=f").glob("part-*.parquet"))
     # The parts written before and after the failed one are published, whole; it is absent.
     assert calls[1] not in str(parts) and calls[0] in str(parts) and calls[2] in str(parts)
