@@ -57,6 +57,16 @@ recompute, bf16 (FSDP MixedPrecision: 16-bit weights, fp32 master) and micro-bat
 with the default 10% headroom (peak 32.6 GiB of 71.3 GiB at seq 2048), so that the first
 command a user runs answers with a fitting job. The Python API (`trainmem.estimate()`) keeps
 TrainingConfig's own defaults."""
+TOKENS = Option(
+    name="tokens",
+    type=float | None,
+    default=None,
+    gt=0,
+    le=1e18,
+    help="Token budget: adds time and cost to train it.",
+)
+"""--tokens: the training run's tokens, for its time and cost (estimate, sweep, recommend)."""
+
 DEFAULT_PRECISIONS = ("amp-bf16", str(JOB_DEFAULTS["precision"]))
 """The precisions a job gets when --precision is left out (TrainingConfig's, the one-job
 commands'): on a GPU without bf16 they run as their fp16 counterpart (report/_validate.py
@@ -264,14 +274,7 @@ ESTIMATE_OPTIONS: tuple[Option, ...] = (
     ),
     AS_JSON,
     CHECK,
-    Option(
-        name="tokens",
-        type=float | None,
-        default=None,
-        gt=0,
-        le=1e18,
-        help="Token budget: adds time and cost to train it.",
-    ),
+    TOKENS,
     Option(
         name="time_param",
         type=list[str] | None,

@@ -4,6 +4,7 @@ without loading polars or Optuna."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +17,7 @@ from trainmem.report import (
     HOST_MEMORY_GIB,
     MODEL,
     PROFILE_FILE,
+    TOKENS,
     USER_DIRS,
     Option,
     training_options,
@@ -95,13 +97,8 @@ SEARCH_OPTIONS: tuple[Option, ...] = (
             "fastest plan under the budget."
         ),
     ),
-    Option(
-        name="tokens",
-        type=float | None,
-        default=None,
-        gt=0,
-        le=1e18,
-        help="Total training tokens: adds the time (and cost) to train them on the answer.",
+    dataclasses.replace(
+        TOKENS, help="Total training tokens: adds the time (and cost) to train them on the answer."
     ),
     ALLOW_LONG_SEQ,
 )
