@@ -1009,7 +1009,7 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
     )
     stage_act = out["stage_act"]
     kept, kept_layer, prev_graph = _bnb_kept_stage(m, x)
-    fwd_common = small + prev_graph + copies + amp_ckpt_copies + a2a + cp_fwd
+    fwd_head = small + prev_graph + copies  # summed in the order the recording was made
     return {
         "activations_per_layer": layers["per_layer"],
         "activations_outside_layers": out["outside"],
@@ -1017,9 +1017,16 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
         "activations_offloaded": out["offloaded"],
         "stage_act": stage_act,
         "small": small,
-        "fwd_extra": fwd_common + loss_extra + np.where(multi & ~last, bwd["fwd_working"], 0.0),
+        "fwd_extra": fwd_head
+        + loss_extra
+        + amp_ckpt_copies
+        + a2a
+        + cp_fwd
+        + np.where(multi & ~last, bwd["fwd_working"], 0.0),
         # Inside a checkpointed block's forward (single stage): no loss tensors yet.
-        "fwd_block_extra": np.where(full & ~multi, fwd_common + bwd["fwd_working"], -np.inf),
+        "fwd_block_extra": np.where(
+            full & ~multi, fwd_head + amp_ckpt_copies + a2a + cp_fwd + bwd["fwd_working"], -np.inf
+        ),
         "bwd_start_extra": small
         + loss_grads
         + a2a

@@ -68,6 +68,8 @@ def test_qlora_llama3_8b_fits_an_rtx_4090(capsys) -> None:
         "--qlora",
         "--optimizer", "adamw-8bit",
         "--gpu", "rtx-4090-24gb",
+        "--num-gpus", "1",
+        "--zero", "0",
     )  # fmt: skip
     assert report["fits"] is True
     # NF4 linear weights (+ absmax constants, 3.7 GB) and the embeddings, head and norms that
@@ -143,7 +145,7 @@ def test_new_json_keys_without_the_new_flags(capsys) -> None:
     "args",
     [
         ["--qlora"],  # needs --lora-rank
-        ["--offload", "optimizer"],  # needs --zero >= 1
+        ["--offload", "optimizer", "--zero", "0"],  # needs --zero >= 1
         ["--loss", "fused"],
         ["--lora-targets", "qkv", "--lora-rank", "8"],
         ["--precision", "fp8"],
