@@ -140,6 +140,50 @@ def _cache_dir() -> Path:
     return Path(root)
 
 
+@contextlib.contextmanager
+def _build_lock(build_dir: Path) -> Iterator[None]:
+    """The extension's build folder, held by this process alone: an flock (released by the
+    kernel when its holder dies, however it dies), under which torch's own `lock` file, which
+    cpp_extension.load waits on forever when a killed builder left it (FileBaton.wait), can
+    only be stale and is removed.
+    Source: torch/utils/cpp_extension.py _jit_compile (FileBaton(build_directory/'lock'),
+    baton.wait() while the file exists), torch/utils/file_baton.py."""
+    import fcntl
+
+    fd = os.open(build_dir / "trainmem-build.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # waits for a live builder only
+        (build_dir / "lock").unlink(missing_ok=True)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def _load_built(build_dir: Path, name: str, source: Path) -> Any:
+    """cpp_extension.load of the extension in `build_dir` under _build_lock, and its ctypes
+    library; a library a killed build left truncated (not loadable) is removed and built
+    again, once."""
+    from torch.utils import cpp_extension
+
+    for attempt in (0, 1):
+        with _build_lock(build_dir):
+            path = cpp_extension.load(
+                name=name,
+                sources=[str(source)],
+                build_directory=str(build_dir),
+                is_python_module=False,
+                verbose=False,
+            )
+            try:
+                return ctypes.CDLL(str(path))
+            except OSError:
+                if attempt:
+                    raise
+                for stale in (Path(str(path)), build_dir / ".ninja_log", build_dir / "build.ninja"):
+                    stale.unlink(missing_ok=True)
+    raise AssertionError("not reached")
+
+
 def torch_build() -> str:
     """This torch, as the errors name it: 'torch 2.14.1+cu130 (CUDA 13.0 build, no GPU seen)'."""
     import torch
@@ -180,7 +224,7 @@ def _library() -> tuple[Any, str]:
         level = quiet.level
         quiet.setLevel(logging.ERROR)
         try:
-            from torch.utils import cpp_extension
+            from torch.utils import cpp_extension  # noqa: F401  (imported here, quietly)
         finally:
             quiet.setLevel(level)
 
@@ -188,14 +232,7 @@ def _library() -> tuple[Any, str]:
         source = build_dir / "fake_cuda.cpp"
         if not source.exists() or source.read_text() != CPP_SOURCE:
             source.write_text(CPP_SOURCE)
-        path = cpp_extension.load(
-            name=name,
-            sources=[str(source)],
-            build_directory=str(build_dir),
-            is_python_module=False,
-            verbose=False,
-        )
-        lib = ctypes.CDLL(str(path))
+        lib = _load_built(build_dir, name, source)
     except Exception as exc:  # no compiler, no ninja, a read-only cache, ...
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return None, f"could not build the fake-cuda extension ({first_line[:200]})"
