@@ -13,6 +13,7 @@ torch do).
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -48,17 +49,25 @@ def no_second_child_error() -> ValueError:
     )
 
 
+BOUNDS = {TIMEOUT_VARIABLE: (0.1, 7 * 86400.0, "seconds"), MEMORY_VARIABLE: (1.0, 65536.0, "GB")}
+"""Allowed values of the bound variables (inclusive): a timeout of 0.1 s to a week, an address-
+space cap of 1 GB (torch alone maps more) to 64 TB."""
+
+
 def _positive_float(variable: str, default: float | None) -> float | None:
+    """$variable as a number within BOUNDS, else a one-line ValueError naming it (0, -5, nan,
+    inf, 1e309, abc and 0.001 GB are refused); `default` where it is unset."""
     raw = os.environ.get(variable, "").strip()
     if not raw:
         return default
+    lo, hi, unit = BOUNDS[variable]
     try:
         value = float(raw)
     except ValueError:
-        value = -1.0
-    if value <= 0:
+        value = math.nan
+    if not lo <= value <= hi:  # nan and inf fail too
         raise ValueError(
-            f"trace: {variable} must be a positive number of seconds or GB; got {raw!r}"
+            f"trace: {variable} must be a number of {unit} from {lo:g} to {hi:g}; got {raw!r}"
         )
     return value
 
@@ -104,11 +113,25 @@ def run_in_child(
     try:
         answer = json.loads(lines[-1])
     except (IndexError, json.JSONDecodeError):
-        tail = (stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-        raise RuntimeError(f"trace: the child process failed: {tail[:300]}") from None
+        raise ValueError(_death_line(proc.returncode, stderr)) from None
     if "error" in answer:
         raise ValueError(answer["error"])
     return answer["result"]
+
+
+def _death_line(returncode: int | None, stderr: str) -> str:
+    """One line for a child that ended without an answer: killed by a signal (its name; SIGKILL
+    is most often the kernel's OOM killer or the address-space cap), or an exit status (the
+    model's code calling os._exit, a crash), with the last line it wrote on stderr."""
+    tail = (stderr.strip().splitlines() or [""])[-1][:200]
+    if returncode is not None and returncode < 0:
+        name = signal.Signals(-returncode).name
+        why = f"was killed by {name}"
+        if name == "SIGKILL":
+            why += f" (out of memory? {MEMORY_VARIABLE} caps its address space)"
+    else:
+        why = f"exited with status {returncode} before answering"
+    return f"trace: the child process {why}" + (f": {tail}" if tail else "")
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:

@@ -55,7 +55,7 @@ def test_the_timeout_comes_from_the_environment(monkeypatch) -> None:
     with pytest.raises(ValueError, match=r"ran past 0.5 s"):
         _child.run_in_child("trace_step", {}, command=command)
     monkeypatch.setenv(_child.TIMEOUT_VARIABLE, "soon")
-    with pytest.raises(ValueError, match="TRAINMEM_TRACE_TIMEOUT must be a positive number"):
+    with pytest.raises(ValueError, match="TRAINMEM_TRACE_TIMEOUT must be a number of seconds"):
         _child.run_in_child("trace_step", {}, command=command)
 
 
@@ -211,3 +211,29 @@ def test_a_process_whose_autograd_started_first_traces_in_one_child(tmp_path) ->
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["measured"]["device"] == "cuda (fake)"
     assert proc.stderr.strip().splitlines()[-1] == "children 1"
+
+
+@pytest.mark.parametrize("raw", ["0", "-5", "nan", "inf", "1e309", "abc"])
+def test_meaningless_bounds_are_refused_naming_the_variable(monkeypatch, raw: str) -> None:
+    for variable in (_child.TIMEOUT_VARIABLE, _child.MEMORY_VARIABLE):
+        monkeypatch.setenv(variable, raw)
+        with pytest.raises(ValueError, match=f"{variable} must be a number of"):
+            _child._positive_float(variable, None)
+    monkeypatch.setenv(_child.MEMORY_VARIABLE, "0.001")  # below what torch alone maps
+    with pytest.raises(ValueError, match="from 1 to 65536"):
+        _child._positive_float(_child.MEMORY_VARIABLE, None)
+
+
+@pytest.mark.parametrize(
+    ("code", "words"),
+    [
+        ("import os; os._exit(7)", "exited with status 7"),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", "killed by SIGSEGV"),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "out of memory?"),
+    ],
+)
+def test_a_child_that_dies_gets_one_line(code: str, words: str) -> None:
+    # A model factory that calls os._exit, segfaults or is OOM-killed: one ValueError line.
+    with pytest.raises(ValueError, match=words) as caught:
+        _child.run_in_child("trace_step", {}, command=[sys.executable, "-c", code])
+    assert "\n" not in str(caught.value)
