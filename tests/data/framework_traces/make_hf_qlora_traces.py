@@ -6,6 +6,12 @@ Pinned: bitsandbytes 0.50.2 and accelerate 1.15.0 (pip install --no-deps; peft i
 accelerate), peft 0.21.2, transformers 5.24.0, torch 2.13.0+cpu. Not run at test time.
 
     python tests/data/framework_traces/make_hf_qlora_traces.py
+    python tests/data/framework_traces/make_hf_qlora_traces.py --old-bnb
+
+`--old-bnb` writes hf_qlora_old_bnb.json instead: the same three cases with bitsandbytes
+<= 0.43.1's MatMul4Bit.forward replayed, which keeps its input for backward (`ctx.tensors =
+(A, B)` when an input needs a gradient; 0.43.2 on keep `(None, B)`); every case carries
+"bnb_saves_input": true. Only what is kept differs: the forward's kernels stay 0.50.2's.
 
 The real bitsandbytes Python code runs: bitsandbytes 0.50.2 registers a fake (meta) kernel for
 each of its ops (bitsandbytes/_ops.py register_fake), so Linear4bit.forward, bnb.matmul_4bit,
@@ -37,6 +43,7 @@ adapters, under torch.autocast(bf16) for amp-bf16.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import sys
@@ -58,6 +65,7 @@ from trainmem.trace._core import hf_job, step_contexts, unpacked_batches  # noqa
 from trainmem.trace._lora import in_place_module_to  # noqa: E402
 
 OUT = Path(__file__).with_name("hf_qlora.json")
+OUT_OLD_BNB = Path(__file__).with_name("hf_qlora_old_bnb.json")
 DIMS = {"hidden": 512, "intermediate": 1536, "heads": 8, "kv_heads": 2, "layers": 4,
         "vocab": 2048}
 CONFIG = {"model_type": "llama", "hidden_size": DIMS["hidden"],
@@ -124,7 +132,23 @@ def quant_state_bytes(states) -> int:
     return total
 
 
-def trace(precision: str, recompute: str) -> dict:
+def old_bnb_saves_input():
+    """bitsandbytes <= 0.43.1 MatMul4Bit.forward: `ctx.tensors = (A, B)` if any input needs a
+    gradient (0.43.2 on: `(None, B)`); as make_litgpt_qlora_traces.old_bnb_saves_input. Returns
+    the plain forward, to put back."""
+    plain = bnb.autograd._functions.MatMul4Bit.forward
+
+    def forward(ctx, A, B, out=None, bias=None, quant_state=None):
+        output = plain(ctx, A, B, out, bias, quant_state)
+        if any(ctx.needs_input_grad[:2]):
+            ctx.tensors = (A, ctx.tensors[1])
+        return output
+
+    bnb.autograd._functions.MatMul4Bit.forward = staticmethod(forward)
+    return plain
+
+
+def trace(precision: str, recompute: str, *, old_bnb: bool = False) -> dict:
     marks: dict = {}
     states: list = []
 
@@ -152,10 +176,17 @@ def trace(precision: str, recompute: str) -> dict:
         job.dtypes_set = True
         return job
 
-    out = step.run_step(build, precision=precision, recompute=recompute, optimizer="adamw",
-                        device_type=device_type, contexts=[*contexts, unpacked_batches()],
-                        on_phase_end=on_phase_end)
+    plain_forward = old_bnb_saves_input() if old_bnb else None
+    try:
+        out = step.run_step(build, precision=precision, recompute=recompute,
+                            optimizer="adamw", device_type=device_type,
+                            contexts=[*contexts, unpacked_batches()],
+                            on_phase_end=on_phase_end)
+    finally:
+        if plain_forward is not None:
+            bnb.autograd._functions.MatMul4Bit.forward = staticmethod(plain_forward)
     return {
+        **({"bnb_saves_input": True} if old_bnb else {}),
         "precision": precision, "recompute": recompute, "micro_batch_size": MICRO_BATCH,
         "seq_len": SEQ_LEN, "optimizer": "adamw", "dims": DIMS, "lora": LORA,
         **{k: out[k] for k in (
@@ -172,29 +203,48 @@ def trace(precision: str, recompute: str) -> dict:
 
 
 def main() -> None:
-    cases = [trace(p, r) for p, r in CASES]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--old-bnb", action="store_true",
+                        help="replay bitsandbytes <= 0.43.1's MatMul4Bit keeping its input; "
+                             f"write {OUT_OLD_BNB.name}")
+    parser.add_argument("--out", help="write here instead (a check against the committed file)")
+    args = parser.parse_args()
+    cases = [trace(p, r, old_bnb=args.old_bnb) for p, r in CASES]
+    notes = [
+        "gemm_4bit's fake kernel replaced by the CUDA kernel's allocations for M > "
+        "1536 (the fp32 absmax, the [N, K] weight dequantised to bf16, F.linear); see "
+        "the script's docstring for the Params4bit and dynamic-code shims",
+        "parameters_bytes counts the parameters (packed NF4 uint8 weights, fp32 "
+        "embeddings, norms, head and adapters); quant_state_bytes the quant states' "
+        "absmax tensors and code, which the engine counts in parameters",
+        "bf16 (no autocast): prepare_model_for_kbit_training leaves an fp32 residual "
+        "stream, so q, k, v reach SDPA in fp32 and grouped-query attention takes the "
+        "math kernel (scores [b, a, s, s] fp32 saved)",
+    ]
+    command = "python tests/data/framework_traces/make_hf_qlora_traces.py"
+    if args.old_bnb:
+        command += " --old-bnb"
+        notes.append(
+            "bnb_saves_input: bitsandbytes <= 0.43.1's MatMul4Bit.forward replayed on "
+            "0.50.2, keeping its input A (Linear4bit's x.to(compute_dtype)) in ctx.tensors "
+            "when an input needs a gradient (0.43.2 on keep (None, B)); kernels stay 0.50.2's")
+        notes.append(
+            "recompute full: transformers' non-reentrant checkpoint (use_reentrant=False, its "
+            "default); A sits in ctx.tensors, not save_for_backward, so the checkpoint's saved-"
+            "tensor hooks do not drop it: every Linear4bit input is kept through the forward")
     data = {
         "provenance": {
             "bitsandbytes": bnb.__version__, "peft": peft.__version__,
             "transformers": transformers.__version__, "torch": torch.__version__,
             "date": datetime.date.today().isoformat(),
-            "command": "python tests/data/framework_traces/make_hf_qlora_traces.py",
+            "command": command,
             "device": "trainmem fake cuda (sm90), SDPA as flash where its inputs allow",
-            "notes": [
-                "gemm_4bit's fake kernel replaced by the CUDA kernel's allocations for M > "
-                "1536 (the fp32 absmax, the [N, K] weight dequantised to bf16, F.linear); see "
-                "the script's docstring for the Params4bit and dynamic-code shims",
-                "parameters_bytes counts the parameters (packed NF4 uint8 weights, fp32 "
-                "embeddings, norms, head and adapters); quant_state_bytes the quant states' "
-                "absmax tensors and code, which the engine counts in parameters",
-                "bf16 (no autocast): prepare_model_for_kbit_training leaves an fp32 residual "
-                "stream, so q, k, v reach SDPA in fp32 and grouped-query attention takes the "
-                "math kernel (scores [b, a, s, s] fp32 saved)",
-            ],
+            "notes": notes,
         },
         "cases": cases,
     }
-    OUT.write_text(json.dumps(data, indent=1) + "\n")
+    out = Path(args.out) if args.out else OUT_OLD_BNB if args.old_bnb else OUT
+    out.write_text(json.dumps(data, indent=1) + "\n")
     for c in cases:
         print(c["precision"], c["recompute"], c["activations_bytes"], c["peak_allocated_bytes"])
 
