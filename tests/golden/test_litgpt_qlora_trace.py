@@ -22,7 +22,7 @@ ALL_CASES = json.loads(DATA.read_text())["cases"]
 CASES = [c for c in ALL_CASES if not c["bnb_saves_input"]]
 """bitsandbytes 0.50.2 (what trainmem models)."""
 OLD_BNB = next(c for c in ALL_CASES if c["bnb_saves_input"])
-"""The default-target case with bitsandbytes <= 0.43.0's MatMul4Bit (keeps its input)."""
+"""The default-target case with bitsandbytes <= 0.43.1's MatMul4Bit (keeps its input)."""
 
 
 def _embedding_bytes(c: dict[str, Any]) -> int:

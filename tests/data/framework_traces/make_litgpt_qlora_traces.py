@@ -33,8 +33,8 @@ on top, reproduced:
   the returned chunk logits to the default dtype outside it: fp32 (lightning/fabric/wrappers.py,
   plugins/precision/bitsandbytes.py convert_output); chunked_cross_entropy runs on those.
 
-The third case replays bitsandbytes <= 0.43.0's MatMul4Bit.forward, which kept its input
-(`ctx.tensors = (A, B)` when an input needs a gradient; 0.43.3+ keep `(None, B)`): how much the
+The third case replays bitsandbytes <= 0.43.1's MatMul4Bit.forward, which kept its input
+(`ctx.tensors = (A, B)` when an input needs a gradient; 0.43.2+ keep `(None, B)`): how much the
 stacks LitGPT's published QLoRA tables ran on kept beyond 0.50.2.
 """
 
@@ -92,7 +92,7 @@ def quantise_every_linear(model) -> list:
 
 
 def old_bnb_saves_input():
-    """bitsandbytes <= 0.43.0 MatMul4Bit.forward: `ctx.tensors = (A, B)` if any input needs a
+    """bitsandbytes <= 0.43.1 MatMul4Bit.forward: `ctx.tensors = (A, B)` if any input needs a
     gradient (0.50.2: `(None, B)`)."""
     plain = bnb.autograd._functions.MatMul4Bit.forward
 
