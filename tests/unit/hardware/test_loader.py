@@ -58,7 +58,7 @@ def test_environment_variable_names_the_user_folder(
 
 def test_empty_environment_variable_is_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_VAR, "")
-    assert len(load_gpus()) == 20
+    assert len(load_gpus()) == 24
 
 
 def test_missing_user_folder_is_an_error(tmp_path: Path) -> None:
@@ -119,7 +119,7 @@ def test_unknown_gpu_lists_allowed_names_on_one_line() -> None:
     prefix = "unknown gpu 'zz-unknown'; allowed: "
     assert message.startswith(prefix)
     names = message.removeprefix(prefix).split(", ")
-    assert names == sorted(names) and len(names) == 20 and "h100-sxm-80gb" in names
+    assert names == sorted(names) and len(names) == 24 and "h100-sxm-80gb" in names
 
 
 def test_unknown_gpu_suggests_the_closest_name_before_the_allowed_list() -> None:

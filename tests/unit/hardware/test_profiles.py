@@ -32,6 +32,10 @@ SHIPPED = {
     "rtx-4090-24gb",
     "rtx-5090-32gb",
     "rtx-a6000-48gb",
+    "gb200-186gb",
+    "gb300-288gb",
+    "b300-288gb",
+    "mi355x-288gb",
 }
 
 
@@ -72,6 +76,10 @@ DENSE_BF16 = [
     ("b200-180gb", 2250e12),  # HGX B200 at 1,000 W (glennklockwood)
     ("mi300x-192gb", 1307.4e12),  # AMD MI300X data sheet, 2,614.9 sparse
     ("l40s-48gb", 362.05e12),  # L40S datasheet, 733 sparse
+    ("gb200-186gb", 2500e12),  # GB200 at 1,200 W (glennklockwood)
+    ("gb300-288gb", 2500e12),  # verda.com GB300 per-GPU table
+    ("b300-288gb", 2250e12),  # HGX B300 (glennklockwood)
+    ("mi355x-288gb", 2516.6e12),  # AMD MI355X data sheet, 5,033.2 sparse
 ]
 
 
@@ -134,3 +142,26 @@ def test_profile_built_in_code_names_itself_in_errors() -> None:
     fields.update(name="my-gpu", path="", memory_bytes="24GB")
     with pytest.raises(ValueError, match=r"^'my-gpu': memory_bytes must be an integer"):
         GpuProfile(**fields)
+
+
+NEWEST_FAMILIES = ("gb200-", "gb300-", "b300-", "mi355x-")
+
+
+@pytest.mark.parametrize("prefix", NEWEST_FAMILIES)
+def test_newest_gpu_families_ship_with_sourced_finite_numbers(prefix: str) -> None:
+    import math
+
+    names = [n for n in load_gpus() if n.startswith(prefix)]
+    assert names, prefix
+    for gpu in (get_gpu(n) for n in names):
+        numbers = [getattr(gpu, f.name) for f in dataclasses.fields(gpu)]
+        rates = [v for v in numbers if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        assert all(math.isfinite(v) and v > 0 for v in rates), gpu.name
+        assert len(gpu.sources) >= 3 and gpu.host_memory_bytes
+
+
+@pytest.mark.parametrize("name", ["gb200-186gb", "gb300-288gb"])
+def test_nvl72_node_is_the_72_gpu_nvlink_domain(name: str) -> None:
+    gpu = get_gpu(name)
+    assert gpu.gpus_per_node == 72
+    assert gpu.intra_node_bandwidth_bytes_per_s == 900e9
