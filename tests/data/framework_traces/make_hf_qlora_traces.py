@@ -134,8 +134,8 @@ def quant_state_bytes(states) -> int:
 
 def old_bnb_saves_input():
     """bitsandbytes <= 0.43.1 MatMul4Bit.forward: `ctx.tensors = (A, B)` if any input needs a
-    gradient (0.43.2 on: `(None, B)`); as make_litgpt_qlora_traces.old_bnb_saves_input. Returns
-    the plain forward, to put back."""
+    gradient (0.43.2 on: `(None, B)`); make_litgpt_qlora_traces.py replays it too. Returns the
+    plain forward, to put back."""
     plain = bnb.autograd._functions.MatMul4Bit.forward
 
     def forward(ctx, A, B, out=None, bias=None, quant_state=None):

@@ -91,21 +91,6 @@ def quantise_every_linear(model) -> list:
     return states
 
 
-def old_bnb_saves_input():
-    """bitsandbytes <= 0.43.1 MatMul4Bit.forward: `ctx.tensors = (A, B)` if any input needs a
-    gradient (0.50.2: `(None, B)`)."""
-    plain = bnb.autograd._functions.MatMul4Bit.forward
-
-    def forward(ctx, A, B, out=None, bias=None, quant_state=None):
-        output = plain(ctx, A, B, out, bias, quant_state)
-        if any(ctx.needs_input_grad[:2]):
-            ctx.tensors = (A, ctx.tensors[1])
-        return output
-
-    bnb.autograd._functions.MatMul4Bit.forward = staticmethod(forward)
-    return plain
-
-
 def trace(targets: dict, *, old_bnb: bool = False) -> dict:
     from bitsandbytes.nn import StableEmbedding
     from litgpt.utils import chunked_cross_entropy
@@ -166,7 +151,7 @@ def trace(targets: dict, *, old_bnb: bool = False) -> dict:
     plain_silu, plain_opt, plain_sync = lt.F.silu, step._make_optimizer, torch.cuda.synchronize
     lt.F.silu = lambda x, inplace=False: lt._FusedSiLU.apply(x)
     step._make_optimizer, torch.cuda.synchronize = paged_adamw, lambda *a, **k: None
-    plain_forward = old_bnb_saves_input() if old_bnb else None
+    plain_forward = hfq.old_bnb_saves_input() if old_bnb else None
     try:
         out = step.run_step(build, precision="bf16", recompute="none", optimizer="adamw",
                             device_type=device_type, contexts=contexts,
