@@ -429,17 +429,17 @@ def bnb_kept_input_bytes(
     (peft under autocast feeds lora_A its input uncast, dropout off, a block not checkpointed);
     `qkv_grad` False: the block's input needs no gradient (the first block over a frozen
     embedding, no checkpointing to call enable_input_require_grads), so q/k/v keep nothing.
-    A checkpointed block keeps them all the same: a non-reentrant checkpoint's saved-tensor
-    hooks do not see ctx attributes (transformers 5.24's gradient checkpointing, Lightning's
-    FSDP checkpoint_wrapper).
     Traced also: tests/data/framework_traces/hf_qlora_old_bnb.json (peft-prepared Llama: per
     block 2 B x T (3 h + o + 2 h + f), less o under amp, less 3 h on the first block without
     checkpointing; exact).
-    Assumes: no other kept input is a tensor the block saves anyway (LitGPT's lora_dropout
-    feeds lora_A a dropout output; peft's prepared fp32 inputs are cast apart); column-
-    parallel inputs whole, row-parallel ones split over tp.
-    Ignores: a reentrant checkpoint (forward without grad: nothing kept); MoE experts (not
-    Linear4bit).
+    Assumes: a checkpointed block keeps nothing in forward, as under the reentrant checkpoint
+    of that bitsandbytes' stacks (forward under no_grad; engine/_rank_activations.py
+    _bnb_stage_extra); no other kept input is a tensor the block saves anyway (LitGPT's
+    lora_dropout feeds lora_A a dropout output; peft's prepared fp32 inputs are cast apart);
+    column-parallel inputs whole, row-parallel ones split over tp.
+    Ignores: a non-reentrant checkpoint (transformers 5's), whose saved-tensor hooks do not see
+    ctx attributes, so every block would keep them in forward (hf_qlora_old_bnb.json's full
+    case: 75.5 MB on the small Llama); MoE experts (not Linear4bit).
     """
     h = m.hidden_size
     f_r = 0.0 if m.is_moe else m.intermediate_size / tp

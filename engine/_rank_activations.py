@@ -299,7 +299,7 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         first=first,
         last=last,
         counts=counts,
-        loss_tp_div=np.where(loss == LOSS_VOCAB_PARALLEL, tp, loss_tp_divisor(fw, tp)),
+        loss_tp_div=loss_tp_divisor(fw, tp, loss),
         rank=rank,
         lora=rank > 0,
         qlora=c["qlora"] & (rank > 0),
@@ -364,10 +364,10 @@ def megatron_score_buffer_bytes(m: ModelSpec, x: MicroBatch) -> np.ndarray:
     return np.where(EAGER_SCORES_GLOBAL_BUFFER[x.fw] & x.eager, scores, 0.0)
 
 
-def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool):
+def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool, bnb_layer: np.ndarray):
     """(full block bytes, attention core, MLP bytes, bytes kept under per-op SAC) for a dense
     or an MoE block (MLA and MoE blocks: their full bytes under per-op SAC, see
-    op_sac_saved_bytes)."""
+    op_sac_saved_bytes); `bnb_layer`: what legacy bitsandbytes keeps of it (_bnb_kept_per_layer)."""
     T, s, e, r, amp, tp, eager = x.T, x.s, x.e, x.r, x.amp, x.tp, x.eager
     if m.is_mla:
         sp_div = np.where(x.sp, tp, 1)
@@ -406,7 +406,7 @@ def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool):
     delta = delta + qlora_kbit_activation_delta_bytes(
         m, T=T, tp=tp, amp=amp, o_adapted=x.bits["o_proj"], prepared=x.kbit_prepared
     )
-    delta = delta + _bnb_kept_per_layer(m, x)
+    delta = delta + bnb_layer
     block = np.where(x.lora, block + delta, block)
     if m.is_mla or moe:
         return block, core, mlp, block
@@ -437,7 +437,13 @@ def _bnb_kept_per_layer(m: ModelSpec, x: MicroBatch, *, qkv_grad: Any = True) ->
     )
 
 
-def _bnb_stage_extra(m: ModelSpec, x: MicroBatch) -> np.ndarray:
+def _bnb_kept_blocks(m: ModelSpec, x: MicroBatch) -> tuple[np.ndarray, np.ndarray]:
+    """(one block's kept inputs, the stage's extra: _bnb_stage_extra), evaluated once."""
+    per_layer = _bnb_kept_per_layer(m, x)
+    return per_layer, _bnb_stage_extra(m, x, per_layer)
+
+
+def _bnb_stage_extra(m: ModelSpec, x: MicroBatch, per_layer: np.ndarray) -> np.ndarray:
     """What bitsandbytes <= 0.43.1 keeps on the stage beyond the non-checkpointed blocks'
     per-layer share: less q/k/v's on a peft-prepared first block that no checkpoint made
     require grad. A checkpointed block keeps nothing in forward: the stacks of that
@@ -445,18 +451,20 @@ def _bnb_stage_extra(m: ModelSpec, x: MicroBatch) -> np.ndarray:
     torch.utils.checkpoint's default before 2.4), forward under no_grad; its recomputation,
     which backward then runs through, keeps them (the block's layer_full)."""
     no_grad = x.first & x.kbit_prepared & (x.num_checkpointed == 0)
-    return _bnb_kept_per_layer(m, x, qkv_grad=~no_grad) - _bnb_kept_per_layer(m, x)
+    return _bnb_kept_per_layer(m, x, qkv_grad=~no_grad) - per_layer
 
 
-def _bnb_kept_stage(m: ModelSpec, x: MicroBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _bnb_kept_stage(
+    m: ModelSpec, x: MicroBatch, layers: dict[str, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(every kept input of the stage: its blocks' and the 4-bit head's; that of one block; the
     previous step's, in this forward): what bitsandbytes <= 0.43.1 keeps with the graph
-    (bnb_kept_input_bytes), alive to the end of backward (the embedding's included) and, where
-    the loop holds the logits and so the graph (LitGPT), through the optimizer step into the
-    next forward."""
-    per_layer = _bnb_kept_per_layer(m, x)
+    (bnb_kept_input_bytes; `layers`' bnb_layer and bnb_extra), alive to the end of backward
+    (the embedding's included) and, where the loop holds the logits and so the graph (LitGPT),
+    through the optimizer step into the next forward."""
+    per_layer = layers["bnb_layer"]
     blocks = np.maximum(x.counts["layer"] - x.num_checkpointed, 0.0)
-    extra = np.where(blocks > 0, _bnb_stage_extra(m, x), 0.0)
+    extra = np.where(blocks > 0, layers["bnb_extra"], 0.0)
     kept = per_layer * blocks + extra + _bnb_kept_head(m, x, last=x.last)
     prev_graph = np.where(x.head_chunked | x.step_logits_held, kept, 0.0)
     return kept, np.where(blocks > 0, per_layer, 0.0), prev_graph
@@ -603,9 +611,10 @@ def _layers(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
     block), its attention core and checkpointed input, the stage's saved bytes under the
     recompute policy (Megatron: Korthikanti et al.), and what one recomputed layer brings back."""
     num_mlp, num_moe, num_layers = x.counts["mlp"], x.counts["moe"], x.counts["layer"]
-    dense_block, core, _, dense_op = _block_parts(m, x, moe=False)
+    bnb_layer, bnb_extra = _bnb_kept_blocks(m, x)
+    dense_block, core, _, dense_op = _block_parts(m, x, moe=False, bnb_layer=bnb_layer)
     if m.is_moe:
-        moe_block, _, _, moe_op = _block_parts(m, x, moe=True)
+        moe_block, _, _, moe_op = _block_parts(m, x, moe=True, bnb_layer=bnb_layer)
     else:
         moe_block = moe_op = x.zero_col
     layer_full = np.where(num_mlp > 0, dense_block, moe_block)
@@ -627,7 +636,7 @@ def _layers(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
     # Megatron's own formulas (FrameworkSpec.megatron_core_blocks) cover none, selective (core)
     # and full; per-op SAC is counted op by op as for every framework.
     megatron = MEGATRON_CORE_BLOCKS[x.fw] & (x.rc != RECOMPUTE_SELECTIVE_OP)
-    stage_layers = np.where(megatron, stage_mg, stage_hf) + _bnb_stage_extra(m, x)
+    stage_layers = np.where(megatron, stage_mg, stage_hf) + bnb_extra
     op_layer = np.where(num_mlp > 0, dense_op, moe_op)
     recomputed = np.where(
         x.rc == RECOMPUTE_SELECTIVE_OP,
@@ -639,6 +648,8 @@ def _layers(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
         "layer_full": layer_full,
         "layer_ckpt": layer_ckpt,
         "stage_layers": stage_layers,
+        "bnb_layer": bnb_layer,
+        "bnb_extra": bnb_extra,
         "per_layer": stage_layers / np.maximum(num_layers, 1.0),
         "layer_recomputed": recomputed,
         "top_saved": np.where(x.rc == RECOMPUTE_SELECTIVE_OP, op_layer, layer_ckpt),
@@ -1008,7 +1019,7 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
         np.where(multi, e * T * m.hidden_size / x.sp_div, 0.0), fw=x.fw
     )
     stage_act = out["stage_act"]
-    kept, kept_layer, prev_graph = _bnb_kept_stage(m, x)
+    kept, kept_layer, prev_graph = _bnb_kept_stage(m, x, layers)
     fwd_head = small + prev_graph + copies  # summed in the order the recording was made
     return {
         "activations_per_layer": layers["per_layer"],

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ._codes import LOSS_VOCAB_PARALLEL
 from ._collectives import ring_time_s
 from ._frameworks import (
     LOSS_PARALLEL,
@@ -70,16 +71,20 @@ def sequence_parallel_divisor(sp, tp) -> np.ndarray:
     return np.where(sp, tp, 1.0)
 
 
-def loss_tp_divisor(fw, tp) -> np.ndarray:
+def loss_tp_divisor(fw, tp, loss=None) -> np.ndarray:
     """What divides the logits and loss tensors: tp where the framework computes a
-    vocab-parallel loss (FrameworkSpec.loss_parallel: Megatron, torchtitan), else 1 (HF tp_plan
+    vocab-parallel loss (FrameworkSpec.loss_parallel: Megatron, torchtitan) or the row asks
+    for one (`loss`, the resolved LOSSES code: `--loss vocab-parallel`), else 1 (HF tp_plan
     and torchtune gather the logits).
 
     Source: megatron/core/tensor_parallel/cross_entropy.py (vocab_parallel_cross_entropy);
     torchtitan 0.3.0 torchtitan/components/loss.py (_LossParallelCrossEntropy on Shard(-1)
     logits).
     """
-    return np.where(LOSS_PARALLEL[np.asarray(fw, dtype=np.int64)], tp, 1.0)
+    parallel = LOSS_PARALLEL[np.asarray(fw, dtype=np.int64)]
+    if loss is not None:
+        parallel = parallel | (np.asarray(loss) == LOSS_VOCAB_PARALLEL)
+    return np.where(parallel, tp, 1.0)
 
 
 def hf_embedding_gradient_bytes(
