@@ -21,6 +21,7 @@ from ._estimate import PHASES, estimate, layout_reason
 from ._frameworks import (
     ADAPTERS_IN_PARAM_DTYPE,
     FRAMEWORK_SPECS,
+    FSDP_ACCUMULATES_UNSHARDED,
     QLORA_KBIT_PREPARED,
     head_chunk_tokens,
     recipe_optimizer,
@@ -408,7 +409,7 @@ def top_consumers(
     weights = _weights_words(config, prec)
     items.append((f"parameters ({weights}, {m.num_parameters / 1e9:.2f}B)", at("parameters")))
     items.append(("fp32 master weights", at("master_weights")))
-    items.append(("gradients" + (" of the LoRA adapters" if lora else ""), at("gradients")))
+    items.append((_gradients_words(config, at, lora=lora), at("gradients")))
     states = _optimizer_states_words(config, prec=prec, lora=lora)
     name = optimizer_name or _recipe_optimizer_name(config)
     items.append((f"optimizer states ({name}, {states})", at("optimizer_states")))
@@ -423,6 +424,23 @@ def top_consumers(
     items.append(("allocator fragmentation", at("fragmentation")))
     items = [(k, v) for k, v in items if v > 0.5]
     return sorted(items, key=lambda kv: -kv[1])
+
+
+def _gradients_words(config: Mapping[str, Any], at: Callable[[str], float], *, lora: bool) -> str:
+    """The gradients, with why they are whole where FSDP accumulates them unsharded over the
+    micro-batches (engine/_data_parallel.py unsharded_accumulated_gradient_bytes) at a forward
+    or backward peak."""
+    words = "gradients" + (" of the LoRA adapters" if lora else "")
+    fw = FRAMEWORKS.index(str(config["framework"]))
+    steps = int(at("num_microbatches"))
+    fsdp = int(config["zero"]) >= ZERO_PARAMETERS and int(at("dp")) > 1
+    in_step = PHASES[int(at("peak_phase"))] != "optimizer_step"
+    if FSDP_ACCUMULATES_UNSHARDED[fw] and fsdp and steps > 1 and in_step and int(config["pp"]) == 1:
+        words += (
+            f" (unsharded: accumulated over {steps} micro-batches with gradient sync off, "
+            "FSDP no_sync)"
+        )
+    return words
 
 
 def _weights_words(config: Mapping[str, Any], prec: int) -> str:

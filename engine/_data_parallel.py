@@ -77,6 +77,30 @@ def model_state_element_bytes(prec, *, fsdp2, main_grad_buffer) -> tuple[np.ndar
     )
 
 
+def unsharded_accumulated_gradient_bytes(
+    *, active, trainable_numel, element_bytes, gradient_bytes
+) -> np.ndarray:
+    """Bytes a rank's gradients take beyond `gradient_bytes` (its sharded gradients) while FSDP
+    accumulates unsharded gradients over micro-batches (FrameworkSpec.fsdp_accumulates_unsharded;
+    `active`: such rows with more than one micro-batch per step): the unsharded gradient of each
+    of its `trainable_numel` trainable elements (its tensor / pipeline slice, whole over data
+    parallelism), in the dtype the parameters are gathered in (`element_bytes`), alive from the
+    first accumulating backward to the last micro-batch's reduce-scatter, so in the forward and
+    backward of every micro-batch after the first. At the optimizer step only the shards are
+    left.
+    Source: torch 2.13 distributed/fsdp/_runtime_utils.py _post_backward_hook (FSDP1: `if not
+    state._sync_gradients: return` before the reduce-scatter, the unsharded flat_param.grad
+    kept); _fully_shard/_fsdp_param_group.py post_backward (FSDP2: without reduce_grads the
+    unsharded grad is kept; to_accumulated_grad_if_needed upcasts it only where reduce_dtype
+    differs, which accelerate's policy does not: reduce_dtype = param_dtype). Traced:
+    tests/data/framework_traces/fsdp1_llama.json cases D and E (the forward peak of the
+    synchronising micro-step is case A's plus the whole unsharded bf16 gradient).
+    Ignores: the last micro-batch's reduce-scatters freeing unsharded gradients unit by unit
+    while the shards are written (the peak is the moment before)."""
+    unsharded = element_bytes * np.asarray(trainable_numel, dtype=np.float64)
+    return np.where(active, np.maximum(unsharded - gradient_bytes, 0.0), 0.0)
+
+
 def fp32_gradient_partition_bytes(
     state_numel, *, mixed, fsdp2, main_grad_buffer, lora
 ) -> np.ndarray:

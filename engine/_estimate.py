@@ -114,6 +114,7 @@ _S_TERMS = (
     "load_host_bytes",
     "accum_end_grads",
     "fsdp_bwd_start",
+    "unsharded_accum_grads",
 )
 _A_TERMS = (
     "stage_act",

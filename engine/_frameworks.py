@@ -208,6 +208,19 @@ class FrameworkSpec:
     logits is held in every phase; without (head_chunk_lora_only on a full fine-tune) one
     head's fp32 logits through the optimizer step (engine/_loss.py
     loop_held_step_logits_bytes)."""
+    fsdp_accumulates_unsharded: bool = False
+    """Under FSDP (ZeRO-3 on dp > 1 ranks) with gradient accumulation, the training loop turns
+    gradient sync off on every micro-batch but the last (FSDP1 `no_sync()`, FSDP2
+    `set_requires_gradient_sync(False)`), so each rank accumulates the UNSHARDED gradient of
+    every trainable parameter of its slice (in the dtype the parameters are gathered in) from
+    the first micro-batch's backward to the last micro-batch's reduce-scatter
+    (engine/_data_parallel.py unsharded_accumulated_gradient_bytes). Source: litgpt 0.5.3
+    finetune/full.py and lora.py fit (fabric.no_backward_sync(model,
+    enabled=is_accumulating)) -> lightning fabric strategies/fsdp.py _FSDPBackwardSyncControl
+    (module.no_sync()); transformers 5.24 trainer.py _inner_training_loop (accelerator.no_sync
+    on every micro-batch but the last, unless sync_each_batch, DeepSpeed excepted) ->
+    accelerate 1.15 accelerator.py no_sync (FSDP2: set_requires_gradient_sync(False); FSDP1:
+    model.no_sync). Traced: tests/data/framework_traces/fsdp1_llama.json cases D, E."""
     fsdp1_full_finetune: bool = False
     """ZeRO-3 of a full fine-tune (no LoRA) runs torch FSDP1 (FullyShardedDataParallel: one
     flat parameter per wrapped Block and one root unit, FULL_SHARD, limit_all_gathers) rather
@@ -342,6 +355,7 @@ _SPEC_VALUES: dict[str, dict[str, Any]] = {
         tp_embedding_grad_replicated=True,
         tp_norms_plain_tensors=True,
         fsdp2_casts_fp32_adapters=True,
+        fsdp_accumulates_unsharded=True,
         transformers_model_code=True,
         megatron_core_blocks=False,
         eager_scores_global_buffer=False,
@@ -569,6 +583,7 @@ _SPEC_VALUES: dict[str, dict[str, Any]] = {
         qlora_paged_optimizer=True,
         logits_cast_fp32=True,
         fsdp1_full_finetune=True,
+        fsdp_accumulates_unsharded=True,
         load="meta-init",
         load_source=(
             "litgpt 0.5.13 finetune/lora.py main (fabric.init_module(empty_init=world_size > 1): "
@@ -683,6 +698,8 @@ FSDP2_EMBEDDING_UNIT = _table("fsdp2_embedding_unit")
 """Per framework code: FSDP2 units as torchtitan wraps them (FrameworkSpec)."""
 FSDP1_FULL_FINETUNE = _table("fsdp1_full_finetune")
 """Per framework code: ZeRO-3 of a full fine-tune is FSDP1 (FrameworkSpec.fsdp1_full_finetune)."""
+FSDP_ACCUMULATES_UNSHARDED = _table("fsdp_accumulates_unsharded")
+"""Per framework code: FSDP accumulates unsharded gradients over micro-batches (FrameworkSpec)."""
 LOAD_POLICY = np.array(
     [LOADS.index(FRAMEWORK_SPECS[name].load) for name in FRAMEWORKS], dtype=np.int64
 )

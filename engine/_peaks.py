@@ -62,6 +62,10 @@ def phase_peaks(T: Any, *, pp: Any, v: Any, stage: Any, num_micro: Any) -> dict[
     # Gradients alive outside the optimizer step: accumulated over micro-batches, held by a
     # pipeline, or a persistent buffer (Megatron's contiguous grad buffer).
     grads_live = np.where((num_micro > 1) | multi, gradients, S["grads_persistent"])
+    # FSDP accumulating unsharded gradients (unsharded_accumulated_gradient_bytes): alive in
+    # every phase of a micro-batch after the first, the optimizer step excepted.
+    unsharded = np.where(num_micro > 1, S["unsharded_accum_grads"], 0.0)
+    grads_live = grads_live + unsharded
     per_micro = num_micro * A["pipe_per_micro"]
     base = S["persistent"] + per_micro + A["pipe_fixed"]
     live = base + grads_live
@@ -69,7 +73,7 @@ def phase_peaks(T: Any, *, pp: Any, v: Any, stage: Any, num_micro: Any) -> dict[
     live_acts = live + activations
     backward_start = live_acts + S["fsdp_bwd_start"] + A["bwd_start_extra"]
     # What an accumulation micro-step keeps to the end of its backward besides (ZeRO-Offload).
-    accum = np.where(num_micro > 1, S["accum_end_grads"], 0.0)
+    accum = np.where(num_micro > 1, S["accum_end_grads"], 0.0) + unsharded
     backward_end = base + S["end_grads"] + accum + stored + A["bwd_end_extra"]
     # The embedding's backward: every other gradient done, its own being written.
     backward_embed = base + gradients + accum + A["embed_extra"] + S["tied_embedding_grad"]

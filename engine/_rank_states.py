@@ -23,6 +23,7 @@ from ._data_parallel import (
     fsdp2_buffer_bytes,
     is_fsdp2,
     model_state_element_bytes,
+    unsharded_accumulated_gradient_bytes,
 )
 from ._fp8 import fp8_cache_bytes
 from ._frameworks import (
@@ -31,6 +32,7 @@ from ._frameworks import (
     FP32_MAIN_GRAD_BUFFER,
     FSDP1_FULL_FINETUNE,
     FSDP2_EMBEDDING_UNIT,
+    FSDP_ACCUMULATES_UNSHARDED,
     LOAD_POLICY,
     QLORA_DOUBLE_QUANT,
     QLORA_EVERY_LINEAR,
@@ -336,8 +338,8 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     adapters = rank_adapters(
         x.full, rank=x.lora_rank, mask=c["lora_targets"], dp=x.dp, sharded=states_sharded
     )
-    trainable_local = np.where(x.lora, adapters.numel_shard, total_numel(x.part))
     trainable_full = np.where(x.lora, adapters.numel, total_numel(x.full))
+    trainable_local = np.where(x.lora, adapters.numel_shard, total_numel(x.part))
     state_numel = np.where(states_sharded, trainable_local, trainable_full)
     master = rank_bytes(x.full, x.part, master_e, states_sharded)
     states = {
@@ -376,7 +378,33 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
         + fsdp_bwd
         + _fsdp2_block_grads(m, x, active=fsdp_active),
         "optimizer_peak": held + s["gradients"] + s["optimizer_step_temporaries"] + fp8_cache,
-        **{k: ds[k] for k in ("accum_end_grads", "host_accum_bytes")},
+        **_accumulation_terms(x, ds, trainable_full, s["gradients"]),
+    }
+
+
+def _accumulation_terms(
+    x: RankLayout, ds: dict[str, np.ndarray], trainable_full, gradients
+) -> dict[str, np.ndarray]:
+    """What gradient accumulation adds: DeepSpeed's terms (accum_end_grads, host_accum_bytes:
+    deepspeed_offloaded_states) and `unsharded_accum_grads`, what accumulating unsharded
+    gradients adds over micro-batches after the first (unsharded_accumulated_gradient_bytes),
+    on FSDP rows of a framework that turns gradient sync off while it accumulates; the peaks
+    count them only with more than one micro-batch. The unsharded gradient's dtype is the
+    gathered parameters' (16-bit under mixed precision or autocast: the FSDP wrappers'
+    param_dtype; LoRA adapters: their own dtype)."""
+    active = FSDP_ACCUMULATES_UNSHARDED[x.fw] & (x.zero == ZERO_PARAMETERS) & (x.dp > 1)
+    policy = x.mixed | IS_AMP[x.prec]
+    gathered_e = np.where(policy, 2.0, PARAM_BYTES[x.prec])
+    unsharded = unsharded_accumulated_gradient_bytes(
+        active=active,
+        trainable_numel=trainable_full,
+        element_bytes=np.where(x.lora, x.adapter_e, gathered_e),
+        gradient_bytes=gradients,
+    )
+    return {
+        "accum_end_grads": ds["accum_end_grads"],
+        "host_accum_bytes": ds["host_accum_bytes"],
+        "unsharded_accum_grads": unsharded,
     }
 
 

@@ -73,6 +73,23 @@ CASES = {
     "A": {"precision": "bf16", "recompute": "full", "micro_batch_size": 2, "seq_len": 512},
     "B": {"precision": "bf16", "recompute": "none", "micro_batch_size": 2, "seq_len": 512},
     "C": {"precision": "mixed-bf16", "recompute": "full", "micro_batch_size": 2, "seq_len": 512},
+    # Gradient accumulation as Lightning runs it (fabric.no_backward_sync -> FSDP1 no_sync on
+    # every micro-batch but the last): one no_sync micro-step before the measured step, which is
+    # the accumulation's last (synchronising) micro-step.
+    "D": {
+        "precision": "bf16",
+        "recompute": "full",
+        "micro_batch_size": 2,
+        "seq_len": 512,
+        "grad_accum_steps": 2,
+    },
+    "E": {
+        "precision": "mixed-bf16",
+        "recompute": "full",
+        "micro_batch_size": 2,
+        "seq_len": 512,
+        "grad_accum_steps": 2,
+    },
 }
 
 
@@ -138,7 +155,8 @@ def fsdp1_job(case: dict):
                 auto_wrap_policy=ModuleWrapPolicy({LlamaDecoderLayer}),
             )
         MODEL[:] = [model]
-        return wrapped_step(job, model)
+        JOB[:] = [wrapped_step(job, model)]
+        return JOB[0]
 
     return build
 
@@ -148,6 +166,18 @@ LABELS = WeakIdKeyDictionary()
 the unit they belong to (root or block), found after the warm-up (FSDP1 makes the unsharded
 buffers at its lazy init, in the first forward)."""
 MODEL: list = []
+JOB: list = []
+
+
+def accumulation_micro_steps(count: int) -> None:
+    """`count` micro-steps under FSDP1's no_sync (forward and backward, no optimizer step), as
+    litgpt finetune/full.py runs the accumulating ones (fabric.no_backward_sync(model,
+    enabled=is_accumulating) -> lightning FSDPStrategy _FSDPBackwardSyncControl ->
+    FullyShardedDataParallel.no_sync): every unit's gradient stays unsharded on the rank."""
+    model, job = MODEL[0], JOB[0]
+    for _ in range(count):
+        with model.no_sync():
+            job.loss(model, job.batch).backward()
 
 
 def label_fsdp_storages() -> None:
@@ -192,6 +222,7 @@ def trace(name: str) -> dict:
     def on_phase_end(phase: str) -> None:
         tracker = TRACKERS[-1]
         if phase == "warm-up":
+            accumulation_micro_steps(case.get("grad_accum_steps", 1) - 1)
             marks["start"] = tracker.sequence
             label_fsdp_storages()
         elif phase == "forward":
