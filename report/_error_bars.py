@@ -125,12 +125,13 @@ def load_error_bars(path: Path = ERROR_BARS_FILE) -> dict[str, Any]:
 
 
 @functools.cache
-def _tables() -> tuple[np.ndarray, np.ndarray]:
-    """mean_log and sigma_log as [framework code, regime code] arrays (FRAMEWORKS x REGIMES)."""
+def _tables() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """mean_log, sigma_log and the interval's factors exp(mean_log -+ Z90 sigma_log) as
+    [framework code, regime code] arrays (FRAMEWORKS x REGIMES)."""
     groups = load_error_bars()["groups"]
     mean = np.array([[groups[f"{f}/{r}"]["mean_log"] for r in REGIMES] for f in FRAMEWORKS])
     sigma = np.array([[groups[f"{f}/{r}"]["sigma_log"] for r in REGIMES] for f in FRAMEWORKS])
-    return mean, sigma
+    return mean, sigma, np.exp(mean - Z90 * sigma), np.exp(mean + Z90 * sigma)
 
 
 def normal_cdf(z: np.ndarray) -> np.ndarray:
@@ -160,7 +161,7 @@ def error_bar_columns(
     limit) = Phi((log(limit / predicted) - mean_log) / sigma_log) (0 where the limit is not
     positive; NaN where the prediction is not finite).
     """
-    mean_t, sigma_t = _tables()
+    mean_t, sigma_t, low_t, high_t = _tables()
     fw, rg = np.asarray(framework, dtype=np.int64), np.asarray(regime, dtype=np.int64)
     mean, sigma = mean_t[fw, rg], sigma_t[fw, rg]
     peak = np.asarray(peak_device_bytes, dtype=np.float64)
@@ -170,8 +171,8 @@ def error_bar_columns(
         prob = normal_cdf((log_ratio - mean) / sigma)
     prob = np.where(limit <= 0, 0.0, np.where(peak <= 0, 1.0, prob))
     return {
-        "peak_device_bytes_low": peak * np.exp(mean - Z90 * sigma),
-        "peak_device_bytes_high": peak * np.exp(mean + Z90 * sigma),
+        "peak_device_bytes_low": peak * low_t[fw, rg],
+        "peak_device_bytes_high": peak * high_t[fw, rg],
         "fit_probability": np.where(np.isfinite(peak), prob, np.nan),
     }
 

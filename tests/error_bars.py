@@ -141,6 +141,32 @@ def held_out(by: str = "case") -> dict[str, Any]:
     }
 
 
+@functools.cache
+def outcome_scores() -> dict[str, Any]:
+    """fit_probability on the published cases that say only whether the job ran or went out of
+    memory (metric `fit`: no figure, so in no fit), with no headroom as their fit calls: the
+    mean probability of the runs and of the OOMs, and the Brier score, mean (p - ran)^2,
+    against the yes/no `fits` call's."""
+    from trainmem import estimate
+
+    cases = json.loads((fa.DATA / "published" / "framework_cases.json").read_text())["cases"]
+    ran, prob, call = [], [], []
+    for c in (c for c in cases if c["metric"] == "fit" and c["modelled"]):
+        report = estimate(gpu=c["gpu"], headroom=0.0, **fa._resolved(c["flags"]))
+        ran.append(1.0 if c.get("outcome", "ran") == "ran" else 0.0)
+        prob.append(report["fit_probability"])
+        call.append(1.0 if report["fits"] else 0.0)
+    y, p, f = np.array(ran), np.array(prob), np.array(call)
+    return {
+        "num_ran": int(y.sum()),
+        "num_oom": int(len(y) - y.sum()),
+        "mean_probability_ran": float(p[y == 1].mean()),
+        "mean_probability_oom": float(p[y == 0].mean()),
+        "brier": float(np.mean((p - y) ** 2)),
+        "brier_fits_call": float(np.mean((f - y) ** 2)),
+    }
+
+
 def widths_markdown() -> str:
     """Per stack and regime with published cases: the cases, the fitted interval (as factors of
     the prediction) and its width; then the held-out coverage."""
@@ -175,6 +201,13 @@ def widths_markdown() -> str:
             f"Held out ({words}): the 90% intervals cover {h['covered']} of {h['num_cases']} "
             f"published cases ({h['coverage']:.1%})."
         )
-        if by == "case":
-            lines.append("")
+        lines.append("")
+    o = outcome_scores()
+    lines.append(
+        f"fit_probability on the {o['num_ran'] + o['num_oom']} published outcomes without a "
+        f"figure (ran or out of memory, in no fit; no headroom): {o['mean_probability_ran']:.2f} "
+        f"on average for the {o['num_ran']} that ran, {o['mean_probability_oom']:.2f} for the "
+        f"{o['num_oom']} that ran out of memory; Brier score {o['brier']:.3f} (the yes/no `fits` "
+        f"call's: {o['brier_fits_call']:.3f})."
+    )
     return "\n".join(lines)
