@@ -190,3 +190,29 @@ def test_sweep_points_carry_the_columns() -> None:
         assert one["peak_device_bytes_low"] == round(res["peak_device_bytes_low"][j])
         assert one["fit_probability"] == pytest.approx(res["fit_probability"][j], abs=2e-7)
         assert one["error_bars"]["regime"] == "lora"
+
+
+def test_heatmap_cells_carry_the_columns() -> None:
+    """Each cell: its error bars as one answer gives them; NaN where the layout is invalid."""
+    from trainmem.catalog import load_model
+    from trainmem.engine import TrainingConfig
+    from trainmem.hardware import get_gpu
+    from trainmem.sweep._heatmap import heatmap_cells
+
+    profile = get_gpu("h100-sxm-80gb")
+    config = TrainingConfig.from_fields({"framework": "torchtune"}).grid_columns()
+    config = {k: v for k, v in config.items() if k not in ("micro_batch_size", "seq_len")}
+    cells = heatmap_cells(
+        load_model("llama-3.2-1b"),
+        profile,
+        config,
+        x="micro_batch_size",
+        x_values=[1, 8],
+        y="seq_len",
+        y_values=[1024, 4096],
+        headroom=0.1,
+    )
+    for row in cells.to_dicts():
+        one = error_bar_report(row["peak_device_bytes"], profile.usable_bytes * 0.9, config)
+        assert one["peak_device_bytes_high"] == row["peak_device_bytes_high"]
+        assert one["fit_probability"] == pytest.approx(row["fit_probability"], abs=2e-7)
