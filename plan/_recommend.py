@@ -36,6 +36,7 @@ from trainmem.engine import (
 )
 from trainmem.hardware import GIB, Fleet, FleetSource, load_gpus, parse_fleet
 from trainmem.report import (
+    ERROR_BAR_KEYS,
     JOB_DEFAULTS,
     check_headroom,
     check_options,
@@ -556,6 +557,7 @@ def _plan(space: Space, res: dict[str, np.ndarray], j: int) -> dict[str, Any]:
         "global_batch_size": int(space.fixed["global_batch_size"]),
         "seq_len": int(space.fixed["seq_len"]),
         "peak_device_bytes": peak,
+        **_error_bars(res, j),
         "peak_reserved_bytes": int(round(float(res["peak_reserved_bytes"][j]))),
         "peak_allocated_bytes": int(round(float(res["peak_allocated_bytes"][j]))),
         "headroom_bytes": headroom_bytes,
@@ -572,6 +574,17 @@ def _plan(space: Space, res: dict[str, np.ndarray], j: int) -> dict[str, Any]:
     }
     # A search axis the contract above does not name: its value, after the others.
     return {**plan, **{a: _axis_item(a, res[a][j]) for a in AXES[1:] if a not in plan}}
+
+
+def _error_bars(res: dict[str, np.ndarray], j: int) -> dict[str, Any]:
+    """Row `j`'s 90% interval of the device peak (whole bytes) and fit_probability, as
+    evaluate_columns gives them (report/_error_bars.py)."""
+    low, high = (int(round(float(res[k][j]))) for k in ERROR_BAR_KEYS[:2])
+    return {
+        ERROR_BAR_KEYS[0]: low,
+        ERROR_BAR_KEYS[1]: high,
+        "fit_probability": float(res["fit_probability"][j]),
+    }
 
 
 def _axis_item(axis: str, value: Any) -> Any:

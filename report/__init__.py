@@ -5,6 +5,7 @@ are the blocks that fit, recommend and the HTTP service reuse. Imports engine an
 """
 
 from ._advice import advice_lines, advice_report, change_lines, gpu_choice
+from ._error_bars import ERROR_BAR_KEYS, error_bar_columns, error_bar_report, regime_of
 from ._estimate import (
     DEFAULT_MODEL,
     MINIMIZE,
@@ -127,6 +128,10 @@ __all__ = [
     "key_numbers",
     "model_spec",
     "row_report",
+    "ERROR_BAR_KEYS",
+    "error_bar_columns",
+    "error_bar_report",
+    "regime_of",
     "stage_summary",
     "time_line",
     "time_report",

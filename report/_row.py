@@ -18,6 +18,7 @@ from trainmem.engine import (
 from trainmem.hardware import GpuProfile
 
 from ._advice import advice_lines
+from ._error_bars import error_bar_lines, error_bar_report
 
 BYTES_KEYS = COMPONENTS
 
@@ -53,7 +54,7 @@ def row_report(
         "fragmentation": breakdown["fragmentation"],
     }
     biggest = max(breakdown, key=lambda k: breakdown[k])
-    return {
+    report = {
         "model": model.name,
         "num_parameters": model.num_parameters,
         "config": config,
@@ -85,6 +86,9 @@ def row_report(
         "load": load_report(out, config, gpu=gpu, headroom=headroom, row=row),
         "units": "bytes per device (worst rank); GiB = 2**30 in the human output",
     }
+    limit_bytes = gpu.usable_bytes * (1.0 - headroom)  # what `fits` compares the peak with
+    report.update(error_bar_report(peak_device, limit_bytes, config))
+    return report
 
 
 def load_report(
@@ -317,6 +321,7 @@ def human_table(report: dict[str, Any]) -> str:
         f"  {verdict} on {report['gpu']['name']} ({usable / GIB:.2f} GiB usable, "
         f"{report['headroom']:.0%} headroom): margin {report['headroom_bytes'] / GIB:+.2f} GiB"
     )
+    lines += error_bar_lines(report)
     lines += host_lines(report)
     if "time" in report:
         lines.append(time_line(report["time"]))

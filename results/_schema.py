@@ -10,9 +10,10 @@ import polars as pl
 
 from trainmem.engine import COMPONENTS, FIELD_NAMES, TYPES
 
-SCHEMA_VERSION = 6
-"""6: the training field `bitsandbytes_version`; 5: the training field `load` and the load
-phase's peak_load_bytes;
+SCHEMA_VERSION = 7
+"""7: the error bars peak_device_bytes_low, peak_device_bytes_high (a 90% interval) and
+fit_probability (parts of schema 6 and older read with them null); 6: the training field
+`bitsandbytes_version`; 5: the training field `load` and the load phase's peak_load_bytes;
 4: byte columns (BYTE_COLUMNS) are whole bytes, Int64 (were Float64), and the string columns
 are stored dictionary-encoded (Categorical; readers see strings); 3: the fields dp_shard,
 recompute_every, compile, optimizer_in_backward and allocator, and the vocabularies' new names
@@ -37,12 +38,20 @@ CONFIG_COLUMNS: dict[str, type[pl.DataType] | pl.DataType] = {
 }
 """The configuration of a point."""
 
-BYTE_COLUMNS = ("peak_device_bytes", *COMPONENTS, "peak_allocated_bytes", "peak_load_bytes")
+BYTE_COLUMNS = (
+    "peak_device_bytes",
+    *COMPONENTS,
+    "peak_allocated_bytes",
+    "peak_load_bytes",
+    "peak_device_bytes_low",
+    "peak_device_bytes_high",
+)
 """Bytes per device, rounded to the byte (null where the engine gives no finite number)."""
 
 PREDICTION_COLUMNS: dict[str, type[pl.DataType] | pl.DataType] = {
     **{name: pl.Int64 for name in BYTE_COLUMNS},
     "fits": pl.Boolean,
+    "fit_probability": pl.Float64,
     "reason": pl.Categorical(),
     "step_time_s": pl.Float64,
     "tokens_per_second": pl.Float64,

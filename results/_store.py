@@ -67,7 +67,7 @@ import polars as pl
 
 from trainmem.hardware._files import check_path_name, shown_path
 
-from ._schema import BYTE_COLUMNS, SCHEMA, SCHEMA_VERSION
+from ._schema import BYTE_COLUMNS, READ_SCHEMA, SCHEMA, SCHEMA_VERSION
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")  # \Z, not $: no trailing newline
 HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
@@ -305,6 +305,12 @@ def read_view(frame: _Frame) -> _Frame:
     """`frame` (stored points, any schema version) as readers see them (READ_SCHEMA): the
     categoricals as strings; byte columns of schema 3 and older (Float64) rounded to Int64."""
     schema = frame.collect_schema() if isinstance(frame, pl.LazyFrame) else frame.schema
+    names: list[str] = list(schema.names())
+    missing = [n for n in READ_SCHEMA if n not in names]
+    if missing:  # a part older than a column (schema 6: the error bars): null, in order
+        added = frame.with_columns(pl.lit(None, dtype=READ_SCHEMA[n]).alias(n) for n in missing)
+        order = [*READ_SCHEMA, *(n for n in names if n not in READ_SCHEMA)]
+        return read_view(added.select(order))  # type: ignore[return-value]
     casts = []
     for name, dtype in schema.items():
         if dtype == pl.Categorical or isinstance(dtype, pl.Enum):

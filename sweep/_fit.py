@@ -32,6 +32,7 @@ from trainmem.report import (
     ALLOW_LONG_SEQ,
     AS_JSON,
     CHECK,
+    ERROR_BAR_KEYS,
     FAMILY,
     GPU,
     HEADROOM,
@@ -311,6 +312,8 @@ def _fit_result(key: str, scan: _Scan, report: dict[str, Any]) -> dict[str, Any]
         "fits": bool(len(scan.fitting)),
         "reason": reason or ("" if len(scan.fitting) else "does not fit"),
         "estimate": report,
+        # the chosen candidate's error bars (report/_error_bars.py), at the answer's top
+        **{k: report[k] for k in ERROR_BAR_KEYS},
         "host_memory_per_node_bytes": host.limit_bytes,
         "node_host_bytes": int(round(float(host.need_bytes[row]))),
         "host_fits": bool(host.fits[row]),

@@ -35,7 +35,9 @@ from trainmem.report import (
     check_lora_rank,
     check_precision,
     choice,
+    error_bar_columns,
     precision_reason,
+    regime_of,
     runnable_precision,
 )
 from trainmem.results import query_points, write_heatmap
@@ -191,7 +193,8 @@ def heatmap_cells(
     headroom: float,
 ) -> pl.DataFrame:
     """One row per (x, y) cell, y-major: the axes' values, peak_device_bytes, peak_gib, fits,
-    valid, reason (text, empty when valid) and headroom_bytes; all cells in one engine call.
+    valid, reason (text, empty when valid), headroom_bytes and the error bars
+    (peak_device_bytes_low / _high, fit_probability); all cells in one engine call.
 
     `config` holds every other grid field (scalars). Each row equals a one-row `estimate` of
     the same configuration (the vectorized call is the single call).
@@ -205,6 +208,12 @@ def heatmap_cells(
     )
     valid = out["reason"] == 0
     peak = np.asarray(out["peak_device_bytes"], dtype=np.float64)
+    bars = error_bar_columns(
+        np.where(valid, peak, np.nan),
+        profile.usable_bytes * (1.0 - headroom),
+        framework=grid["framework"],
+        regime=regime_of(lora_rank=grid["lora_rank"], qlora=grid["qlora"]),
+    )
     return pl.DataFrame(
         {
             x: xs,
@@ -215,6 +224,8 @@ def heatmap_cells(
             "valid": valid,
             "reason": [reason_text(int(r)) for r in out["reason"]],
             "headroom_bytes": np.where(valid, np.round(out["headroom_bytes"]), np.nan),
+            # the error bars (report/_error_bars.py): NaN where the layout is invalid
+            **{k: v if k == "fit_probability" else np.round(v) for k, v in bars.items()},
         },
         strict=False,
     )

@@ -24,6 +24,7 @@ from trainmem.engine import (
 from trainmem.hardware import load_gpus, parse_fleet
 from trainmem.hardware._files import check_path_name
 from trainmem.report import (
+    ERROR_BAR_KEYS,
     check_headroom,
     check_options,
     choice,
@@ -432,6 +433,8 @@ def point_json(row: Mapping[str, Any]) -> dict[str, Any]:
             "tokens_per_second": row["tokens_per_second"],
             "mfu": row["mfu"],
             "peak_device_bytes": row["peak_device_bytes"],
+            # the error bars (report/_error_bars.py); None on a part older than schema 7
+            **{k: row.get(k) for k in ERROR_BAR_KEYS},
             "breakdown": {k: row[k] for k in COMPONENTS},
         }
     )

@@ -36,7 +36,9 @@ from trainmem.engine import (
 from trainmem.hardware import Fleet, GpuProfile, Pool
 from trainmem.report import (
     check_lora_rank,
+    error_bar_columns,
     precision_reason,
+    regime_of,
     runnable_precision,
     seq_len_warnings,
 )
@@ -250,6 +252,7 @@ def evaluate_columns(
         reason = np.where(dear, COSTLIER_THAN_MAX, reason).astype(np.int16)
     valid = reason == 0
     dp = out["dp"]
+    bars = _error_bars(space, grid, pools, out)
     return {
         "pool": pool,
         **{a: cols[a] if a in _NAMES else grid[a] for a in AXES[1:]},  # names as codes
@@ -259,8 +262,25 @@ def evaluate_columns(
         **out,
         "fits": out["fits"] & valid,
         "reason": reason,
+        **bars,
         **timing,  # NaN where the point is invalid
     }
+
+
+def _error_bars(
+    space: Space, grid: Mapping[str, np.ndarray], pools: _PoolColumns, out: Mapping[str, Any]
+) -> dict[str, np.ndarray]:
+    """Each point's 90% interval of the device peak and its fit_probability against its GPU's
+    usable memory less the headroom (report/_error_bars.py; the GPU's alone: the host RAM and
+    the searched limits are `fits`' and `reason`'s); none when the peak was not asked for."""
+    if "peak_device_bytes" not in out:
+        return {}
+    return error_bar_columns(
+        out["peak_device_bytes"],
+        pools.usable_bytes * (1.0 - space.headroom),
+        framework=grid["framework"],
+        regime=regime_of(lora_rank=grid["lora_rank"], qlora=grid["qlora"]),
+    )
 
 
 class _PoolColumns(NamedTuple):

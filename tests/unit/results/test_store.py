@@ -65,7 +65,10 @@ SNAPSHOT = [
     ("fragmentation", "Int64"),
     ("peak_allocated_bytes", "Int64"),
     ("peak_load_bytes", "Int64"),
+    ("peak_device_bytes_low", "Int64"),
+    ("peak_device_bytes_high", "Int64"),
     ("fits", "Boolean"),
+    ("fit_probability", "Float64"),
     ("reason", "Categorical"),
     ("step_time_s", "Float64"),
     ("tokens_per_second", "Float64"),
@@ -80,7 +83,7 @@ SNAPSHOT = [
 
 def test_schema_snapshot() -> None:
     assert [(k, str(v)) for k, v in SCHEMA.items()] == SNAPSHOT
-    assert SCHEMA_VERSION == 6
+    assert SCHEMA_VERSION == 7
 
 
 def _frame(n: int = 5) -> pl.DataFrame:
@@ -167,6 +170,22 @@ def test_schema_3_parts_read_as_schema_4(tmp_path) -> None:
     assert old_rows["peak_device_bytes"].to_list() == [5_000_000_000] * 5
     assert old_rows["gpu"].to_list() == ["h100-sxm-80gb"] * 5
     assert query_points(tmp_path, where="gpu LIKE 'h100%'", head=None).height == 10
+
+
+def test_schema_6_parts_read_with_null_error_bars(tmp_path) -> None:
+    """A part written before the error bars (schema 6: no peak_device_bytes_low/_high,
+    fit_probability), alone or beside a schema-7 part, reads as READ_SCHEMA with them null."""
+    new = _frame().with_columns(pl.lit(0.5).alias("fit_probability"))
+    write_points(new, tmp_path, study="new", part="a")
+    old = write_points(_frame(), tmp_path, study="old", part="a")
+    pl.read_parquet(old).drop(
+        "peak_device_bytes_low", "peak_device_bytes_high", "fit_probability"
+    ).write_parquet(old)
+    for path in (tmp_path / "points" / "study=old", tmp_path):
+        got = query_points(path, head=None)
+        assert dict(got.schema) == dict(READ_SCHEMA)
+    assert query_points(tmp_path, where="fit_probability IS NULL", head=None).height == 5
+    assert query_points(tmp_path, where="fit_probability = 0.5", head=None).height == 5
 
 
 def test_string_columns_are_dictionary_encoded_and_read_as_strings(tmp_path) -> None:
