@@ -23,7 +23,12 @@ from trainmem.hardware import get_gpu
 
 from ._attribute import attribute
 from ._options import Option, gib_to_bytes
-from ._overhead_file import overhead_items, overhead_toml, write_text_atomically
+from ._overhead_file import (
+    check_output_path,
+    overhead_items,
+    overhead_toml,
+    write_text_atomically,
+)
 from ._snapshot import load_snapshot, replay
 
 CONFIG = Option(
@@ -75,6 +80,8 @@ def explain_report(
     framework overhead against its allocator-visible part), `differs_most`, the measured and
     predicted peaks, and `calibration` (the overheads that make the prediction match; written
     to `calibrate` when given, after every check passed)."""
+    if calibrate is not None:
+        check_output_path(calibrate, what="calibrate")
     replayed = replay(load_snapshot(snapshot))
     measured = attribute(replayed)
     visible = {**predicted["bytes"], "framework_overhead": overheads.cublas_workspace_bytes}

@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Mapping
 
 from trainmem.engine import Overheads
-from trainmem.hardware._files import read_input_text, shown_path
+from trainmem.hardware._files import check_path_name, read_input_text, shown_path
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -71,6 +71,19 @@ def overhead_toml(values: Mapping[str, float], *, comment: str) -> str:
         shown = repr(float(value)) if not key.endswith("_bytes") else str(int(round(value)))
         lines.append(f"{key} = {shown}")
     return "\n".join(lines) + "\n"
+
+
+def check_output_path(path: str, *, what: str) -> None:
+    """ValueError (one line naming `what`) when `path` cannot be written: a bad name, a folder,
+    or a folder that does not exist (checked before any work, so that nothing is half done)."""
+    check_path_name(path, what=what)
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"{what}: {shown_path(path)}: is a folder, give a file name")
+    if not os.path.isdir(folder):
+        raise ValueError(
+            f"{what}: {shown_path(path)}: the folder {shown_path(folder)} does not exist"
+        )
 
 
 def write_text_atomically(path: str, text: str) -> None:
