@@ -39,6 +39,7 @@ allocator and never in a snapshot.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -89,6 +90,7 @@ def _frame_parts(filename: str, name: str) -> tuple[str, str]:
     return filename, name
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a step repeats a few thousand distinct stacks
 def frame_kind(frames: tuple[tuple[str, str], ...]) -> str:
     """What made an allocation, from its (filename, name) frames: a component name (trainmem's
     own snapshot), "overhead", "optimizer", "backward", "setup", "forward" or "unknown"."""

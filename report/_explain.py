@@ -93,6 +93,8 @@ def explain_report(
     calibration = calibrated_overheads(
         measured, predicted, overheads, outside_allocator_bytes=outside
     )
+    warnings = [*predicted.get("warnings", []), *replayed.warnings]
+    warnings += _allocator_warnings(replayed.allocator_settings, predicted.get("config", {}))
     report = {
         "snapshot": snapshot,
         "measured": measured["measured"],
@@ -129,7 +131,7 @@ def explain_report(
         "config": predicted.get("config", {}),
         "model": predicted.get("model"),
         "gpu": predicted.get("gpu", {}).get("name"),
-        "warnings": [*predicted.get("warnings", []), *replayed.warnings],
+        "warnings": warnings,
     }
     if calibrate is not None:
         comment = (
@@ -139,6 +141,21 @@ def explain_report(
         write_text_atomically(calibrate, overhead_toml(calibration, comment=comment))
         report["calibrated_file"] = calibrate
     return report
+
+
+def _allocator_warnings(settings: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
+    """A warning when the snapshot's allocator (its allocator_settings) is not the one the
+    prediction assumes (--allocator): their fragmentation differs."""
+    if "expandable_segments" not in settings:
+        return []
+    ran = "expandable-segments" if settings["expandable_segments"] else "native"
+    assumed = config.get("allocator", ran)
+    if ran == assumed:
+        return []
+    return [
+        f"the snapshot's allocator ran as {ran} (its allocator_settings), the prediction "
+        f"assumes --allocator {assumed}: give --allocator {ran} to compare the fragmentation"
+    ]
 
 
 def _outside_allocator_bytes(
@@ -180,7 +197,7 @@ def calibrated_overheads(
     measured_frag = float(measured["measured"]["fragmentation"])
     predicted_frag = float(predicted["bytes"]["fragmentation"])
     expandable = predicted.get("config", {}).get("allocator") == "expandable-segments"
-    if predicted_frag > 0:
+    if predicted_frag > 0 and measured["peak_allocated_bytes"] > 0:
         scale = measured_frag / predicted_frag
         if expandable:
             key = "expandable_segments_fragmentation_fraction"

@@ -192,3 +192,23 @@ def test_segments_only_snapshot_has_a_warning(tmp_path: Path) -> None:
     assert got["peak_allocated_bytes"] == sum(
         b["size"] for s in snapshot["segments"] for b in s["blocks"] if b["state"] != "inactive"
     )
+
+
+def test_allocator_settings_mismatch_is_a_warning(tmp_path: Path) -> None:
+    """An empty snapshot of an expandable-segments run: no calibration, two warnings."""
+    from trainmem.engine import Overheads
+    from trainmem.report import estimate_report
+    from trainmem.report._explain import explain_report
+
+    path = tmp_path / "empty.pickle"
+    settings = {"expandable_segments": True}
+    path.write_bytes(
+        pickle.dumps({"segments": [], "device_traces": [[]], "allocator_settings": settings})
+    )
+    predicted = estimate_report(advice=False)
+    out = explain_report(
+        str(path), predicted=predicted, overheads=Overheads(), gpu_memory_bytes=80 << 30
+    )
+    assert out["calibration"] == {}
+    assert any("--allocator expandable-segments" in w for w in out["warnings"])
+    assert out["measured_peaks"]["peak_allocated_bytes"] == 0
