@@ -138,7 +138,8 @@ def explain_report(
             f"trainmem explain {snapshot}: overheads that make the prediction match it\n"
             "(the --overhead keys; read back with --overhead-file)"
         )
-        write_text_atomically(calibrate, overhead_toml(calibration, comment=comment))
+        text = overhead_toml(calibration, comment=comment)
+        write_text_atomically(calibrate, text, what="calibrate")
         report["calibrated_file"] = calibrate
     return report
 

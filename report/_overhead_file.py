@@ -74,22 +74,27 @@ def overhead_toml(values: Mapping[str, float], *, comment: str) -> str:
 
 
 def check_output_path(path: str, *, what: str) -> None:
-    """ValueError (one line naming `what`) when `path` cannot be written: a bad name, a folder,
-    or a folder that does not exist (checked before any work, so that nothing is half done)."""
+    """ValueError (one line naming `what`) when `path` cannot name the file to write: a bad
+    name or a folder (checked before any work, so that nothing is half done)."""
     check_path_name(path, what=what)
-    folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise ValueError(f"{what}: {shown_path(path)}: is a folder, give a file name")
-    if not os.path.isdir(folder):
-        raise ValueError(
-            f"{what}: {shown_path(path)}: the folder {shown_path(folder)} does not exist"
-        )
 
 
-def write_text_atomically(path: str, text: str) -> None:
-    """`text` at `path`, whole or not at all: a temporary file in the same folder, flushed,
-    then renamed over it."""
+def write_text_atomically(path: str, text: str, *, what: str) -> None:
+    """`text` at `path`, whole or not at all: its folder made if missing (as the pictures'
+    writers do), a temporary file in it, flushed, then renamed over `path`; a failure is one
+    ValueError line naming `what`."""
     folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+        _write(folder, path, text)
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise ValueError(f"{what}: {shown_path(path)}: cannot write ({reason})") from None
+
+
+def _write(folder: str, path: str, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".trainmem-", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
