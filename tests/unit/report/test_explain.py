@@ -12,6 +12,8 @@ import pickle
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from trainmem.engine import COMPONENTS
 from trainmem.report._attribute import attribute, frame_kind
@@ -212,3 +214,64 @@ def test_allocator_settings_mismatch_is_a_warning(tmp_path: Path) -> None:
     assert out["calibration"] == {}
     assert any("--allocator expandable-segments" in w for w in out["warnings"])
     assert out["measured_peaks"]["peak_allocated_bytes"] == 0
+
+
+_STACKS = (
+    [],
+    [{"filename": "a/torch/nn/modules/module.py", "line": 1, "name": "_call_impl"}],
+    [{"filename": "??", "line": 0, "name": "torch::autograd::Engine::thread_main(...)"}],
+    [{"filename": "a/torch/optim/adamw.py", "line": 1, "name": "_init_group"}],
+    [{"filename": "a/torch/nn/modules/module.py", "line": 1, "name": "_apply"}],
+    [{"filename": "train.py", "line": 1, "name": "<module>"}],
+)
+
+
+def _random_snapshot(ops: list[tuple[bool, int, int, int]]) -> dict:
+    """A trace of allocs and frees (op: alloc?, which live one / size in KiB, stack) with one
+    segment per allocation (reserved never below allocated)."""
+    trace, live, address = [], [], 1 << 40
+    for is_alloc, pick, kib, stack in ops:
+        if is_alloc or not live:
+            size = kib * 1024 + 1
+            trace.append({"action": "segment_alloc", "addr": address, "size": 1 << 30})
+            trace.append(
+                {"action": "alloc", "addr": address, "size": size, "frames": _STACKS[stack]}
+            )
+            live.append((address, size, stack))
+            address += 1 << 30
+        else:
+            addr, size, stack = live.pop(pick % len(live))
+            for action in ("free_requested", "free_completed"):
+                trace.append(
+                    {"action": action, "addr": addr, "size": size, "frames": _STACKS[stack]}
+                )
+    segments = [
+        {
+            "address": a,
+            "total_size": 1 << 30,
+            "blocks": [{"address": a, "size": s, "state": "active_allocated"}],
+        }
+        for a, s, _ in live
+    ]
+    return {"segments": segments, "device_traces": [trace]}
+
+
+@given(
+    st.lists(
+        st.tuples(st.booleans(), st.integers(0, 50), st.integers(0, 4096), st.integers(0, 5)),
+        max_size=60,
+    )
+)
+def test_attribution_laws(ops: list[tuple[bool, int, int, int]]) -> None:
+    """Every component >= 0; the breakdown at the peak sums to the peak (allocated, then
+    reserved with the fragmentation); no component's largest exceeds the allocated peak."""
+    from trainmem.report._snapshot import check_snapshot
+
+    got = attribute(replay(check_snapshot(_random_snapshot(ops))))
+    at_peak = got["measured_at_peak"]
+    assert all(v >= 0 for v in (*got["measured"].values(), *at_peak.values()))
+    allocated = sum(v for k, v in at_peak.items() if k != "fragmentation")
+    assert allocated == got["peak_allocated_bytes"]
+    assert allocated + at_peak["fragmentation"] == got["peak_reserved_bytes"]
+    for component in ("parameters", "gradients", "optimizer_states", "framework_overhead"):
+        assert got["measured"][component] <= got["peak_allocated_bytes"]
