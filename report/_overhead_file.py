@@ -97,6 +97,9 @@ def write_text_atomically(path: str, text: str, *, what: str) -> None:
 def _write(folder: str, path: str, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".trainmem-", suffix=".tmp")
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as open() would make it (mkstemp's is 0600)
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             out.write(text)
             out.flush()

@@ -210,10 +210,22 @@ def snapshot_of(
 
 def write_snapshot(path: str, snapshot: dict[str, Any]) -> None:
     """`snapshot` pickled at `path` as `torch.cuda.memory._dump_snapshot` writes it, atomically
-    (a temporary file in the same folder, renamed over it)."""
+    (its folder made if missing, a temporary file in it, renamed over `path`); a failure is one
+    ValueError line."""
     folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+        _write(folder, path, snapshot)
+    except OSError as error:
+        raise ValueError(f"snapshot: {path}: cannot write ({error.strerror or error})") from None
+
+
+def _write(folder: str, path: str, snapshot: dict[str, Any]) -> None:
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".trainmem-", suffix=".tmp")
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as open() would make it (mkstemp's is 0600)
         with os.fdopen(fd, "wb") as out:
             pickle.dump(snapshot, out)
             out.flush()

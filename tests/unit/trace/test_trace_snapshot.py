@@ -4,6 +4,7 @@ same replay), and torch's own viewer code reads the file (torch.cuda._memory_viz
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 
@@ -79,3 +80,18 @@ def test_torch_memory_viz_reads_a_traced_snapshot(tmp_path: Path) -> None:
         snapshot = pickle.load(f)  # written by the test just now
     assert "segment" in _memory_viz.segsum(snapshot)
     assert "<html" in _memory_viz.trace_plot(snapshot).lower()
+
+
+def test_trace_cli_writes_a_snapshot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`trainmem trace --snapshot FILE` (one model, one fake device); refused with --num-gpus."""
+    from trainmem.cli import main
+
+    config = Path(__file__).resolve().parents[2] / "data" / "snapshots" / "tiny_llama.json"
+    path = tmp_path / "sub" / "step.pickle"
+    argv = ["trace", "--model", str(config), "--seq-len", "32", "--micro-batch-size", "1"]
+    assert main([*argv, "--snapshot", str(path), "--json"]) == 0
+    traced = json.loads(capsys.readouterr().out)
+    got = attribute(replay(load_snapshot(str(path))))
+    assert got["peak_allocated_bytes"] == traced["measured"]["peak_allocated_bytes"]
+    assert main([*argv, "--num-gpus", "2", "--zero", "3", "--snapshot", str(path)]) == 2
+    assert capsys.readouterr().err.startswith("error: snapshot: ")
