@@ -164,8 +164,13 @@ def _after(starts: np.ndarray, position: int) -> int | None:
     return int(starts[k]) if k < len(starts) else None
 
 
-def _optimizer_starts(starts: dict[str, np.ndarray]) -> set[int]:
-    return {int(x) for x in starts["optimizer"]}
+def _optimizer_follows(starts: dict[str, np.ndarray], position: int) -> bool:
+    """Whether the run after `position` is an optimizer run (it allocates: AdamW's states and
+    temporaries; SGD's in-place update makes none)."""
+    following = _after(starts["any"], position)
+    optimizer = starts["optimizer"]
+    k = int(np.searchsorted(optimizer, following)) if following is not None else len(optimizer)
+    return k < len(optimizer) and int(optimizer[k]) == following
 
 
 def _component(
@@ -189,7 +194,7 @@ def _component(
         if forward is None or a.end <= forward:
             return "transient"
         a, phase = Allocation(forward, a.end, a.size_bytes, a.frames, False), "forward"
-    if phase == "backward" and _after(starts["any"], a.start) not in _optimizer_starts(starts):
+    if phase == "backward" and not _optimizer_follows(starts, a.start):
         # no optimizer allocation follows (SGD updates in place): a gradient outlives its
         # backward (_phase_starts' backward_last)
         run = int(np.searchsorted(starts["backward"], a.start, side="right")) - 1
@@ -253,11 +258,10 @@ def _parameter_sized(
     backward), its gradients are only the blocks of a parameter's size (the others are its
     working set)."""
     param_sizes = {a.size_bytes for a, c in zip(allocs, names, strict=True) if c == "parameters"}
-    optimizer = _optimizer_starts(starts)
     out = list(names)
     for k, (a, c) in enumerate(zip(allocs, names, strict=True)):
         if c != "gradients" or phases[k] != "backward" or a.size_bytes in param_sizes:
             continue
-        if _after(starts["any"], a.start) not in optimizer:
+        if not _optimizer_follows(starts, a.start):
             out[k] = "transient"
     return out
