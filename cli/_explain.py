@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from trainmem.engine import FIELD_NAMES
 from trainmem.report import AS_JSON, ESTIMATE_OPTIONS, EXIT_CODES, json_text, option_defaults
 from trainmem.report._explain import (
     EXPLAIN_OWN_OPTIONS,
@@ -58,8 +59,6 @@ def predicted_report(config: list[str] | None, flags: dict[str, Any]) -> dict[st
     estimate_names = {o.name for o in ESTIMATE_OPTIONS}
     values = {**option_defaults(ESTIMATE_OPTIONS), **given, "advice": False}
     values = {k: v for k, v in values.items() if k in estimate_names and k not in NOT_EXPLAINED}
-    from trainmem.engine import FIELD_NAMES
-
     training = {k: values.pop(k) for k in list(values) if k in FIELD_NAMES}
     return estimate_report(training, advice=False, **values)
 
