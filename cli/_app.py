@@ -1,6 +1,6 @@
 """The `trainmem` command line (typer): estimate; the others register from their modules
-(models, optimizers, trace, gpus, fit, sweep, points, recommend, heatmap, serve), imported and
-built only when their command is named (LAZY_COMMANDS).
+(models, optimizers, trace, gpus, fit, sweep, points, recommend, heatmap, serve, explain, ...),
+imported and built only when their command is named (LAZY_COMMANDS).
 
 Exit codes (every command, report.EXIT_CODES, docs/exit-codes.md): 0 the command ran; 1 with
 --check when it does not fit; 2 bad input (one line naming the field and the allowed values on
@@ -45,6 +45,7 @@ LAZY_COMMANDS = {
     "heatmap": "._heatmap",
     "check": "._check",
     "compare": "._compare",
+    "explain": "._explain",
     "completion": "._completion",
 }
 """Commands built from their module (its `register(app)`) when named, after this file's own

@@ -137,7 +137,7 @@ _PANEL_NAMES: dict[str, tuple[str, ...]] = {
     ),
     "Hardware": (
         *("gpu", "fleet", "num_gpus", "headroom", "host_memory_gib", "hardware_dir"),
-        "overhead",
+        *("overhead", "overhead_file", "device_used_gib"),
     ),
     "Time and cost": ("tokens", "time_param", "max_cost_per_million_tokens"),
     "Search": (
@@ -151,13 +151,13 @@ _PANEL_NAMES: dict[str, tuple[str, ...]] = {
     "Launch": ("fmt", "script", "job_name", "time_limit"),
     "Trace": (
         *("sdpa_kernel", "device", "real_gpu", "save_profile", "profile_seq_lens"),
-        "profile_name",
+        *("profile_name", "snapshot"),
     ),
     "Server": (
         *("host", "port", "max_points", "max_grid_rows", "timeout_s", "max_concurrent"),
         "max_body_bytes",
     ),
-    "Comparison": ("vs",),
+    "Comparison": ("vs", "config", "calibrate"),
     "Output": (
         *("as_json", "check", "fix", "per_stage", "advice", "plot", "memory_viz", "out"),
         "store",

@@ -64,6 +64,13 @@ _LoraTargets = Annotated[
 _Qlora = Annotated[
     bool, typer.Option("--qlora", help="Refused: QLoRA needs bitsandbytes' CUDA kernels.")
 ]
+_Snapshot = Annotated[
+    str | None,
+    typer.Option(
+        help="Also write the traced step here as a PyTorch memory snapshot pickle "
+        "(memory_viz, `trainmem explain`)."
+    ),
+]
 _AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 
 
@@ -90,6 +97,7 @@ def trace_cmd(
     lora_rank: _LoraRank = 0,
     lora_targets: _LoraTargets = "all-linear",
     qlora: _Qlora = False,
+    snapshot: _Snapshot = None,
     as_json: _AsJson = False,
 ) -> None:
     """Measure one training step on fake tensors next to the estimate (needs the trace extra)."""

@@ -66,15 +66,15 @@ def check_path_name(path: str | os.PathLike[str], *, what: str = "") -> None:
         )
 
 
-def read_input_text(
+def read_input_bytes(
     path: str | os.PathLike[str], *, what: str = "", cap_bytes: int = MAX_INPUT_BYTES
-) -> str:
-    """The UTF-8 text of the regular file `path`, read to at most `cap_bytes` (one byte past
-    it says the file is larger); ValueError (one line: `what`, the file, the reason)."""
+) -> bytes:
+    """The bytes of the regular file `path`, read to at most `cap_bytes` (one byte past it
+    says the file is larger); ValueError (one line: `what`, the file, the reason)."""
     head = f"{what}: {shown_path(path)}" if what else shown_path(path)
     check_path_name(path, what=what)
     try:
-        data = _read_capped(os.fspath(path), cap_bytes)
+        return _read_capped(os.fspath(path), cap_bytes)
     except FileNotFoundError:
         raise ValueError(f"{head}: no such file") from None
     except IsADirectoryError:
@@ -83,6 +83,15 @@ def read_input_text(
         raise ValueError(f"{head}: {refused}") from None
     except OSError as error:
         raise ValueError(f"{head}: cannot read ({error.strerror or error})") from None
+
+
+def read_input_text(
+    path: str | os.PathLike[str], *, what: str = "", cap_bytes: int = MAX_INPUT_BYTES
+) -> str:
+    """The UTF-8 text of the regular file `path`, read to at most `cap_bytes` (one byte past
+    it says the file is larger); ValueError (one line: `what`, the file, the reason)."""
+    head = f"{what}: {shown_path(path)}" if what else shown_path(path)
+    data = read_input_bytes(path, what=what, cap_bytes=cap_bytes)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:

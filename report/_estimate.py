@@ -47,6 +47,7 @@ from trainmem.hardware import GIB, GpuProfile, get_gpu
 
 from ._advice import advice_report
 from ._options import DEFAULT_PRECISIONS, JOB_DEFAULT_MODEL, JOB_DEFAULTS, gib_to_bytes
+from ._overhead_file import overhead_items
 from ._row import row_report, stage_summary, time_report
 from ._validate import (
     check_choices,
@@ -204,6 +205,7 @@ def estimate_report(
     models_dir: str | None = None,
     optimizers_dir: str | None = None,
     overhead: list[str] | None = None,
+    overhead_file: str | None = None,
     per_stage: bool = False,
     advice: bool = True,
     tokens: float | None = None,
@@ -221,6 +223,7 @@ def estimate_report(
     not given are TrainingConfig's defaults (1 GPU, no ZeRO); the command line and HTTP start
     from one job's defaults instead (JOB_DEFAULTS: 8 GPUs, ZeRO-3, full recompute, ...).
     """
+    overhead = overhead_items(overhead_file, overhead)  # the file's, then the flags' (win)
     job = _EstimateJob(**locals())  # every parameter, first: the steps below take the job
     inputs = _estimate_inputs(job)
     check_layout(inputs.spec, inputs.grid)
@@ -254,6 +257,7 @@ class _EstimateJob:
     models_dir: str | None
     optimizers_dir: str | None
     overhead: list[str] | None
+    overhead_file: str | None
     per_stage: bool
     advice: bool
     tokens: float | None

@@ -239,6 +239,17 @@ PROFILE_FILE = Option(
     help="Activation profile JSON (`trainmem trace --save-profile`) as the model.",
 )
 USER_DIRS = (HARDWARE_DIR, MODELS_DIR, OPTIMIZERS_DIR)
+OVERHEAD_FILE = Option(
+    name="overhead_file",
+    type=str | None,
+    default=None,
+    http=False,
+    help=(
+        "TOML file of overhead values, the --overhead keys (what `trainmem explain "
+        "--calibrate` writes); --overhead items given too win."
+    ),
+)
+"""--overhead-file: every command that takes --overhead (report/_overhead_file.py)."""
 
 ESTIMATE_OPTIONS: tuple[Option, ...] = (
     JOB_MODEL,
@@ -255,6 +266,7 @@ ESTIMATE_OPTIONS: tuple[Option, ...] = (
         default=None,
         help="Override an overhead parameter, KEY=BYTES (repeatable).",
     ),
+    OVERHEAD_FILE,
     Option(
         name="per_stage",
         type=bool,

@@ -217,6 +217,7 @@ def trace_step(
     lora_rank: int = 0,
     lora_targets: str = "all-linear",
     qlora: bool = False,
+    snapshot: str | None = None,
 ) -> dict[str, Any]:
     """One measured step of a Hugging Face causal LM built from `config` (a config.json dict).
 
@@ -238,7 +239,8 @@ def trace_step(
     `fake=False` runs the same step on real tensors: bench/cpu_trace.py uses it on the CPU,
     --real-gpu on a CUDA device (on_phase_end then reads the allocator's statistics, see
     _trace_step.run_step). lora_rank > 0: peft LoRA adapters on `lora_targets` (trace/_lora.py);
-    qlora is refused.
+    qlora is refused. snapshot: also write the traced allocations there as a PyTorch memory
+    snapshot pickle (run_step's `snapshot`; `trainmem explain` reads it).
     """
     import_torch()
     check_flags(precision=precision, recompute=recompute, optimizer=optimizer, device=device)
@@ -252,6 +254,8 @@ def trace_step(
         "optimizer": optimizer,
         "sdpa_kernel": sdpa_kernel,
     }
+    if snapshot is not None:
+        flags["snapshot"] = snapshot
     if device == "cuda" and fake and on_phase_end is None:
         done = in_child_if_needed("trace_step", {"config": config, **flags, **lora})
         if done is not None:
@@ -275,6 +279,7 @@ def _run_hf_step(
     fake: bool,
     on_phase_end: Callable[[str], None] | None,
     lora: dict[str, Any],
+    snapshot: str | None = None,
 ) -> dict[str, Any]:
     """trace_step in this process, its flags checked: the step's contexts on `device`, the
     model (with LoRA adapters where `lora`, lora_flags' result), the measured step, and where it
@@ -303,6 +308,7 @@ def _run_hf_step(
         contexts=[*contexts, unpacked_batches()],
         on_phase_end=on_phase_end,
         full_warm_up=not fake,
+        snapshot=snapshot,
     )
     out.update(
         device=f"{device_type} (fake)" if fake else device_type,

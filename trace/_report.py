@@ -102,9 +102,10 @@ def trace_report(
     lora_rank: int = 0,
     lora_targets: str = "all-linear",
     qlora: bool = False,
+    snapshot: str | None = None,
 ) -> dict[str, Any]:
     """Trace the step (and optionally a second length, a real GPU) and compare with the
-    estimate."""
+    estimate; `snapshot`: also write the traced step there as a PyTorch memory snapshot."""
     job = _TraceJob(**locals())  # every parameter, first: the steps below take the job
     _check(job)
     # The formulas' estimate first: bad flags fail before a long trace.
@@ -152,6 +153,7 @@ class _TraceJob:
     lora_rank: int
     lora_targets: str
     qlora: bool
+    snapshot: str | None
 
     @property
     def parallel(self) -> dict[str, Any]:
@@ -197,6 +199,15 @@ def _check(job: _TraceJob) -> None:
     choice("device", job.device, DEVICES)
     if job.seq_len < 1 or job.micro_batch_size < 1:
         raise ValueError("seq-len and micro-batch-size: must be >= 1")
+    if job.snapshot is not None:
+        from trainmem.report._overhead_file import check_output_path
+
+        if job.module or job.num_gpus > 1 or job.zero or job.tp > 1 or job.save_profile:
+            raise ValueError(
+                "snapshot: one --model on one fake device only (no --module, --num-gpus, "
+                "--zero, --tp or --save-profile)"
+            )
+        check_output_path(job.snapshot, what="snapshot")
     if job.num_gpus > 1 or job.zero or job.tp > 1:
         from ._dist import check_parallel
 
@@ -237,6 +248,8 @@ def _trace(job: _TraceJob, length: int, real_hook: Any = None) -> dict[str, Any]
         return trace_parallel(config, attention=job.attention, **job.parallel, **flags, **job.lora)
     from ._core import trace_step
 
+    if job.snapshot is not None and real_hook is None:
+        flags["snapshot"] = job.snapshot
     return trace_step(config, attention=job.attention, **flags, **job.lora)
 
 

@@ -97,6 +97,9 @@ class Tracker(TorchDispatchMode):
         """When a list: the allocation log, in order (trace/_allocator.py's events): ("alloc",
         sequence number, bytes, phase), ("resize", sequence number, new bytes, phase),
         ("free", sequence number). None (the default): nothing logged."""
+        self.frames: Any = None
+        """When a trace/_snapshot.py FrameRecorder: each logged storage's stack frames (for
+        the memory snapshot run_step writes). None (the default): none recorded."""
 
     def _forget(self, cell: list[int]) -> None:
         self.current_bytes -= cell[0]
@@ -154,6 +157,8 @@ class Tracker(TorchDispatchMode):
             weakref.finalize(storage, self._forget, cell)
         else:
             self.events.append(("alloc", self.sequence, cell[0], self.phase))
+            if self.frames is not None:
+                self.frames.record(self.sequence)
             weakref.finalize(storage, self._forget_logged, cell, self.sequence)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -301,9 +306,13 @@ def run_step(
     contexts: list[Any],
     on_phase_end: Callable[[str], None] | None = None,
     full_warm_up: bool = False,
+    snapshot: str | None = None,
 ) -> dict[str, Any]:
     """Build the job inside `contexts` (fake mode, fake device, ...), run a warm-up and a measured
     step, and return the measurement (see trace_step in _trace.py for the keys).
+
+    snapshot: also write what was traced (build, warm-up, measured step) here as a PyTorch
+    memory snapshot pickle, each allocation with its stack frames (trace/_snapshot.py).
 
     full_warm_up: warm up with a whole step (as job.full_warm_up; on a real device the caching
     allocator's state after a whole step is what a training loop's second step meets).
@@ -321,6 +330,10 @@ def run_step(
     started = time.perf_counter()
     tracker = Tracker(device_type)
     tracker.events = []  # the allocation log, replayed through the caching allocator at the end
+    if snapshot is not None:
+        from ._snapshot import FrameRecorder
+
+        tracker.frames = FrameRecorder()
     with contextlib.ExitStack() as stack:
         for context in contexts:
             stack.enter_context(context)
@@ -349,7 +362,12 @@ def run_step(
         marks["measured"] = True
         marks["measured_event"] = len(tracker.events)
         step()
-        return _measurement(tracker, marks, run, started=started)
+        out = _measurement(tracker, marks, run, started=started)
+    if snapshot is not None:
+        from ._snapshot import snapshot_of, write_snapshot
+
+        write_snapshot(snapshot, snapshot_of(tracker.events, tracker.frames.frames))
+    return out
 
 
 def _prepare(
