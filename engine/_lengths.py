@@ -6,9 +6,17 @@ from one `estimate` call over the (length, rows) pairs these functions ask for (
 
 The epoch (every batching): the N sequences once each, in a uniformly random order (a shuffled
 sampler), cut into micro-batches of b, the last one holding the N mod b left over (a DataLoader's
-drop_last=False). A data-parallel world shares the epoch's micro-batches between its ranks, and
-an OOM on any rank ends the job, so the epoch's probability is over all of its micro-batches
-whatever dp is. A sequence longer than seq_len is truncated to it (the tokenizer's max_length).
+drop_last=False), taken at b rows: an upper bound (the peak is nondecreasing in rows) that keeps
+the probability monotone in b; the exact tail (`epoch_no_oom_probability` with last_rows > 0)
+is not monotone (an odd-sized last micro-batch may hold the longest sequence and fit).
+Every sequence is seen once an epoch, so the micro-batch holding the longest one comes for
+certain: an epoch's OOM probability is 1 when that micro-batch exceeds and 0 otherwise. The
+independent-steps estimate 1 - (1 - p)^num_steps (p: one micro-batch's probability) understates
+it (1 - 1/e for a single over-long sequence); `step_oom_probability` is p itself, the fraction
+of micro-batches that exceed. A data-parallel world shares the epoch's micro-batches between
+its ranks, and an OOM on any rank ends the job, so the epoch's probability is over all of its
+micro-batches whatever dp is. A sequence longer than seq_len is truncated to it (the tokenizer's
+max_length).
 
 Assumes the step peak is nondecreasing in the step's length and in its rows (the engine's is:
 activations, logits and scores grow with tokens); the running maximum over lengths

@@ -287,7 +287,9 @@ def risk_answers(
         num_rows = int(np.ceil(tokens / seq_len))
         values, counts = np.array([seq_len]), np.array([num_rows])  # rows as the sequences
         num = num_rows
-    last = np.where(b < num, num % b, num)  # N mod b; a lone micro-batch when b >= N
+    # The last micro-batch (N mod b sequences) is taken at b rows: an upper bound (its peak is
+    # nondecreasing in rows) that keeps the probability monotone in b (engine/_lengths.py).
+    last = np.zeros_like(b)
     full = np.minimum(b, num)
     if batching == "bucketed":
         bounds = bucket_bounds(buckets, seq_len)
@@ -297,7 +299,7 @@ def risk_answers(
         lengths_eval = -(-bounds // cp) * cp  # padded to the bound (a multiple of cp)
         num_full = per_bucket[None, :] // b[:, None]  # [candidates, buckets]
         rem = per_bucket[None, :] % b[:, None]
-        rows_eval = np.unique(np.concatenate([b, rem[rem > 0]]))
+        rows_eval = np.unique(b)
     else:
         lengths_eval = values
         rows_eval = np.unique(np.concatenate([full, last[last > 0]]))
@@ -318,7 +320,7 @@ def risk_answers(
     max_len: list[int | None] | None = None
     if batching == "bucketed":
         b_peak = at(b)
-        rem_peak = at(rem)
+        rem_peak = b_peak  # a bucket's last micro-batch at b rows, as pad-longest's
         exceeds = ((num_full > 0) & (b_peak > limit)) | ((rem > 0) & (rem_peak > limit))
         p_epoch: Any = exceeds.any(axis=1)
         steps_w = np.concatenate([num_full, (rem > 0)], axis=1).astype(np.float64)
