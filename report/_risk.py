@@ -435,3 +435,17 @@ def _peaks(
     peak = out["peak_device_bytes"].reshape(len(rows), len(lengths))
     invalid = (out["reason"] != 0).reshape(len(rows), len(lengths))
     return _Peaks(monotone_peaks(np.where(invalid, np.inf, peak)))
+
+
+def risk_line(risk: Mapping[str, Any]) -> str:
+    """The `risk` block in one line of estimate's table."""
+    gib = float(1 << 30)
+    q = risk["step_peak_quantiles"]
+    return (
+        f"  over {risk['source']} ({risk['num_sequences']:,} sequences, {risk['batching']}): "
+        f"step peak p50 {q['p50'] / gib:.2f}, p99 {q['p99'] / gib:.2f}, worst "
+        f"{risk['worst_step_peak_device_bytes'] / gib:.2f} GiB; {risk['step_oom_probability']:.2%} "
+        f"of micro-batches exceed {risk['limit_bytes'] / gib:.2f} GiB; OOM probability of an "
+        f"epoch {risk['oom_probability']:g} ({'within' if risk['within_risk'] else 'over'} "
+        f"risk {risk['risk']:g})"
+    )
