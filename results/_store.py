@@ -67,7 +67,7 @@ import polars as pl
 
 from trainmem.hardware._files import check_path_name, shown_path
 
-from ._schema import BYTE_COLUMNS, SCHEMA, SCHEMA_VERSION
+from ._schema import BYTE_COLUMNS, READ_SCHEMA, SCHEMA, SCHEMA_VERSION
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")  # \Z, not $: no trailing newline
 HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
@@ -303,7 +303,8 @@ _Frame = TypeVar("_Frame", pl.DataFrame, pl.LazyFrame)
 
 def read_view(frame: _Frame) -> _Frame:
     """`frame` (stored points, any schema version) as readers see them (READ_SCHEMA): the
-    categoricals as strings; byte columns of schema 3 and older (Float64) rounded to Int64."""
+    categoricals as strings; byte columns of schema 3 and older (Float64) rounded to Int64; a
+    column an older schema lacks (the risk columns before 7) null, in READ_SCHEMA's order."""
     schema = frame.collect_schema() if isinstance(frame, pl.LazyFrame) else frame.schema
     casts = []
     for name, dtype in schema.items():
@@ -311,7 +312,12 @@ def read_view(frame: _Frame) -> _Frame:
             casts.append(pl.col(name).cast(pl.String))
         elif name in BYTE_COLUMNS and dtype.is_float():
             casts.append(pl.col(name).fill_nan(None).round(0).cast(pl.Int64, strict=False))
-    return frame.with_columns(casts) if casts else frame
+    missing = [name for name in READ_SCHEMA if name not in schema]
+    casts += [pl.lit(None, dtype=READ_SCHEMA[name]).alias(name) for name in missing]
+    frame = frame.with_columns(casts) if casts else frame
+    if missing:  # parts of several schemas concatenate column by column, in one order
+        frame = frame.select(*READ_SCHEMA, *(n for n in schema if n not in READ_SCHEMA))
+    return frame
 
 
 def _metadata(study: str, trial: str, provenance: Mapping[str, str] | None) -> dict[str, str]:

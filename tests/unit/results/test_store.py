@@ -71,6 +71,10 @@ SNAPSHOT = [
     ("tokens_per_second", "Float64"),
     ("mfu", "Float64"),
     ("cost_per_million_tokens", "Float64"),
+    ("oom_probability", "Float64"),
+    ("worst_step_peak_device_bytes", "Int64"),
+    ("step_peak_p50_device_bytes", "Int64"),
+    ("step_peak_p99_device_bytes", "Int64"),
     ("model", "Categorical"),
     ("study", "Categorical"),
     ("trial", "Int64"),
@@ -80,7 +84,7 @@ SNAPSHOT = [
 
 def test_schema_snapshot() -> None:
     assert [(k, str(v)) for k, v in SCHEMA.items()] == SNAPSHOT
-    assert SCHEMA_VERSION == 6
+    assert SCHEMA_VERSION == 7
 
 
 def _frame(n: int = 5) -> pl.DataFrame:
