@@ -47,7 +47,7 @@ from trainmem.hardware import GIB, GpuProfile, get_gpu
 
 from ._advice import advice_report
 from ._options import DEFAULT_PRECISIONS, JOB_DEFAULT_MODEL, JOB_DEFAULTS, gib_to_bytes
-from ._risk import check_risk_options, risk_answers
+from ._risk import check_risk_options, risk_answers, risk_keys
 from ._row import row_report, stage_summary, time_report
 from ._validate import (
     check_choices,
@@ -420,8 +420,8 @@ def _stage_reports(
 
 
 def _risk_block(job: _EstimateJob, inputs: _EstimateInputs, ov: Overheads) -> dict[str, Any]:
-    """`--lengths`: the `risk` block, the OOM risk of an epoch over the dataset (report/_risk.py);
-    nothing without a dataset."""
+    """`--lengths`: the `risk` block, the OOM risk of an epoch over the dataset (report/_risk.py),
+    and issue 28's keys of it at the top level (`risk_keys`); nothing without a dataset."""
     data = check_risk_options(
         job.lengths, job.lengths_histogram, batching=job.batching, risk=job.risk
     )
@@ -439,7 +439,7 @@ def _risk_block(job: _EstimateJob, inputs: _EstimateInputs, ov: Overheads) -> di
         headroom=job.headroom,
         overheads=ov,
     )
-    return {"risk": block}
+    return risk_keys(block)
 
 
 class NodeHost(NamedTuple):

@@ -437,6 +437,17 @@ def _peaks(
     return _Peaks(monotone_peaks(np.where(invalid, np.inf, peak)))
 
 
+CONTRACT_KEYS = ("oom_probability", "worst_step_peak_device_bytes", "step_peak_quantiles")
+"""Issue 28's JSON keys: at the top level of estimate's and fit's answers (CLI --json and
+HTTP) with a dataset, besides the `risk` block that holds them and more; absent without one
+(as the `risk` block)."""
+
+
+def risk_keys(block: Mapping[str, Any]) -> dict[str, Any]:
+    """The top-level contract keys (CONTRACT_KEYS) and the `risk` block of an answer."""
+    return {**{k: block[k] for k in CONTRACT_KEYS}, "risk": dict(block)}
+
+
 def risk_line(risk: Mapping[str, Any]) -> str:
     """The `risk` block in one line of estimate's table."""
     gib = float(1 << 30)

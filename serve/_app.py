@@ -467,7 +467,10 @@ def _add_recommend(
         | Annotated[list[Pool], Field(min_length=1, max_length=MAX_POOLS)]  # type: ignore[valid-type]
     )
     RecommendRequest = request_model(
-        "RecommendRequest", RECOMMEND_OPTIONS, choices=choices, types={"fleet": fleet_type}
+        "RecommendRequest",
+        RECOMMEND_OPTIONS,
+        choices=choices,
+        types={"fleet": fleet_type, **_risk_types()},  # the dataset inline, never a path
     )
 
     def recommend(

@@ -61,7 +61,7 @@ from trainmem.report import (
 )
 from trainmem.report._estimate import NodeHost
 from trainmem.report._options import RISK_OPTIONS
-from trainmem.report._risk import check_risk_options, risk_answers
+from trainmem.report._risk import check_risk_options, risk_answers, risk_keys
 
 MINIMIZE_OPTIONS = (
     Option(
@@ -140,8 +140,8 @@ def fit_report(
     scan = _scan(job, inputs)
     report = _chosen_report(job, inputs, scan)
     result = _fit_result(job.key, scan, report)
-    if scan.risk is not None:
-        result["risk"] = scan.risk
+    if scan.risk is not None:  # issue 28's keys at the top level, and the `risk` block
+        result.update(risk_keys(scan.risk))
     out, row = scan.out, scan.row
     if (
         not len(scan.fitting)

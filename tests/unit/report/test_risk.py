@@ -237,3 +237,22 @@ def test_estimate_cli_reports_the_risk_block_and_refuses_a_bad_file(tmp_path, ca
     assert main(["estimate", "--lengths", str(bad), "--no-advice"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: lengths: ") and err.count("\n") == 1
+
+
+def test_cli_json_has_the_contract_keys_at_the_top_level(capsys):
+    import json
+
+    from trainmem.cli import main
+
+    job = ["--model", "llama-2-7b", "--zero", "3", "--recompute", "none", "--no-advice"]
+    keys = ("oom_probability", "worst_step_peak_device_bytes", "step_peak_quantiles")
+    for command in (["estimate", "--micro-batch-size", "4"], ["fit"]):
+        argv = [*command, *job, "--lengths-histogram", str(DATA), "--json"]
+        if command == ["fit"]:
+            argv.remove("--no-advice")
+        assert main(argv) == 0
+        answer = json.loads(capsys.readouterr().out)
+        assert all(answer[k] == answer["risk"][k] for k in keys), command
+        bare = [a for a in argv if a not in ("--lengths-histogram", str(DATA))]
+        assert main(bare) == 0
+        assert not set(keys) & set(json.loads(capsys.readouterr().out))
