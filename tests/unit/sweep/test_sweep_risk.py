@@ -210,3 +210,37 @@ def test_bad_risk_options_are_one_line_exit_2(capsys, tmp_path, command, argv, s
     err = capsys.readouterr().err
     assert err.startswith(starts) and err.count("\n") == 1, err
     assert not (tmp_path / "out").exists()
+
+
+def test_optuna_constraint_is_the_worst_steps_distance(tmp_path) -> None:
+    """A point over the risk is told how far its worst step is over the limit (GiB), live and
+    when the study is rebuilt from its points."""
+    from trainmem.sweep._optuna import _constraint
+
+    frame = _points("pad-longest")
+    over = frame.filter((pl.col("reason") == "") & (pl.col("oom_probability") == 1.0))
+    res = {
+        k: over[k].cast(pl.Float64).to_numpy()
+        for k in ("peak_device_bytes", "worst_step_peak_device_bytes")
+    }
+    res["reason"] = np.zeros(len(over), dtype=np.int16)
+    res["fits"] = over["fits"].to_numpy()
+    limit = 79.19 * 2**30 * 0.9  # not needed exactly: headroom_bytes carries it
+    res["headroom_bytes"] = np.full(len(over), limit) - res["peak_device_bytes"]
+    got = _constraint(res)
+    want = np.clip((res["worst_step_peak_device_bytes"] - limit) / 2**30, 1e-3, 1000)
+    assert len(over) and np.allclose(got, want) and (got > 0).all()
+    rerun = [
+        sweep_report(
+            model="llama-2-7b",
+            fleet="8xh100-sxm-80gb",
+            seq_len=2048,
+            method="optuna",
+            trials=12,
+            out=str(tmp_path),
+            max_micro_batch_size=8,
+            lengths_histogram=DATASET,
+        )["best"]
+        for _ in range(2)
+    ]  # the second run rebuilds the study from the first's points and continues it
+    assert rerun[0]["oom_probability"] == rerun[1]["oom_probability"] == 0.0
