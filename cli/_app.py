@@ -170,6 +170,10 @@ def estimate_cmd(
         typer.echo(json_text(report))
     else:
         typer.echo(human_table(report))
+        if "risk" in report:  # --lengths
+            from trainmem.report._risk import risk_line
+
+            typer.echo(risk_line(report["risk"]))
     if pictures:
         from ._pictures import write_pictures
 

@@ -41,6 +41,17 @@ def _print_fit(result: dict[str, Any], minimize: str, seq_len: int, *, as_json: 
             typer.echo("\n".join(change_lines(result["advice"])))
         return
     what = "smallest GPU count" if by_gpus else "largest micro-batch size"
+    risk = result.get("risk")
+    if risk is not None:  # --lengths: the epoch over the dataset decides, not seq_len
+        typer.echo(
+            f"largest micro-batch size within risk {risk['risk']:g} over {risk['source']} "
+            f"({risk['num_sequences']:,} sequences, {risk['batching']}): {answer} "
+            f"({report['model']} on {report['config']['num_gpus']} x {report['gpu']['name']}, "
+            f"seq {seq_len}): worst step {risk['worst_step_peak_device_bytes'] / GIB:.2f} GiB, "
+            f"p50 {risk['step_peak_quantiles']['p50'] / GIB:.2f} GiB, OOM probability of an "
+            f"epoch {risk['oom_probability']:g}"
+        )
+        return
     typer.echo(
         f"{what} that fits: {answer} ({report['model']} on {report['config']['num_gpus']} x "
         f"{report['gpu']['name']}, seq {seq_len}): peak "

@@ -122,7 +122,10 @@ PANELS = (
 
 _PANEL_NAMES: dict[str, tuple[str, ...]] = {
     "Model": ("model", "family", "profile_file", "models_dir", "module", "capacity_factor"),
-    "Batch": ("micro_batch_size", "seq_len", "allow_long_seq", "global_batch_size"),
+    "Batch": (
+        *("micro_batch_size", "seq_len", "allow_long_seq", "global_batch_size"),
+        *("lengths", "lengths_histogram", "batching", "buckets", "risk"),
+    ),
     "Parallelism": (
         *("tp", "pp", "cp", "virtual_stages", "dp_shard", "sequence_parallel", "ep", "etp"),
     ),

@@ -6,6 +6,7 @@ Bad input raises ValueError (one line); the CLI's main() prints it and exits wit
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -67,11 +68,31 @@ def sweep_cmd(training: dict[str, Any], *, as_json: bool, **options: Any) -> Non
         return
     if report["used_gpus"] is not None:
         typer.echo(f"best {fleet_use_text(report)}")
+    if space.risk is not None:
+        typer.echo(_risk_text(report, space))
     typer.echo(_top_table(result))
     if len(objectives) > 1:
         typer.echo(f"Pareto front ({' vs '.join(objectives)}): {len(result.best)} points")
     if report.why is not None:
         typer.echo("\n".join(why_lines(report.why)))
+
+
+def _risk_text(report: Mapping[str, Any], space: Any) -> str:
+    """`--lengths`: what fits means, and the best point's steps over the dataset."""
+    risk = space.risk
+    line = (
+        f"over {risk.source} ({int(risk.counts.sum()):,} sequences, {risk.batching}): a point "
+        f"fits when the OOM probability of an epoch is <= {risk.risk:g} (GiB below: the peak "
+        f"at seq {space.fixed['seq_len']})"
+    )
+    best = report.get("best")
+    if best and best.get("oom_probability") is not None:
+        q = best["step_peak_quantiles"]
+        line += (
+            f"; best: worst step {q['max'] / GIB:.2f} GiB, p50 {q['p50'] / GIB:.2f}, "
+            f"p99 {q['p99'] / GIB:.2f}"
+        )
+    return line
 
 
 def _job_text(space: Any) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import shlex
 from collections.abc import Mapping
@@ -54,6 +55,7 @@ from trainmem.sweep import (
 from trainmem.sweep._axes import AXES, INNER_AXES, SHOW, heading
 from trainmem.sweep._axes import LAYOUT as SWEEP_LAYOUT
 from trainmem.sweep._fleet_use import fleet_gpus, fleet_use, fleet_use_text
+from trainmem.sweep._risk import space_risk
 from trainmem.sweep._space import (
     _NAMES,
     Space,
@@ -166,6 +168,11 @@ def recommend_report(
     optimizers_dir: str | None = None,
     family: str | None = None,
     allow_long_seq: bool = False,
+    lengths: str | list[int] | None = None,
+    lengths_histogram: str | list[Any] | None = None,
+    batching: str = "pad-longest",
+    buckets: str | None = None,
+    risk: float = 0.001,
     **fields: Any,
 ) -> dict[str, Any]:
     """The best plan (CONTRACT keys at the top level, and more) and `alternatives`: the next
@@ -283,7 +290,23 @@ def _complete_plan(
         extra=extra_fields(job),
         family=args["family"],
         host_memory_gib=args["host_memory_gib"],
-    )
+    ) + _risk_flags(args)
+
+
+def _risk_flags(args: Mapping[str, Any]) -> str:
+    """The reproduce line's `--lengths` flags (a dataset given as a file; an inline one, from
+    the Python API or HTTP, has no flag), with a leading space; "" without a dataset."""
+    flags: list[str] = []
+    for key in ("lengths", "lengths_histogram"):
+        if isinstance(args.get(key), (str, os.PathLike)):
+            flags += ["--" + key.replace("_", "-"), os.fspath(args[key])]
+    if not flags:
+        return ""
+    flags += ["--batching", str(args["batching"])]
+    if args.get("buckets") is not None:
+        flags += ["--buckets", str(args["buckets"])]
+    flags += ["--risk", repr(float(args["risk"]))]
+    return " " + shlex.join(flags)
 
 
 def _answer(
@@ -413,6 +436,14 @@ def _searched_space(f: Mapping[str, Any], framework: str) -> Space:
         max_step_time_s=f["max_step_time_s"],
         max_cost_per_million_tokens=f["max_cost_per_million_tokens"],
         allow_long_seq=f["allow_long_seq"],
+        risk=space_risk(
+            lengths=f["lengths"],
+            lengths_histogram=f["lengths_histogram"],
+            batching=f["batching"],
+            buckets=f["buckets"],
+            risk=f["risk"],
+            seq_len=f["seq_len"],
+        ),
     )
 
 
@@ -537,7 +568,14 @@ def _plan(space: Space, res: dict[str, np.ndarray], j: int) -> dict[str, Any]:
     headroom_bytes = int(round(float(res["headroom_bytes"][j])))
     fits = bool(res["fits"][j])
     reason = str(reason_texts(res["reason"][j : j + 1])[0])
-    if not reason and not fits:
+    risk = _plan_risk(res, j)
+    if not reason and not fits and risk:
+        reason = (
+            f"over --risk {space.risk.risk if space.risk else 0:g}: OOM probability of an "
+            f"epoch {risk['oom_probability']:g}, worst step "
+            f"{risk['worst_step_peak_device_bytes'] / GIB:.2f} GiB per device"
+        )
+    elif not reason and not fits:
         reason = (
             f"does not fit: {peak / GIB:.2f} GiB per device, "
             f"{(peak + headroom_bytes) / GIB:.2f} GiB allowed"
@@ -571,6 +609,7 @@ def _plan(space: Space, res: dict[str, np.ndarray], j: int) -> dict[str, Any]:
         "mfu": _number(res["mfu"][j]),
         "cost_per_million_tokens": _number(res["cost_per_million_tokens"][j]),
         "price_per_gpu_hour_usd": price,
+        **risk,
     }
     # A search axis the contract above does not name: its value, after the others.
     return {**plan, **{a: _axis_item(a, res[a][j]) for a in AXES[1:] if a not in plan}}
@@ -584,6 +623,28 @@ def _error_bars(res: dict[str, np.ndarray], j: int) -> dict[str, Any]:
         ERROR_BAR_KEYS[0]: low,
         ERROR_BAR_KEYS[1]: high,
         "fit_probability": float(res["fit_probability"][j]),
+    }
+
+
+def _plan_risk(res: dict[str, np.ndarray], j: int) -> dict[str, Any]:
+    """`--lengths`: the plan's epoch over the dataset (issue 28's keys; sweep/_risk.py), {}
+    without a dataset or where the row has none (an invalid layout)."""
+    if "oom_probability" not in res or not math.isfinite(float(res["oom_probability"][j])):
+        return {}
+    worst, p50, p99 = (
+        int(round(float(res[c][j])))
+        if math.isfinite(float(res[c][j]))
+        else None  # invalid at some step length
+        for c in (
+            "worst_step_peak_device_bytes",
+            "step_peak_p50_device_bytes",
+            "step_peak_p99_device_bytes",
+        )
+    )
+    return {
+        "oom_probability": float(res["oom_probability"][j]),
+        "worst_step_peak_device_bytes": worst,
+        "step_peak_quantiles": {"p50": p50, "p99": p99, "max": worst},
     }
 
 
@@ -677,6 +738,16 @@ def summary(report: dict[str, Any]) -> str:
         f"allowed ({report['usable_bytes'] / GIB:.2f} usable, {report['headroom']:.0%} headroom): "
         f"margin {report['headroom_bytes'] / GIB:+.2f} GiB",
     ]
+    if report.get("oom_probability") is not None:  # --lengths
+        q = {
+            k: "invalid" if v is None else f"{v / GIB:.2f}"
+            for k, v in report["step_peak_quantiles"].items()
+        }
+        lines.append(
+            f"  over the dataset: worst step {q['max']} GiB, p50 {q['p50']}, p99 {q['p99']}; "
+            f"OOM probability of an epoch {report['oom_probability']:g} (the fit: within "
+            "--risk, not the peak at seq_len above)"
+        )
     if report["step_time_s"] is not None:
         lines.append(
             f"  step {report['step_time_s']:.3g} s, {report['tokens_per_second']:,.0f} tokens/s, "

@@ -48,6 +48,7 @@ from trainmem.hardware import GIB, GpuProfile, get_gpu
 from ._advice import advice_report
 from ._options import DEFAULT_PRECISIONS, JOB_DEFAULT_MODEL, JOB_DEFAULTS, gib_to_bytes
 from ._overhead_file import overhead_items
+from ._risk import check_risk_options, risk_answers, risk_keys
 from ._row import row_report, stage_summary, time_report
 from ._validate import (
     check_choices,
@@ -214,6 +215,11 @@ def estimate_report(
     host_memory_gib: float | None = None,
     family: str | None = None,
     allow_long_seq: bool = False,
+    lengths: str | list[int] | None = None,
+    lengths_histogram: str | list[Any] | None = None,
+    batching: str = "pad-longest",
+    buckets: str | None = None,
+    risk: float = 0.001,
     **fields: Any,
 ) -> dict[str, Any]:
     """`trainmem estimate --json`: the per-device breakdown, phase peaks, fit, time and advice.
@@ -240,6 +246,7 @@ def estimate_report(
     report.update(_advice(job, inputs, out, ov, time_params))
     if per_stage:
         report["stages"] = _stage_reports(job, inputs, ov)
+    report.update(_risk_block(job, inputs, ov))
     return report
 
 
@@ -266,6 +273,11 @@ class _EstimateJob:
     host_memory_gib: float | None
     family: str | None
     allow_long_seq: bool
+    lengths: str | list[int] | None
+    lengths_histogram: str | list[Any] | None
+    batching: str
+    buckets: str | None
+    risk: float
     fields: dict[str, Any]
 
 
@@ -409,6 +421,29 @@ def _stage_reports(
         pp_stage=np.arange(pp),
     )
     return [stage_summary(by_stage, row=k) for k in range(pp)]
+
+
+def _risk_block(job: _EstimateJob, inputs: _EstimateInputs, ov: Overheads) -> dict[str, Any]:
+    """`--lengths`: the `risk` block, the OOM risk of an epoch over the dataset (report/_risk.py),
+    and issue 28's keys of it at the top level (`risk_keys`); nothing without a dataset."""
+    data = check_risk_options(
+        job.lengths, job.lengths_histogram, batching=job.batching, risk=job.risk
+    )
+    if data is None:
+        return {}
+    (block,) = risk_answers(
+        inputs.spec,
+        inputs.grid_config,
+        data,
+        batching=job.batching,
+        buckets=job.buckets,
+        risk=job.risk,
+        micro_batches=np.array([inputs.config["micro_batch_size"]]),
+        usable_bytes=inputs.profile.usable_bytes,
+        headroom=job.headroom,
+        overheads=ov,
+    )
+    return risk_keys(block)
 
 
 class NodeHost(NamedTuple):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainmem.engine import FAMILIES, FIELDS, KNOBS, TYPES
+from trainmem.engine._lengths import BATCHINGS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -251,6 +252,60 @@ OVERHEAD_FILE = Option(
 )
 """--overhead-file: every command that takes --overhead (report/_overhead_file.py)."""
 
+RISK_OPTIONS: tuple[Option, ...] = (
+    Option(
+        name="lengths",
+        type=str | None,
+        default=None,
+        help=(
+            "Token counts of the dataset's sequences, one per sequence: a Parquet, CSV or JSON "
+            "file (a column named length or num_tokens, or the only one; JSON: a list). Adds "
+            "the OOM risk of an epoch (the `risk` key)."
+        ),
+    ),
+    Option(
+        name="lengths_histogram",
+        type=str | None,
+        default=None,
+        help=(
+            "The dataset as (length, count) pairs: a CSV or Parquet with columns length,count, "
+            "or JSON [[length, count], ...] (instead of --lengths)."
+        ),
+    ),
+    Option(
+        name="batching",
+        type=str,
+        default="pad-longest",
+        choices=BATCHINGS,
+        help=(
+            "pad-longest | packed | bucketed (with --lengths: pad each micro-batch to its "
+            "longest sequence; pack documents into rows of seq_len; pad to the length "
+            "bucket's upper bound)."
+        ),
+    ),
+    Option(
+        name="buckets",
+        type=str | None,
+        default=None,
+        help=(
+            "bucketed: the buckets' upper bounds in tokens, comma-separated (default: powers "
+            "of two, then seq_len)."
+        ),
+    ),
+    Option(
+        name="risk",
+        type=float,
+        default=0.001,
+        ge=0,
+        le=1,
+        help=(
+            "The OOM probability per epoch a job may take (with --lengths: fit's answer and a "
+            "sweep's points keep under it)."
+        ),
+    ),
+)
+"""The dataset-risk options of estimate, fit and sweep (HTTP: `lengths` a list of counts,
+`lengths_histogram` a list of [length, count] pairs; never a path)."""
 ESTIMATE_OPTIONS: tuple[Option, ...] = (
     JOB_MODEL,
     FAMILY,
@@ -294,5 +349,6 @@ ESTIMATE_OPTIONS: tuple[Option, ...] = (
         help="Override a step-time constant, KEY=VALUE (repeatable).",
     ),
     PROFILE_FILE,
+    *RISK_OPTIONS,
 )
 """`trainmem estimate`, `POST /v1/estimate`, `trainmem.estimate`."""

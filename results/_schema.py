@@ -12,8 +12,10 @@ from trainmem.engine import COMPONENTS, FIELD_NAMES, TYPES
 
 SCHEMA_VERSION = 7
 """7: the error bars peak_device_bytes_low, peak_device_bytes_high (a 90% interval) and
-fit_probability (parts of schema 6 and older read with them null); 6: the training field
-`bitsandbytes_version`; 5: the training field `load` and the load phase's peak_load_bytes;
+fit_probability, and the risk over a dataset (`sweep --lengths`: oom_probability and
+RISK_BYTE_COLUMNS, the step peaks, null without a dataset); parts of schema 6 and older
+read with both null; 6: the training field `bitsandbytes_version`; 5: the training field
+`load` and the load phase's peak_load_bytes;
 4: byte columns (BYTE_COLUMNS) are whole bytes, Int64 (were Float64), and the string columns
 are stored dictionary-encoded (Categorical; readers see strings); 3: the fields dp_shard,
 recompute_every, compile, optimizer_in_backward and allocator, and the vocabularies' new names
@@ -38,6 +40,13 @@ CONFIG_COLUMNS: dict[str, type[pl.DataType] | pl.DataType] = {
 }
 """The configuration of a point."""
 
+RISK_BYTE_COLUMNS = (
+    "worst_step_peak_device_bytes",
+    "step_peak_p50_device_bytes",
+    "step_peak_p99_device_bytes",
+)
+"""`sweep --lengths`: the worst micro-batch's device peak of an epoch over the dataset (the step
+peak's max), and the step peak's median and 99th percentile (sweep/_risk.py)."""
 BYTE_COLUMNS = (
     "peak_device_bytes",
     *COMPONENTS,
@@ -45,11 +54,12 @@ BYTE_COLUMNS = (
     "peak_load_bytes",
     "peak_device_bytes_low",
     "peak_device_bytes_high",
+    *RISK_BYTE_COLUMNS,
 )
 """Bytes per device, rounded to the byte (null where the engine gives no finite number)."""
 
 PREDICTION_COLUMNS: dict[str, type[pl.DataType] | pl.DataType] = {
-    **{name: pl.Int64 for name in BYTE_COLUMNS},
+    **{name: pl.Int64 for name in BYTE_COLUMNS if name not in RISK_BYTE_COLUMNS},
     "fits": pl.Boolean,
     "fit_probability": pl.Float64,
     "reason": pl.Categorical(),
@@ -57,8 +67,12 @@ PREDICTION_COLUMNS: dict[str, type[pl.DataType] | pl.DataType] = {
     "tokens_per_second": pl.Float64,
     "mfu": pl.Float64,
     "cost_per_million_tokens": pl.Float64,
+    "oom_probability": pl.Float64,
+    **{name: pl.Int64 for name in RISK_BYTE_COLUMNS},
 }
-"""What the engine predicts for it (bytes per device; NaN time and cost for invalid points)."""
+"""What the engine predicts for it (bytes per device; NaN time and cost for invalid points);
+oom_probability: P(some micro-batch of an epoch over `--lengths` exceeds the limit), null
+without a dataset and on invalid points."""
 
 PROVENANCE_COLUMNS: dict[str, type[pl.DataType] | pl.DataType] = {
     "model": pl.Categorical(),

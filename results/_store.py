@@ -303,11 +303,13 @@ _Frame = TypeVar("_Frame", pl.DataFrame, pl.LazyFrame)
 
 def read_view(frame: _Frame) -> _Frame:
     """`frame` (stored points, any schema version) as readers see them (READ_SCHEMA): the
-    categoricals as strings; byte columns of schema 3 and older (Float64) rounded to Int64."""
+    categoricals as strings; byte columns of schema 3 and older (Float64) rounded to Int64; a
+    column an older schema lacks (the error-bar and risk columns before 7) null, in READ_SCHEMA's
+    order (parts of several schemas then concatenate column by column)."""
     schema = frame.collect_schema() if isinstance(frame, pl.LazyFrame) else frame.schema
     names: list[str] = list(schema.names())
     missing = [n for n in READ_SCHEMA if n not in names]
-    if missing:  # a part older than a column (schema 6: the error bars): null, in order
+    if missing:  # a part older than a column (schema 6: error bars, risk): null, in order
         added = frame.with_columns(pl.lit(None, dtype=READ_SCHEMA[n]).alias(n) for n in missing)
         order = [*READ_SCHEMA, *(n for n in names if n not in READ_SCHEMA)]
         return read_view(added.select(order))  # type: ignore[return-value]

@@ -347,6 +347,29 @@ def _add_lists(
         return {"gpus": list(choices["gpu"])}
 
 
+MAX_INLINE_LENGTHS = 65_536
+"""Entries of an inline `lengths` or `lengths_histogram` (the body limit binds first)."""
+
+
+def _risk_types() -> dict[str, Any]:
+    """The dataset over HTTP: `lengths` a list of token counts, `lengths_histogram` a list of
+    [length, count] pairs, inline (never a path on the server)."""
+    from pydantic import Field
+
+    length = Annotated[int, Field(ge=1, le=1 << 40)]
+    count = Annotated[int, Field(ge=0, le=1 << 40)]
+    return {
+        "lengths": Annotated[
+            list[length] | None,  # type: ignore[valid-type]
+            Field(max_length=MAX_INLINE_LENGTHS),
+        ],
+        "lengths_histogram": Annotated[
+            list[tuple[length, count]] | None,  # type: ignore[valid-type]
+            Field(max_length=MAX_INLINE_LENGTHS),
+        ],
+    }
+
+
 def _add_estimate_fit(
     app: Any,
     *,
@@ -357,8 +380,11 @@ def _add_estimate_fit(
 ) -> None:
     """POST /v1/estimate and /v1/fit; a fit grid over `max_grid_rows` is refused before any
     work starts."""
-    EstimateRequest = request_model("EstimateRequest", ESTIMATE_OPTIONS, choices=choices)
-    FitRequest = request_model("FitRequest", FIT_OPTIONS, choices=choices)
+    types = _risk_types()
+    EstimateRequest = request_model(
+        "EstimateRequest", ESTIMATE_OPTIONS, choices=choices, types=types
+    )
+    FitRequest = request_model("FitRequest", FIT_OPTIONS, choices=choices, types=types)
 
     def estimate(body: EstimateRequest) -> dict[str, Any]:  # type: ignore[valid-type]
         """`trainmem estimate --json` for the configuration in the body."""
@@ -441,7 +467,10 @@ def _add_recommend(
         | Annotated[list[Pool], Field(min_length=1, max_length=MAX_POOLS)]  # type: ignore[valid-type]
     )
     RecommendRequest = request_model(
-        "RecommendRequest", RECOMMEND_OPTIONS, choices=choices, types={"fleet": fleet_type}
+        "RecommendRequest",
+        RECOMMEND_OPTIONS,
+        choices=choices,
+        types={"fleet": fleet_type, **_risk_types()},  # the dataset inline, never a path
     )
 
     def recommend(

@@ -89,6 +89,8 @@ def space_fingerprint(space: Space, *, chunk_size: int) -> str:
         desc["max_step_time_s"] = space.max_step_time_s
     if space.max_cost_per_million_tokens is not None:
         desc["max_cost_per_million_tokens"] = space.max_cost_per_million_tokens
+    if space.risk is not None:
+        desc["risk"] = space.risk.digest()
     return hashlib.sha256(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 

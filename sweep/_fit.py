@@ -61,6 +61,8 @@ from trainmem.report import (
     training_options,
 )
 from trainmem.report._estimate import NodeHost
+from trainmem.report._options import RISK_OPTIONS
+from trainmem.report._risk import check_risk_options, risk_answers, risk_keys
 
 MINIMIZE_OPTIONS = (
     Option(
@@ -100,6 +102,7 @@ FIT_OPTIONS: tuple[Option, ...] = (
     PROFILE_FILE,
     AS_JSON,
     CHECK,
+    *RISK_OPTIONS,
 )
 """`trainmem fit`, `POST /v1/fit`, `trainmem.fit`."""
 
@@ -120,6 +123,11 @@ def fit_report(
     profile_file: str | None = None,
     family: str | None = None,
     allow_long_seq: bool = False,
+    lengths: str | list[int] | None = None,
+    lengths_histogram: str | list[Any] | None = None,
+    batching: str = "pad-longest",
+    buckets: str | None = None,
+    risk: float = 0.001,
     **fields: Any,
 ) -> dict[str, Any]:
     """`trainmem fit --json`: the largest micro-batch (or fewest GPUs) that fits, its estimate,
@@ -133,8 +141,15 @@ def fit_report(
     scan = _scan(job, inputs)
     report = _chosen_report(job, inputs, scan)
     result = _fit_result(job.key, scan, report)
+    if scan.risk is not None:  # issue 28's keys at the top level, and the `risk` block
+        result.update(risk_keys(scan.risk))
     out, row = scan.out, scan.row
-    if not len(scan.fitting) and out["reason"][row] == 0 and not out["fits"][row]:
+    if (
+        not len(scan.fitting)
+        and out["reason"][row] == 0
+        and not out["fits"][row]
+        and scan.risk is None
+    ):
         result.update(_closest(job, inputs, scan, report))
     if inputs.warnings:  # present only when there is something to say
         result["warnings"] = inputs.warnings
@@ -160,6 +175,11 @@ class _FitJob:
     profile_file: str | None
     family: str | None
     allow_long_seq: bool
+    lengths: str | list[int] | None
+    lengths_histogram: str | list[Any] | None
+    batching: str
+    buckets: str | None
+    risk: float
     fields: dict[str, Any]
 
     @property
@@ -223,6 +243,8 @@ class _Scan(NamedTuple):
     row: int
     chosen: dict[str, Any]
     """The job's grid columns with the row's candidate."""
+    risk: dict[str, Any] | None
+    """The row's `risk` block (`--lengths`), else None."""
 
 
 def _candidates(job: _FitJob, training: TrainingConfig) -> np.ndarray:
@@ -249,7 +271,12 @@ def _scan(job: _FitJob, inputs: _FitInputs) -> _Scan:
         profile,
         job.host_memory_gib,
     )
-    fitting = np.flatnonzero(out["fits"] & host.fits)
+    fits = out["fits"]
+    risks = _risks(job, inputs, candidates, ov)
+    if risks is not None:  # a dataset: a candidate fits when its epoch is within --risk
+        within = np.array([r["within_risk"] for r in risks])
+        fits = within & (out["reason"] == 0)
+    fitting = np.flatnonzero(fits & host.fits)
     if len(fitting):
         row = int(fitting[-1] if key == "micro_batch_size" else fitting[0])
     else:  # nothing fits: report the closest candidate (most headroom) and why
@@ -258,7 +285,36 @@ def _scan(job: _FitJob, inputs: _FitInputs) -> _Scan:
             _refuse_invalid_layout(job, inputs, candidates)
         row = int(valid[np.argmax(out["headroom_bytes"][valid])]) if len(valid) else 0
     chosen = {**inputs.config, key: int(candidates[row])}
-    return _Scan(candidates, out, ov, host, fitting, row, chosen)
+    return _Scan(
+        candidates, out, ov, host, fitting, row, chosen, None if risks is None else risks[row]
+    )
+
+
+def _risks(
+    job: _FitJob, inputs: _FitInputs, candidates: np.ndarray, ov: Overheads
+) -> list[dict[str, Any]] | None:
+    """`--lengths`: each micro-batch candidate's `risk` block (None without a dataset)."""
+    data = check_risk_options(
+        job.lengths, job.lengths_histogram, batching=job.batching, risk=job.risk
+    )
+    if data is None:
+        return None
+    if job.key != "micro_batch_size":
+        raise ValueError(
+            "lengths: fit over a dataset searches the micro-batch (--minimize micro-batch-size)"
+        )
+    return risk_answers(
+        inputs.spec,
+        inputs.config,
+        data,
+        batching=job.batching,
+        buckets=job.buckets,
+        risk=job.risk,
+        micro_batches=candidates,
+        usable_bytes=inputs.profile.usable_bytes,
+        headroom=job.headroom,
+        overheads=ov,
+    )
 
 
 def _refuse_invalid_layout(job: _FitJob, inputs: _FitInputs, candidates: np.ndarray) -> None:

@@ -22,6 +22,7 @@ from trainmem.report import (
     Option,
     training_options,
 )
+from trainmem.report._options import RISK_OPTIONS
 
 SEARCH_DEFAULTS = {
     "seq_len": 4096,
@@ -101,6 +102,7 @@ SEARCH_OPTIONS: tuple[Option, ...] = (
         TOKENS, help="Total training tokens: adds the time (and cost) to train them on the answer."
     ),
     ALLOW_LONG_SEQ,
+    *RISK_OPTIONS,
 )
 FLEET = Option(
     name="fleet",

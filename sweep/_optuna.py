@@ -54,8 +54,14 @@ constraint already marks the trial infeasible."""
 
 
 def _constraint(res: dict[str, np.ndarray]) -> np.ndarray:
-    """> 0 where a point does not fit: GiB over the limit, or 1000 for an invalid layout."""
+    """> 0 where a point does not fit: GiB over the limit (`--lengths`: the worst step's, the
+    limit being the peak plus its headroom), or 1000 for an invalid layout."""
     over = np.maximum(-res["headroom_bytes"] / 2**30, 1e-3)
+    if "worst_step_peak_device_bytes" in res:  # a dataset's risk decides what fits
+        worst = np.asarray(res["worst_step_peak_device_bytes"], dtype=np.float64)
+        limit = res["headroom_bytes"] + res["peak_device_bytes"]
+        by_risk = np.clip((worst - limit) / 2**30, 1e-3, 1000.0)
+        over = np.where(np.isnan(worst), over, by_risk)
     return np.where(res["fits"], 0.0, np.where(res["reason"] == 0, over, 1000.0))
 
 

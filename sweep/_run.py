@@ -38,6 +38,7 @@ from ._axes import SHOW
 from ._fleet_use import fleet_use
 from ._options import SEARCH_DEFAULTS, SWEEP_OPTIONS, extra_fields
 from ._parts import check_store
+from ._risk import SpaceRisk, risk_text, space_risk
 from ._search import Progress, SearchResult, parse_objectives, run_exhaustive, run_optuna
 from ._space import Space, make_space
 from ._why import why
@@ -118,6 +119,11 @@ def run_sweep(
     family: str | None = None,
     progress: Progress | None = None,
     allow_long_seq: bool = False,
+    lengths: str | list[int] | None = None,
+    lengths_histogram: str | list[Any] | None = None,
+    batching: str = "pad-longest",
+    buckets: str | None = None,
+    risk: float = 0.001,
     **fields: Any,
 ) -> SweepRun:
     """Search `fleet` for the best configurations of the job (SWEEP_OPTIONS).
@@ -128,7 +134,7 @@ def run_sweep(
     job = _SweepJob(**locals())  # every parameter, first: the steps below take the job
     training, optimizer_fields, objectives = _checked(job)
     space = _job_space(job, training, optimizer_fields)
-    study = _study_name(job, space.model.name, training)
+    study = _study_name(job, space.model.name, training, space.risk)
     result = _search(space, job, study=study, objectives=objectives)
     explained = None
     if len(objectives) == 1 and len(result.best) == 1:
@@ -182,6 +188,11 @@ class _SweepJob:
     family: str | None
     progress: Progress | None
     allow_long_seq: bool
+    lengths: str | list[int] | None
+    lengths_histogram: str | list[Any] | None
+    batching: str
+    buckets: str | None
+    risk: float
     fields: dict[str, Any]
 
 
@@ -240,7 +251,15 @@ def _check_method(job: _SweepJob) -> None:
 
 def _job_space(job: _SweepJob, training: dict[str, Any], optimizer_fields: dict[str, Any]) -> Space:
     """The space of the job on its fleet (make_space); a traced profile only at the precision
-    it was traced with."""
+    it was traced with; `--lengths`: the dataset's risk a constraint (sweep/_risk.py)."""
+    risk = space_risk(
+        lengths=job.lengths,
+        lengths_histogram=job.lengths_histogram,
+        batching=job.batching,
+        buckets=job.buckets,
+        risk=job.risk,
+        seq_len=training["seq_len"],
+    )
     gpus = load_gpus(job.hardware_dir)
     spec = model_spec(
         job.model, models_dir=job.models_dir, profile_file=job.profile_file, family=job.family
@@ -275,12 +294,18 @@ def _job_space(job: _SweepJob, training: dict[str, Any], optimizer_fields: dict[
         max_step_time_s=job.max_step_time_s,
         max_cost_per_million_tokens=job.max_cost_per_million_tokens,
         allow_long_seq=job.allow_long_seq,
+        risk=risk,
     )
 
 
-def _study_name(job: _SweepJob, model_name: str, training: Mapping[str, Any]) -> str:
-    """`--study-name`, else the default one: model, fleet, length, batch, method and the
-    constraints set (`_constraints_text`)."""
+def _study_name(
+    job: _SweepJob,
+    model_name: str,
+    training: Mapping[str, Any],
+    space_risk_of: SpaceRisk | None = None,
+) -> str:
+    """`--study-name`, else the default one: model, fleet, length, batch, method, the
+    constraints set (`_constraints_text`) and the dataset's risk (`risk_text`)."""
     return job.study_name or _default_study(
         model_name,
         job.fleet,
@@ -289,7 +314,8 @@ def _study_name(job: _SweepJob, model_name: str, training: Mapping[str, Any]) ->
         job.method
         + _constraints_text(
             job.min_gpus, job.use_all_gpus, job.max_step_time_s, job.max_cost_per_million_tokens
-        ),
+        )
+        + risk_text(space_risk_of),
     )
 
 
@@ -423,7 +449,20 @@ def _fleet_use(done: SweepRun) -> dict[str, Any]:
 
 def point_json(row: Mapping[str, Any]) -> dict[str, Any]:
     """One point of the sweep's JSON: its configuration (the SHOW columns), fit, cost, time,
-    peak and breakdown."""
+    peak and breakdown; with `--lengths`, the epoch's risk (issue 28's keys:
+    oom_probability, worst_step_peak_device_bytes, step_peak_quantiles p50/p99/max)."""
+    risk: dict[str, Any] = {}
+    if row.get("oom_probability") is not None:
+        worst = row["worst_step_peak_device_bytes"]
+        risk = {
+            "oom_probability": row["oom_probability"],
+            "worst_step_peak_device_bytes": worst,
+            "step_peak_quantiles": {
+                "p50": row["step_peak_p50_device_bytes"],
+                "p99": row["step_peak_p99_device_bytes"],
+                "max": worst,
+            },
+        }
     return jsonable(
         {
             "configuration": {k: row[k] for k in SHOW},
@@ -436,6 +475,7 @@ def point_json(row: Mapping[str, Any]) -> dict[str, Any]:
             # the error bars (report/_error_bars.py); None on a part older than schema 7
             **{k: row.get(k) for k in ERROR_BAR_KEYS},
             "breakdown": {k: row[k] for k in COMPONENTS},
+            **risk,
         }
     )
 

@@ -45,6 +45,7 @@ from trainmem.report import (
 
 from ._axes import AXES, NAMED_AXES, declared_values
 from ._options import SEARCH_DEFAULTS
+from ._risk import SpaceRisk, null_columns, risk_columns, scatter, step_lengths
 
 SWEEP_REASONS = (
     "tp crosses a node (tp > gpus per node)",
@@ -120,6 +121,9 @@ class Space:
     invalid (PRECISION_UNSUPPORTED), never proposed."""
     warnings: tuple[str, ...] = ()
     """What the job should know (a sequence beyond the model's rotary positions)."""
+    risk: SpaceRisk | None = None
+    """`--lengths`: a point fits only if its epoch's OOM probability is within the risk
+    (sweep/_risk.py; its risk columns); None: the fit at seq_len."""
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -231,6 +235,8 @@ def evaluate_columns(
     pools = _pool_columns(space, pool)
     engine_reason = layout_reason(space.model, grid)
     reason = _layout_reasons(space, grid, engine_reason, pools, num_gpus=num_gpus, tp=tp, pp=pp)
+    if space.risk is not None and columns is not None:  # the load's fit, judged with the risk
+        columns = {*columns, "peak_load_bytes"}
     out = _estimate_by_overheads(space, grid, pools, engine_reason=engine_reason, columns=columns)
     reason = _host_reasons(space, pools, out, num_gpus, reason)
     # The sweep's own reasons too: estimate_time evaluates only the rows left valid.
@@ -251,6 +257,13 @@ def evaluate_columns(
         dear = (reason == 0) & (cost > space.max_cost_per_million_tokens)
         reason = np.where(dear, COSTLIER_THAN_MAX, reason).astype(np.int16)
     valid = reason == 0
+    fits = out["fits"] & valid
+    risk: dict[str, np.ndarray] = {}
+    if space.risk is not None:
+        risk = _risk_of(space, cols, pools, valid)
+        limit = pools.usable_bytes * (1.0 - space.headroom)
+        load_fits = out["peak_load_bytes"] <= limit
+        fits = valid & load_fits & (risk["oom_probability"] <= space.risk.risk)
     dp = out["dp"]
     bars = _error_bars(space, grid, pools, out)
     return {
@@ -260,10 +273,11 @@ def evaluate_columns(
         "dp": dp,
         "num_gpus": num_gpus,
         **out,
-        "fits": out["fits"] & valid,
+        "fits": fits,
         "reason": reason,
         **bars,
         **timing,  # NaN where the point is invalid
+        **risk,
     }
 
 
@@ -281,6 +295,47 @@ def _error_bars(
         framework=grid["framework"],
         regime=regime_of(lora_rank=grid["lora_rank"], qlora=grid["qlora"]),
     )
+
+
+def _risk_of(
+    space: Space, cols: Mapping[str, np.ndarray], pools: _PoolColumns, valid: np.ndarray
+) -> dict[str, np.ndarray]:
+    """The risk columns (sweep/_risk.py) of the valid points (NaN elsewhere): one estimate
+    over a grid of each valid point at its p50, p99 and worst step lengths and rows (a
+    micro-batch of fewer rows keeps the point's gradient accumulation, as estimate's)."""
+    assert space.risk is not None
+    rows = np.flatnonzero(valid)
+    if not len(rows):
+        return null_columns(len(valid))
+    seq_len = int(space.fixed["seq_len"])
+    mb = np.asarray(cols["micro_batch_size"], dtype=np.int64)[rows]
+    step_rows, lengths = step_lengths(
+        space.risk, micro_batch=mb, cp=np.asarray(cols["cp"])[rows], seq_len=seq_len
+    )
+    if space.risk.batching == "packed":  # every step alike: one length (seq_len)
+        lengths = lengths[:, :1]
+    k = lengths.shape[1]
+    grid_cols: dict[str, Any] = {
+        a: np.repeat(np.asarray(cols[a])[rows], k) for a in AXES if a != "pool"
+    }
+    grid_cols["seq_len"] = lengths.reshape(-1)
+    grid_cols["micro_batch_size"] = np.repeat(step_rows, k)
+    gbs = int(space.fixed.get("global_batch_size", 0) or 0)
+    if gbs:
+        grid_cols["global_batch_size"] = np.repeat(np.maximum(gbs // mb, 1) * step_rows, k)
+    grid = make_grid({**space.fixed, **grid_cols})
+    at = _pool_columns(space, np.repeat(pools.pool[rows], k))
+    out = _estimate_by_overheads(
+        space,
+        grid,
+        at,
+        engine_reason=layout_reason(space.model, grid),
+        columns={"peak_device_bytes"},
+    )
+    peaks = np.where(out["reason"] != 0, np.inf, out["peak_device_bytes"]).reshape(-1, k)
+    peaks = np.repeat(peaks, 3, axis=1) if k == 1 else peaks  # p50, p99, worst
+    limit = pools.usable_bytes[rows] * (1.0 - space.headroom)
+    return scatter(risk_columns(space.risk, peaks, limit), rows, len(valid))
 
 
 class _PoolColumns(NamedTuple):
@@ -471,6 +526,7 @@ def make_space(
     max_step_time_s: float | None = None,
     max_cost_per_million_tokens: float | None = None,
     allow_long_seq: bool = True,
+    risk: SpaceRisk | None = None,
 ) -> Space:
     """The space of a job on a fleet; ValueError on bad input (one line).
 
@@ -483,7 +539,9 @@ def make_space(
     `use_all_gpus`: a point takes its whole pool (`gpu_counts` keeps the pool sizes; a point
     of a smaller pool's size on a larger pool is invalid, PART_OF_POOL); `max_step_time_s`: a
     slower point is invalid (SLOWER_THAN_MAX), its step time kept; `max_cost_per_million_tokens`:
-    a dearer point is invalid (COSTLIER_THAN_MAX), its cost kept.
+    a dearer point is invalid (COSTLIER_THAN_MAX), its cost kept. `risk`: a dataset's lengths
+    and batching (sweep/_risk.py): a point fits only when its epoch's OOM probability is within
+    it.
     slower point is invalid (SLOWER_THAN_MAX), its step time kept. A pool whose GPU cannot
     run the precision has only invalid points (PRECISION_UNSUPPORTED; no pool can: ValueError);
     a sequence beyond the model's positions is a warning (`Space.warnings`), or a ValueError
@@ -513,6 +571,7 @@ def make_space(
         max_cost_per_million_tokens=max_cost_per_million_tokens,
         unsupported_pools=unsupported,
         warnings=tuple(warnings),
+        risk=risk,
     )
 
 
@@ -562,6 +621,7 @@ class _SpaceJob:
     max_step_time_s: float | None
     max_cost_per_million_tokens: float | None
     allow_long_seq: bool
+    risk: SpaceRisk | None
 
 
 def _check_sizes(job: _SpaceJob) -> None:

@@ -208,6 +208,8 @@ def rebuild_study(st: Any, space: Space, *, out: str, study: str, objectives: Se
         return 0
     wanted = [*LAYOUT_COLUMNS, *INNER_AXES, "fits", "reason", "peak_device_bytes"]
     wanted += [OBJECTIVES[o] for o in objectives] + ["cost_per_million_tokens", "trial"]
+    if space.risk is not None:
+        wanted.append("worst_step_peak_device_bytes")
     points = scan_points(folder).filter(pl.col("trial").is_not_null())
     summary = _trial_summary(
         space, points.select(list(dict.fromkeys(wanted))).collect(), objectives
@@ -249,6 +251,10 @@ def _trial_summary(space: Space, points: pl.DataFrame, objectives: Sequence[str]
         "fits": points["fits"].to_numpy(),
         "reason": (points["reason"] != "").cast(pl.Int8).to_numpy(),
     }
+    if space.risk is not None:  # `--lengths`: the worst step's distance, as told live
+        res["peak_device_bytes"] = points["peak_device_bytes"].cast(pl.Float64).to_numpy()
+        worst = points["worst_step_peak_device_bytes"].cast(pl.Float64)
+        res["worst_step_peak_device_bytes"] = worst.fill_null(np.nan).to_numpy()
     keys = [OBJECTIVES[o] for o in objectives] + ["cost_per_million_tokens"]
     ranked = points.with_columns(constraint=pl.Series(_constraint(res))).sort(
         ["trial", "fits", *keys], descending=[False, True, *[False] * len(keys)], nulls_last=True
