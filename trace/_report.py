@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shlex
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from typing import Any
 from trainmem.catalog import model_config_dict
 from trainmem.engine import ATTENTION
 from trainmem.hardware import GIB
+from trainmem.hardware._files import check_path_name, shown_path
 from trainmem.report import choice
 
 MIB = 2**20
@@ -102,25 +105,70 @@ def trace_report(
     lora_rank: int = 0,
     lora_targets: str = "all-linear",
     qlora: bool = False,
+    timeout_s: float | str | None = None,
+    max_memory_gb: float | str | None = None,
+    in_process: bool = False,
 ) -> dict[str, Any]:
     """Trace the step (and optionally a second length, a real GPU) and compare with the
-    estimate."""
-    job = _TraceJob(**locals())  # every parameter, first: the steps below take the job
+    estimate.
+
+    By default the whole report is made in one bounded child process (trace/_child.py): it
+    is stopped, with every process the model started, after `timeout_s` seconds or over
+    `max_memory_gb` (else $TRAINMEM_TRACE_TIMEOUT / $TRAINMEM_TRACE_MAX_MEMORY_GB, else 1800 s
+    and no cap), and any end but an answer (a signal, os._exit) is one ValueError line.
+    `in_process=True` traces in this process instead, unbounded (a trace still moves to one
+    child where this process's autograd engine cannot see the fake device); a model's
+    RuntimeError, AssertionError, NotImplementedError or TypeError is then one ValueError
+    line too."""
+    fields = {k: v for k, v in locals().items() if k not in _BOUND_PARAMETERS}
+    if not in_process:
+        from ._child import resolve_bounds
+
+        bounds = resolve_bounds(
+            timeout_s, max_memory_gb, timeout_name="timeout_s", memory_name="max_memory_gb"
+        )
+        return bounded_trace_report(fields, bounds)
+    try:
+        return _trace_report(_TraceJob(**fields))
+    except (RuntimeError, AssertionError, NotImplementedError, TypeError) as exc:
+        # A model code path the fake device cannot run: one line, not torch's traceback.
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise ValueError(
+            f"trace: the step failed on fake tensors: {type(exc).__name__}: {first}"
+        ) from None
+
+
+_BOUND_PARAMETERS = ("timeout_s", "max_memory_gb", "in_process")
+"""trace_report's parameters that say where it runs, not what it traces."""
+
+
+def bounded_trace_report(fields: dict[str, Any], bounds: Any) -> dict[str, Any]:
+    """trace_report(**fields) in one child process under `bounds` (a _child.Bounds: the CLI
+    names them by its flags). The --save-profile file is checked here first (the child checks
+    the rest before it traces)."""
+    from ._child import run_in_child
+
+    _check_save_profile(_TraceJob(**fields).save_profile)
+    return run_in_child("trace_report", {**fields, "in_process": True}, bounds=bounds)
+
+
+def _trace_report(job: _TraceJob) -> dict[str, Any]:
+    """trace_report in this process."""
     _check(job)
     # The formulas' estimate first: bad flags fail before a long trace.
-    estimate_full = None if module else _estimate(job, None)
+    estimate_full = None if job.module else _estimate(job, None)
     profile_info: dict[str, Any] | None = None
-    if save_profile:
+    if job.save_profile:
         measured, profile_info = _trace_and_save_profile(job)
-        if module:
-            estimate_full = _estimate(job, save_profile)
+        if job.module:
+            estimate_full = _estimate(job, job.save_profile)
     else:
-        measured = _trace(job, seq_len)
+        measured = _trace(job, job.seq_len)
     report = _report(job, measured, estimate_full)
     if profile_info is not None:
         report["profile"] = profile_info
-    if real_gpu:
-        report.update(_real_gpu(functools.partial(_trace, job), seq_len, report["estimate"]))
+    if job.real_gpu:
+        report.update(_real_gpu(functools.partial(_trace, job), job.seq_len, report["estimate"]))
     return report
 
 
@@ -179,11 +227,57 @@ class _TraceJob:
         return {"lora_rank": self.lora_rank, "lora_targets": self.lora_targets}
 
 
+def _check_save_profile(path: str | None) -> None:
+    """ValueError (one line, "save-profile: ...") when the profile could not be written: a name
+    too long, a folder, a missing or unwritable folder to hold it (tried by creating and
+    removing a file there: permissions, a read-only file system, root's rights all count)."""
+    if not path:
+        return
+    check_path_name(path, what="save-profile")
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"save-profile: {shown_path(path)} is a folder, not a file")
+    folder = target.parent
+    if not folder.is_dir():
+        what = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise ValueError(f"save-profile: the folder {shown_path(folder)} {what}")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".trainmem-probe-", dir=folder)
+    except OSError as exc:
+        raise ValueError(
+            f"save-profile: cannot write in {shown_path(folder)}: {exc.strerror}"
+        ) from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _write_atomic(path: str, text: str) -> None:
+    """`text` into `path` through a temporary file beside it, fsynced and renamed into place:
+    a reader never sees half a profile."""
+    folder = Path(path).parent
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp creates 0600; give the umask's default
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def _check(job: _TraceJob) -> None:
     """Refuse the flags a trace cannot run with (one ValueError) before anything is traced;
-    a real GPU is looked for before the fake trace, not after it."""
+    a real GPU is looked for before the fake trace, not after it, and the --save-profile
+    file's folder before the two traces."""
     from ._core import DEVICES
     from ._sdpa import SDPA_KERNELS
+
+    _check_save_profile(job.save_profile)
 
     if job.real_gpu:
         from ._gpu import check_cuda
@@ -299,7 +393,7 @@ def _trace_and_save_profile(job: _TraceJob) -> tuple[dict[str, Any], dict[str, A
         },
     )
     assert job.save_profile is not None  # called with --save-profile only
-    Path(job.save_profile).write_text(json.dumps(profile, indent=2) + "\n")
+    _write_atomic(job.save_profile, json.dumps(profile, indent=2) + "\n")
     return traces[job.seq_len], {"path": job.save_profile, **profile}
 
 
