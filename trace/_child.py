@@ -12,10 +12,12 @@ Bounds (`Bounds`, from --timeout / --max-memory-gb, else TRAINMEM_TRACE_TIMEOUT 
 TRAINMEM_TRACE_MAX_MEMORY_GB, else 1800 s and no cap): the child runs in its own session; at the
 timeout, over the memory cap, and whenever the trace ends, every process of the trace is killed,
 grandchildren that left the session included (trace/_procs.py: this process is the child
-subreaper meanwhile). The memory cap is each process's address space (RLIMIT_AS, set in the
-child and inherited by what it starts; not with --real-gpu, whose CUDA context maps more address
-space than memory) and the resident memory of all the trace's processes together, read every
-POLL_S seconds.
+subreaper meanwhile), and when trainmem ends from outside: SIGTERM or SIGHUP kill the trace on
+the way out, a SIGKILL is seen by the child's watchdog, which then kills the trace's processes.
+The memory cap is each process's address space (RLIMIT_AS, set in the child and inherited
+by what it starts; not with --real-gpu, whose CUDA context maps more address space than memory)
+and the resident memory of all the trace's processes together, read every MEMORY_POLL_S
+seconds.
 
 The child's stdout and stderr go to anonymous temporary files, not pipes, so that a grandchild
 that keeps them open cannot keep the parent waiting; the child writes its answer on its own
@@ -36,11 +38,21 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from ._procs import kill_trace, process_table, resident_bytes, start_ticks, subreaper
+from ._procs import (
+    adopt_orphans,
+    kill_trace,
+    parent_of,
+    process_table,
+    resident_bytes,
+    start_ticks,
+    subreaper,
+)
 from ._procs import trace_processes as _trace_processes
 
 FUNCTIONS = {
@@ -209,7 +221,7 @@ def run_in_child(
         stdin, stdout, stderr = (stack.enter_context(tempfile.TemporaryFile()) for _ in range(3))
         stdin.write(request)
         stdin.seek(0)
-        with subreaper():
+        with subreaper(), _termination_as_exception():
             failure, returncode = _run_watched(
                 command or [sys.executable, "-m", "trainmem.trace._child"],
                 env=env,
@@ -231,6 +243,43 @@ def run_in_child(
     return answer["result"]
 
 
+class _Terminated(BaseException):
+    """SIGTERM or SIGHUP while a trace child runs: raised so that the trace is killed on the
+    way out, then the signal is delivered again with its own handler."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _termination_as_exception() -> Iterator[None]:
+    """SIGTERM and SIGHUP (a scheduler ending trainmem, a closed terminal) as _Terminated for
+    the duration, so that no process of the trace outlives trainmem; the signal is re-raised
+    after. Only in the main thread (where Python runs signal handlers); elsewhere nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    numbers = (signal.SIGTERM, signal.SIGHUP)
+
+    def stop(signum: int, frame: object) -> None:
+        raise _Terminated(signum)
+
+    # an ignored signal stays ignored (nohup ignores SIGHUP)
+    saved = {n: signal.signal(n, stop) for n in numbers if signal.getsignal(n) != signal.SIG_IGN}
+    try:
+        yield
+    except _Terminated as ended:
+        for n, handler in saved.items():
+            signal.signal(n, handler)
+        saved = {}
+        os.kill(os.getpid(), ended.signum)  # its own handler now: the default ends us
+        raise KeyboardInterrupt from None  # a handler that returned: end as an interrupt
+    finally:
+        for n, handler in saved.items():
+            signal.signal(n, handler)
+
+
 def _run_watched(
     command: list[str], *, env: dict[str, str], bounds: Bounds, files: tuple[IO[bytes], ...]
 ) -> tuple[str, int | None]:
@@ -238,9 +287,12 @@ def _run_watched(
     left of the trace and reap the child: ('', its exit status) when it ended by itself, else
     (the error line, None)."""
     stdin, stdout, stderr = files
-    proc = subprocess.Popen(
-        command, stdin=stdin, stdout=stdout, stderr=stderr, env=env, start_new_session=True
-    )
+    try:
+        proc = subprocess.Popen(
+            command, stdin=stdin, stdout=stdout, stderr=stderr, env=env, start_new_session=True
+        )
+    except OSError as exc:  # no process left (EAGAIN), no memory, a missing interpreter
+        return f"trace: could not start the child process: {exc.strerror or exc}", None
     child_start = start_ticks(proc.pid)
     try:
         failure = _watch(proc, child_start, bounds)
@@ -372,10 +424,41 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"[:300]
 
 
+WATCH_S = 0.2
+"""How often the watchdog looks for trainmem's death."""
+
+
+def _start_watchdog() -> None:
+    """End every process of the trace when trainmem dies without killing them (a SIGKILL,
+    which it cannot see): this child becomes a subreaper (a double-forked grandchild stays its
+    descendant) and forks, before torch starts a thread, a watchdog process that sees the
+    child's parent change and kills the child's session and descendants, the child last. The
+    watchdog leaves when the child ends (trainmem kills the rest then) and is itself one of the
+    trace's processes, killed with them."""
+    child, parent = os.getpid(), os.getppid()
+    adopt_orphans()
+    if os.fork() != 0:
+        return
+    try:
+        while os.getppid() == child:
+            time.sleep(WATCH_S)
+            if parent_of(child) != parent:
+                procs = _trace_processes(process_table(), child=child, child_start=None, parent=-1)
+                for proc in sorted(procs, key=lambda p: p.pid == child):  # the child last
+                    if proc.pid != os.getpid():
+                        with contextlib.suppress(OSError):
+                            os.kill(proc.pid, signal.SIGKILL)
+                break
+    finally:
+        os._exit(0)  # no Python clean-up of the child's state in this copy
+
+
 def main() -> None:
     """The child: the answer on its own copy of stdout, fd 1 pointed at stderr meanwhile."""
     import importlib
 
+    if is_child():
+        _start_watchdog()
     sys.stdout.flush()
     answer_fd = os.dup(1)  # not inherited by what the model starts (O_CLOEXEC)
     os.dup2(2, 1)

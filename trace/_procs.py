@@ -15,10 +15,16 @@ misses:
   reparented to the parent instead of init; a child of the parent started after the trace
   child is one of the trace's.
 
+The child is a subreaper too (adopt_orphans), with a watchdog process of its own
+(trace/_child.py _start_watchdog): when trainmem is SIGKILLed, which it cannot see, the watchdog
+kills the child's session and descendants, a double-forked grandchild included (reparented to
+the child, not to init), and the child.
+
 Where /proc or prctl is missing (not Linux) only the session is killed (os.killpg).
 
-Source: man 2 prctl (PR_SET_CHILD_SUBREAPER, since Linux 3.4), man 5 proc (/proc/PID/stat
-fields 3 state, 4 ppid, 6 session, 22 starttime in clock ticks, 24 rss in pages).
+Source: man 2 prctl (PR_SET_CHILD_SUBREAPER, since Linux 3.4), man 5 proc
+(/proc/PID/stat fields 3 state, 4 ppid, 6 session, 22 starttime in clock ticks, 24 rss in
+pages).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_GET_CHILD_SUBREAPER = 37
@@ -124,8 +131,22 @@ def trace_processes(
 
 
 def resident_bytes(procs: list[Proc]) -> int:
-    """The resident memory of `procs` together (shared pages counted in each)."""
-    return sum(p.rss_bytes for p in procs)
+    """The resident memory of `procs` together: each one's proportional set size (a page
+    shared by n processes counts 1/n in each: forked workers do not count torch n times), or
+    its resident set size where the kernel gives no smaps_rollup (before Linux 4.14).
+    Source: man 5 proc (/proc/PID/smaps_rollup, Pss in kB)."""
+    return sum(_pss_bytes(p.pid) or p.rss_bytes for p in procs)
+
+
+def _pss_bytes(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def kill_trace(child: int, child_start: int | None) -> None:
@@ -171,18 +192,22 @@ def _reap(pids: set[int]) -> set[int]:
     return done
 
 
+def _prctl() -> Any:
+    """libc's prctl, None where there is none (not Linux)."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
 @contextlib.contextmanager
 def subreaper() -> Iterator[bool]:
     """This process as a child subreaper for the duration (see the module docstring): True
     where it is one (Linux), False where prctl is missing. A process that already was one
     stays one."""
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # not Linux
-        yield False
-        return
+    prctl = _prctl()
     was = ctypes.c_int(0)
-    if prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0) != 0:
+    if prctl is None or prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0) != 0:
         yield False
         return
     if not was.value and prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
@@ -193,3 +218,17 @@ def subreaper() -> Iterator[bool]:
     finally:
         if not was.value:
             prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+def adopt_orphans() -> None:
+    """This process as a child subreaper for the rest of its life (a trace child: its
+    double-forked grandchildren stay its descendants); nothing where prctl is missing."""
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent of the live process `pid`, None where it is gone, a zombie, or unknown."""
+    proc = _read_stat(pid)
+    return proc.ppid if proc and proc.alive else None

@@ -144,11 +144,11 @@ _BOUND_PARAMETERS = ("timeout_s", "max_memory_gb", "in_process")
 
 def bounded_trace_report(fields: dict[str, Any], bounds: Any) -> dict[str, Any]:
     """trace_report(**fields) in one child process under `bounds` (a _child.Bounds: the CLI
-    names them by its flags). The --save-profile file is checked here first (the child checks
-    the rest before it traces)."""
+    names them by its flags). The flags are checked here first (_check; the --save-profile file
+    included, the real GPU in the child), so that bad input is refused before a child starts."""
     from ._child import run_in_child
 
-    _check_save_profile(_TraceJob(**fields).save_profile)
+    _check(_TraceJob(**fields), gpu=False)
     return run_in_child("trace_report", {**fields, "in_process": True}, bounds=bounds)
 
 
@@ -270,21 +270,21 @@ def _write_atomic(path: str, text: str) -> None:
         raise
 
 
-def _check(job: _TraceJob) -> None:
+def _check(job: _TraceJob, *, gpu: bool = True) -> None:
     """Refuse the flags a trace cannot run with (one ValueError) before anything is traced;
-    a real GPU is looked for before the fake trace, not after it, and the --save-profile
-    file's folder before the two traces."""
+    a real GPU is looked for (with `gpu`: it imports torch) before the fake trace, not after
+    it, and the --save-profile file's folder before the two traces."""
     from ._core import DEVICES
     from ._sdpa import SDPA_KERNELS
 
     _check_save_profile(job.save_profile)
-
     if job.real_gpu:
         from ._gpu import check_cuda
 
         if job.num_gpus > 1:
             raise ValueError("real-gpu: one GPU only (a multi-GPU job is traced on fake devices)")
-        check_cuda()
+        if gpu:
+            check_cuda()
     choice("recompute", job.recompute, ("none", "full"))
     choice("attention", job.attention, ATTENTION)
     choice("sdpa-kernel", job.sdpa_kernel, SDPA_KERNELS)

@@ -10,8 +10,11 @@ tests/data/trace_modules/hostile.py (a torch import each: a few seconds) and ski
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,6 +46,13 @@ def _my_zombies() -> list[int]:
     me = os.getpid()
     table = _procs.process_table()
     return [p.pid for p in table.values() if p.ppid == me and not p.alive]
+
+
+def _wait_for(predicate, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return predicate()
 
 
 needs_proc = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="no /proc here")
@@ -249,3 +259,70 @@ def test_a_model_that_allocates_without_bound_is_stopped_at_the_memory_cap(capsy
     code, err = _trace("memory_hog", "--timeout", "120", "--max-memory-gb", "2", capsys=capsys)
     assert code == 2 and err.count("\n") == 1, err
     assert err.startswith("error: trace exceeded --max-memory-gb 2 GB: ")
+
+
+@needs_proc
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_terminated_parent_kills_the_trace_on_its_way_out(tmp_path: Path, signum: int) -> None:
+    """A scheduler's SIGTERM (or a closed terminal's SIGHUP) to trainmem while the trace runs:
+    the trace's processes die with it, and trainmem ends by that signal."""
+    pid_file = tmp_path / "pids"
+    parent_code = (
+        "import sys; from trainmem.trace import _child; "
+        "_child.run_in_child('trace_step', {}, bounds=_child.resolve_bounds('300', None), "
+        "command=[sys.executable, '-c', sys.argv[1], sys.argv[2], 'hang'])"
+    )
+    env = {k: v for k, v in os.environ.items() if k != _child.CHILD_MARKER}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", parent_code, LEAVES_SLEEPERS, str(pid_file)],
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        assert _wait_for(lambda: len(_pids(pid_file)) == 3, 30)
+        os.kill(parent.pid, signum)
+        assert parent.wait(timeout=30) == -signum
+        assert not [pid for pid in _pids(pid_file) if _alive(pid)]
+    finally:
+        _kill_all(parent, pid_file)
+
+
+def _kill_all(parent: subprocess.Popen[bytes], pid_file: Path) -> None:
+    """Whatever a failed test left behind."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(parent.pid, signal.SIGKILL)
+    parent.wait(timeout=30)
+    for pid in _pids(pid_file):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@needs_torch
+@needs_proc
+def test_a_sigkilled_trainmem_leaves_no_process_of_the_trace(tmp_path: Path) -> None:
+    """A SIGKILL, which trainmem cannot see: the real child sees its parent gone and kills the
+    trace's processes and itself (it is a subreaper too, so the double-forked daemon is still
+    its descendant)."""
+    signum = signal.SIGKILL
+    pid_file = tmp_path / "pids"
+    env = {k: v for k, v in os.environ.items() if k != _child.CHILD_MARKER}
+    env[PID_FILE_VARIABLE] = str(pid_file)
+    argv = ["trace", "--module", f"{HOSTILE}:detached_grandchildren_then_loop", "--timeout", "300"]
+    code = f"import sys; from trainmem.cli import main; sys.exit(main({argv!r}))"
+    trainmem = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        assert _wait_for(lambda: len(_pids(pid_file)) == 2, 120), "the factory never ran"
+        table = _procs.process_table()
+        children = [p.pid for p in table.values() if p.ppid == trainmem.pid]
+        os.kill(trainmem.pid, signum)
+        assert trainmem.wait(timeout=30) == -signum
+        left = [*children, *_pids(pid_file)]
+        assert _wait_for(lambda: not [pid for pid in left if _alive(pid)], 10), left
+    finally:
+        _kill_all(trainmem, pid_file)
