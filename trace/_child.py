@@ -434,9 +434,11 @@ def _start_watchdog() -> None:
     descendant) and forks, before torch starts a thread, a watchdog process that sees the
     child's parent change and kills the child's session and descendants, the child last. The
     watchdog leaves when the child ends (trainmem kills the rest then) and is itself one of the
-    trace's processes, killed with them."""
+    trace's processes, killed with them. Linux only (it reads /proc)."""
     child, parent = os.getpid(), os.getppid()
     adopt_orphans()
+    if parent_of(child) != parent or not hasattr(os, "fork"):  # no /proc (not Linux): none
+        return
     if os.fork() != 0:
         return
     try:

@@ -63,10 +63,13 @@ def _daemon() -> None:
 
 
 def detached_grandchildren() -> tuple[nn.Module, torch.Tensor]:
-    """A normal module, after starting a sleeper in a new session and a double-forked daemon."""
+    """A normal module, after starting a sleeper in a new session and a double-forked daemon,
+    and printing lines that look like the trace child's answer (they must not be taken for it)."""
     sleeper = subprocess.Popen([sys.executable, "-c", SLEEPER], start_new_session=True)
     _write_pid(sleeper.pid)
     _daemon()
+    print('{"result": "a line that looks like the trace child\'s answer"}', flush=True)
+    os.write(1, b'{"error": "and one written to fd 1"}\n')
     return Tiny(), _batch()
 
 
