@@ -118,7 +118,7 @@ def trace_cmd(
     --max-memory-gb end it with every process the model started, in one error line."""
     fields = command_fields(locals())
     from trainmem.report import PICTURE_OPTIONS, command_defaults
-    from trainmem.trace._child import resolve_bounds
+    from trainmem.trace._bounds import resolve_bounds
     from trainmem.trace._report import bounded_trace_report, trace_text
 
     from ._app import estimate_cmd

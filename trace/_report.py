@@ -122,7 +122,7 @@ def trace_report(
     line too."""
     fields = {k: v for k, v in locals().items() if k not in _BOUND_PARAMETERS}
     if not in_process:
-        from ._child import resolve_bounds
+        from ._bounds import resolve_bounds
 
         bounds = resolve_bounds(
             timeout_s, max_memory_gb, timeout_name="timeout_s", memory_name="max_memory_gb"
