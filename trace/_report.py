@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import shlex
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,6 @@ from typing import Any
 from trainmem.catalog import model_config_dict
 from trainmem.engine import ATTENTION
 from trainmem.hardware import GIB
-from trainmem.hardware._files import check_path_name, shown_path
 from trainmem.report import choice
 
 MIB = 2**20
@@ -227,57 +224,15 @@ class _TraceJob:
         return {"lora_rank": self.lora_rank, "lora_targets": self.lora_targets}
 
 
-def _check_save_profile(path: str | None) -> None:
-    """ValueError (one line, "save-profile: ...") when the profile could not be written: a name
-    too long, a folder, a missing or unwritable folder to hold it (tried by creating and
-    removing a file there: permissions, a read-only file system, root's rights all count)."""
-    if not path:
-        return
-    check_path_name(path, what="save-profile")
-    target = Path(path)
-    if target.is_dir():
-        raise ValueError(f"save-profile: {shown_path(path)} is a folder, not a file")
-    folder = target.parent
-    if not folder.is_dir():
-        what = "is a file, not a folder" if folder.exists() else "does not exist"
-        raise ValueError(f"save-profile: the folder {shown_path(folder)} {what}")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".trainmem-probe-", dir=folder)
-    except OSError as exc:
-        raise ValueError(
-            f"save-profile: cannot write in {shown_path(folder)}: {exc.strerror}"
-        ) from None
-    os.close(fd)
-    os.unlink(probe)
-
-
-def _write_atomic(path: str, text: str) -> None:
-    """`text` into `path` through a temporary file beside it, fsynced and renamed into place:
-    a reader never sees half a profile."""
-    folder = Path(path).parent
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # mkstemp creates 0600; give the umask's default
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _check(job: _TraceJob, *, gpu: bool = True) -> None:
     """Refuse the flags a trace cannot run with (one ValueError) before anything is traced;
     a real GPU is looked for (with `gpu`: it imports torch) before the fake trace, not after
     it, and the --save-profile file's folder before the two traces."""
     from ._core import DEVICES
+    from ._save_profile import check_save_profile
     from ._sdpa import SDPA_KERNELS
 
-    _check_save_profile(job.save_profile)
+    check_save_profile(job.save_profile)
     if job.real_gpu:
         from ._gpu import check_cuda
 
@@ -361,7 +316,7 @@ def _estimate(job: _TraceJob, profile_file: str | None) -> dict[str, Any]:
 def _trace_and_save_profile(job: _TraceJob) -> tuple[dict[str, Any], dict[str, Any]]:
     """Trace the two profile lengths (and the asked one), write the profile to
     `job.save_profile`; returns the trace at the asked length and the report's `profile`."""
-    from ._save_profile import parse_seq_lens, profile_from_traces
+    from ._save_profile import parse_seq_lens, profile_from_traces, write_atomic
 
     if job.num_gpus > 1:
         raise ValueError("save-profile: trace one GPU (num-gpus 1); a profile is per layer")
@@ -393,7 +348,7 @@ def _trace_and_save_profile(job: _TraceJob) -> tuple[dict[str, Any], dict[str, A
         },
     )
     assert job.save_profile is not None  # called with --save-profile only
-    _write_atomic(job.save_profile, json.dumps(profile, indent=2) + "\n")
+    write_atomic(job.save_profile, json.dumps(profile, indent=2) + "\n")
     return traces[job.seq_len], {"path": job.save_profile, **profile}
 
 
