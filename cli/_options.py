@@ -154,7 +154,7 @@ _PANEL_NAMES: dict[str, tuple[str, ...]] = {
     "Launch": ("fmt", "script", "job_name", "time_limit"),
     "Trace": (
         *("sdpa_kernel", "device", "real_gpu", "save_profile", "profile_seq_lens"),
-        *("profile_name", "snapshot"),
+        *("profile_name", "snapshot", "timeout", "max_memory_gb"),
     ),
     "Server": (
         *("host", "port", "max_points", "max_grid_rows", "timeout_s", "max_concurrent"),

@@ -71,6 +71,24 @@ _Snapshot = Annotated[
         "(memory_viz, `trainmem explain`)."
     ),
 ]
+_Timeout = Annotated[
+    str | None,
+    typer.Option(
+        "--timeout",
+        metavar="SECONDS",
+        help="Stop the trace, with every process the model started, after SECONDS (0.1 to "
+        "604800; default $TRAINMEM_TRACE_TIMEOUT, else 1800).",
+    ),
+]
+_MaxMemoryGb = Annotated[
+    str | None,
+    typer.Option(
+        "--max-memory-gb",
+        metavar="GB",
+        help="Stop the trace when its processes hold more memory than GB (1 to 65536; default "
+        "$TRAINMEM_TRACE_MAX_MEMORY_GB, else no cap).",
+    ),
+]
 _AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 
 
@@ -98,30 +116,30 @@ def trace_cmd(
     lora_targets: _LoraTargets = "all-linear",
     qlora: _Qlora = False,
     snapshot: _Snapshot = None,
+    timeout: _Timeout = None,
+    max_memory_gb: _MaxMemoryGb = None,
     as_json: _AsJson = False,
 ) -> None:
-    """Measure one training step on fake tensors next to the estimate (needs the trace extra)."""
+    """Measure one training step on fake tensors next to the estimate (needs the trace extra).
+
+    The trace always runs in one bounded child process (trace/_child.py): --timeout and
+    --max-memory-gb end it with every process the model started, in one error line."""
     fields = command_fields(locals())
     from trainmem.report import PICTURE_OPTIONS, command_defaults
-    from trainmem.trace import trace_report, trace_text
+    from trainmem.trace._bounds import resolve_bounds
+    from trainmem.trace._report import bounded_trace_report, trace_text
 
     from ._app import estimate_cmd
     from ._progress import spinner
 
+    bounds = resolve_bounds(fields.pop("timeout"), fields.pop("max_memory_gb"))
     # estimate's defaults for the report beside the trace: its training and output fields, not
     # the files its --plot / --memory-viz would write.
     pictures = {option.name for option in PICTURE_OPTIONS}
     defaults = {k: v for k, v in command_defaults(estimate_cmd).items() if k not in pictures}
-    try:
-        what = fields["module"] or fields["model"]
-        with spinner(f"tracing {what} on fake tensors", as_json=as_json):
-            report = trace_report(**fields, estimate_defaults=defaults)
-    except (RuntimeError, AssertionError, NotImplementedError, TypeError) as exc:
-        # A model code path the fake device cannot run: one line, not torch's traceback.
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
-        raise ValueError(
-            f"trace: the step failed on fake tensors: {type(exc).__name__}: {first}"
-        ) from None
+    what = fields["module"] or fields["model"]
+    with spinner(f"tracing {what} on fake tensors", as_json=as_json):
+        report = bounded_trace_report({**fields, "estimate_defaults": defaults}, bounds)
     typer.echo(json_text(report) if as_json else trace_text(report))
 
 

@@ -103,25 +103,70 @@ def trace_report(
     lora_targets: str = "all-linear",
     qlora: bool = False,
     snapshot: str | None = None,
+    timeout_s: float | str | None = None,
+    max_memory_gb: float | str | None = None,
+    in_process: bool = False,
 ) -> dict[str, Any]:
     """Trace the step (and optionally a second length, a real GPU) and compare with the
-    estimate; `snapshot`: also write the traced step there as a PyTorch memory snapshot."""
-    job = _TraceJob(**locals())  # every parameter, first: the steps below take the job
+    estimate; `snapshot`: also write the traced step there as a PyTorch memory snapshot.
+
+    By default the whole report is made in one bounded child process (trace/_child.py): it
+    is stopped, with every process the model started, after `timeout_s` seconds or over
+    `max_memory_gb` (else $TRAINMEM_TRACE_TIMEOUT / $TRAINMEM_TRACE_MAX_MEMORY_GB, else 1800 s
+    and no cap), and any end but an answer (a signal, os._exit) is one ValueError line.
+    `in_process=True` traces in this process instead, unbounded (a trace still moves to one
+    child where this process's autograd engine cannot see the fake device); a model's
+    RuntimeError, AssertionError, NotImplementedError or TypeError is then one ValueError
+    line too."""
+    fields = {k: v for k, v in locals().items() if k not in _BOUND_PARAMETERS}
+    if not in_process:
+        from ._bounds import resolve_bounds
+
+        bounds = resolve_bounds(
+            timeout_s, max_memory_gb, timeout_name="timeout_s", memory_name="max_memory_gb"
+        )
+        return bounded_trace_report(fields, bounds)
+    try:
+        return _trace_report(_TraceJob(**fields))
+    except (RuntimeError, AssertionError, NotImplementedError, TypeError) as exc:
+        # A model code path the fake device cannot run: one line, not torch's traceback.
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise ValueError(
+            f"trace: the step failed on fake tensors: {type(exc).__name__}: {first}"
+        ) from None
+
+
+_BOUND_PARAMETERS = ("timeout_s", "max_memory_gb", "in_process")
+"""trace_report's parameters that say where it runs, not what it traces."""
+
+
+def bounded_trace_report(fields: dict[str, Any], bounds: Any) -> dict[str, Any]:
+    """trace_report(**fields) in one child process under `bounds` (a _child.Bounds: the CLI
+    names them by its flags). The flags are checked here first (_check; the --save-profile file
+    included, the real GPU in the child), so that bad input is refused before a child starts."""
+    from ._child import run_in_child
+
+    _check(_TraceJob(**fields), gpu=False)
+    return run_in_child("trace_report", {**fields, "in_process": True}, bounds=bounds)
+
+
+def _trace_report(job: _TraceJob) -> dict[str, Any]:
+    """trace_report in this process."""
     _check(job)
     # The formulas' estimate first: bad flags fail before a long trace.
-    estimate_full = None if module else _estimate(job, None)
+    estimate_full = None if job.module else _estimate(job, None)
     profile_info: dict[str, Any] | None = None
-    if save_profile:
+    if job.save_profile:
         measured, profile_info = _trace_and_save_profile(job)
-        if module:
-            estimate_full = _estimate(job, save_profile)
+        if job.module:
+            estimate_full = _estimate(job, job.save_profile)
     else:
-        measured = _trace(job, seq_len)
+        measured = _trace(job, job.seq_len)
     report = _report(job, measured, estimate_full)
     if profile_info is not None:
         report["profile"] = profile_info
-    if real_gpu:
-        report.update(_real_gpu(functools.partial(_trace, job), seq_len, report["estimate"]))
+    if job.real_gpu:
+        report.update(_real_gpu(functools.partial(_trace, job), job.seq_len, report["estimate"]))
     return report
 
 
@@ -181,18 +226,22 @@ class _TraceJob:
         return {"lora_rank": self.lora_rank, "lora_targets": self.lora_targets}
 
 
-def _check(job: _TraceJob) -> None:
+def _check(job: _TraceJob, *, gpu: bool = True) -> None:
     """Refuse the flags a trace cannot run with (one ValueError) before anything is traced;
-    a real GPU is looked for before the fake trace, not after it."""
+    a real GPU is looked for (with `gpu`: it imports torch) before the fake trace, not after
+    it, and the --save-profile file's folder before the two traces."""
     from ._core import DEVICES
+    from ._save_profile import check_save_profile
     from ._sdpa import SDPA_KERNELS
 
+    check_save_profile(job.save_profile)
     if job.real_gpu:
         from ._gpu import check_cuda
 
         if job.num_gpus > 1:
             raise ValueError("real-gpu: one GPU only (a multi-GPU job is traced on fake devices)")
-        check_cuda()
+        if gpu:
+            check_cuda()
     choice("recompute", job.recompute, ("none", "full"))
     choice("attention", job.attention, ATTENTION)
     choice("sdpa-kernel", job.sdpa_kernel, SDPA_KERNELS)
@@ -280,7 +329,7 @@ def _estimate(job: _TraceJob, profile_file: str | None) -> dict[str, Any]:
 def _trace_and_save_profile(job: _TraceJob) -> tuple[dict[str, Any], dict[str, Any]]:
     """Trace the two profile lengths (and the asked one), write the profile to
     `job.save_profile`; returns the trace at the asked length and the report's `profile`."""
-    from ._save_profile import parse_seq_lens, profile_from_traces
+    from ._save_profile import parse_seq_lens, profile_from_traces, write_atomic
 
     if job.num_gpus > 1:
         raise ValueError("save-profile: trace one GPU (num-gpus 1); a profile is per layer")
@@ -312,7 +361,7 @@ def _trace_and_save_profile(job: _TraceJob) -> tuple[dict[str, Any], dict[str, A
         },
     )
     assert job.save_profile is not None  # called with --save-profile only
-    Path(job.save_profile).write_text(json.dumps(profile, indent=2) + "\n")
+    write_atomic(job.save_profile, json.dumps(profile, indent=2) + "\n")
     return traces[job.seq_len], {"path": job.save_profile, **profile}
 
 

@@ -9,7 +9,12 @@ copies, which do not grow with the batch, are measured apart and become the `con
 from __future__ import annotations
 
 import datetime
+import os
+import tempfile
+from pathlib import Path
 from typing import Any
+
+from trainmem.hardware._files import check_path_name, shown_path
 
 END_OF_BACKWARD_GRADIENT_FRACTION = 0.5
 """A backward peak with at least this fraction of the gradients alive is at the end of backward
@@ -77,3 +82,46 @@ def profile_from_traces(
         profile["hidden_size"] = int(trace_a["hidden_size"])
     validate_profile(profile)
     return profile
+
+
+def check_save_profile(path: str | None) -> None:
+    """ValueError (one line, "save-profile: ...") when the profile could not be written: a name
+    too long, a folder, a missing or unwritable folder to hold it (tried by creating and
+    removing a file there: permissions, a read-only file system, root's rights all count)."""
+    if not path:
+        return
+    check_path_name(path, what="save-profile")
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"save-profile: {shown_path(path)} is a folder, not a file")
+    folder = target.parent
+    if not folder.is_dir():
+        what = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise ValueError(f"save-profile: the folder {shown_path(folder)} {what}")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".trainmem-probe-", dir=folder)
+    except OSError as exc:
+        raise ValueError(
+            f"save-profile: cannot write in {shown_path(folder)}: {exc.strerror}"
+        ) from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def write_atomic(path: str, text: str) -> None:
+    """`text` into `path` through a temporary file beside it, fsynced and renamed into place:
+    a reader never sees half a profile."""
+    folder = Path(path).parent
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp creates 0600; give the umask's default
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
