@@ -39,8 +39,9 @@ class _Server:
 
     def __init__(self, limits: Limits | None = None) -> None:
         self.port = _free_port()
+        self.app = create_app(limits=limits or Limits())
         config = uvicorn.Config(
-            create_app(limits=limits or Limits()),
+            self.app,
             host="127.0.0.1",
             port=self.port,
             log_level="error",
@@ -193,22 +194,96 @@ def test_slow_work_times_out_with_422() -> None:
 def test_a_timed_out_computation_is_killed() -> None:
     """Past timeout_s the worker process is killed (its computation stops), and the slot gets a
     fresh worker for the next request."""
+    import asyncio
     import os
 
     from trainmem.serve._work import Runner, WorkLimit
 
     run = Runner(max_concurrent=1, timeout_s=0.5)
-    try:
-        pid = run(os.getpid)
+
+    async def scenario() -> None:
+        pid = await run.call(os.getpid)
         started = time.monotonic()
         with pytest.raises(WorkLimit, match="longer than 0.5 s"):
-            run(time.sleep, 60)
+            await run.call(time.sleep, 60)
         assert time.monotonic() - started < 10
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)  # gone, not computing on in the background
-        assert run(os.getpid) != pid
+        assert await run.call(os.getpid) != pid
+
+    try:
+        asyncio.run(scenario())
     finally:
         run.close()
+
+
+def test_busy_slots_shed_with_503_and_a_cancelled_call_is_killed() -> None:
+    """With every slot computing, a request waits SLOT_WAIT_S for one, then is Busy (503); a
+    call whose request goes away (cancelled) kills its worker, so that its late answer never
+    reaches the next request."""
+    import asyncio
+    import os
+
+    from trainmem.serve._work import SLOT_WAIT_S, Busy, Runner
+
+    run = Runner(max_concurrent=1, timeout_s=30)
+
+    async def scenario() -> None:
+        pid = await run.call(os.getpid)
+        slow = asyncio.ensure_future(run.call(time.sleep, 5))
+        await asyncio.sleep(0.2)
+        started = time.monotonic()
+        with pytest.raises(Busy):
+            await run.call(os.getpid)
+        assert SLOT_WAIT_S <= time.monotonic() - started < SLOT_WAIT_S + 2
+        slow.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await slow
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # killed with the cancelled computation
+        assert await run.call(os.getpid) != pid  # a fresh worker, no stale answer
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        run.close()
+
+
+def test_an_equal_request_is_answered_from_memory() -> None:
+    """A 200 answer is kept: the same job asked again gets the same bytes without a worker;
+    an error is never kept; the store is bounded (least recently used first)."""
+    import asyncio
+
+    from trainmem.serve._answers import Answers, answer_key
+
+    with _Server() as s, httpx.Client(base_url=s.url, timeout=60) as http:
+        answers = s.app.state.answers
+        job = {"model": "llama-3.2-1b", "advice": False}
+        first = http.post("/v1/estimate", json=job)
+        assert first.status_code == 200 and len(answers) == 1
+        again = http.post("/v1/estimate", json={**job, "gpu": "H100"})  # an alias: one job
+        assert again.content == first.content and len(answers) == 1
+        assert http.post("/v1/estimate", json={**job, "tp": 3}).status_code == 422
+        assert len(answers) == 1
+
+    async def fill() -> Answers:
+        kept = Answers(max_bytes=300)
+
+        async def body() -> bytes:
+            return b"x" * 100
+
+        async def fails() -> bytes:
+            raise ValueError("no")
+
+        for name in ("a", "b", "a", "c"):
+            await kept.get(answer_key("estimate", {"n": name}), body)
+        with pytest.raises(ValueError):
+            await kept.get(answer_key("estimate", {"n": "e"}), fails)
+        return kept
+
+    kept = asyncio.run(fill())
+    assert kept.num_bytes <= 300 and len(kept) == 2  # "b", least recently used, went
+    assert set(kept._kept) == {answer_key("estimate", {"n": n}) for n in ("a", "c")}
 
 
 # ---- adversarial input: 4xx with a short answer, never a 5xx --------------------------------
