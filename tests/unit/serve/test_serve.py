@@ -365,6 +365,15 @@ def test_a_fleet_is_never_a_path(http: httpx.Client, fleet: object) -> None:
         assert leak not in got.text
 
 
+@pytest.mark.parametrize("stack", ["llamafactory", "axolotl", "hf", "accelerate"])
+def test_check_of_a_script_forced_to_a_mapping_stack_is_422(http: httpx.Client, stack: str) -> None:
+    """A file that is no mapping of keys, read as a YAML stack's config: a 422 naming the file
+    (was a 500: the reader took `doc.data` None for a mapping; found by the schema fuzzing)."""
+    got = http.post("/v1/check", json={"files": {"x": ""}, "stack": stack})
+    assert got.status_code == 422
+    assert _short_answer(got).startswith(f"x: stack {stack} reads a mapping of keys")
+
+
 def test_existing_and_missing_files_answer_alike(http: httpx.Client) -> None:
     answers = {
         http.post("/v1/recommend", json={"fleet": path}).text
