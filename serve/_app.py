@@ -27,7 +27,9 @@ serve/_fleet.py). Errors never echo the input (no `input` in `detail`, text cut 
 Bounded work (`Limits`): request bodies up to `max_body_bytes`, fit grids up to `max_grid_rows`
 candidates, recommend searches up to `max_points` points, at most `max_concurrent` computations
 at once and `timeout_s` per request; a request over a limit gets 422 (its input asks for too
-much work), a server at its concurrency limit 503 with Retry-After. The body limit holds for
+much work), a server at its concurrency limit with a full waiting line (serve/_work.py
+MAX_WAITING_PER_SLOT) 503 with Retry-After. Equal estimate and fit requests are answered from
+the answers kept (serve/_answers.py). The body limit holds for
 chunked uploads too, and a computation past `timeout_s` is killed with its worker process
 (serve/_asgi.py, serve/_work.py). Binds to loopback (127.0.0.1) unless told otherwise.
 

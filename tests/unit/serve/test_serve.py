@@ -217,31 +217,35 @@ def test_a_timed_out_computation_is_killed() -> None:
         run.close()
 
 
-def test_busy_slots_shed_with_503_and_a_cancelled_call_is_killed() -> None:
-    """With every slot computing, a request waits SLOT_WAIT_S for one, then is Busy (503); a
-    call whose request goes away (cancelled) kills its worker, so that its late answer never
-    reaches the next request."""
+def test_a_full_waiting_line_sheds_with_503_and_a_cancelled_call_is_killed() -> None:
+    """With every slot computing, requests wait in arrival order, up to `max_waiting` of them:
+    one more is Busy (503) at once. A call whose request goes away (cancelled) kills its
+    worker, so that its late answer never reaches the next request."""
     import asyncio
     import os
 
-    from trainmem.serve._work import SLOT_WAIT_S, Busy, Runner
+    from trainmem.serve._work import Busy, Runner
 
-    run = Runner(max_concurrent=1, timeout_s=30)
+    run = Runner(max_concurrent=1, timeout_s=30, max_waiting=1)
 
     async def scenario() -> None:
         pid = await run.call(os.getpid)
         slow = asyncio.ensure_future(run.call(time.sleep, 5))
         await asyncio.sleep(0.2)
+        waiting = asyncio.ensure_future(run.call(os.getpid))
+        await asyncio.sleep(0)
         started = time.monotonic()
         with pytest.raises(Busy):
             await run.call(os.getpid)
-        assert SLOT_WAIT_S <= time.monotonic() - started < SLOT_WAIT_S + 2
+        assert time.monotonic() - started < 0.5  # shed at once, not after a wait
+        assert not waiting.done()
         slow.cancel()
         with pytest.raises(asyncio.CancelledError):
             await slow
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)  # killed with the cancelled computation
-        assert await run.call(os.getpid) != pid  # a fresh worker, no stale answer
+        fresh = await waiting  # the waiting request, served by a fresh worker
+        assert fresh != pid and await run.call(os.getpid) == fresh  # no stale answer
 
     try:
         asyncio.run(scenario())
