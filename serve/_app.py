@@ -29,9 +29,9 @@ candidates, recommend searches up to `max_points` points, at most `max_concurren
 at once and `timeout_s` per request; a request over a limit gets 422 (its input asks for too
 much work), a server at its concurrency limit with a full waiting line (serve/_work.py
 MAX_WAITING_PER_SLOT) 503 with Retry-After. Equal estimate and fit requests are answered from
-the answers kept (serve/_answers.py). The body limit holds for
-chunked uploads too, and a computation past `timeout_s` is killed with its worker process
-(serve/_asgi.py, serve/_work.py). Binds to loopback (127.0.0.1) unless told otherwise.
+the answers kept (serve/_answers.py). The body limit holds for chunked uploads too, and a
+computation past `timeout_s` is killed with its worker process (serve/_asgi.py,
+serve/_work.py). Binds to loopback (127.0.0.1) unless told otherwise.
 
 Deliberately no `from __future__ import annotations`: FastAPI reads the endpoint annotations, which
 name request models built at run time.
