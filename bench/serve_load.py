@@ -5,11 +5,15 @@ start it), with the status codes seen and the server's memory before and after.
 Run: python -m bench.serve_load [--concurrency 16] [--requests 400] [--endpoint NAME ...]
 
 Each endpoint is driven apart: `--concurrency` client threads, each with its own keep-alive
-connection, share `--requests` requests. Printed per endpoint: requests/s (completed requests
-over the wall time of the burst), p50 and p99 latency in ms, the count of 2xx / 4xx / 5xx and
-transport errors; then the server's resident memory (MiB, /proc) before and after and the
-`trainmem-fleet-*` folders left in the temp directory. The last line is
-`worst_p99_ms=<number> errors_5xx=<n>`.
+connection, share `--requests` requests. The server keeps the answers it has computed
+(serve/_answers.py), so `estimate` (one job asked again and again, as a scheduler polls it)
+measures the HTTP layer; `estimate-distinct` asks a different job each time (its `tokens`, the
+training length, is 10^9 + the request's index), so every answer is computed in a worker (on
+the engine's warm per-shape terms: a shape never seen costs some ms more, once). Printed per
+endpoint: requests/s (completed requests over the wall time of the burst), p50 and p99 latency
+in ms, the count of 2xx / 4xx / 5xx and transport errors; then the server's resident memory
+(MiB, /proc) before and after and the `trainmem-fleet-*` folders left in the temp directory.
+The last line is `worst_p99_ms=<number> errors_5xx=<n>`.
 """
 
 from __future__ import annotations
@@ -25,22 +29,33 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from bench.startup import trainmem_command
 
 JOB = {"model": "llama-3.1-8b", "gpu": "h100-sxm-80gb", "num_gpus": 8, "zero": 3}
-ENDPOINTS: dict[str, tuple[str, str, dict[str, Any] | None]] = {
+Body = dict[str, Any] | Callable[[int], dict[str, Any]] | None
+
+
+def distinct_job(index: int) -> dict[str, Any]:
+    """Request `index`'s job: JOB without advice, trained on 10^9 + index tokens (no two
+    alike, one shape)."""
+    return {**JOB, "advice": False, "tokens": 1e9 + index}
+
+
+ENDPOINTS: dict[str, tuple[str, str, Body]] = {
     "healthz": ("GET", "/healthz", None),
     "models": ("GET", "/v1/models", None),
     "estimate": ("POST", "/v1/estimate", {**JOB, "advice": False}),
+    "estimate-distinct": ("POST", "/v1/estimate", distinct_job),
     "estimate+advice": ("POST", "/v1/estimate", JOB),
     "fit": ("POST", "/v1/fit", JOB),
 }
-"""name -> (method, path, JSON body): the lists, one job's report without and with its advice
-(the advice recomputes what-ifs), and fit's micro-batch search."""
+"""name -> (method, path, JSON body or a function of the request's index): the lists, one
+job's report without and with its advice (the advice recomputes what-ifs), the report of a
+different job each time, and fit's micro-batch search."""
 
 
 def free_port() -> int:
@@ -93,9 +108,11 @@ def server(port: int, *, max_concurrent: int | None) -> Iterator[subprocess.Pope
             proc.wait()
 
 
-def request(conn: http.client.HTTPConnection, name: str) -> tuple[int, float]:
-    """(status, seconds) of one request of endpoint `name` on a kept-alive connection."""
+def request(conn: http.client.HTTPConnection, name: str, index: int = 0) -> tuple[int, float]:
+    """(status, seconds) of request `index` of endpoint `name` on a kept-alive connection."""
     method, path, body = ENDPOINTS[name]
+    if callable(body):
+        body = body(index)
     payload = None if body is None else json.dumps(body).encode()
     headers = {"Content-Type": "application/json"} if payload is not None else {}
     start = time.perf_counter()
@@ -120,8 +137,9 @@ def burst(port: int, name: str, *, requests: int, concurrency: int) -> dict[str,
                 if remaining[0] <= 0:
                     break
                 remaining[0] -= 1
+                index = remaining[0]
             try:
-                status, seconds = request(conn, name)
+                status, seconds = request(conn, name, index)
             except (OSError, http.client.HTTPException):
                 with lock:
                     counts["transport"] += 1

@@ -27,9 +27,11 @@ serve/_fleet.py). Errors never echo the input (no `input` in `detail`, text cut 
 Bounded work (`Limits`): request bodies up to `max_body_bytes`, fit grids up to `max_grid_rows`
 candidates, recommend searches up to `max_points` points, at most `max_concurrent` computations
 at once and `timeout_s` per request; a request over a limit gets 422 (its input asks for too
-much work), a server at its concurrency limit 503 with Retry-After. The body limit holds for
-chunked uploads too, and a computation past `timeout_s` is killed with its worker process
-(serve/_asgi.py, serve/_work.py). Binds to loopback (127.0.0.1) unless told otherwise.
+much work), a server at its concurrency limit with a full waiting line (serve/_work.py
+MAX_WAITING_PER_SLOT) 503 with Retry-After. Equal estimate and fit requests are answered from
+the answers kept (serve/_answers.py). The body limit holds for chunked uploads too, and a
+computation past `timeout_s` is killed with its worker process (serve/_asgi.py,
+serve/_work.py). Binds to loopback (127.0.0.1) unless told otherwise.
 
 Deliberately no `from __future__ import annotations`: FastAPI reads the endpoint annotations, which
 name request models built at run time.
@@ -54,6 +56,7 @@ from trainmem.report import (
 from trainmem.sweep import FIT_OPTIONS
 
 from ._address import check_address, limit_problems
+from ._answers import Answers, answer_key
 from ._asgi import Guard, logger
 from ._fleet import MAX_POOLS, canonical_gpu, inline_pools, pool_model
 from ._page import add_page
@@ -63,8 +66,10 @@ from ._work import (
     WorkerFault,
     WorkLimit,
     check_work,
+    encoded,
     estimate_work,
     fit_work,
+    json_bytes,
     recommend_work,
 )
 
@@ -74,6 +79,8 @@ FILE_FIELDS = ("profile_file",)
 """Command options that name a file: not offered over HTTP (their default, None, applies)."""
 
 INT32_MAX = 2**31 - 1
+JSON = "application/json"
+"""Every answer's media type."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,7 +287,10 @@ def create_app(
     app.add_middleware(Guard, max_body_bytes=limits.max_body_bytes)
     _add_error_handlers(app)
     _add_lists(app, choices=choices, version=version)
-    _add_estimate_fit(app, choices=choices, dirs=dirs, limits=limits, run=run)
+    app.state.answers = Answers()  # kept 200 answers (serve/_answers.py)
+    _add_estimate_fit(
+        app, choices=choices, dirs=dirs, limits=limits, run=run, answers=app.state.answers
+    )
     _add_recommend(app, choices=choices, dirs=dirs, limits=limits, run=run)
     _add_check(app, choices=choices, dirs=dirs, run=run)
     add_page(app)
@@ -329,22 +339,30 @@ def _add_error_handlers(app: Any) -> None:
 def _add_lists(
     app: Any, *, choices: Mapping[str, tuple[str, ...]], version: Callable[[], str]
 ) -> None:
-    """GET /healthz, /v1/models and /v1/gpus: cheap answers, computed in the server process."""
+    """GET /healthz, /v1/models and /v1/gpus: fixed answers, encoded once at start-up and
+    sent from the event loop."""
+    from fastapi.responses import Response
 
-    @app.get("/healthz")
-    def healthz() -> dict[str, str]:
+    bodies = {
+        "healthz": json_bytes({"status": "ok", "version": version()}),
+        "models": json_bytes({"models": list(choices["model"])}),
+        "gpus": json_bytes({"gpus": list(choices["gpu"])}),
+    }
+
+    @app.get("/healthz", response_model=dict[str, str])
+    async def healthz() -> Response:
         """Liveness: the server answers."""
-        return {"status": "ok", "version": version()}
+        return Response(bodies["healthz"], media_type=JSON)
 
-    @app.get("/v1/models")
-    def models() -> dict[str, list[str]]:
+    @app.get("/v1/models", response_model=dict[str, list[str]])
+    async def models() -> Response:
         """Model preset names accepted in `model`."""
-        return {"models": list(choices["model"])}
+        return Response(bodies["models"], media_type=JSON)
 
-    @app.get("/v1/gpus")
-    def gpus() -> dict[str, list[str]]:
+    @app.get("/v1/gpus", response_model=dict[str, list[str]])
+    async def gpus() -> Response:
         """GPU profile names accepted in `gpu` (and in fleets)."""
-        return {"gpus": list(choices["gpu"])}
+        return Response(bodies["gpus"], media_type=JSON)
 
 
 MAX_INLINE_LENGTHS = 65_536
@@ -377,22 +395,29 @@ def _add_estimate_fit(
     dirs: Mapping[str, str | None],
     limits: Limits,
     run: Runner,
+    answers: Answers,
 ) -> None:
     """POST /v1/estimate and /v1/fit; a fit grid over `max_grid_rows` is refused before any
-    work starts."""
+    work starts. The answer is encoded in the worker and sent as it comes (`encoded`); an
+    equal request is answered from `answers` (serve/_answers.py)."""
+    from fastapi.responses import Response
+
     types = _risk_types()
     EstimateRequest = request_model(
         "EstimateRequest", ESTIMATE_OPTIONS, choices=choices, types=types
     )
     FitRequest = request_model("FitRequest", FIT_OPTIONS, choices=choices, types=types)
 
-    def estimate(body: EstimateRequest) -> dict[str, Any]:  # type: ignore[valid-type]
+    async def estimate(body: EstimateRequest) -> Response:  # type: ignore[valid-type]
         """`trainmem estimate --json` for the configuration in the body."""
         fields = {**body.model_dump(), **dirs}  # type: ignore[attr-defined]
         check_overheads(fields["overhead"])
-        return run(estimate_work, fields)  # type: ignore[no-any-return]
+        body_bytes = await answers.get(
+            answer_key("estimate", fields), lambda: run.call(encoded, estimate_work, fields)
+        )
+        return Response(body_bytes, media_type=JSON)
 
-    def fit(body: FitRequest) -> dict[str, Any]:  # type: ignore[valid-type]
+    async def fit(body: FitRequest) -> Response:  # type: ignore[valid-type]
         """`trainmem fit --json`: the largest micro-batch (or fewest GPUs) that fits."""
         fields = {**body.model_dump(), **dirs}  # type: ignore[attr-defined]
         rows = fields["max_micro_batch_size"]
@@ -404,10 +429,13 @@ def _add_estimate_fit(
                 f"work limit: fit would evaluate {rows} candidates (limit "
                 f"{limits.max_grid_rows}); lower max_micro_batch_size or max_num_gpus"
             )
-        return run(fit_work, fields)  # type: ignore[no-any-return]
+        body_bytes = await answers.get(
+            answer_key("fit", fields), lambda: run.call(encoded, fit_work, fields)
+        )
+        return Response(body_bytes, media_type=JSON)
 
-    app.post("/v1/estimate")(estimate)
-    app.post("/v1/fit")(fit)
+    app.post("/v1/estimate", response_model=dict[str, Any])(estimate)
+    app.post("/v1/fit", response_model=dict[str, Any])(fit)
 
 
 MAX_FILES = 16
@@ -417,6 +445,7 @@ MAX_FILE_NAME_CHARS = 256
 def _add_check(
     app: Any, *, choices: Mapping[str, tuple[str, ...]], dirs: Mapping[str, str | None], run: Runner
 ) -> None:
+    from fastapi.responses import Response
     from pydantic import Field
 
     from trainmem.stacks._options import CHECK_OPTIONS
@@ -430,14 +459,14 @@ def _add_check(
         "CheckRequest", [files_option, *CHECK_OPTIONS], choices=choices, types={"files": files_type}
     )
 
-    def check(body: CheckRequest) -> dict[str, Any]:  # type: ignore[valid-type]
+    async def check(body: CheckRequest) -> Response:  # type: ignore[valid-type]
         """`trainmem check --json` of the job's config files (their names and texts): the
         estimate, what was read and from where, `unmodelled`, `warnings` (and `fix`)."""
         fields = {**body.model_dump(), **dirs}  # type: ignore[attr-defined]
         check_overheads(fields["overhead"])
-        return run(check_work, fields)  # type: ignore[no-any-return]
+        return Response(await run.call(encoded, check_work, fields), media_type=JSON)
 
-    app.post("/v1/check")(check)
+    app.post("/v1/check", response_model=dict[str, Any])(check)
 
 
 def _add_recommend(
@@ -448,6 +477,7 @@ def _add_recommend(
     limits: Limits,
     run: Runner,
 ) -> None:
+    from fastapi.responses import JSONResponse
     from pydantic import Field
 
     from trainmem.plan import (
@@ -473,10 +503,10 @@ def _add_recommend(
         types={"fleet": fleet_type, **_risk_types()},  # the dataset inline, never a path
     )
 
-    def recommend(
+    async def recommend(
         body: RecommendRequest,  # type: ignore[valid-type]
         format: Literal[FORMATS] = "json",  # type: ignore[valid-type]  # noqa: A002
-    ) -> dict[str, Any]:
+    ) -> JSONResponse:
         """`trainmem recommend --format json`; with `?format=deepspeed|torchrun|slurm|accelerate`
         also `launch`, the rendered launch configuration. `fleet`: COUNTxGPU[,COUNTxGPU...] or
         inline pools (JSON objects), never a path."""
@@ -486,11 +516,11 @@ def _add_recommend(
         launched = None if format == "json" else format
         given = fields["framework"]
         fields["framework"] = format_framework(launched, given)
-        report: dict[str, Any] = run(
+        report: dict[str, Any] = await run.call(
             recommend_work, fields, pools=pools, label=label, max_points=limits.max_points
         )
         if launched is not None and replans(launched, given):  # as the CLI: said in the JSON
-            before = run(
+            before = await run.call(
                 recommend_work,
                 {**fields, "framework": given},
                 pools=pools,
@@ -500,9 +530,9 @@ def _add_recommend(
             report = {**report, "replanned_for_format": replan_note(before, report, launched)}
         if format != "json":
             report = {**report, "format": format, "launch": render(report, format)}
-        return report
+        return JSONResponse(report)
 
-    app.post("/v1/recommend")(recommend)
+    app.post("/v1/recommend", response_model=dict[str, Any])(recommend)
 
 
 def serve(

@@ -250,4 +250,5 @@ STACK = Stack(
     detect=detect,
     read=read,
     auxiliary=True,
+    mapping_only=True,
 )

@@ -531,4 +531,5 @@ STACK = Stack(
     framework="hf",
     detect=detect,
     read=read,
+    mapping_only=True,
 )

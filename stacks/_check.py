@@ -78,6 +78,11 @@ def read_job(files: Mapping[str, str], stack: str = "auto") -> Reading:
     order = {name: k for k, name in enumerate(AUXILIARY_ORDER)}
     ordered = sorted(assigned, key=lambda ds: (ds[1].auxiliary, order.get(ds[1].name, -1)))
     for doc, s in ordered:
+        if s.mapping_only and not isinstance(doc.data, Mapping):
+            raise ValueError(
+                f"{doc.name}: stack {s.name} reads a mapping of keys (YAML, JSON or TOML); "
+                "this file reads as a script or plain text"
+            )
         s.read(doc, reading)
     reading.default("framework", main.framework, f"{main.name} (trainmem: the stack's framework)")
     return reading

@@ -283,4 +283,5 @@ STACK = Stack(
     framework="hf",
     detect=detect,
     read=read,
+    mapping_only=True,
 )

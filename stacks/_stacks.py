@@ -37,6 +37,10 @@ class Stack:
     """Read after the main file, filling what it leaves (DeepSpeed, accelerate, launch lines)."""
     selectable: bool = True
     """Offered as `--stack NAME` (launch lines are always told apart by their shape)."""
+    mapping_only: bool = False
+    """Its files are mappings of keys (YAML, JSON, TOML): a file that parses as anything else (a
+    script, plain text, an empty file), given to it by `--stack NAME`, is refused naming the file
+    before the reader sees it (`read_job`)."""
 
 
 STACK_MODULES = (

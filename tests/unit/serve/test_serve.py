@@ -39,8 +39,9 @@ class _Server:
 
     def __init__(self, limits: Limits | None = None) -> None:
         self.port = _free_port()
+        self.app = create_app(limits=limits or Limits())
         config = uvicorn.Config(
-            create_app(limits=limits or Limits()),
+            self.app,
             host="127.0.0.1",
             port=self.port,
             log_level="error",
@@ -193,22 +194,100 @@ def test_slow_work_times_out_with_422() -> None:
 def test_a_timed_out_computation_is_killed() -> None:
     """Past timeout_s the worker process is killed (its computation stops), and the slot gets a
     fresh worker for the next request."""
+    import asyncio
     import os
 
     from trainmem.serve._work import Runner, WorkLimit
 
     run = Runner(max_concurrent=1, timeout_s=0.5)
-    try:
-        pid = run(os.getpid)
+
+    async def scenario() -> None:
+        pid = await run.call(os.getpid)
         started = time.monotonic()
         with pytest.raises(WorkLimit, match="longer than 0.5 s"):
-            run(time.sleep, 60)
+            await run.call(time.sleep, 60)
         assert time.monotonic() - started < 10
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)  # gone, not computing on in the background
-        assert run(os.getpid) != pid
+        assert await run.call(os.getpid) != pid
+
+    try:
+        asyncio.run(scenario())
     finally:
         run.close()
+
+
+def test_a_full_waiting_line_sheds_with_503_and_a_cancelled_call_is_killed() -> None:
+    """With every slot computing, requests wait in arrival order, up to `max_waiting` of them:
+    one more is Busy (503) at once. A call whose request goes away (cancelled) kills its
+    worker, so that its late answer never reaches the next request."""
+    import asyncio
+    import os
+
+    from trainmem.serve._work import Busy, Runner
+
+    run = Runner(max_concurrent=1, timeout_s=30, max_waiting=1)
+
+    async def scenario() -> None:
+        pid = await run.call(os.getpid)
+        slow = asyncio.ensure_future(run.call(time.sleep, 5))
+        await asyncio.sleep(0.2)
+        waiting = asyncio.ensure_future(run.call(os.getpid))
+        await asyncio.sleep(0)
+        started = time.monotonic()
+        with pytest.raises(Busy):
+            await run.call(os.getpid)
+        assert time.monotonic() - started < 0.5  # shed at once, not after a wait
+        assert not waiting.done()
+        slow.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await slow
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # killed with the cancelled computation
+        fresh = await waiting  # the waiting request, served by a fresh worker
+        assert fresh != pid and await run.call(os.getpid) == fresh  # no stale answer
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        run.close()
+
+
+def test_an_equal_request_is_answered_from_memory() -> None:
+    """A 200 answer is kept: the same job asked again gets the same bytes without a worker;
+    an error is never kept; the store is bounded (least recently used first)."""
+    import asyncio
+
+    from trainmem.serve._answers import Answers, answer_key
+
+    with _Server() as s, httpx.Client(base_url=s.url, timeout=60) as http:
+        answers = s.app.state.answers
+        job = {"model": "llama-3.2-1b", "advice": False}
+        first = http.post("/v1/estimate", json=job)
+        assert first.status_code == 200 and len(answers) == 1
+        again = http.post("/v1/estimate", json={**job, "gpu": "H100"})  # an alias: one job
+        assert again.content == first.content and len(answers) == 1
+        assert http.post("/v1/estimate", json={**job, "tp": 3}).status_code == 422
+        assert len(answers) == 1
+
+    async def fill() -> Answers:
+        kept = Answers(max_bytes=300)
+
+        async def body() -> bytes:
+            return b"x" * 100
+
+        async def fails() -> bytes:
+            raise ValueError("no")
+
+        for name in ("a", "b", "a", "c"):
+            await kept.get(answer_key("estimate", {"n": name}), body)
+        with pytest.raises(ValueError):
+            await kept.get(answer_key("estimate", {"n": "e"}), fails)
+        return kept
+
+    kept = asyncio.run(fill())
+    assert kept.num_bytes <= 300 and len(kept) == 2  # "b", least recently used, went
+    assert set(kept._kept) == {answer_key("estimate", {"n": n}) for n in ("a", "c")}
 
 
 # ---- adversarial input: 4xx with a short answer, never a 5xx --------------------------------
@@ -288,6 +367,15 @@ def test_a_fleet_is_never_a_path(http: httpx.Client, fleet: object) -> None:
     assert error.startswith("fleet")
     for leak in ("No such file", "cannot read", "invalid TOML", "unknown key", "root:"):
         assert leak not in got.text
+
+
+@pytest.mark.parametrize("stack", ["llamafactory", "axolotl", "hf", "accelerate"])
+def test_check_of_a_script_forced_to_a_mapping_stack_is_422(http: httpx.Client, stack: str) -> None:
+    """A file that is no mapping of keys, read as a YAML stack's config: a 422 naming the file
+    (was a 500: the reader took `doc.data` None for a mapping; found by the schema fuzzing)."""
+    got = http.post("/v1/check", json={"files": {"x": ""}, "stack": stack})
+    assert got.status_code == 422
+    assert _short_answer(got).startswith(f"x: stack {stack} reads a mapping of keys")
 
 
 def test_existing_and_missing_files_answer_alike(http: httpx.Client) -> None:

@@ -240,3 +240,15 @@ def test_check_equals_the_expert_estimate(name: str, flags: dict) -> None:
     report = check_report({name: _text(name)})
     expert = trainmem.estimate(framework="hf", gpu="h100-sxm-80gb", **flags)
     assert report["peak_device_bytes"] == expert["peak_device_bytes"]
+
+
+@pytest.mark.parametrize("stack", [n for n, s in stacks().items() if s.mapping_only])
+@pytest.mark.parametrize("text", ["", "0", "hello world\n", "torchrun train.py\n"])
+def test_a_script_forced_to_a_mapping_stack_is_one_line(stack: str, text: str) -> None:
+    """--stack NAME (or `stack` over HTTP) on a file that is no mapping of keys (an empty file,
+    plain text, a script): one line naming the file and the stack, never the reader's
+    AttributeError on `doc.data` None (a 500 in test_serve's fuzzing); every mapping-only
+    stack, LLaMA-Factory's among them."""
+    with pytest.raises(ValueError, match=f"^x: stack {stack} reads a mapping of keys") as info:
+        check_report({"x": text}, stack=stack)
+    assert "\n" not in str(info.value)
