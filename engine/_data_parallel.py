@@ -13,8 +13,13 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from ._codes import OFFLOAD_OPTIMIZER
-from ._collectives import exposed_s, ring_time_s
-from ._frameworks import FSDP2_FRAMEWORKS, ZERO3_MODULE_COLLECTIVES, ZERO_BUCKET_BUFFERS
+from ._collectives import exposed_s, group_bandwidth, ring_time_s
+from ._frameworks import (
+    FSDP2_FRAMEWORKS,
+    ZERO3_MODULE_COLLECTIVES,
+    ZERO_BUCKET_BUFFERS,
+    state_shard_degree,
+)
 from ._model import BLOCK_GROUPS, ModelSpec
 from ._precision import GRAD_BYTES, IS_MIXED, MASTER_BYTES, PARAM_BYTES
 from ._time_params import TimeParams
@@ -227,6 +232,47 @@ def dp_exposed_s(traffic: StateTraffic, *, last_backward, params: TimeParams) ->
     return np.where(zero < ZERO_PARAMETERS, exposed, 0.0)
 
 
+class HsdpGroups(NamedTuple):
+    """Hybrid sharding's groups per row: `on` where dp_shard > 0 leaves more than one replica;
+    `shard` ranks (dp_shard x cp, contiguous after tp) hold one copy of the states between
+    them, `replicas` such groups hold it again (state_shard_degree)."""
+
+    on: np.ndarray
+    shard: np.ndarray
+    replicas: np.ndarray
+
+
+def hsdp_groups(x: StepShape, dp_group) -> HsdpGroups:
+    """The HSDP groups of rows `x` whose full data-parallel group (dp x cp) is `dp_group`."""
+    dp_shard = np.asarray(x.columns["dp_shard"], dtype=np.float64)
+    shard = state_shard_degree(x.d, x.c, dp_shard)
+    replicas = np.asarray(dp_group, dtype=np.float64) / shard
+    return HsdpGroups(on=(dp_shard > 0) & (replicas > 1), shard=shard, replicas=replicas)
+
+
+def hsdp_replica_all_reduce_s(
+    hsdp: HsdpGroups, grad_bytes, *, t, links: Links, params: TimeParams, num_calls
+) -> np.ndarray:
+    """HSDP's second gradient collective: after the reduce-scatter inside its shard group, each
+    rank all-reduces its gradient shard (`grad_bytes` / shard) with the same shard of the other
+    replicas, ranks spaced t x shard apart (across nodes once a shard group fills a node).
+    Source: torch 2.13 distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce
+    (reduce_scatter on the shard mesh dim, then all_reduce on the replicate dim); torchtitan
+    ParallelDims (dp_replicate x dp_shard). Ignores: gradient accumulation without the
+    all-reduce on the micro-batches but the last (set_requires_all_reduce(False))."""
+    gpn, intra, inter = links.network()
+    bw = group_bandwidth(hsdp.replicas, t * hsdp.shard, gpn, intra, inter)
+    reduce = ring_time_s(
+        np.asarray(grad_bytes, dtype=np.float64) / hsdp.shard,
+        hsdp.replicas,
+        bw,
+        all_reduce=True,
+        params=params,
+        num_calls=num_calls,
+    )
+    return np.where(hsdp.on, reduce, 0.0)
+
+
 def fsdp_exposed_s(
     m: ModelSpec,
     x: StepShape,
@@ -241,25 +287,34 @@ def fsdp_exposed_s(
     backward and reduce-scatters the gradients, prefetched behind compute.
 
     FSDP one collective per block, DeepSpeed one per module and, fitted to Narayanan et al. 2021
-    Table 2, at the per-GPU network share. Source: Rajbhandari et al. 2020 Sec. 7.2.2 (1.5x
-    DDP's volume); TimeParams.fsdp_overlap_fraction.
+    Table 2, at the per-GPU network share. Under HSDP (dp_shard > 0) the gathers and
+    reduce-scatters run inside the shard group, at its links, and the gradient shards are
+    all-reduced over the replicas (hsdp_replica_all_reduce_s). Source: Rajbhandari et al.
+    2020 Sec. 7.2.2 (1.5x DDP's volume); TimeParams.fsdp_overlap_fraction.
     """
     zero, local, local_trainable, dp_group, dp_bw, grad_bytes, param_bytes = traffic
     fw, t, p, num_micro = x.fw, x.t, x.p, x.num_micro
     gpn, intra, inter = links.network()
     deepspeed = ZERO3_MODULE_COLLECTIVES[np.asarray(fw, dtype=np.int64)]
     calls = m.num_hidden_layers / p * np.where(deepspeed, float(modules_per_layer(m)), 1.0)
-    bw3 = np.where(deepspeed, np.where(dp_group * t > gpn, inter, intra), dp_bw)
+    hsdp = hsdp_groups(x, dp_group)
+    shard_bw = group_bandwidth(hsdp.shard, t, gpn, intra, inter)
+    bw3 = np.where(
+        deepspeed, np.where(dp_group * t > gpn, inter, intra), np.where(hsdp.on, shard_bw, dp_bw)
+    )
+    group3 = np.where(hsdp.on, hsdp.shard, dp_group)
     gather3 = ring_time_s(
-        local * param_bytes, dp_group, bw3, all_reduce=False, params=params, num_calls=calls
+        local * param_bytes, group3, bw3, all_reduce=False, params=params, num_calls=calls
     )
     reduce3 = ring_time_s(
         local_trainable * grad_bytes,
-        dp_group,
+        group3,
         bw3,
         all_reduce=False,
         params=params,
         num_calls=calls,
+    ) + hsdp_replica_all_reduce_s(
+        hsdp, local_trainable * grad_bytes, t=t, links=links, params=params, num_calls=calls
     )
     hideable = params.fsdp_overlap_fraction * fwd_share * per_micro
     fsdp_fwd = exposed_s(gather3, hideable, params)

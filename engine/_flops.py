@@ -35,6 +35,24 @@ def matmul_parameters(m: ModelSpec) -> tuple[float, float]:
     return blocks, head
 
 
+def block_linear_widths(m: ModelSpec) -> float:
+    """Input plus output widths of every block GEMM a token passes through (of a routed MoE
+    expert, its top-k share): the elements per token an fp8 recipe casts to fp8 around the
+    block linears. A traced profile has no shapes: 0. Source: the ModelSpec's param_tensors
+    (a weight [out, in]); torchao float8 float8_linear.py matmul_with_hp_or_float8_args (the
+    input cast in forward, the output gradient and the input again in backward)."""
+    if m.profile is not None:
+        return 0.0
+    widths = 0.0
+    for p in m.param_tensors():
+        if p.group in BLOCK_GROUPS and len(p.shape) >= 2:
+            active = m.num_experts_per_tok / m.num_experts if p.expert else 1.0
+            out_dim, in_dim = p.shape[-2:]
+            matrices = p.numel / (out_dim * in_dim)  # a stacked experts tensor: E matrices
+            widths += float(out_dim + in_dim) * matrices * m.group_count(p.group) * active
+    return widths
+
+
 def mlp_width(m: ModelSpec) -> float:
     """The MLP activation width a token passes through, summed over all blocks (x2 gated)."""
     gate = 2.0 if m.gated_mlp else 1.0

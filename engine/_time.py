@@ -34,7 +34,7 @@ from ._data_parallel import (
 )
 from ._estimate import batch_layout, layout_reason
 from ._expert_parallel import expert_exposed_s
-from ._flops import matmul_parameters, mlp_width, model_flops_per_token
+from ._flops import block_linear_widths, matmul_parameters, mlp_width, model_flops_per_token
 from ._frameworks import FP32_MAIN_GRAD_BUFFER, recompute_policy
 from ._grid import Grid
 from ._lora import lora_width, qlora_dequant_traffic_bytes_per_weight
@@ -43,7 +43,13 @@ from ._offload import offload_time_s
 from ._optimizers import optimizer_step_s
 from ._pipeline import bubble_fraction as bubble_fraction  # re-exported (engine/__init__.py)
 from ._pipeline import bubble_time_s, p2p_time_s
-from ._precision import COMPUTE_BYTES, IS_AMP, PARAM_BYTES, autocast_traffic_bytes_per_weight
+from ._precision import (
+    COMPUTE_BYTES,
+    IS_AMP,
+    IS_FP8,
+    PARAM_BYTES,
+    autocast_traffic_bytes_per_weight,
+)
 from ._recompute import recompute_flop_factors
 from ._tensor_parallel import sequence_parallel_on, tp_exposed_s
 from ._time_params import TimeParams
@@ -95,6 +101,7 @@ def estimate_time(
     gpus_per_node: float | np.ndarray,
     pcie_bytes_per_s: float | np.ndarray,
     price_per_gpu_hour_usd: float | np.ndarray,
+    fp8_peak_flops: float | np.ndarray = 0.0,
     tokens: float | np.ndarray | None = None,
     params: TimeParams | None = None,
     reason: np.ndarray | None = None,
@@ -103,7 +110,8 @@ def estimate_time(
     """Step time, throughput, MFU and cost of every row of `g` for model `m`.
 
     GPU values are scalars or per-row arrays; `time_inputs(profile)` gives them for one profile.
-    fp32 rows run at fp32_peak_flops, the others at peak_flops (dense 16-bit).
+    fp32 rows run at fp32_peak_flops, the others at peak_flops (dense 16-bit); fp8-mixed rows
+    run their block GEMMs at fp8_peak_flops (where it is > 0) and the rest at peak_flops.
     Returns float64 columns, NaN where the layout is invalid: step_time_s = compute_time_s +
     communication_exposed_s + bubble_time_s; tokens_per_second (whole job: global batch tokens /
     step time) and tokens_per_second_per_gpu; mfu (model FLOPs / (step time x GPUs x peak)) and
@@ -116,7 +124,7 @@ def estimate_time(
 
     Source: each helper and TimeParams. Assumes: equal pipeline stages (the LM head's work is
     spread over all of them), balanced MoE routing, no stragglers or data-loader stalls, one GPU
-    type per row; fp8-mixed rows run at the 16-bit peak and activation offload is not timed.
+    type per row; activation offload is not timed.
     `reason`: layout_reason(m, g) when the caller has it already, or any code that is nonzero
     at least where it is (e.g. a sweep's own reasons added): rows with a nonzero code get NaN.
     `columns`: only these of the columns above (the same values).
@@ -134,6 +142,7 @@ def estimate_time(
         gpus_per_node,
         pcie_bytes_per_s,
         price_per_gpu_hour_usd,
+        fp8_peak_flops,
     )
     return _on_valid_rows(m, g, valid, links, tokens=tokens, params=params, columns=columns)
 
@@ -150,6 +159,8 @@ class Links(NamedTuple):
     gpus_per_node: Any
     pcie_bytes_per_s: Any
     price_per_gpu_hour_usd: Any
+    fp8_peak_flops: Any = 0.0
+    """Dense fp8 peak; 0: the GPU has none (fp8 rows then run at peak_flops)."""
 
     def network(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(GPUs per node, intra-node and inter-node bytes/s), float64: a collective's links."""
@@ -302,10 +313,43 @@ def _memory_bound_s(m: ModelSpec, x: StepShape, gemm_weights: float, hbm, pr: Ti
     casts = autocast_traffic_bytes_per_weight(amp, full=full, lora=x.lora)
     dequant = qlora_dequant_traffic_bytes_per_weight(x.qlora, full=full)
     weight_bytes = x.num_micro * gemm_weights * (casts + dequant) / (t * p)
-    return (x.tokens_per_gpu / p * token_bytes + weight_bytes) / hbm
+    fp8_token, fp8_weight = fp8_cast_bytes(m, x, pr)
+    return (x.tokens_per_gpu / p * (token_bytes + fp8_token) + weight_bytes + fp8_weight) / hbm
 
 
-def _compute_s(m: ModelSpec, x: StepShape, g: Grid, *, peak, hbm, pr: TimeParams) -> dict[str, Any]:
+def fp8_cast_bytes(m: ModelSpec, x: StepShape, pr: TimeParams) -> tuple[np.ndarray, np.ndarray]:
+    """(HBM bytes per token, per step) of an fp8 recipe's dynamic casts around the block GEMMs
+    (0 off `fp8-mixed`): per token each linear's input in forward (again when recomputed) and
+    in backward (the weight gradient's operand), and its output gradient twice (the two GEMM
+    layouts); per micro-batch each weight in forward (again when recomputed) and transposed
+    in backward; fp8_cast_bytes_per_element each, on this rank's tp x pp share.
+    Source: torchao float8 float8_linear.py matmul_with_hp_or_float8_args (tensorwise: input,
+    weight and grad_output cast per GEMM); Transformer Engine's cast-transpose does the same
+    traffic in one kernel. Ignores: delayed scaling's amax history (no amax pass)."""
+    fp8 = IS_FP8[x.prec]
+    widths = block_linear_widths(m)
+    per_token = pr.fp8_cast_bytes_per_element * widths * (2.0 + x.full) / x.t
+    blocks, _ = matmul_parameters(m)
+    weights = pr.fp8_cast_bytes_per_element * blocks * (2.0 + x.full) * x.num_micro / (x.t * x.p)
+    return np.where(fp8, per_token, 0.0), np.where(fp8, weights, 0.0)
+
+
+def _gemm_s(x: StepShape, linear_flops, blocks: float, *, peak, peak8, eff, pr: TimeParams):
+    """GEMM time: every linear FLOP at the 16-bit peak x gemm efficiency; under fp8-mixed the
+    block GEMMs' (not the head's, not LoRA adapters') at `peak8` x gemm efficiency (`peak8`:
+    the fp8 peak x fp8_gemm_efficiency_ratio; the 16-bit peak on a GPU without fp8).
+    Source: torchtitan 0.3 float8 converter (filter_fqns keeps the output projection in
+    bf16), Transformer Engine (te.Linear inside the blocks only)."""
+    fp8 = IS_FP8[x.prec]
+    block_share = blocks * (4.0 + np.where(x.lora, 0.0, 2.0) + 2.0 * x.full) / (x.t * x.p)
+    fp8_flops = np.where(fp8, x.tokens_per_gpu * block_share, 0.0)
+    mixed = (linear_flops - fp8_flops) / (peak * eff) + fp8_flops / (peak8 * eff)
+    return np.where(fp8, mixed, linear_flops / (peak * eff))
+
+
+def _compute_s(
+    m: ModelSpec, x: StepShape, g: Grid, *, peak, peak8, hbm, pr: TimeParams
+) -> dict[str, Any]:
     """Compute time of one step (GEMMs, attention core, memory-bound kernels, the optimizer
     update) and the FLOP and parameter counts the rest needs.
 
@@ -331,7 +375,7 @@ def _compute_s(m: ModelSpec, x: StepShape, g: Grid, *, peak, hbm, pr: TimeParams
         1.0 / (peak * pr.flash_attention_efficiency) + 1.0 / (hbm * pr.attention_flops_per_hbm_byte)
     )
     attention_s = np.where(x.eager, attention_flops / (peak * gemm_eff), flash_s)
-    gemm_s = linear_flops / (peak * gemm_eff)
+    gemm_s = _gemm_s(x, linear_flops, blocks, peak=peak, peak8=peak8, eff=gemm_eff, pr=pr)
     memory_s = _memory_bound_s(m, x, blocks + head, hbm, pr)
     shard = np.where(x.zero >= ZERO_STATES, x.d * x.c, 1.0)
     step_params = trainable / (x.t * x.p * shard)  # parameters this GPU's optimizer updates
@@ -449,7 +493,10 @@ def _time_columns(
     x = step_shape(m, g)
     peak = np.where(x.prec == FP32, links.fp32_peak_flops, links.peak_flops).astype(np.float64)
     hbm = np.asarray(links.hbm_bytes_per_s, dtype=np.float64) * pr.memory_bandwidth_efficiency
-    work = _compute_s(m, x, g, peak=peak, hbm=hbm, pr=pr)
+    fp8_peak = np.asarray(links.fp8_peak_flops, dtype=np.float64)
+    fp8_on = IS_FP8[x.prec] & (fp8_peak > 0.0)  # what fp8 GEMMs sustain, as a peak
+    peak8 = np.where(fp8_on, fp8_peak * pr.fp8_gemm_efficiency_ratio, peak)
+    work = _compute_s(m, x, g, peak=peak, peak8=peak8, hbm=hbm, pr=pr)
     comm = _communication_s(m, x, work, links=links, pr=pr)
     n, price = x.n, np.asarray(links.price_per_gpu_hour_usd, dtype=np.float64)
     out = _step_columns(m, x, work, comm, peak=peak, price=price)

@@ -89,6 +89,17 @@ class TimeParams:
     Source: Ren et al. 2021 (ZeRO-Offload) Sec. 5: the vectorized CPU-Adam updates a
     billion-parameter model in well under a second on a dual-socket server, 5-7x torch's CPU
     AdamW; a judgement, not fitted."""
+    fp8_gemm_efficiency_ratio: float = 0.83
+    """Fraction of the 16-bit GEMMs' efficiency (gemm_efficiency, of their peak) that fp8
+    GEMMs reach of the fp8 peak, under `fp8-mixed`. Source: a judgement from cuBLASLt's
+    large-GEMM throughput on H100 SXM (about 1.3 of 1.98 PFLOP/s dense fp8 against 0.75 of
+    0.99 in bf16); not fitted (no step time of an fp8 run in the evidence)."""
+    fp8_cast_bytes_per_element: float = 5.0
+    """HBM bytes per element an fp8 recipe moves to cast a tensor to fp8 with a dynamic
+    (tensorwise) scale: the amax pass reads the 16-bit tensor (2), the cast reads it again (2)
+    and writes fp8 (1). Source: torchao float8 float8_scaling_utils.py hp_tensor_to_float8_dynamic
+    (tensor_to_scale, then the scaled cast); torch.compile fuses the two reads (3 bytes), which
+    this ignores."""
     cp_overlap_fraction: float = 0.8
     """Fraction of the attention core that hides the context-parallel K/V ring exchange.
     Source: Liu et al. 2023 (Ring Attention) Sec. 3, blockwise overlap; a judgement."""
@@ -150,11 +161,13 @@ class GpuLike(Protocol):
 def time_inputs(gpu: GpuLike, *, price_per_hour_usd: float | None = None) -> dict[str, float]:
     """The GPU keyword arguments of `estimate_time` for one profile (price overridable).
 
-    peak_flops is the dense 16-bit peak (bf16, or fp16 where a card has no bf16).
+    peak_flops is the dense 16-bit peak (bf16, or fp16 where a card has no bf16);
+    fp8_peak_flops the dense fp8 peak (0 where the card has none).
     """
     price = gpu.price_per_hour_usd if price_per_hour_usd is None else price_per_hour_usd
     return {
         "peak_flops": float(gpu.bf16_flops if gpu.bf16_flops > 0 else gpu.fp16_flops),
+        "fp8_peak_flops": float(getattr(gpu, "fp8_flops", 0.0)),
         "fp32_peak_flops": float(gpu.fp32_flops),
         "hbm_bytes_per_s": float(gpu.hbm_bandwidth_bytes_per_s),
         "intra_node_bytes_per_s": float(gpu.intra_node_bandwidth_bytes_per_s),

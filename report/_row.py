@@ -258,6 +258,26 @@ def paged_lines(report: dict[str, Any]) -> list[str]:
     ]
 
 
+def fp8_lines(report: dict[str, Any]) -> list[str]:
+    """Under `fp8-mixed`, what the fp8 recipe of the row's stack changes: the block GEMMs' rate
+    (both), and in memory Transformer Engine's cached fp8 weights or, for torchao's
+    Float8Linear (FrameworkSpec.fp8_weight_cache False), nothing saved in fp8."""
+    c = report["config"]
+    if c["precision"] != "fp8-mixed":
+        return []
+    from trainmem.engine import FRAMEWORK_SPECS
+
+    if FRAMEWORK_SPECS[c["framework"]].fp8_weight_cache:
+        memory = "fp8 weight copies kept from forward to backward (Transformer Engine), "
+        memory += "activations saved in bf16"
+    else:
+        memory = (
+            "saved activations and FSDP all-gathers stay 16-bit (torchao Float8Linear saves "
+            "the high-precision input; fp8 all-gather is off by default)"
+        )
+    return [f"  fp8: the block GEMMs at the GPU's fp8 rate, the head in bf16; {memory}"]
+
+
 def host_lines(report: dict[str, Any]) -> list[str]:
     """The node's host RAM line, when the job keeps anything in host memory (CPU offload) or
     the node's RAM does not hold it (the step's or the load's, whichever needs more)."""
@@ -313,7 +333,7 @@ def human_table(report: dict[str, Any]) -> str:
             f"device {s['peak_device_bytes'] / GIB:.2f} GiB, activations "
             f"{s['activations'] / GIB:.2f} GiB, peak in {s['peak_phase']}"
         )
-    lines += load_lines(report) + paged_lines(report)
+    lines += load_lines(report) + paged_lines(report) + fp8_lines(report)
     usable = report["gpu"]["usable_bytes"]
     gpu_fits = report["headroom_bytes"] >= 0
     verdict = "FITS" if gpu_fits else "DOES NOT FIT"
