@@ -424,7 +424,8 @@ def check_run(
         files: list[str] = []
         if any(p.param_type_name == "argument" for p in given_params):
             names.add(command)  # `points: no part-*.parquet files under ...`
-            files = [a[:40].lower() for a in argv[1:] if a.strip()]  # `FILE: no such file`
+            # `FILE: no such file`, the name as given or quoted (a newline in it)
+            files = [s[:40].lower() for a in argv[1:] if a.strip() for s in (a, repr(a)[1:-1])]
         named_file = any(f in lines[0].lower() for f in files)
         # A default the given values conflict with may be the one named (gpt2's positions and
         # the default seq_len): `error: FIELD: ...` with any option of the command.
@@ -797,9 +798,20 @@ def check_answer(path: str, fields: dict[str, str], got: Any, *, refused: bool =
     names = {re.sub(r"[-_ ]+", " ", k.lstrip("?").lower()) for k in fields} | set(HTTP_CROSS_FIELD)
     lead = line.split(":")[0].split(".")[0].strip()  # any field of the route (a default's)
     known = {re.sub(r"[-_ ]+", " ", k.lstrip("?")) for k in HTTP_ROUTES[path]}
+    files = [name for name in _object_keys(fields.get("files")) if name.strip()]
+    names.update(re.sub(r"[-_ ]+", " ", name.lower())[:40] for name in files)  # `job.yaml: ...`
     assert got.status_code != 422 or lead in known or any(n in line for n in names), (
         f"the error names none of {sorted(names)}\n{context}"
     )
+
+
+def _object_keys(text: str | None) -> list[str]:
+    """The keys of a JSON object text (check's `files`: the names its errors give)."""
+    try:
+        value = json.loads(text) if text else None
+    except ValueError:
+        return []
+    return [str(k) for k in value] if isinstance(value, dict) else []
 
 
 @pytest.mark.parametrize(("path", "name"), HTTP_CASES, ids=[f"{p}-{n}" for p, n in HTTP_CASES])
