@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import importlib
 import os
+import re
 import sys
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Annotated, Any
@@ -182,6 +183,26 @@ def estimate_cmd(
         raise typer.Exit(1)
 
 
+MAX_SHOWN_WORD_CHARS = 120
+"""An error line shows a longer run of characters without a space (a 10,000-character value
+echoed back) with its middle elided, as hardware's shown_path shows a long path."""
+MAX_ERROR_LINE_CHARS = 1_500
+"""The longest error line: the field, the reason and the allowed values (the GPU list is about
+700 characters); past it the middle is elided."""
+
+
+def error_line(message: str) -> str:
+    """The one stderr line of bad input: `error: ` and the message's first line, each word past
+    MAX_SHOWN_WORD_CHARS and the line past MAX_ERROR_LINE_CHARS cut in the middle."""
+    first = (message.splitlines() or [""])[0]
+    first = re.sub(
+        rf"\S{{{MAX_SHOWN_WORD_CHARS + 1},}}", lambda m: f"{m[0][:60]}...{m[0][-40:]}", first
+    )
+    if len(first) > MAX_ERROR_LINE_CHARS:
+        first = f"{first[: MAX_ERROR_LINE_CHARS - 303]}...{first[-300:]}"
+    return f"error: {first}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: one-line errors, exit code 2 on bad input.
 
@@ -196,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         # Not standalone, click returns typer.Exit's code instead of raising it.
         code = app(args=argv, standalone_mode=False)
     except ValueError as exc:
-        print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        print(error_line(str(exc)), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
@@ -216,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(exc, "format_message"):
             message = " ".join(str(exc.format_message()).split())
             if message:
-                print(f"error: {message}", file=sys.stderr)
+                print(error_line(message), file=sys.stderr)
             return int(getattr(exc, "exit_code", 2) or 2)
         raise
     return code if isinstance(code, int) else 0

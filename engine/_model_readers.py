@@ -245,7 +245,10 @@ def model_from_hf_config(
         config = _gemma3_text_config(config, name=name)
     missing = [k for k in LAYOUTS[reader].required if config.get(k) is None]
     if missing:
-        raise ValueError(f"{name}: config is missing required field(s): {', '.join(missing)}")
+        forced = f" (read as --family {family})" if family is not None else ""
+        raise ValueError(
+            f"model: {name}: config is missing required field(s): {', '.join(missing)}{forced}"
+        )
     check_hf_fields(config, name=name)
     return _read(config, reader, name=name)
 

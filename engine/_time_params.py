@@ -116,8 +116,9 @@ class TimeParams:
                     errors.append(f"{name} must be in [0, 1], got {value}")
             elif not (np.isfinite(value) and value >= 0.0):
                 errors.append(f"{name} must be finite and >= 0, got {value}")
-        if not self.attention_flops_per_hbm_byte > 0.0:
-            errors.append("attention_flops_per_hbm_byte must be > 0")
+        for name in ("attention_flops_per_hbm_byte", "cpu_optimizer_params_per_s"):
+            if not getattr(self, name) > 0.0:  # divisors: 0 made the step time infinite
+                errors.append(f"{name} must be > 0")
         if errors:
             raise ValueError("time-param: " + "; ".join(errors))
 

@@ -205,7 +205,7 @@ def _parse_token(token: str, gpus: Mapping[str, GpuProfile]) -> Pool:
 
 
 def _parse_toml(path: Path, gpus: Mapping[str, GpuProfile]) -> Fleet:
-    label = path.name
+    label = f"fleet: {path.name}"  # the option, then the file (as read_input_text says)
     try:
         table = tomllib.loads(read_input_text(path, what="fleet"))
     except tomllib.TOMLDecodeError as error:

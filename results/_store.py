@@ -115,7 +115,7 @@ def study_dir(out: str | os.PathLike[str], study: str) -> Path:
 
 def _checked(study: str) -> str:
     if not _NAME_RE.match(study):
-        raise ValueError(f"study: bad name {study!r}; use letters, digits, '.', '_' and '-'")
+        raise ValueError(f"study_name: bad name {study!r}; use letters, digits, '.', '_' and '-'")
     return study
 
 

@@ -16,7 +16,8 @@ the training configuration's fields and each command's own; names, types, defaul
 choices, bounds): one declaration of the fields for the CLI, the API and HTTP. The bounds are
 wider than any real job and narrow enough that no product of them overflows int64 in the engine
 (seq_len^2 x micro-batch x heads < 2^63). Choices become enums (unknown model,
-GPU, precision... -> 422 naming the field), numbers are bounded, unknown fields are refused.
+GPU, precision... -> 422 naming the field), numbers are bounded, unknown fields are refused,
+and a value is taken in its JSON type only (strict: true or "2048" is no integer, 1 no boolean).
 A GPU is named as on the CLI (an alias, any case): a validator before the enum check maps it to
 the profile name, the schema's enum staying the profile names (serve/_fleet.py canonical_gpu).
 A POST body must be sent as JSON (else 415, serve/_asgi.py).
@@ -152,10 +153,13 @@ def request_model(
         elif base is int or base == (int | None):
             kwargs.setdefault("ge", -INT32_MAX)
             kwargs.setdefault("le", INT32_MAX)
+            kwargs["strict"] = True  # true, "2048" and 2048.5 are not integers
         elif base is float or base == (float | None):
-            kwargs["allow_inf_nan"] = False
+            kwargs.update(allow_inf_nan=False, strict=True)  # a JSON number (an int too)
+        elif base is bool or base == (bool | None):
+            kwargs["strict"] = True  # "true", 1 and "yes" are not true
         elif base is str or base == (str | None):
-            kwargs["max_length"] = MAX_STRING_CHARS
+            kwargs.update(max_length=MAX_STRING_CHARS, strict=True)
         elif base == (list[str] | None):
             base = list[Annotated[str, Field(max_length=MAX_STRING_CHARS)]] | None
             kwargs["max_length"] = MAX_LIST_ITEMS

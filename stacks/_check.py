@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainmem.engine import DEFAULTS_BY_FIELD, FIELD_NAMES, parallel_layout
-from trainmem.report import ESTIMATE_OPTIONS, GPU
+from trainmem.report import ESTIMATE_OPTIONS, GPU, check_options
 
 from ._files import parse
 from ._models import resolve_model
@@ -176,12 +176,15 @@ def check_report(
     """
     from trainmem.report import estimate_report
 
+    from ._options import CHECK_OPTIONS  # (it imports this module)
+
     if not isinstance(files, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in files.items()
     ):
         raise ValueError("files: expected a mapping of file name -> the file's text")
-    reading = read_job(files, stack)
     given = {k: v for k, v in flags.items() if v is not None}
+    check_options(CHECK_OPTIONS, given)  # the flags' bounds before any file (tp 2^63, nan)
+    reading = read_job(files, stack)
     if fleet is not None:
         given.update(fleet_flags(fleet, given))
     options = {k: given.pop(k) for k in list(given) if k in ESTIMATE_ONLY and k != "gpu"}

@@ -42,6 +42,8 @@ def read_files(paths: list[str]) -> dict[str, str]:
         raise ValueError("files: give at least one config file")
     out: dict[str, str] = {}
     for path in paths:
+        if not path.strip():
+            raise ValueError(f"files: {path!r} names no file")
         out[path] = read_input_text(path, cap_bytes=MAX_FILE_BYTES)
     return out
 

@@ -32,6 +32,10 @@ SEARCH_DEFAULTS = {
 }
 """Training-field defaults of a search (sweep, recommend): Megatron's mixed bf16 at 4k tokens.
 Sequence parallelism is on in every search point (not an option there)."""
+MAX_PROCESSES = 1024
+"""The most --jobs / --workers: each is a process of its own (~270 MB); 1,000,000 reached
+joblib's own refusal ('Numeric literal 2000000 is too large'), a few hundred thousand would
+have started that many."""
 JOB_FIELDS = ("seq_len", "global_batch_size", "precision", "optimizer", "framework")
 """Training fields a search space always takes; the others fix or pin it only when given."""
 OBJECTIVE_HELP = (
@@ -172,7 +176,14 @@ SWEEP_OPTIONS: tuple[Option, ...] = (
         ),
     ),
     Option(name="study_name", type=str | None, default=None, help="Study name (default: derived)."),
-    Option(name="workers", type=int, default=1, ge=1, help="Optuna: local worker processes."),
+    Option(
+        name="workers",
+        type=int,
+        default=1,
+        ge=1,
+        le=MAX_PROCESSES,
+        help="Optuna: local worker processes.",
+    ),
     Option(
         name="warm_start",
         type=bool,
@@ -185,7 +196,12 @@ SWEEP_OPTIONS: tuple[Option, ...] = (
         ),
     ),
     Option(
-        name="jobs", type=int, default=1, ge=1, help="Exhaustive: local processes over the chunks."
+        name="jobs",
+        type=int,
+        default=1,
+        ge=1,
+        le=MAX_PROCESSES,
+        help="Exhaustive: local processes over the chunks.",
     ),
     Option(
         name="scheduler",

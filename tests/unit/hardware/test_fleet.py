@@ -107,7 +107,7 @@ def test_bad_toml_names_the_file_pool_and_field(tmp_path: Path, body: str, messa
     path.write_text(body)
     with pytest.raises(ValueError, match=re.escape(message)) as info:
         parse_fleet(path, GPUS)
-    assert str(info.value).startswith("fleet.toml: ")
+    assert str(info.value).startswith("fleet: fleet.toml: ")
     assert "\n" not in str(info.value)
 
 

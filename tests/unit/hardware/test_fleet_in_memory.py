@@ -62,5 +62,5 @@ def test_the_same_check_from_a_file(tmp_path: Path) -> None:
     """A file's errors are named by the file, as before."""
     path = tmp_path / "mine.toml"
     path.write_text('[[pool]]\ngpu = "h100-sxm-80gb"\n', encoding="utf-8")
-    with pytest.raises(ValueError, match=r"^mine\.toml: pool 1: missing key 'nodes'$"):
+    with pytest.raises(ValueError, match=r"^fleet: mine\.toml: pool 1: missing key 'nodes'$"):
         parse_fleet(path, GPUS)
