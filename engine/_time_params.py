@@ -11,6 +11,27 @@ from typing import Protocol
 
 import numpy as np
 
+MIN_EFFICIENCY = 0.01
+"""The least fraction of a peak an efficiency may say (a kernel at 1e-320 of its peak is a typo:
+it made the step time infinite)."""
+TIME_PARAM_CEILINGS: dict[str, float] = {
+    "gemm_half_work": 1e12,
+    "attention_flops_per_hbm_byte": 1e6,
+    "pointwise_bytes_per_width": 1e4,
+    "eager_attention_bytes_per_score": 1e3,
+    "ring_step_latency_s": 1.0,
+    "cpu_optimizer_params_per_s": 1e15,
+    "fp8_cast_bytes_per_element": 100.0,
+}
+"""The largest value of each unbounded time constant that still describes hardware: about a
+million times its default or more (a ring step of a second, 10^15 parameters a second); beyond
+it the step time overflows to infinity or means nothing."""
+
+
+def _ceiling(name: str) -> float:
+    """TIME_PARAM_CEILINGS' value of `name`; 10^15 for a constant it does not list."""
+    return TIME_PARAM_CEILINGS.get(name, 1e15)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TimeParams:
@@ -108,14 +129,17 @@ class TimeParams:
         errors = []
         for name in self.names():
             value = getattr(self, name)
-            if "efficiency" in name or name == "causal_attention_fraction":
-                if not 0.0 < value <= 1.0:  # NaN fails too
+            if "efficiency" in name:  # below 1% of a peak no kernel runs: a typo, not a GPU
+                if not MIN_EFFICIENCY <= value <= 1.0:  # NaN fails too
+                    errors.append(f"{name} must be in [{MIN_EFFICIENCY}, 1], got {value}")
+            elif name == "causal_attention_fraction":
+                if not 0.0 < value <= 1.0:
                     errors.append(f"{name} must be in (0, 1], got {value}")
             elif name.endswith("_fraction"):
                 if not 0.0 <= value <= 1.0:
                     errors.append(f"{name} must be in [0, 1], got {value}")
-            elif not (np.isfinite(value) and value >= 0.0):
-                errors.append(f"{name} must be finite and >= 0, got {value}")
+            elif not (np.isfinite(value) and 0.0 <= value <= _ceiling(name)):
+                errors.append(f"{name} must be finite, >= 0 and <= {_ceiling(name):g}, got {value}")
         for name in ("attention_flops_per_hbm_byte", "cpu_optimizer_params_per_s"):
             if not getattr(self, name) > 0.0:  # divisors: 0 made the step time infinite
                 errors.append(f"{name} must be > 0")

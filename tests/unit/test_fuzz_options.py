@@ -167,7 +167,14 @@ BASE_ARGV = {
 }
 """Flags every run of a command starts with (a small search space, outputs in the example's
 folder); the drawn flags come after them and win."""
-BASE_ARGUMENTS = {"points": ["{W}/points"], "check": ["{W}/job.yaml"], "completion": ["bash"]}
+SNAPSHOT = str(Path(__file__).parents[1] / "data" / "snapshots" / "linear_adamw.pickle")
+"""A small snapshot in torch's format (tests/data/snapshots/make_torch_format.py) for explain."""
+BASE_ARGUMENTS = {
+    "points": ["{W}/points"],
+    "check": ["{W}/job.yaml"],
+    "completion": ["bash"],
+    "explain": [SNAPSHOT],
+}
 """The command's positional arguments when the draw leaves them out."""
 
 
@@ -354,7 +361,7 @@ def _stdin() -> Iterator[None]:
 
 SIGNED = ("headroom_bytes", "saved_bytes", "saved_s")
 """Differences (negative: over the limit; a change that costs memory or time): finite only."""
-SIGNED_TREES = ("difference",)
+SIGNED_TREES = ("difference", "relative_error")
 """`compare`'s second configuration minus the first: finite only."""
 
 
@@ -485,6 +492,11 @@ def _stubs(monkeypatch: pytest.MonkeyPatch) -> None:
         raise _Traced
 
     monkeypatch.setattr(_report, "_trace", traced)
+    # The CLI's trace runs in a bounded child (trace/_child.py): stub the child's start too,
+    # so that the checks made before it are what runs here.
+    from trainmem.trace import _child
+
+    monkeypatch.setattr(_child, "run_in_child", traced)
 
 
 def _fill(tokens: list[str], folder: Path, world: dict[str, str]) -> list[str]:
