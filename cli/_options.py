@@ -21,6 +21,7 @@ import typer
 
 from trainmem.engine import FIELD_NAMES
 from trainmem.report import Option, check_options
+from trainmem.report._validate import PRECISION_GIVEN
 
 
 def typer_parameter(option: Option) -> inspect.Parameter:
@@ -47,7 +48,11 @@ def command(options: Sequence[Option]) -> Callable[[Callable[..., Any]], Callabl
         def run(**values: Any) -> Any:
             check_options(options, values)
             training = {k: values.pop(k) for k in FIELD_NAMES if k in values}
-            return function(training, **values)
+            token = PRECISION_GIVEN.set(_given_on_command_line("precision"))
+            try:
+                return function(training, **values)
+            finally:
+                PRECISION_GIVEN.reset(token)
 
         parameters = [typer_parameter(o) for o in options]
         run.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
@@ -56,6 +61,19 @@ def command(options: Sequence[Option]) -> Callable[[Callable[..., Any]], Callabl
         return run
 
     return wrap
+
+
+def _given_on_command_line(name: str) -> bool:
+    """Whether the running command's option `name` came from the command line (or its
+    environment variable), not its default: typer's click context's parameter source."""
+    from typer._click.core import ParameterSource
+    from typer._click.globals import get_current_context
+
+    ctx = get_current_context(silent=True)
+    if ctx is None or name not in ctx.params:
+        return False
+    source = ctx.get_parameter_source(name)
+    return source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
 
 
 METAVAR_WIDTH = 28

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from trainmem.engine import (
@@ -97,19 +98,27 @@ def check_precision(precision: str, profile: GpuProfile) -> None:
         raise ValueError(reason)
 
 
+PRECISION_GIVEN: ContextVar[bool] = ContextVar("precision_given", default=False)
+"""True while a CLI command runs whose --precision the user gave (cli/_options.py command):
+a precision the user named is never swapped for its fp16 counterpart, only refused."""
+
+
 def runnable_precision(
     precision: str, profiles: Sequence[GpuProfile], *, default: str | Sequence[str]
 ) -> tuple[str, list[str]]:
     """The precision a job runs on `profiles` (one GPU, or a fleet's pools) and the warning
     when it is not the one asked: `precision` if some GPU runs it; the precision left at its
     `default` (amp-bf16, mixed-bf16) and run by none (V100, T4: no bf16) becomes its fp16
-    counterpart, said in a warning; any other precision no GPU runs is a ValueError naming the
-    first GPU and the precisions it runs (check_precision)."""
+    counterpart, said in a warning (not when the user named it: PRECISION_GIVEN); any other
+    precision no GPU runs is a ValueError naming the first GPU and the precisions it runs
+    (check_precision)."""
     if not profiles or any(precision_reason(precision, g) is None for g in profiles):
         return precision, []
     counterpart = precision.replace("bf16", "fp16")
     runs_counterpart = any(precision_reason(counterpart, g) is None for g in profiles)
     defaults = (default,) if isinstance(default, str) else tuple(default)
+    if PRECISION_GIVEN.get():  # named on the command line: the user's choice, not a default
+        defaults = ()
     if precision in defaults and counterpart != precision and runs_counterpart:
         names = ", ".join(dict.fromkeys(g.name for g in profiles))
         return counterpart, [

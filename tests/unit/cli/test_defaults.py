@@ -111,3 +111,20 @@ def test_fit_and_estimate_say_the_same_changes(capsys) -> None:
     est = _run(["estimate", *NOT_FITTING, "--micro-batch-size", "1"], capsys).splitlines()
     start = est.index(fit[0])
     assert est[start : start + len(fit)] == fit
+
+
+def test_a_named_bf16_precision_on_a_gpu_without_bf16_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Left at its default, mixed-bf16 on a V100 runs as mixed-fp16 with a warning; named on
+    the command line it is the user's choice, refused in one line (exit 2), not swapped."""
+    job = ["estimate", "--model", "llama-2-7b", "--gpu", "v100-sxm2-32gb"]
+    assert main([*job, "--precision", "mixed-bf16"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: precision: mixed-bf16 needs bf16 matmuls and gpu v100-sxm2-32gb has none "
+        "(bf16_flops = 0); allowed on v100-sxm2-32gb: fp32, fp16, amp-fp16, mixed-fp16"
+    ]
+    assert main(job) == 0
+    out = capsys.readouterr()
+    assert "the default mixed-bf16 is estimated as mixed-fp16" in out.err
+    assert "mixed-fp16" in out.out
