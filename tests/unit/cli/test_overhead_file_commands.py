@@ -230,3 +230,18 @@ def test_a_resumed_sweep_under_other_overheads_reuses_no_point(
     assert mixed["best"] == second["best"]
     flag = _json(capsys, "sweep", *named, "--overhead", "fragmentation_fraction=0.05")
     assert flag["chunks_skipped"] == 0  # one key fewer than the file: other overheads
+
+
+def test_an_optuna_study_under_overheads_is_its_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], calibrated: Path
+) -> None:
+    """Optuna's trials are evaluated with the file (its best point is estimate's with the
+    file), in a study of its own name (never rebuilt from points of other overheads)."""
+    argv = [*SEARCH, "--method", "optuna", "--trials", "10", "--out", str(tmp_path / "o")]
+    got = _json(capsys, "sweep", *argv, "--overhead-file", str(calibrated))
+    assert got["study"].endswith("-optuna-" + got["study"].rsplit("-", 1)[1])
+    assert got["study"].rsplit("-", 1)[1].startswith("ov")
+    best = got["best"]
+    assert best["peak_device_bytes"] == _estimate_peak(
+        capsys, *_point_flags(best["configuration"]), "--overhead-file", str(calibrated)
+    )
