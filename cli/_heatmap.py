@@ -15,6 +15,7 @@ from trainmem.report import (
     HEADROOM,
     JOB_DEFAULT_MODEL,
     JOB_DEFAULTS,
+    OVERHEAD_OPTIONS,
     USER_DIRS,
     Option,
     check_headroom,
@@ -72,6 +73,7 @@ HEATMAP_OPTIONS: tuple[Option, ...] = (
     *training_options(defaults=JOB_DEFAULTS),
     HEADROOM,
     *USER_DIRS,
+    *OVERHEAD_OPTIONS,
     AS_JSON,
 )
 
@@ -93,6 +95,8 @@ def heatmap_cmd(
     hardware_dir: str | None,
     models_dir: str | None,
     optimizers_dir: str | None,
+    overhead: list[str] | None,
+    overhead_file: str | None,
     as_json: bool,
 ) -> None:
     """Fit/no-fit heatmap of two knobs: peak device memory per GPU and the fit boundary.
@@ -103,7 +107,8 @@ def heatmap_cmd(
     attention, framework, loss, sequence_parallel, activation_offload, qlora (--points: also
     dp, grad_accum_steps, global_batch_size). With --points the other settings come from the
     points and each cell shows its best point (smallest peak that fits, else smallest peak);
-    the configuration flags are then ignored. PNG, or SVG by extension.
+    the configuration flags are then ignored (--overhead and --overhead-file are refused: the
+    points hold the overheads they were evaluated with). PNG, or SVG by extension.
     """
     # polars and matplotlib: imported when the command runs, not when it is registered.
     from trainmem.results import heatmap_format
@@ -129,6 +134,8 @@ def heatmap_cmd(
             where=where,
             models_dir=models_dir,
             optimizers_dir=optimizers_dir,
+            overhead=overhead,
+            overhead_file=overhead_file,
         )
         if points is None:  # nothing fits: what to change, from the closest cell
             report.update(
@@ -141,6 +148,8 @@ def heatmap_cmd(
                     hardware_dir=hardware_dir,
                     models_dir=models_dir,
                     optimizers_dir=optimizers_dir,
+                    overhead=overhead,
+                    overhead_file=overhead_file,
                 )
             )
     report["format"] = fmt
@@ -157,6 +166,8 @@ def _cells_report(
     where: str | None,
     models_dir: str | None,
     optimizers_dir: str | None,
+    overhead: list[str] | None,
+    overhead_file: str | None,
 ) -> dict[str, Any]:
     """The heatmap's report from stored points (--points, --where) or from the flags; each
     source refuses the other's options, which it would otherwise ignore silently."""
@@ -167,6 +178,11 @@ def _cells_report(
             raise ValueError(
                 "--model/--gpu: with --points they come from the points; "
                 "select them with --where \"gpu = 'NAME'\""
+            )
+        if overhead or overhead_file is not None:
+            raise ValueError(
+                "--overhead/--overhead-file: with --points the points hold the overheads they "
+                "were evaluated with; give them to the sweep that stored the points"
             )
         return from_points(plot, points, where=where)
     if where is not None:
@@ -179,6 +195,8 @@ def _cells_report(
         gpu=gpu or GPU.default,
         models_dir=models_dir,
         optimizers_dir=optimizers_dir,
+        overhead=overhead,
+        overhead_file=overhead_file,
     )
 
 

@@ -89,6 +89,17 @@ _MaxMemoryGb = Annotated[
         "$TRAINMEM_TRACE_MAX_MEMORY_GB, else no cap).",
     ),
 ]
+_Overhead = Annotated[
+    list[str] | None,
+    typer.Option(help="Override an overhead parameter of the estimate, KEY=BYTES (repeatable)."),
+]
+_OverheadFile = Annotated[
+    str | None,
+    typer.Option(
+        help="TOML file of overhead values for the estimate, the --overhead keys (what "
+        "`trainmem explain --calibrate` writes); --overhead items given too win."
+    ),
+]
 _AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 
 
@@ -118,14 +129,17 @@ def trace_cmd(
     snapshot: _Snapshot = None,
     timeout: _Timeout = None,
     max_memory_gb: _MaxMemoryGb = None,
+    overhead: _Overhead = None,
+    overhead_file: _OverheadFile = None,
     as_json: _AsJson = False,
 ) -> None:
     """Measure one training step on fake tensors next to the estimate (needs the trace extra).
 
     The trace always runs in one bounded child process (trace/_child.py): --timeout and
-    --max-memory-gb end it with every process the model started, in one error line."""
+    --max-memory-gb end it with every process the model started, in one error line.
+    --overhead and --overhead-file change the estimate beside the trace, not the trace."""
     fields = command_fields(locals())
-    from trainmem.report import PICTURE_OPTIONS, command_defaults
+    from trainmem.report import PICTURE_OPTIONS, command_defaults, overhead_overrides
     from trainmem.trace._bounds import resolve_bounds
     from trainmem.trace._report import bounded_trace_report, trace_text
 
@@ -137,6 +151,9 @@ def trace_cmd(
     # the files its --plot / --memory-viz would write.
     pictures = {option.name for option in PICTURE_OPTIONS}
     defaults = {k: v for k, v in command_defaults(estimate_cmd).items() if k not in pictures}
+    overheads = {"overhead": fields.pop("overhead"), "overhead_file": fields.pop("overhead_file")}
+    overhead_overrides(**overheads)  # a bad file or item: one line before the child starts
+    defaults.update(overheads)  # the estimate's (in the child), the GPU's bytes checked there
     what = fields["module"] or fields["model"]
     with spinner(f"tracing {what} on fake tensors", as_json=as_json):
         report = bounded_trace_report({**fields, "estimate_defaults": defaults}, bounds)

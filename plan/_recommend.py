@@ -43,6 +43,7 @@ from trainmem.report import (
     check_options,
     choice,
     gib_to_bytes,
+    overhead_overrides,
     training_config,
 )
 from trainmem.sweep import (
@@ -173,6 +174,8 @@ def recommend_report(
     batching: str = "pad-longest",
     buckets: str | None = None,
     risk: float = 0.001,
+    overhead: list[str] | None = None,
+    overhead_file: str | None = None,
     **fields: Any,
 ) -> dict[str, Any]:
     """The best plan (CONTRACT keys at the top level, and more) and `alternatives`: the next
@@ -183,7 +186,8 @@ def recommend_report(
     search runs in memory; `trainmem sweep --out` stores points). `framework` None: megatron.
     `fleet`: text, a TOML path or the pools in memory (hardware's parse_fleet); `fleet_label`
     names it in the answer and its messages (None: `fleet` itself, or its pools).
-    ValueError (one line, naming the field) on bad input.
+    `overhead`, `overhead_file`: estimate's, over every pool's GPU defaults (the plans'
+    `estimate_command` repeats them). ValueError (one line, naming the field) on bad input.
     """
     scope = dict(locals())  # the arguments (the first statement)
     args = {k: v for k, v in scope.items() if k not in ("training", "fields")}
@@ -290,6 +294,8 @@ def _complete_plan(
         extra=extra_fields(job),
         family=args["family"],
         host_memory_gib=args["host_memory_gib"],
+        overhead=args["overhead"],
+        overhead_file=args["overhead_file"],
     ) + _risk_flags(args)
 
 
@@ -413,7 +419,9 @@ def _checked_fields(fields: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
 
 
 def _searched_space(f: Mapping[str, Any], framework: str) -> Space:
-    """The sweep's space of the checked fields `f` (make_space) on their fleet."""
+    """The sweep's space of the checked fields `f` (make_space) on their fleet, with the
+    overheads of --overhead-file and --overhead (read and checked before the model and fleet)."""
+    overheads = overhead_overrides(f["overhead_file"], f["overhead"])
     gpus = load_gpus(f["hardware_dir"])
     return make_space(
         load_model(f["model"], models_dir=f["models_dir"], family=f["family"]),
@@ -444,6 +452,7 @@ def _searched_space(f: Mapping[str, Any], framework: str) -> Space:
             risk=f["risk"],
             seq_len=f["seq_len"],
         ),
+        overheads=overheads,
     )
 
 
@@ -674,9 +683,12 @@ def estimate_command(
     extra: Mapping[str, Any] | None = None,
     family: str | None = None,
     host_memory_gib: float | None = None,
+    overhead: list[str] | None = None,
+    overhead_file: str | None = None,
 ) -> str:
     """The `trainmem estimate` line of the plan's configuration (same engine row); `extra`:
-    the job's other training fields (written where they differ from estimate's defaults)."""
+    the job's other training fields (written where they differ from estimate's defaults);
+    `overhead_file`, `overhead`: the search's, as given (the items after the file: they win)."""
     args = ["trainmem", "estimate", "--model", model, "--gpu", plan["gpu"]]
     if family is not None:
         args += ["--family", family]
@@ -704,6 +716,10 @@ def estimate_command(
     ):
         if value is not None:
             args += [flag, value]
+    if overhead_file is not None:
+        args += ["--overhead-file", os.fspath(overhead_file)]
+    for item in overhead or ():
+        args += ["--overhead", item]
     return shlex.join(args)
 
 

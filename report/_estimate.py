@@ -55,6 +55,7 @@ from ._validate import (
     check_headroom,
     check_lora_rank,
     check_overhead_bytes,
+    key_numbers,
     runnable_precision,
     seq_len_warnings,
 )
@@ -150,22 +151,6 @@ def json_text(value: Any, *, indent: int | None = 2) -> str:
     """`value` as JSON text, never a bare NaN or Infinity (invalid JSON): `jsonable` maps
     non-finite floats to null, and json refuses any left (allow_nan=False)."""
     return json.dumps(jsonable(value), indent=indent, allow_nan=False)
-
-
-def key_numbers(flag: str, items: list[str], keys: tuple[str, ...]) -> dict[str, float]:
-    """KEY=NUMBER items of a repeatable flag (--overhead, --time-param) as a dict."""
-    out: dict[str, float] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        try:
-            if not sep:
-                raise ValueError
-            out[key.strip()] = float(value)
-        except ValueError:
-            raise ValueError(
-                f"{flag}: expected KEY=NUMBER, got '{item}'; keys: {', '.join(keys)}"
-            ) from None
-    return out
 
 
 # ---- estimate ----------------------------------------------------------------------------------

@@ -251,6 +251,25 @@ OVERHEAD_FILE = Option(
     ),
 )
 """--overhead-file: every command that takes --overhead (report/_overhead_file.py)."""
+OVERHEAD = Option(
+    name="overhead",
+    type=list[str] | None,
+    default=None,
+    help="Override an overhead parameter, KEY=BYTES (repeatable).",
+)
+"""--overhead KEY=VALUE (engine Overheads' names): over the GPU's own defaults."""
+SEARCH_OVERHEAD = dataclasses.replace(
+    OVERHEAD,
+    help=(
+        "Override an overhead parameter, KEY=BYTES (repeatable), on every pool's GPU: the key "
+        "given replaces each GPU's own default, the others stay each GPU's."
+    ),
+)
+"""A search's --overhead (sweep, recommend): the same values over every pool of the fleet."""
+OVERHEAD_OPTIONS = (OVERHEAD, OVERHEAD_FILE)
+"""--overhead and --overhead-file, for one job (estimate, fit, heatmap, compare, check)."""
+SEARCH_OVERHEAD_OPTIONS = (SEARCH_OVERHEAD, OVERHEAD_FILE)
+"""--overhead and --overhead-file of a search (sweep, recommend)."""
 
 RISK_OPTIONS: tuple[Option, ...] = (
     Option(
@@ -315,12 +334,7 @@ ESTIMATE_OPTIONS: tuple[Option, ...] = (
     HOST_MEMORY_GIB,
     ALLOW_LONG_SEQ,
     *USER_DIRS,
-    Option(
-        name="overhead",
-        type=list[str] | None,
-        default=None,
-        help="Override an overhead parameter, KEY=BYTES (repeatable).",
-    ),
+    OVERHEAD,
     OVERHEAD_FILE,
     Option(
         name="per_stage",

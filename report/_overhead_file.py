@@ -15,10 +15,13 @@ import math
 import os
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from trainmem.engine import Overheads
+from trainmem.engine import Overheads, overheads_for
+from trainmem.hardware import GpuProfile
 from trainmem.hardware._files import check_path_name, read_input_text, shown_path
+
+from ._validate import check_overhead_bytes, key_numbers
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -59,6 +62,32 @@ def overhead_items(overhead_file: str | None, overhead: list[str] | None) -> lis
     """--overhead's KEY=VALUE items with the file's first (a flag given beside it wins)."""
     from_file = [f"{k}={v!r}" for k, v in overhead_file_values(overhead_file).items()]
     return [*from_file, *(overhead or [])]
+
+
+def overhead_overrides(
+    overhead_file: str | None,
+    overhead: list[str] | None,
+    *,
+    profiles: Sequence[GpuProfile] = (),
+) -> dict[str, float]:
+    """The overhead values a command puts over each GPU's defaults (`gpu_overheads`): the
+    file's, then the --overhead items (a flag given beside the file wins), checked as estimate
+    checks them (a known key, a number in range, bytes within every GPU of `profiles`): one
+    ValueError line naming --overhead or overhead_file; {} when neither is given."""
+    items = overhead_items(overhead_file, overhead)
+    overrides = key_numbers("--overhead", items, Overheads.names())
+    Overheads().with_overrides(overrides)  # an unknown key, a value out of range
+    for profile in profiles:
+        check_overhead_bytes(overrides, profile)
+    return overrides
+
+
+def gpu_overheads(profile: GpuProfile, overrides: Mapping[str, float]) -> Overheads:
+    """The overheads of one GPU: its own defaults (`overheads_for`: its architecture's cuBLAS
+    workspace, its TOML's or architecture's CUDA context), each key of `overrides` in place of
+    the GPU's (the user's values win over every GPU's own)."""
+    own = overheads_for(profile.arch, cuda_context_bytes=profile.cuda_context_bytes)
+    return own.with_overrides(dict(overrides)) if overrides else own
 
 
 def overhead_toml(values: Mapping[str, float], *, comment: str) -> str:

@@ -170,3 +170,19 @@ def check_overhead_bytes(overrides: Mapping[str, float], profile: GpuProfile) ->
                 f"overhead: {key}={value:g} exceeds gpu {profile.name}'s memory (allowed: 0 to "
                 f"{profile.memory_bytes} bytes)"
             )
+
+
+def key_numbers(flag: str, items: list[str], keys: tuple[str, ...]) -> dict[str, float]:
+    """KEY=NUMBER items of a repeatable flag (--overhead, --time-param) as a dict."""
+    out: dict[str, float] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[key.strip()] = float(value)
+        except ValueError:
+            raise ValueError(
+                f"{flag}: expected KEY=NUMBER, got '{item}'; keys: {', '.join(keys)}"
+            ) from None
+    return out

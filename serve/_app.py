@@ -424,6 +424,7 @@ def _add_estimate_fit(
     async def fit(body: FitRequest) -> Response:  # type: ignore[valid-type]
         """`trainmem fit --json`: the largest micro-batch (or fewest GPUs) that fits."""
         fields = {**body.model_dump(), **dirs}  # type: ignore[attr-defined]
+        check_overheads(fields["overhead"])
         rows = fields["max_micro_batch_size"]
         if fields["minimize"] == "num-gpus":
             step = max(fields["tp"] * fields["pp"] * fields["cp"], 1)
@@ -515,6 +516,7 @@ def _add_recommend(
         also `launch`, the rendered launch configuration. `fleet`: COUNTxGPU[,COUNTxGPU...] or
         inline pools (JSON objects), never a path."""
         fields = {k: getattr(body, k) for k in RecommendRequest.model_fields} | dict(dirs)
+        check_overheads(fields["overhead"])
         pools, label = inline_pools(fields.pop("fleet"), per_node)
         # The launch format decides the framework, as on the CLI (json: the search's default).
         launched = None if format == "json" else format

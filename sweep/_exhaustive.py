@@ -91,6 +91,8 @@ def space_fingerprint(space: Space, *, chunk_size: int) -> str:
         desc["max_cost_per_million_tokens"] = space.max_cost_per_million_tokens
     if space.risk is not None:
         desc["risk"] = space.risk.digest()
+    if space.overheads:  # --overhead(-file): the peaks of every point
+        desc["overheads"] = {k: float(v) for k, v in sorted(space.overheads.items())}
     return hashlib.sha256(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 

@@ -23,7 +23,6 @@ from trainmem.engine import (
     estimate_time,
     layout_reason,
     make_grid,
-    overheads_for,
     reason_text,
     time_inputs,
 )
@@ -41,6 +40,7 @@ from trainmem.report import (
     JOB_DEFAULTS,
     JOB_MODEL,
     MINIMIZE,
+    OVERHEAD_OPTIONS,
     PROFILE_FILE,
     USER_DIRS,
     Option,
@@ -49,11 +49,13 @@ from trainmem.report import (
     check_layout,
     check_options,
     choice,
+    gpu_overheads,
     host_reason,
     job_warnings,
     jsonable,
     model_spec,
     node_host,
+    overhead_overrides,
     row_report,
     time_report,
     traced_choices,
@@ -98,6 +100,7 @@ FIT_OPTIONS: tuple[Option, ...] = (
     HOST_MEMORY_GIB,
     ALLOW_LONG_SEQ,
     *USER_DIRS,
+    *OVERHEAD_OPTIONS,
     *MINIMIZE_OPTIONS,
     PROFILE_FILE,
     AS_JSON,
@@ -128,13 +131,16 @@ def fit_report(
     batching: str = "pad-longest",
     buckets: str | None = None,
     risk: float = 0.001,
+    overhead: list[str] | None = None,
+    overhead_file: str | None = None,
     **fields: Any,
 ) -> dict[str, Any]:
     """`trainmem fit --json`: the largest micro-batch (or fewest GPUs) that fits, its estimate,
     and the advice when nothing fits.
 
     The job is `training` updated by keyword training fields (as `estimate_report`); the
-    searched field (micro_batch_size or num_gpus) is replaced by the candidates.
+    searched field (micro_batch_size or num_gpus) is replaced by the candidates. `overhead`,
+    `overhead_file`: estimate's (the file's values, the items' winning), on every candidate.
     """
     job = _FitJob(**locals())  # every parameter, first: the steps below take the job
     inputs = _fit_inputs(job)
@@ -180,6 +186,8 @@ class _FitJob:
     batching: str
     buckets: str | None
     risk: float
+    overhead: list[str] | None
+    overhead_file: str | None
     fields: dict[str, Any]
 
     @property
@@ -199,6 +207,8 @@ class _FitInputs(NamedTuple):
     optimizer: str
     warnings: list[str]
     """A sequence beyond the model's rotary positions (job_warnings)."""
+    overrides: dict[str, float]
+    """--overhead-file's and --overhead's values (the GPU's own defaults for the rest)."""
 
 
 def _fit_inputs(job: _FitJob) -> _FitInputs:
@@ -225,10 +235,11 @@ def _fit_inputs(job: _FitJob) -> _FitInputs:
     )
     config_ = config_.replace(precision=precision, recompute=recompute, attention=attention)
     profile = get_gpu(job.gpu, job.hardware_dir)
+    overrides = overhead_overrides(job.overhead_file, job.overhead, profiles=(profile,))
     config_, warnings = job_warnings(spec, profile, config_, allow_long_seq=job.allow_long_seq)
     config: dict[str, Any] = config_.grid_columns()
     config.update(optimizer_fields)
-    return _FitInputs(spec, profile, config_, config, optimizer, warnings)
+    return _FitInputs(spec, profile, config_, config, optimizer, warnings, overrides)
 
 
 class _Scan(NamedTuple):
@@ -261,7 +272,7 @@ def _scan(job: _FitJob, inputs: _FitInputs) -> _Scan:
     profile, key = inputs.profile, job.key
     candidates = _candidates(job, inputs.training)
     grid = make_grid({**inputs.config, key: candidates})
-    ov = overheads_for(profile.arch, cuda_context_bytes=profile.cuda_context_bytes)
+    ov = gpu_overheads(profile, inputs.overrides)
     out = estimate(
         inputs.spec, grid, usable_bytes=profile.usable_bytes, headroom=job.headroom, overheads=ov
     )
@@ -391,7 +402,7 @@ def _closest(
             out=_row_of(scan.out, scan.row),
             headroom=job.headroom,
             overheads=scan.overheads,
-            overhead_overrides={},
+            overhead_overrides=inputs.overrides,
             time_params=TimeParams(),
             hardware_dir=job.hardware_dir,
             optimizer_name=inputs.optimizer,

@@ -8,7 +8,7 @@ anything is written.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,6 @@ from trainmem.engine import (
     bound_reason,
     estimate,
     make_grid,
-    overheads_for,
     parallel_layout,
     reason_text,
     resolved_loss,
@@ -36,6 +35,8 @@ from trainmem.report import (
     check_precision,
     choice,
     error_bar_columns,
+    gpu_overheads,
+    overhead_overrides,
     precision_reason,
     regime_of,
     runnable_precision,
@@ -191,21 +192,21 @@ def heatmap_cells(
     y: str,
     y_values: Sequence[Any],
     headroom: float,
+    overheads: Mapping[str, float] | None = None,
 ) -> pl.DataFrame:
     """One row per (x, y) cell, y-major: the axes' values, peak_device_bytes, peak_gib, fits,
     valid, reason (text, empty when valid), headroom_bytes and the error bars
     (peak_device_bytes_low / _high, fit_probability); all cells in one engine call.
 
-    `config` holds every other grid field (scalars). Each row equals a one-row `estimate` of
-    the same configuration (the vectorized call is the single call).
+    `config` holds every other grid field (scalars); `overheads`: values over the GPU's own
+    default overheads (--overhead-file, --overhead: `overhead_overrides`). Each row equals a
+    one-row `estimate` of the same configuration (the vectorized call is the single call).
     """
     xs = [v for _ in y_values for v in x_values]  # y-major: x varies fastest
     ys = [v for v in y_values for _ in x_values]
     grid = make_grid({**config, x: xs, y: ys})
-    overheads = overheads_for(profile.arch, cuda_context_bytes=profile.cuda_context_bytes)
-    out = estimate(
-        spec, grid, usable_bytes=profile.usable_bytes, headroom=headroom, overheads=overheads
-    )
+    ov = gpu_overheads(profile, overheads or {})
+    out = estimate(spec, grid, usable_bytes=profile.usable_bytes, headroom=headroom, overheads=ov)
     valid = out["reason"] == 0
     peak = np.asarray(out["peak_device_bytes"], dtype=np.float64)
     bars = error_bar_columns(
@@ -410,8 +411,11 @@ def from_flags(
     gpu: str,
     models_dir: str | None,
     optimizers_dir: str | None,
+    overhead: list[str] | None = None,
+    overhead_file: str | None = None,
 ) -> dict[str, Any]:
-    """Validate, evaluate the grid in one engine call, draw; returns the JSON report."""
+    """Validate, evaluate the grid in one engine call, draw; returns the JSON report.
+    `overhead`, `overhead_file`: estimate's, on every cell (checked before anything is drawn)."""
     x, y = plot.x, plot.y
     check_axes(x, y, FLAG_AXES)
     if config.get("loss") == "auto" and not {"loss", "framework"} & {x, y}:
@@ -426,6 +430,7 @@ def from_flags(
     ys = parse_values("--y-values", y, plot.y_text) if plot.y_text else default_values(y, config)
     spec = load_model(model, models_dir=models_dir)
     profile = get_gpu(gpu, plot.hardware_dir)
+    overrides = overhead_overrides(overhead_file, overhead, profiles=(profile,))
     xs, ys = _runnable(x, xs, profile), _runnable(y, ys, profile)
     if "precision" not in (x, y):  # the default bf16 one on a GPU without bf16: its fp16 one
         precision, _ = runnable_precision(
@@ -443,6 +448,7 @@ def from_flags(
         y=y,
         y_values=ys,
         headroom=plot.headroom,
+        overheads=overrides,
     )
     on = f"{config['num_gpus']} x {profile.name}" if "num_gpus" not in (x, y) else profile.name
     plot.draw(
@@ -512,6 +518,8 @@ def closest_cell_advice(
     hardware_dir: str | None,
     models_dir: str | None,
     optimizers_dir: str | None,
+    overhead: list[str] | None = None,
+    overhead_file: str | None = None,
 ) -> dict[str, Any]:
     """When no cell of a flags heatmap fits: the valid cell with the smallest peak
     (`closest_cell`) and estimate's advice for it (`advice`: the changes that make it fit);
@@ -531,6 +539,8 @@ def closest_cell_advice(
         hardware_dir=hardware_dir,
         models_dir=models_dir,
         optimizers_dir=optimizers_dir,
+        overhead=overhead,
+        overhead_file=overhead_file,
     )
     return {
         "closest_cell": {x: cell[x], y: cell[y], "peak_device_bytes": cell["peak_device_bytes"]},

@@ -17,6 +17,7 @@ from trainmem.report import (
     HOST_MEMORY_GIB,
     MODEL,
     PROFILE_FILE,
+    SEARCH_OVERHEAD_OPTIONS,
     TOKENS,
     USER_DIRS,
     Option,
@@ -107,6 +108,7 @@ SEARCH_OPTIONS: tuple[Option, ...] = (
     ),
     ALLOW_LONG_SEQ,
     *RISK_OPTIONS,
+    *SEARCH_OVERHEAD_OPTIONS,
 )
 FLEET = Option(
     name="fleet",

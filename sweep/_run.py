@@ -8,6 +8,8 @@ Bad input raises ValueError (one line naming the field).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -31,6 +33,7 @@ from trainmem.report import (
     gib_to_bytes,
     jsonable,
     model_spec,
+    overhead_overrides,
     training_config,
 )
 
@@ -38,7 +41,7 @@ from ._axes import SHOW
 from ._fleet_use import fleet_use
 from ._options import SEARCH_DEFAULTS, SWEEP_OPTIONS, extra_fields
 from ._parts import check_store
-from ._risk import SpaceRisk, risk_text, space_risk
+from ._risk import risk_text, space_risk
 from ._search import Progress, SearchResult, parse_objectives, run_exhaustive, run_optuna
 from ._space import Space, make_space
 from ._why import why
@@ -124,17 +127,20 @@ def run_sweep(
     batching: str = "pad-longest",
     buckets: str | None = None,
     risk: float = 0.001,
+    overhead: list[str] | None = None,
+    overhead_file: str | None = None,
     **fields: Any,
 ) -> SweepRun:
     """Search `fleet` for the best configurations of the job (SWEEP_OPTIONS).
 
     The job's training fields: `training` updated by keyword fields, over SEARCH_DEFAULTS; a
-    searched field (SWEEP_AXES) given pins its axis, None leaves it searched.
+    searched field (SWEEP_AXES) given pins its axis, None leaves it searched. `overhead`,
+    `overhead_file`: estimate's, over every pool's GPU defaults (`Space.overheads`).
     """
     job = _SweepJob(**locals())  # every parameter, first: the steps below take the job
-    training, optimizer_fields, objectives = _checked(job)
-    space = _job_space(job, training, optimizer_fields)
-    study = _study_name(job, space.model.name, training, space.risk)
+    training, optimizer_fields, objectives, overheads = _checked(job)
+    space = _job_space(job, training, optimizer_fields, overheads)
+    study = _study_name(job, space.model.name, training, space)
     result = _search(space, job, study=study, objectives=objectives)
     explained = None
     if len(objectives) == 1 and len(result.best) == 1:
@@ -193,12 +199,17 @@ class _SweepJob:
     batching: str
     buckets: str | None
     risk: float
+    overhead: list[str] | None
+    overhead_file: str | None
     fields: dict[str, Any]
 
 
-def _checked(job: _SweepJob) -> tuple[dict[str, Any], dict[str, Any], tuple[str, ...]]:
-    """The job's training fields (over SWEEP_OPTIONS' defaults), its optimizer's grid columns
-    and its objectives, every option checked first: bad input fails before a file is read."""
+def _checked(
+    job: _SweepJob,
+) -> tuple[dict[str, Any], dict[str, Any], tuple[str, ...], dict[str, float]]:
+    """The job's training fields (over SWEEP_OPTIONS' defaults), its optimizer's grid columns,
+    its objectives and its overheads (--overhead-file's, --overhead's), every option checked
+    first: bad input fails before the model or fleet is read, and before a point is written."""
     defaults = {o.name: o.default for o in SWEEP_OPTIONS if o.name in FIELD_NAMES}
     training = training_config(job.training, job.fields, defaults={**DEFAULTS_BY_FIELD, **defaults})
     choice("method", job.method, ("exhaustive", "optuna"))
@@ -231,7 +242,8 @@ def _checked(job: _SweepJob) -> tuple[dict[str, Any], dict[str, Any], tuple[str,
         },
     )
     _check_method(job)
-    return training, optimizer_fields, objectives
+    overheads = overhead_overrides(job.overhead_file, job.overhead)
+    return training, optimizer_fields, objectives, overheads
 
 
 def _check_method(job: _SweepJob) -> None:
@@ -249,7 +261,12 @@ def _check_method(job: _SweepJob) -> None:
         raise ValueError("out: --method optuna stores its points under a folder; got None")
 
 
-def _job_space(job: _SweepJob, training: dict[str, Any], optimizer_fields: dict[str, Any]) -> Space:
+def _job_space(
+    job: _SweepJob,
+    training: dict[str, Any],
+    optimizer_fields: dict[str, Any],
+    overheads: dict[str, float],
+) -> Space:
     """The space of the job on its fleet (make_space); a traced profile only at the precision
     it was traced with; `--lengths`: the dataset's risk a constraint (sweep/_risk.py)."""
     risk = space_risk(
@@ -295,17 +312,14 @@ def _job_space(job: _SweepJob, training: dict[str, Any], optimizer_fields: dict[
         max_cost_per_million_tokens=job.max_cost_per_million_tokens,
         allow_long_seq=job.allow_long_seq,
         risk=risk,
+        overheads=overheads,
     )
 
 
-def _study_name(
-    job: _SweepJob,
-    model_name: str,
-    training: Mapping[str, Any],
-    space_risk_of: SpaceRisk | None = None,
-) -> str:
+def _study_name(job: _SweepJob, model_name: str, training: Mapping[str, Any], space: Space) -> str:
     """`--study-name`, else the default one: model, fleet, length, batch, method, the
-    constraints set (`_constraints_text`) and the dataset's risk (`risk_text`)."""
+    constraints set (`_constraints_text`), the dataset's risk (`risk_text`) and the overheads
+    given (`overheads_text`)."""
     return job.study_name or _default_study(
         model_name,
         job.fleet,
@@ -315,8 +329,20 @@ def _study_name(
         + _constraints_text(
             job.min_gpus, job.use_all_gpus, job.max_step_time_s, job.max_cost_per_million_tokens
         )
-        + risk_text(space_risk_of),
+        + risk_text(space.risk)
+        + overheads_text(space.overheads),
     )
+
+
+def overheads_text(overheads: Mapping[str, float]) -> str:
+    """``-ov3f2a1c``: what a default study name carries when --overhead or --overhead-file
+    set values (a digest of them), so that a sweep under other overheads is another study (an
+    Optuna study rebuilt from its points would otherwise mix points judged under both); "" when
+    none is set (the study keeps the name it always had)."""
+    if not overheads:
+        return ""
+    text = json.dumps(sorted((k, float(v)) for k, v in overheads.items()))
+    return f"-ov{hashlib.sha256(text.encode()).hexdigest()[:6]}"
 
 
 def _search(

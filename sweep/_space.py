@@ -27,7 +27,6 @@ from trainmem.engine import (
     layout_reason,
     make_grid,
     node_host_bytes,
-    overheads_for,
     parallel_layout,
     ranks_per_node,
     resolved_loss,
@@ -36,7 +35,9 @@ from trainmem.engine import (
 from trainmem.hardware import Fleet, GpuProfile, Pool
 from trainmem.report import (
     check_lora_rank,
+    check_overhead_bytes,
     error_bar_columns,
+    gpu_overheads,
     precision_reason,
     regime_of,
     runnable_precision,
@@ -124,6 +125,11 @@ class Space:
     risk: SpaceRisk | None = None
     """`--lengths`: a point fits only if its epoch's OOM probability is within the risk
     (sweep/_risk.py; its risk columns); None: the fit at seq_len."""
+    overheads: dict[str, float] = field(default_factory=dict)
+    """Overhead values (engine Overheads' names: --overhead-file, --overhead) put over every
+    pool's own defaults: a key given replaces each GPU's own value (its TOML's CUDA context,
+    its architecture's cuBLAS workspace), the keys not given stay each GPU's; {}: every pool's
+    defaults (`gpu_overheads`)."""
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -399,12 +405,11 @@ def _estimate_by_overheads(
     columns: Collection[str] | None,
 ) -> dict[str, np.ndarray]:
     """estimate() of the points, one call per distinct pool overheads (each GPU's cuBLAS
-    workspace and CUDA context, `overheads_for`): usually one call, whose columns are returned
-    as they are (no copy); several calls scatter into full-length columns."""
+    workspace and CUDA context, `overheads_for`, with the space's `overheads` over them: the
+    user's values win over every pool's): usually one call, whose columns are returned as
+    they are (no copy); several calls scatter into full-length columns."""
     pool, profiles = pools.pool, pools.profiles
-    pool_overheads = [
-        overheads_for(g.arch, cuda_context_bytes=g.cuda_context_bytes) for g in profiles
-    ]
+    pool_overheads = [gpu_overheads(g, space.overheads) for g in profiles]
     used = np.flatnonzero(np.bincount(pool, minlength=len(profiles)) > 0)
     distinct = list(dict.fromkeys(pool_overheads[i] for i in used))
     group = np.array([distinct.index(o) if o in distinct else -1 for o in pool_overheads])[pool]
@@ -527,6 +532,7 @@ def make_space(
     max_cost_per_million_tokens: float | None = None,
     allow_long_seq: bool = True,
     risk: SpaceRisk | None = None,
+    overheads: Mapping[str, float] | None = None,
 ) -> Space:
     """The space of a job on a fleet; ValueError on bad input (one line).
 
@@ -546,6 +552,8 @@ def make_space(
     run the precision has only invalid points (PRECISION_UNSUPPORTED; no pool can: ValueError);
     a sequence beyond the model's positions is a warning (`Space.warnings`), or a ValueError
     for learned positions when `allow_long_seq` is false (the commands' default).
+    `overheads`: values over every pool's default overheads (`Space.overheads`, checked
+    already: `overhead_overrides`); bytes beyond a pool's GPU memory are a ValueError.
     `training`: other training fields (engine TrainingConfig names). A searched field (AXES)
     given there pins its axis to that value; any other field that differs from its default is
     fixed for every point (a field at its default changes nothing: the space is the one without
@@ -572,6 +580,7 @@ def make_space(
         unsupported_pools=unsupported,
         warnings=tuple(warnings),
         risk=risk,
+        overheads=dict(overheads or {}),
     )
 
 
@@ -589,6 +598,8 @@ def _job_sanity(
     )
     fixed = {**fixed, "precision": precision}
     unsupported = tuple(i for i, g in enumerate(profiles) if precision_reason(precision, g))
+    for profile in profiles:
+        check_overhead_bytes(dict(job.overheads or {}), profile)
     fields = {**DEFAULTS_BY_FIELD, **(job.training or {}), **fixed}
     check_lora_rank(job.model, int(fields["lora_rank"]), str(fields["lora_targets"]))
     warnings += seq_len_warnings(job.model, int(job.seq_len), allow_long_seq=job.allow_long_seq)
@@ -622,6 +633,7 @@ class _SpaceJob:
     max_cost_per_million_tokens: float | None
     allow_long_seq: bool
     risk: SpaceRisk | None
+    overheads: Mapping[str, float] | None
 
 
 def _check_sizes(job: _SpaceJob) -> None:

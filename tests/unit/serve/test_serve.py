@@ -143,6 +143,37 @@ def test_fit_equals_the_cli(http: httpx.Client, capsys: pytest.CaptureFixture[st
     assert got.json()["max_micro_batch_size"] >= 1
 
 
+OVERHEAD_ITEMS = ["cuda_context_bytes=2000000000", "fragmentation_fraction=0.3"]
+"""Inline overheads (a calibration's keys, what --overhead-file holds on the command line)."""
+
+
+def test_fit_and_recommend_take_inline_overheads(
+    http: httpx.Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`overhead` (KEY=BYTES items, as /v1/estimate's) on /v1/fit and /v1/recommend: the
+    CLI's answer with the same --overhead items; never a file over HTTP."""
+    flags = [a for item in OVERHEAD_ITEMS for a in ("--overhead", item)]
+    fit = http.post("/v1/fit", json={"overhead": OVERHEAD_ITEMS})
+    assert fit.status_code == 200
+    assert fit.json() == _cli_json(["fit", *flags, "--json"], capsys)
+    assert fit.json() != _cli_json(["fit", "--json"], capsys)
+    job = {"model": "llama-3.2-1b", "max_pp": 2, "max_cp": 1, "max_micro_batch_size": 4}
+    plan = http.post("/v1/recommend", json={**job, "overhead": OVERHEAD_ITEMS})
+    assert plan.status_code == 200
+    want = _cli_json(
+        ["recommend", "--model", "llama-3.2-1b", "--max-pp", "2", "--max-cp", "1"]
+        + ["--max-micro-batch-size", "4", *flags, "--json"],
+        capsys,
+    )
+    assert plan.json()["peak_device_bytes"] == want["peak_device_bytes"]
+    assert plan.json()["estimate_command"].endswith(" ".join(flags))
+    for path in ("/v1/fit", "/v1/recommend"):
+        got = http.post(path, json={"overhead_file": "/etc/passwd"})
+        assert got.status_code == 422 and "overhead_file" in got.json()["error"]
+        got = http.post(path, json={"overhead": ["cuda_context_bytes=inf"]})
+        assert got.status_code == 422 and "cuda_context_bytes" in got.json()["error"]
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
