@@ -110,18 +110,8 @@ def check_save_profile(path: str | None) -> None:
 
 def write_atomic(path: str, text: str) -> None:
     """`text` into `path` through a temporary file beside it, fsynced and renamed into place:
-    a reader never sees half a profile."""
-    folder = Path(path).parent
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # mkstemp creates 0600; give the umask's default
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    a reader never sees half a profile (report/_overhead_file.py write_text_atomically, the
+    one atomic text writer; a failure is one line naming save-profile)."""
+    from trainmem.report._overhead_file import write_text_atomically
+
+    write_text_atomically(path, text, what="save-profile")
