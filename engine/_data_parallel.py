@@ -298,7 +298,8 @@ def fsdp_exposed_s(
     deepspeed = ZERO3_MODULE_COLLECTIVES[np.asarray(fw, dtype=np.int64)]
     calls = m.num_hidden_layers / p * np.where(deepspeed, float(modules_per_layer(m)), 1.0)
     hsdp = hsdp_groups(x, dp_group)
-    shard_bw = group_bandwidth(hsdp.shard, t, gpn, intra, inter)
+    any_hsdp = bool(np.any(hsdp.on))
+    shard_bw = group_bandwidth(hsdp.shard, t, gpn, intra, inter) if any_hsdp else dp_bw
     bw3 = np.where(
         deepspeed, np.where(dp_group * t > gpn, inter, intra), np.where(hsdp.on, shard_bw, dp_bw)
     )
@@ -313,9 +314,11 @@ def fsdp_exposed_s(
         all_reduce=False,
         params=params,
         num_calls=calls,
-    ) + hsdp_replica_all_reduce_s(
-        hsdp, local_trainable * grad_bytes, t=t, links=links, params=params, num_calls=calls
     )
+    if any_hsdp:
+        reduce3 = reduce3 + hsdp_replica_all_reduce_s(
+            hsdp, local_trainable * grad_bytes, t=t, links=links, params=params, num_calls=calls
+        )
     hideable = params.fsdp_overlap_fraction * fwd_share * per_micro
     fsdp_fwd = exposed_s(gather3, hideable, params)
     fsdp_bwd = exposed_s(

@@ -327,6 +327,8 @@ def fp8_cast_bytes(m: ModelSpec, x: StepShape, pr: TimeParams) -> tuple[np.ndarr
     weight and grad_output cast per GEMM); Transformer Engine's cast-transpose does the same
     traffic in one kernel. Ignores: delayed scaling's amax history (no amax pass)."""
     fp8 = IS_FP8[x.prec]
+    if not np.any(fp8):  # no fp8 row: nothing cast (and no work per row)
+        return np.zeros(1), np.zeros(1)
     widths = block_linear_widths(m)
     per_token = pr.fp8_cast_bytes_per_element * widths * (2.0 + x.full) / x.t
     blocks, _ = matmul_parameters(m)
@@ -341,6 +343,8 @@ def _gemm_s(x: StepShape, linear_flops, blocks: float, *, peak, peak8, eff, pr: 
     Source: torchtitan 0.3 float8 converter (filter_fqns keeps the output projection in
     bf16), Transformer Engine (te.Linear inside the blocks only)."""
     fp8 = IS_FP8[x.prec]
+    if not np.any(fp8):
+        return linear_flops / (peak * eff)
     block_share = blocks * (4.0 + np.where(x.lora, 0.0, 2.0) + 2.0 * x.full) / (x.t * x.p)
     fp8_flops = np.where(fp8, x.tokens_per_gpu * block_share, 0.0)
     mixed = (linear_flops - fp8_flops) / (peak * eff) + fp8_flops / (peak8 * eff)
