@@ -29,14 +29,7 @@ from trainmem.engine._lengths import (
     monotone_peaks,
     quantile_of,
 )
-from trainmem.hardware._files import (
-    MAX_INPUT_BYTES,
-    _NotInput,
-    _read_capped,
-    check_path_name,
-    read_input_text,
-    shown_path,
-)
+from trainmem.hardware._files import read_input_bytes, read_input_text, shown_path
 
 from ._options import RISK_OPTIONS
 
@@ -108,7 +101,7 @@ def _read_table(path: str | os.PathLike[str], what: str) -> dict[str, list[Any]]
     an object of lists). Read through the bounded reader (hardware/_files.py)."""
     head = f"{what}: {shown_path(path)}"
     if str(path).endswith(".parquet"):
-        return _parquet(path, head)
+        return _parquet(path, what, head)
     text = read_input_text(path, what=what)
     stripped = text.lstrip()
     if stripped.startswith(("[", "{")):
@@ -129,18 +122,8 @@ def _read_table(path: str | os.PathLike[str], what: str) -> dict[str, list[Any]]
     return {name: [r[i] if i < len(r) else "" for r in body] for i, name in enumerate(header)}
 
 
-def _parquet(path: str | os.PathLike[str], head: str) -> dict[str, list[Any]]:
-    check_path_name(path)
-    try:
-        data = _read_capped(os.fspath(path), MAX_INPUT_BYTES)
-    except FileNotFoundError:
-        raise ValueError(f"{head}: no such file") from None
-    except IsADirectoryError:
-        raise ValueError(f"{head}: is a folder, not a file") from None
-    except _NotInput as refused:
-        raise ValueError(f"{head}: {refused}") from None
-    except OSError as error:
-        raise ValueError(f"{head}: cannot read ({error.strerror or error})") from None
+def _parquet(path: str | os.PathLike[str], what: str, head: str) -> dict[str, list[Any]]:
+    data = read_input_bytes(path, what=what)
     import pyarrow.parquet as pq
 
     try:
