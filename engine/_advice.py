@@ -435,7 +435,7 @@ def _gradients_words(config: Mapping[str, Any], at: Callable[[str], float], *, l
     steps = int(at("num_microbatches"))
     fsdp = int(config["zero"]) >= ZERO_PARAMETERS and int(at("dp")) > 1
     in_step = PHASES[int(at("peak_phase"))] != "optimizer_step"
-    if FSDP_ACCUMULATES_UNSHARDED[fw] and fsdp and steps > 1 and in_step and int(config["pp"]) == 1:
+    if FSDP_ACCUMULATES_UNSHARDED[fw] and fsdp and steps > 1 and in_step:
         words += (
             f" (unsharded: accumulated over {steps} micro-batches with gradient sync off, "
             "FSDP no_sync)"
