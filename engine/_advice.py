@@ -26,6 +26,7 @@ from ._frameworks import (
     head_chunk_tokens,
     recipe_optimizer,
     resolved_loss,
+    state_shard_degree,
 )
 from ._grid import FRAMEWORKS, PRECISIONS, RECOMPUTE, make_grid
 from ._lora import KBIT_UPCAST_BYTES, LORA_ADAPTER_BYTES, kbit_pure_16
@@ -433,7 +434,8 @@ def _gradients_words(config: Mapping[str, Any], at: Callable[[str], float], *, l
     words = "gradients" + (" of the LoRA adapters" if lora else "")
     fw = FRAMEWORKS.index(str(config["framework"]))
     steps = int(at("num_microbatches"))
-    fsdp = int(config["zero"]) >= ZERO_PARAMETERS and int(at("dp")) > 1
+    shards = state_shard_degree(at("dp"), int(config["cp"]), int(config.get("dp_shard", 0)))
+    fsdp = int(config["zero"]) >= ZERO_PARAMETERS and float(shards) > 1
     in_step = PHASES[int(at("peak_phase"))] != "optimizer_step"
     if FSDP_ACCUMULATES_UNSHARDED[fw] and fsdp and steps > 1 and in_step:
         words += (
