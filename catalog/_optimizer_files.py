@@ -25,7 +25,9 @@ else:  # pragma: no cover
 ENV_VAR = "TRAINMEM_OPTIMIZERS_DIR"
 """Environment variable naming a folder of user optimizer ``<name>.toml`` files."""
 
-_BUILTIN_ONLY = frozenset({"device_step_scalars", "factored_second_moment", "paged"})
+_BUILTIN_ONLY = frozenset(
+    {"device_step_scalars", "factored_second_moment", "paged", "loop_temp_tensors"}
+)
 _KEYS = frozenset(f.name for f in dataclasses.fields(OptimizerSpec)) - {"path"} - _BUILTIN_ONLY
 _REQUIRED = _KEYS - {"sources", "description"}
 

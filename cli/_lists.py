@@ -89,7 +89,9 @@ def optimizers_cmd(
         )
     typer.echo(
         "(adafactor keeps factored moments; adamw-fused adds a device step per tensor; paged-* "
-        "keep the states of large tensors in unified memory, outside torch's allocator)"
+        "keep the states of large tensors in unified memory, outside torch's allocator; "
+        "adamw-loop and adamw-hf step one tensor at a time: 2 and 1 temporaries of the "
+        "largest tensor instead)"
     )
 
 

@@ -26,7 +26,9 @@ _MicroBatchSize = Annotated[int, typer.Option(help="Sequences per step.")]
 _Precision = Annotated[
     str, typer.Option(help="fp32 | bf16 | amp-bf16 (| mixed-bf16 with --zero 3)")
 ]
-_Optimizer = Annotated[str, typer.Option(help="adamw | adamw-fused | sgd | sgd-momentum")]
+_Optimizer = Annotated[
+    str, typer.Option(help="adamw | adamw-fused | adamw-loop | sgd | sgd-momentum")
+]
 _Recompute = Annotated[str, typer.Option(help="none|full")]
 _Attention = Annotated[str, typer.Option(help=" | ".join(ATTENTION))]
 _SdpaKernel = Annotated[

@@ -73,6 +73,10 @@ class OptimizerSpec:
     factored_second_moment: bool = False
     """Built-in only (not a TOML key): Adafactor's factored second moment replaces the
     full-size states and step temporaries, see `adafactor_state_bytes`."""
+    loop_temp_tensors: float = 0.0
+    """Built-in only (not a TOML key): a per-parameter (single-tensor) step's temporaries, in
+    units of the largest stepped tensor (torch.optim.AdamW(foreach=False): 2; transformers'
+    own AdamW: 1), see LOOP_STEP_TEMP_SOURCE and `step_temporary_bytes`."""
     paged: bool = False
     """Built-in only (not a TOML key): bitsandbytes' paged optimizers keep the state buffers of
     tensors of PAGED_MIN_NUMEL elements or more in CUDA unified memory (cudaMallocManaged),
@@ -108,6 +112,15 @@ _BNB_OPTIMIZER = (
     "when optim_bits == 32 whatever the parameter's dtype, uint8 (+ fp32 absmax per 256) for "
     "8-bit; the update is one fused kernel (no step temporaries); get_state_buffer pages the "
     "buffers of tensors of >= 1e5 elements when is_paged (F.get_paged: cudaMallocManaged)"
+)
+LOOP_STEP_TEMP_SOURCE = (
+    "torch 2.13 torch/optim/adam.py `_single_tensor_adam` (AdamW(foreach=False)): per parameter "
+    "`denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`, the sqrt and the quotient "
+    "alive together (2 tensors of that parameter), freed before the next; transformers 4.27 "
+    "optimization.py AdamW.step (Trainer's optim='adamw_hf'): `denom = exp_avg_sq.sqrt()"
+    ".add_(eps)`, 1 tensor; the rest in place. The largest stepped tensor bounds the step. "
+    "Trainer's default optim was adamw_hf until huggingface/transformers#25109 (merged "
+    "2023-07-26, transformers 4.32: adamw_torch)"
 )
 _STEP_TRAFFIC = (
     "step bytes: the tensors each torch.optim update reads and writes: fp32 parameter read + "
@@ -180,6 +193,22 @@ BUILTIN_OPTIMIZERS: dict[str, OptimizerSpec] = {
             num_states=2.0, state_bytes=0.0, step_temp_states=0.0, eight_bit_blockwise=True,
             step_bytes_per_parameter=16.0, paged=True, sources=(_BNB_OPTIMIZER, _STEP_TRAFFIC),
         ),
+        OptimizerSpec(
+            name="adamw-loop",
+            description="torch.optim.AdamW(foreach=False): one parameter at a time, two "
+            "temporaries the size of the largest tensor",
+            num_states=2.0, state_bytes=0.0, step_temp_states=0.0, eight_bit_blockwise=False,
+            step_bytes_per_parameter=28.0, loop_temp_tensors=2.0,
+            sources=(_TORCH_ADAMW, LOOP_STEP_TEMP_SOURCE, _STEP_TRAFFIC),
+        ),
+        OptimizerSpec(
+            name="adamw-hf",
+            description="transformers' own AdamW (Trainer optim='adamw_hf', its default to 4.31): "
+            "one parameter at a time, one temporary the size of the largest tensor",
+            num_states=2.0, state_bytes=0.0, step_temp_states=0.0, eight_bit_blockwise=False,
+            step_bytes_per_parameter=28.0, loop_temp_tensors=1.0,
+            sources=(_TORCH_ADAMW, LOOP_STEP_TEMP_SOURCE, _STEP_TRAFFIC),
+        ),
     )
 }  # fmt: skip
 """The built-in optimizers by name, in grid-code order."""
@@ -215,6 +244,9 @@ BUILTIN_STATE_BYTES = _table("state_bytes")
 parameters' dtype); 0: the dtype of the parameters it steps. Source: _BNB_OPTIMIZER."""
 HAS_DEVICE_STEP_SCALARS = _table("device_step_scalars", bool)
 IS_FACTORED = _table("factored_second_moment", bool)
+LOOP_TEMP_TENSORS = _table("loop_temp_tensors")
+"""Per-parameter steps' temporaries in units of the largest stepped tensor (0: not a loop).
+Source: LOOP_STEP_TEMP_SOURCE."""
 
 EIGHT_BIT_STATE_BYTES = 1.0 + 4.0 / 256
 """bitsandbytes 8-bit blockwise state: 1 byte + an fp32 absmax per 256-element block.
@@ -398,16 +430,22 @@ def step_temporary_bytes(
     state_elem: np.ndarray,
     group_numel: np.ndarray,
     dp: np.ndarray,
+    largest_stepped_numel: Any = np.inf,
 ) -> np.ndarray:
     """Bytes the optimizer step allocates beyond the states.
 
     foreach: `temp_states` state-sized lists of the largest (device, dtype) group
-    (`group_numel` elements), groups in turn; Adafactor: two fp32 temporaries of its largest
-    tensor. Source: the registry's `sources`; ADAFACTOR_STEP_TEMP_TENSORS.
+    (`group_numel` elements), groups in turn; a per-parameter loop (LOOP_TEMP_TENSORS):
+    temporaries of the largest tensor it steps (`largest_stepped_numel`, at most the group);
+    Adafactor: two fp32 temporaries of its largest tensor. Source: the registry's `sources`;
+    ADAFACTOR_STEP_TEMP_TENSORS; LOOP_STEP_TEMP_SOURCE.
     """
     step_temp = temp_states * state_elem * group_numel
     max_tensor = np.max(np.stack([np.broadcast_to(t.numel, dp.shape) for t in full]), axis=0)
-    return np.where(IS_FACTORED[opt], ADAFACTOR_STEP_TEMP_TENSORS * 4.0 * max_tensor, step_temp)
+    loop = LOOP_TEMP_TENSORS[opt] * state_elem * np.minimum(largest_stepped_numel, group_numel)
+    return np.where(
+        IS_FACTORED[opt], ADAFACTOR_STEP_TEMP_TENSORS * 4.0 * max_tensor, step_temp + loop
+    )
 
 
 def optimizer_step_s(

@@ -38,6 +38,7 @@ from ._frameworks import (
     QLORA_EVERY_LINEAR,
     QLORA_KBIT_PREPARED,
     QLORA_STABLE_EMBEDDING,
+    ZERO_BUCKET_BUFFERS,
     recipe_optimizer,
     state_shard_degree,
 )
@@ -225,6 +226,22 @@ def _gradient_bytes(
     return np.where(x.lora, x.adapter_e * adapters.kept(sharded), gradients)
 
 
+def largest_stepped_numel(x: RankLayout, *, sharded: np.ndarray) -> np.ndarray:
+    """Elements of the largest tensor a per-parameter optimizer step (LOOP_TEMP_TENSORS) runs
+    on: the rank's largest (tensor-parallel) parameter; with sharded states, DeepSpeed's flat
+    partition (inf: the whole group, `step_temporary_bytes` bounds it) or, elsewhere, that
+    parameter's shard (FSDP2 shards each parameter over dp); LoRA: 0.
+    Source: deepspeed 0.19.8 runtime/zero/stage_1_and_2.py (the optimizer steps
+    single_partition_of_fp32_groups, one flat tensor per group); torch 2.13
+    distributed/fsdp/_fully_shard/_fsdp_param.py (a DTensor shard per parameter).
+    Ignores: FSDP1's flat units (a block's shard, larger than one parameter's); the LoRA
+    adapters' temporaries (r x width elements: negligible)."""
+    largest = np.max(np.stack([np.broadcast_to(t.numel, x.dp.shape) for t in x.full]), axis=0)
+    flat = ZERO_BUCKET_BUFFERS[x.fw]
+    per_rank = np.where(sharded, np.where(flat, np.inf, largest / x.dp), largest)
+    return np.where(x.lora, 0.0, per_rank)
+
+
 def _optimizer_bytes(
     m: ModelSpec, x: RankLayout, c: dict[str, np.ndarray], state_numel: np.ndarray
 ) -> dict[str, np.ndarray]:
@@ -246,6 +263,7 @@ def _optimizer_bytes(
         state_elem=state_elem,
         group_numel=state_numel - separate,
         dp=x.dp,
+        largest_stepped_numel=largest_stepped_numel(x, sharded=sharded),
     ) + fp32_gradient_partition_bytes(
         state_numel, mixed=x.mixed, fsdp2=x.fsdp2, main_grad_buffer=x.main_grad_buffer, lora=x.lora
     )

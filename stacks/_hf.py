@@ -40,7 +40,7 @@ FOREIGN = ("finetuning_type", "stage", "template", "cutoff_len", "base_model", "
            "sequence_len", "_component_", "tokenizer", "recipe")  # fmt: skip
 """Keys of LLaMA-Factory, axolotl, torchtune: not this stack's files."""
 
-OPTIMIZERS = {"adamw_torch": "adamw", "adamw_hf": "adamw", "adamw_torch_npu_fused": "adamw",
+OPTIMIZERS = {"adamw_torch": "adamw", "adamw_hf": "adamw-hf", "adamw_torch_npu_fused": "adamw",
               "adamw_torch_fused": "adamw-fused", "adamw_apex_fused": "adamw-fused",
               "adamw_torch_xla": "adamw", "adamw_bnb_8bit": "adamw-8bit",
               "adamw_8bit": "adamw-8bit", "paged_adamw_8bit": "paged-adamw-8bit",

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 PRECISIONS_TRACED = ("fp32", "bf16", "amp-bf16")
-OPTIMIZERS_TRACED = ("adamw", "adamw-fused", "sgd", "sgd-momentum")
+OPTIMIZERS_TRACED = ("adamw", "adamw-fused", "adamw-loop", "sgd", "sgd-momentum")
 DEVICES = ("cuda", "cpu")
 CPU_FALLBACK_NOTE = (
     "traced on fake CPU tensors ({reason}): CPU autocast op lists and kernels differ from CUDA's"

@@ -272,11 +272,13 @@ def _param_groups(params: list[Any]) -> list[Any]:
 
 
 def _make_optimizer(params: list[Any], optimizer: str) -> Any:
-    """AdamW foreach (the CUDA default) or fused; SGD with or without momentum 0.9."""
+    """AdamW foreach (the CUDA default), fused or one tensor at a time (adamw-loop:
+    foreach=False); SGD with or without momentum 0.9."""
     groups = _param_groups(params)
     if optimizer.startswith("adamw"):
         fused = optimizer == "adamw-fused"
-        return torch.optim.AdamW(groups, foreach=not fused, fused=fused)
+        foreach = optimizer == "adamw"
+        return torch.optim.AdamW(groups, foreach=foreach, fused=fused)
     momentum = 0.9 if optimizer == "sgd-momentum" else 0.0
     return torch.optim.SGD(groups, lr=0.01, momentum=momentum, foreach=True)
 
