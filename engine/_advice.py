@@ -29,7 +29,13 @@ from ._frameworks import (
     state_shard_degree,
 )
 from ._grid import FRAMEWORKS, PRECISIONS, RECOMPUTE, make_grid
-from ._lora import KBIT_UPCAST_BYTES, LORA_ADAPTER_BYTES, kbit_pure_16
+from ._lora import (
+    KBIT_UPCAST_BYTES,
+    LORA_ADAPTER_BYTES,
+    kbit_prepared_rows,
+    kbit_pure_16,
+    sharded_qlora_adapters_16bit,
+)
 from ._loss import LOSS_GRADIENT_TENSORS
 from ._model import ModelSpec
 from ._optimizers import BUILTIN_OPTIMIZERS, OPTIMIZERS
@@ -451,7 +457,8 @@ def _weights_words(config: Mapping[str, Any], prec: int) -> str:
     model_state_element_bytes); other shards; or whole working weights."""
     if config["qlora"]:  # the unquantised modules (embeddings, head, norms)
         fw = FRAMEWORKS.index(str(config["framework"]))
-        upcast = kbit_pure_16(prec, prepared=QLORA_KBIT_PREPARED[fw])
+        prepared = kbit_prepared_rows(QLORA_KBIT_PREPARED[fw], zero=int(config["zero"]))
+        upcast = kbit_pure_16(prec, prepared=prepared)
         rest = np.where(upcast, KBIT_UPCAST_BYTES, PARAM_BYTES[prec])
         return f"NF4 base weights, {_dtype(float(rest))} rest"
     zero = int(config["zero"])
@@ -486,7 +493,12 @@ def _optimizer_states_words(config: Mapping[str, Any], *, prec: int, lora: bool)
     if spec.factored_second_moment and not custom:
         return "factored fp32 second moments"
     # LoRA: peft's fp32 adapters, or adapters in the model's dtype (FrameworkSpec).
-    in_param_dtype = ADAPTERS_IN_PARAM_DTYPE[FRAMEWORKS.index(str(config["framework"]))]
+    fw = FRAMEWORKS.index(str(config["framework"]))
+    in_param_dtype = ADAPTERS_IN_PARAM_DTYPE[fw] or bool(
+        sharded_qlora_adapters_16bit(
+            QLORA_KBIT_PREPARED[fw], qlora=bool(config["qlora"]), zero=int(config["zero"])
+        )
+    )
     adapter_e = PARAM_BYTES[prec] if in_param_dtype else LORA_ADAPTER_BYTES
     elem = custom_e or spec.state_bytes or (adapter_e if lora else STATE_BYTES[prec])
     return f"{n:g} {_dtype(elem)} state{plural} per parameter"

@@ -339,6 +339,35 @@ KBIT_MLP_FP32_TENSORS_PLAIN = 1.0
 """The same for a plain MLP: the up projection's output, kept by the activation function."""
 
 
+SHARDED_QLORA_ZERO = 3
+"""The ZeRO stage at which QLoRA is "sharded QLoRA" (FSDP full shard, DeepSpeed ZeRO-3)."""
+
+
+def kbit_prepared_rows(prepared_by_stack, *, zero) -> np.ndarray:
+    """QLoRA rows whose model peft's prepare_model_for_kbit_training prepared (fp32 residual
+    stream and non-quantised parameters, fp32 adapters): a stack that prepares it
+    (FrameworkSpec.qlora_kbit_prepared), except sharded QLoRA (ZeRO-3 / FSDP), which TRL never
+    prepares and whose adapters it keeps in the model's 16-bit dtype.
+    Source: huggingface/trl trl/trainer/sft_trainer.py SFTTrainer._prepare_peft_model (0.12 to
+    0.15) and trl/models/utils.py prepare_peft_model (0.16 on): `if is_qlora and not
+    is_sharded_qlora: prepare_model_for_kbit_training(...)`, and get_peft_model(...,
+    autocast_adapter_dtype=False) for sharded QLoRA (the 4-bit weights on cpu/meta under FSDP's
+    cpu_ram_efficient_loading or zero.Init; "one should never call peft_module_casting_to_bf16
+    or prepare_model_for_kbit_training when doing QLoRA + FSDP / DS-Zero3"); TRL at 00313f2
+    (2026) prepares no QLoRA model and casts its adapters to bf16. peft's docs/source/accelerate
+    fsdp.md and deepspeed.md run their QLoRA recipes through TRL's SFTTrainer.
+    Ignores: a hand-written script calling prepare_model_for_kbit_training under ZeRO-3."""
+    return np.asarray(prepared_by_stack) & (np.asarray(zero) != SHARDED_QLORA_ZERO)
+
+
+def sharded_qlora_adapters_16bit(prepared_by_stack, *, qlora, zero) -> np.ndarray:
+    """QLoRA rows of a PEFT stack whose adapters are in the model's 16-bit dtype because the
+    job is sharded QLoRA (kbit_prepared_rows); other rows keep the stack's own adapter dtype."""
+    return (
+        np.asarray(prepared_by_stack) & np.asarray(qlora) & (np.asarray(zero) == SHARDED_QLORA_ZERO)
+    )
+
+
 def kbit_pure_16(prec, *, prepared) -> np.ndarray:
     """The k-bit-prepared QLoRA rows whose precision is pure 16-bit (bf16, fp16: parameters in
     16 bits, no autocast), where prepare_model_for_kbit_training's fp32 casts change what the

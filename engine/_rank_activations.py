@@ -71,6 +71,7 @@ from ._lora import (
     bnb_kept_head_input_bytes,
     bnb_kept_input_bytes,
     kbit_activation_precision,
+    kbit_prepared_rows,
     lora_activation_delta_bytes,
     lora_first_layer_unsaved_copy_bytes,
     lora_frozen_norm_bytes,
@@ -79,6 +80,7 @@ from ._lora import (
     lora_unadapted_o_proj_bytes,
     qlora_head_copy_bytes,
     qlora_kbit_activation_delta_bytes,
+    sharded_qlora_adapters_16bit,
     target_bits,
 )
 from ._loss import (
@@ -256,7 +258,8 @@ class MicroBatch:
 def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
     """The symbols of the rows `c` (per-key columns), bound once."""
     fw, loss = c["framework"].astype(np.int64), loss_policy(c["framework"], c["loss"])
-    kbit_prepared = c["qlora"] & (c["lora_rank"] > 0) & QLORA_KBIT_PREPARED[fw]
+    prepared_rows = kbit_prepared_rows(QLORA_KBIT_PREPARED[fw], zero=c["zero"])
+    kbit_prepared = c["qlora"] & (c["lora_rank"] > 0) & prepared_rows
     prec = kbit_activation_precision(c["precision"], prepared=kbit_prepared)
     tp, sp, cp = c["tp"].astype(np.float64), c["sp"], c["cp"].astype(np.float64)
     b, s = c["micro_batch_size"].astype(np.float64), c["seq_len"].astype(np.float64)
@@ -291,7 +294,8 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         norm_fp32_input=NORM_INPUT_FP32[fw] & (c["compile"] == COMPILE_NONE),
         gqa_kv_expanded=GQA_KV_EXPANDED[fw],
         adapters_in_param_dtype=ADAPTERS_IN_PARAM_DTYPE[fw]
-        | adapters_in_compute_dtype(FSDP2_CASTS_FP32_ADAPTERS[fw], c["lora_zero3"], IS_MIXED[prec]),
+        | adapters_in_compute_dtype(FSDP2_CASTS_FP32_ADAPTERS[fw], c["lora_zero3"], IS_MIXED[prec])
+        | sharded_qlora_adapters_16bit(QLORA_KBIT_PREPARED[fw], qlora=c["qlora"], zero=c["zero"]),
         compiled=c["compile"] != COMPILE_NONE,
         compiled_loss=(c["compile"] == COMPILE_BLOCKS_AND_LOSS) & (loss != LOSS_CHUNKED_HEAD),
         fp32_logits_in=LOGITS_UPCAST_IN_MODEL[fw] & (loss != LOSS_CHUNKED_OUTPUT),

@@ -52,6 +52,7 @@ from ._lora import (
     LORA_ADAPTER_BYTES,
     Adapters,
     kbit_prepared_base_bytes,
+    kbit_prepared_rows,
     kbit_pure_16,
     lora_parameter_bytes,
     nf4_base_bytes,
@@ -59,6 +60,7 @@ from ._lora import (
     qlora_quantised,
     qlora_stable_embedding_bytes,
     rank_adapters,
+    sharded_qlora_adapters_16bit,
 )
 from ._model import ModelSpec
 from ._offload import deepspeed_offloaded_states, offloaded_states
@@ -171,7 +173,14 @@ def rank_layout(m: ModelSpec, c: dict[str, np.ndarray]) -> RankLayout:
         mixed=IS_MIXED[prec],
         fsdp2=is_fsdp2(fw, c["zero"]),
         main_grad_buffer=FP32_MAIN_GRAD_BUFFER[fw],
-        adapter_e=np.where(ADAPTERS_IN_PARAM_DTYPE[fw], PARAM_BYTES[prec], LORA_ADAPTER_BYTES),
+        adapter_e=np.where(
+            ADAPTERS_IN_PARAM_DTYPE[fw]
+            | sharded_qlora_adapters_16bit(
+                QLORA_KBIT_PREPARED[fw], qlora=c["qlora"] & lora, zero=c["zero"]
+            ),
+            PARAM_BYTES[prec],
+            LORA_ADAPTER_BYTES,
+        ),
         full=local_tensors(m, **shards, shard=False, dp_shard=np.ones_like(dp)),
         part=local_tensors(m, **shards, shard=True, dp_shard=dp),
     )
@@ -194,7 +203,8 @@ def _parameter_bytes(x: RankLayout, param_e: np.ndarray, adapters: Adapters) -> 
     kept = qlora_stable_embedding_bytes(
         x.full, on=x.qlora & QLORA_STABLE_EMBEDDING[x.fw], param_e=param_e
     )
-    upcast = kbit_pure_16(x.prec, prepared=QLORA_KBIT_PREPARED[x.fw])
+    prepared = kbit_prepared_rows(QLORA_KBIT_PREPARED[x.fw], zero=x.zero)
+    upcast = kbit_pure_16(x.prec, prepared=prepared)
     qlora_base = kbit_prepared_base_bytes(base, base_linear, param_e=param_e, upcast=upcast)
     return kept + lora_parameter_bytes(
         np.where(x.qlora, qlora_base, base),

@@ -115,3 +115,51 @@ def test_llama_3_1_8b_bf16_parameters_count_the_fp32_rest() -> None:
     tune = estimate_one(m, {**fields, "framework": "torchtune"})["parameters"]
     adapters = 2.0 * 41_943_040  # adapters: torchtune's bf16 (2 B), hf's fp32 (4 B)
     assert float(hf - tune) == 2.0 * (2 * 128256 * 4096 + 65 * 4096) + adapters
+
+
+def _sharded_qlora(**over):
+    llama = load_model("llama-2-70b")
+    cfg = {"num_gpus": 2, "micro_batch_size": 2, "global_batch_size": 8, "seq_len": 2048,
+           "precision": "bf16", "framework": "hf", "recompute": "full", "lora_rank": 8,
+           "lora_targets": "all-linear", "qlora": True, "attention": "flash", **over}  # fmt: skip
+    return estimate_one(llama, cfg)
+
+
+def test_sharded_qlora_is_not_prepared_for_kbit_training() -> None:
+    # TRL (the way peft's FSDP / DeepSpeed QLoRA recipes run) never calls
+    # prepare_model_for_kbit_training on sharded QLoRA: the residual stream stays bf16, so a
+    # checkpointed block keeps its bf16 input, b s h x 2 bytes = 2 x 2048 x 8192 x 2; the
+    # unsharded job (ZeRO-2) is prepared: the same input in fp32.
+    sharded = _sharded_qlora(zero=3)
+    prepared = _sharded_qlora(zero=2)
+    assert sharded["activations_per_layer"] == 2 * 2048 * 8192 * 2
+    assert prepared["activations_per_layer"] == 2 * 2048 * 8192 * 4
+    assert bool(kbit_pure_16(BF16, prepared=True))  # the fp32 casts apply at ZeRO-2
+
+
+def test_sharded_qlora_keeps_its_adapters_in_bf16() -> None:
+    # TRL: get_peft_model(..., autocast_adapter_dtype=False) for sharded QLoRA (TRL 2026:
+    # trainable parameters cast to bf16), so the adapters and their gradients are 2 bytes per
+    # element, half of peft's default fp32 adapters (the ZeRO-2 job).
+    sharded = _sharded_qlora(zero=3, num_gpus=1)
+    prepared = _sharded_qlora(zero=2, num_gpus=1)
+    assert sharded["gradients"] * 2 == pytest.approx(prepared["gradients"], rel=1e-9)
+
+
+def test_peft_docs_fsdp_qlora_70b_on_two_24gb_gpus() -> None:
+    # peft docs/source/accelerate/fsdp.md (018ca9d): Llama-2-70B QLoRA over FSDP on 2 x 24 GB
+    # with CPU offloading, batch 2 x 2048, "the memory consumed per GPU is 19.6 GB" (35.6 GB
+    # without offloading). 8%: the doc's figure is a device reading of unstated method (GB
+    # read as GiB), and the fp32 residual stream a prepared model would have adds ~5 GiB of
+    # checkpointed inputs, far outside it (tests/data/published: hf-peft-qlora-70b-*).
+    from trainmem import estimate
+
+    flags = {"model": "llama-2-70b", "num_gpus": 2, "zero": 3, "micro_batch_size": 2,
+             "global_batch_size": 8, "seq_len": 2048, "precision": "bf16", "framework": "hf",
+             "recompute": "full", "lora_rank": 8, "lora_targets": "all-linear", "qlora": True,
+             "attention": "flash", "load": "meta-init", "headroom": 0.0}  # fmt: skip
+    offloaded = estimate(gpu="rtx-3090-24gb", offload="optimizer+params", **flags)
+    assert offloaded["fits"]
+    assert offloaded["peak_device_bytes"] / 2**30 == pytest.approx(19.6, rel=0.08)
+    resident = estimate(gpu="a100-sxm-80gb", **flags)
+    assert resident["peak_device_bytes"] / 2**30 == pytest.approx(35.6, rel=0.08)
