@@ -168,18 +168,19 @@ def test_human_output_lists_changes_that_fit(capsys: pytest.CaptureFixture[str])
 
 
 @pytest.mark.parametrize(
-    ("precision", "framework", "rest"),
-    [("amp-bf16", "hf", "fp32"), ("bf16", "hf", "fp32"), ("bf16", "torchtune", "16-bit")],
-)
+    ("precision", "framework", "zero", "rest"),
+    [("amp-bf16", "hf", "0", "fp32"), ("bf16", "hf", "0", "fp32"),
+     ("bf16", "torchtune", "0", "16-bit"), ("bf16", "hf", "3", "16-bit")],
+)  # fmt: skip
 def test_qlora_parameters_say_the_dtype_of_the_unquantised_rest(
-    precision: str, framework: str, rest: str, capsys: pytest.CaptureFixture[str]
+    precision: str, framework: str, zero: str, rest: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # amp keeps the modules bitsandbytes leaves unquantised (embeddings, head, norms) in fp32:
     # the label said "16-bit rest" while the bytes counted them in fp32 (1.95 GiB more here).
     # hf's peft.prepare_model_for_kbit_training casts them to fp32 under bf16 too; torchtune
-    # keeps its model dtype.
+    # keeps its model dtype, and so does sharded QLoRA (ZeRO-3: TRL does not prepare it).
     argv = ["estimate", "--model", "llama-3-8b", "--gpu", "rtx-4090", "--lora-rank", "16"]
-    argv += ["--framework", framework]
+    argv += ["--framework", framework, "--zero", zero, "--num-gpus", "1" if zero == "0" else "2"]
     out = _run([*argv, "--qlora", "--precision", precision, "--json"], capsys)
     words = [c["what"] for c in out["top_consumers"] if c["what"].startswith("parameters")]
     assert words == [f"parameters (NF4 base weights, {rest} rest, 8.03B)"]
