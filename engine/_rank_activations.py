@@ -255,12 +255,20 @@ class MicroBatch:
     zero_col: np.ndarray
 
 
+def _kbit_prepared_and_precision(
+    c: dict[str, np.ndarray], fw: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The QLoRA rows prepared for k-bit training (kbit_prepared_rows) and the activations'
+    precision code they run at (kbit_activation_precision)."""
+    prepared_rows = kbit_prepared_rows(QLORA_KBIT_PREPARED[fw], zero=c["zero"])
+    kbit_prepared = c["qlora"] & (c["lora_rank"] > 0) & prepared_rows
+    return kbit_prepared, kbit_activation_precision(c["precision"], prepared=kbit_prepared)
+
+
 def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
     """The symbols of the rows `c` (per-key columns), bound once."""
     fw, loss = c["framework"].astype(np.int64), loss_policy(c["framework"], c["loss"])
-    prepared_rows = kbit_prepared_rows(QLORA_KBIT_PREPARED[fw], zero=c["zero"])
-    kbit_prepared = c["qlora"] & (c["lora_rank"] > 0) & prepared_rows
-    prec = kbit_activation_precision(c["precision"], prepared=kbit_prepared)
+    kbit_prepared, prec = _kbit_prepared_and_precision(c, fw)
     tp, sp, cp = c["tp"].astype(np.float64), c["sp"], c["cp"].astype(np.float64)
     b, s = c["micro_batch_size"].astype(np.float64), c["seq_len"].astype(np.float64)
     T = b * s / cp  # tokens per rank
