@@ -23,7 +23,9 @@ Nothing heavy is imported until a verb runs.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,6 +44,29 @@ __all__ = [
 ]
 
 
+def _named_precision(training: Any, options: dict[str, Any]) -> bool:
+    """Whether the caller named `precision` (a keyword, or a key of the `training` dict).
+
+    Named, a GPU that lacks it refuses it (ValueError), as `--precision` on the command line
+    and `"precision"` in an HTTP body do. A TrainingConfig carries every field, so its
+    precision counts as a default: on a GPU without bf16 the default bf16 precisions run as
+    their fp16 counterpart, with a warning (report/_validate.py runnable_precision).
+    """
+    return "precision" in options or (isinstance(training, dict) and "precision" in training)
+
+
+@contextlib.contextmanager
+def _precision_named(named: bool) -> Iterator[None]:
+    """PRECISION_GIVEN set to `named` while a verb runs (_named_precision)."""
+    from trainmem.report._validate import PRECISION_GIVEN
+
+    token = PRECISION_GIVEN.set(named)
+    try:
+        yield
+    finally:
+        PRECISION_GIVEN.reset(token)
+
+
 def estimate(training: TrainingConfig | dict[str, Any] | None = None, /, **options: Any) -> dict:
     """Per-device memory of one job: breakdown, phase peaks, fit, step time and advice.
 
@@ -49,6 +74,9 @@ def estimate(training: TrainingConfig | dict[str, Any] | None = None, /, **optio
     tokens, overhead, time_param, per_stage, advice, the user folders, or training fields by
     name. Same keys as `trainmem estimate --json`. `advice=False` skips the search of changes
     that would make the job fit (no `advice` key; about 20x faster: for a loop over many jobs).
+    A precision named (a keyword or a dict key) that the GPU lacks is a ValueError; left out
+    (or in a TrainingConfig), the default bf16 one runs as fp16 on a GPU without bf16, with a
+    warning.
 
     >>> r = estimate(model="gpt2", gpu="t4-16gb", micro_batch_size=4, seq_len=1024)
     >>> r["fits"], r["config"]["micro_batch_size"]
@@ -56,7 +84,8 @@ def estimate(training: TrainingConfig | dict[str, Any] | None = None, /, **optio
     """
     from trainmem.report import estimate_report
 
-    return estimate_report(training, **options)
+    with _precision_named(_named_precision(training, options)):
+        return estimate_report(training, **options)
 
 
 def check(files: Any, /, **options: Any) -> dict:
@@ -76,10 +105,11 @@ def check(files: Any, /, **options: Any) -> dict:
 
     if isinstance(files, (str, bytes)) or hasattr(files, "__fspath__"):
         files = [files]
-    if isinstance(files, dict):
-        return check_report(files, **options)
-    paths = [str(f) for f in files]
-    return check_report(read_files(paths), base_dir=base_dir_of(paths), **options)
+    with _precision_named("precision" in options):
+        if isinstance(files, dict):
+            return check_report(files, **options)
+        paths = [str(f) for f in files]
+        return check_report(read_files(paths), base_dir=base_dir_of(paths), **options)
 
 
 def fit(training: TrainingConfig | dict[str, Any] | None = None, /, **options: Any) -> dict:
@@ -90,7 +120,8 @@ def fit(training: TrainingConfig | dict[str, Any] | None = None, /, **options: A
     """
     from trainmem.sweep import fit_report
 
-    return fit_report(training, **options)
+    with _precision_named(_named_precision(training, options)):
+        return fit_report(training, **options)
 
 
 def recommend(training: TrainingConfig | dict[str, Any] | None = None, /, **options: Any) -> dict:
@@ -106,7 +137,8 @@ def recommend(training: TrainingConfig | dict[str, Any] | None = None, /, **opti
     """
     from trainmem.plan import recommend_report
 
-    return recommend_report(training, **options)
+    with _precision_named(_named_precision(training, options)):
+        return recommend_report(training, **options)
 
 
 def load_model(name: str, *, models_dir: str | None = None) -> ModelSpec:

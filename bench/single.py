@@ -6,7 +6,10 @@ A user's loop over 384 configurations of one model (micro-batch x sequence x tp 
 recompute on 8 GPUs): first pass cold (each new layout / micro-batch shape evaluates its per-key
 terms once), then warm (terms cached: the HTTP service, advice neighbours and Optuna trials
 revisit them). Then the public report (`trainmem.estimate`, with and without the advice's
-search). The last line printed is `single_configurations_per_second=<warm rate>`.
+search; without it the report is complete but for the `advice` key, which the API computes on
+request: its memory through estimate_one, its step time through estimate_time_one,
+engine/_fast/_time_row.py). The last line printed is `single_configurations_per_second=<warm
+rate>`.
 """
 
 from __future__ import annotations

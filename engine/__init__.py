@@ -34,7 +34,8 @@ from ._estimate import (
     reason_text,
 )
 from ._fast._kernel import preload as preload_kernel
-from ._fast._scalar import estimate_one
+from ._fast._scalar import encode_row, estimate_one, layout_reason_one
+from ._fast._time_row import estimate_time_one
 from ._flops import model_flops_per_token
 from ._frameworks import FRAMEWORK_SPECS, FrameworkSpec, resolved_loss
 from ._grid import (
@@ -86,6 +87,9 @@ __all__ = [
     "FAMILIES",
     "preload_kernel",
     "estimate_one",
+    "encode_row",
+    "layout_reason_one",
+    "estimate_time_one",
     "builtin_optimizers",
     "spec_columns",
     "DEFAULTS_BY_FIELD",

@@ -14,6 +14,7 @@ once, by `parallel_layout`, for a single configuration and for columns alike.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -339,6 +340,14 @@ def bound_reason(
     ("must be in [1, 1024], got 0"); None when it is inside (non-numbers: None)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         return None
+    finite = not isinstance(value, (float, np.floating)) or math.isfinite(value)
+    if finite and not (
+        (ge is not None and value < ge)
+        or (le is not None and value > le)
+        or (gt is not None and value <= gt)
+        or (lt is not None and value >= lt)
+    ):
+        return None  # inside: no words to build
     low = f"[{_num(ge)}" if ge is not None else (f"({_num(gt)}" if gt is not None else None)
     high = f"{_num(le)}]" if le is not None else (f"{_num(lt)})" if lt is not None else None)
     if low and high:
@@ -349,16 +358,7 @@ def bound_reason(
         rule = f"must be {'<=' if le is not None else '<'} {high[:-1]}"
     else:
         rule = "must be a finite number"
-    if isinstance(value, (float, np.floating)) and not np.isfinite(value):
-        return f"{rule}, got {value}"
-    if (
-        (ge is not None and value < ge)
-        or (le is not None and value > le)
-        or (gt is not None and value <= gt)
-        or (lt is not None and value >= lt)
-    ):
-        return f"{rule}, got {value}"
-    return None
+    return f"{rule}, got {value}"
 
 
 def _num(bound: float) -> str:

@@ -124,7 +124,7 @@ def lora_width(m: ModelSpec, targets: np.ndarray) -> np.ndarray:
     for p in m.param_tensors():
         if p.group in BLOCK_GROUPS and len(p.shape) == 2:
             d_out, d_in = p.shape
-            width += (d_in + d_out) * m.group_count(p.group) * lora_adapted(p, mask)
+            width = width + (d_in + d_out) * m.group_count(p.group) * lora_adapted(p, mask)
     return width
 
 

@@ -493,6 +493,23 @@ def _time_columns(
     params: TimeParams | None,
 ) -> dict[str, np.ndarray]:
     """`estimate_time`'s columns for every row of `g`, valid or not (see estimate_time)."""
+    out = time_values(m, g, links, tokens=tokens, params=params)
+    return {
+        k: np.broadcast_to(np.asarray(v, dtype=np.float64), (len(g["tp"]),)) for k, v in out.items()
+    }
+
+
+def time_values(
+    m: ModelSpec,
+    g: Grid,
+    links: Links,
+    *,
+    tokens: float | np.ndarray | None,
+    params: TimeParams | None,
+) -> dict[str, Any]:
+    """_time_columns before broadcasting: each column as its formulas give it (a scalar where
+    no row value enters it). The single-configuration path traces this function
+    (engine/_fast/_time_row.py)."""
     pr = params or TimeParams()
     x = step_shape(m, g)
     peak = np.where(x.prec == FP32, links.fp32_peak_flops, links.peak_flops).astype(np.float64)
@@ -508,9 +525,7 @@ def _time_columns(
         time_to_train = np.asarray(tokens, dtype=np.float64) / out["tokens_per_second"]
         out["time_to_train_s"] = time_to_train
         out["cost_to_train_usd"] = n * price * time_to_train / 3600.0
-    return {
-        k: np.broadcast_to(np.asarray(v, dtype=np.float64), (len(g["tp"]),)) for k, v in out.items()
-    }
+    return out
 
 
 def _step_columns(

@@ -6,10 +6,9 @@ Each constant is a named, overridable field with its source; the fitted ones are
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from typing import Protocol
-
-import numpy as np
 
 MIN_EFFICIENCY = 0.01
 """The least fraction of a peak an efficiency may say (a kernel at 1e-320 of its peak is a typo:
@@ -138,7 +137,7 @@ class TimeParams:
             elif name.endswith("_fraction"):
                 if not 0.0 <= value <= 1.0:
                     errors.append(f"{name} must be in [0, 1], got {value}")
-            elif not (np.isfinite(value) and 0.0 <= value <= _ceiling(name)):
+            elif not (math.isfinite(value) and 0.0 <= value <= _ceiling(name)):
                 errors.append(f"{name} must be finite, >= 0 and <= {_ceiling(name):g}, got {value}")
         for name in ("attention_flops_per_hbm_byte", "cpu_optimizer_params_per_s"):
             if not getattr(self, name) > 0.0:  # divisors: 0 made the step time infinite
@@ -152,6 +151,8 @@ class TimeParams:
 
     def with_overrides(self, overrides: dict[str, float]) -> TimeParams:
         """A copy with some fields replaced; an unknown key raises ValueError naming it."""
+        if not overrides:
+            return self  # immutable: the copy would equal it
         unknown = sorted(set(overrides) - set(self.names()))
         if unknown:
             raise ValueError(

@@ -31,10 +31,12 @@ from trainmem.engine import (
     Overheads,
     TimeParams,
     TrainingConfig,
+    encode_row,
     estimate,
     estimate_one,
-    estimate_time,
+    estimate_time_one,
     layout_reason,
+    layout_reason_one,
     make_grid,
     node_host_bytes,
     overheads_for,
@@ -111,7 +113,11 @@ def traced_choices(spec: ModelSpec, precision: str, recompute: str, attention: s
 
 def check_layout(spec: ModelSpec, grid: dict[str, np.ndarray]) -> None:
     """One-line ValueError when the single row of `grid` is not a valid layout for `spec`."""
-    code = int(layout_reason(spec, grid)[0])
+    check_layout_code(spec, int(layout_reason(spec, grid)[0]))
+
+
+def check_layout_code(spec: ModelSpec, code: int) -> None:
+    """check_layout of a row whose layout_reason is `code`."""
     if code == PROFILE_MISMATCH and spec.profile is not None:
         raise ValueError(
             f"layout: profile {spec.name!r} holds only for {spec.profile.valid_for_text}"
@@ -217,7 +223,7 @@ def estimate_report(
     overhead = overhead_items(overhead_file, overhead)  # the file's, then the flags' (win)
     job = _EstimateJob(**locals())  # every parameter, first: the steps below take the job
     inputs = _estimate_inputs(job)
-    check_layout(inputs.spec, inputs.grid)
+    check_layout_code(inputs.spec, layout_reason_one(inputs.spec, inputs.row))
     profile = inputs.profile
     ov = overheads_for(profile.arch, cuda_context_bytes=profile.cuda_context_bytes)
     overrides = key_numbers("--overhead", overhead or [], Overheads.names())
@@ -268,14 +274,15 @@ class _EstimateJob:
 
 class _EstimateInputs(NamedTuple):
     """The checked job: its model, GPU, the training configuration's grid columns (`config`,
-    reads), its one-row grid, the optimizer's name, the pipeline degree and the warnings
+    reads), its one-row grid's values (`row`, encode_row: Python scalars, categorical codes),
+    the optimizer's name, the pipeline degree and the warnings
     about it (a sequence beyond the model's positions)."""
 
     spec: ModelSpec
     profile: GpuProfile
     config: dict[str, Any]
     grid_config: dict[str, Any]
-    grid: dict[str, np.ndarray]
+    row: dict[str, Any]
     optimizer: str
     pp: int
     warnings: list[str]
@@ -296,15 +303,15 @@ def _estimate_inputs(job: _EstimateJob) -> _EstimateInputs:
     precision, recompute, attention = traced_choices(
         spec, config_.precision, config_.recompute, config_.attention
     )
-    config_ = config_.replace(precision=precision, recompute=recompute, attention=attention)
+    chosen = (config_.precision, config_.recompute, config_.attention)
+    if (precision, recompute, attention) != chosen:  # a traced profile's: checked again
+        config_ = config_.replace(precision=precision, recompute=recompute, attention=attention)
     profile = get_gpu(job.gpu, job.hardware_dir)
     config_, warnings = job_warnings(spec, profile, config_, allow_long_seq=job.allow_long_seq)
     config: dict[str, Any] = config_.grid_columns()
     grid_config = {**config, **optimizer_fields}  # a user optimizer as engine columns
-    grid = make_grid(grid_config)
-    return _EstimateInputs(
-        spec, profile, config, grid_config, grid, optimizer, config_.pp, warnings
-    )
+    row = encode_row(grid_config)  # make_grid's checks and values, as Python scalars
+    return _EstimateInputs(spec, profile, config, grid_config, row, optimizer, config_.pp, warnings)
 
 
 def job_warnings(
@@ -320,7 +327,9 @@ def job_warnings(
     )
     check_lora_rank(spec, training.lora_rank, training.lora_targets)
     warnings += seq_len_warnings(spec, training.seq_len, allow_long_seq=allow_long_seq)
-    return training.replace(precision=precision), warnings
+    if precision != training.precision:
+        training = training.replace(precision=precision)
+    return training, warnings
 
 
 def _memory_report(
@@ -356,13 +365,10 @@ def _time_report(job: _EstimateJob, inputs: _EstimateInputs) -> tuple[dict[str, 
         key_numbers("--time-param", job.time_param or [], TimeParams.names())
     )
     profile = inputs.profile
-    timing = estimate_time(
-        inputs.spec,
-        inputs.grid,
-        **time_inputs(profile),
-        tokens=tokens,
-        params=time_params,
-        reason=np.zeros(1, dtype=np.int8),  # check_layout passed: the one row is valid
+    # check_layout passed: the one row is valid. estimate_time_one: estimate_time's values of
+    # the row, to the bit, without numpy's per-call cost on one-element columns.
+    timing = estimate_time_one(
+        inputs.spec, inputs.row, time_inputs(profile), tokens=tokens, params=time_params
     )
     return time_report(timing, price_per_gpu_hour_usd=profile.price_per_hour_usd), time_params
 

@@ -72,6 +72,7 @@ from ._work import (
     fit_work,
     json_bytes,
     recommend_work,
+    with_precision_given,
 )
 
 SERVER_FIELDS = ("hardware_dir", "models_dir", "optimizers_dir")
@@ -416,6 +417,7 @@ def _add_estimate_fit(
         """`trainmem estimate --json` for the configuration in the body."""
         fields = {**body.model_dump(), **dirs}  # type: ignore[attr-defined]
         check_overheads(fields["overhead"])
+        fields = with_precision_given(fields, body)
         body_bytes = await answers.get(
             answer_key("estimate", fields), lambda: run.call(encoded, estimate_work, fields)
         )
@@ -434,6 +436,7 @@ def _add_estimate_fit(
                 f"work limit: fit would evaluate {rows} candidates (limit "
                 f"{limits.max_grid_rows}); lower max_micro_batch_size or max_num_gpus"
             )
+        fields = with_precision_given(fields, body)
         body_bytes = await answers.get(
             answer_key("fit", fields), lambda: run.call(encoded, fit_work, fields)
         )
@@ -469,6 +472,7 @@ def _add_check(
         estimate, what was read and from where, `unmodelled`, `warnings` (and `fix`)."""
         fields = {**body.model_dump(), **dirs}  # type: ignore[attr-defined]
         check_overheads(fields["overhead"])
+        fields = with_precision_given(fields, body)
         return Response(await run.call(encoded, check_work, fields), media_type=JSON)
 
     app.post("/v1/check", response_model=dict[str, Any])(check)
@@ -517,6 +521,7 @@ def _add_recommend(
         inline pools (JSON objects), never a path."""
         fields = {k: getattr(body, k) for k in RecommendRequest.model_fields} | dict(dirs)
         check_overheads(fields["overhead"])
+        fields = with_precision_given(fields, body)
         pools, label = inline_pools(fields.pop("fleet"), per_node)
         # The launch format decides the framework, as on the CLI (json: the search's default).
         launched = None if format == "json" else format

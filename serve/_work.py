@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import json
 import multiprocessing
 import traceback
@@ -33,6 +34,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from trainmem.report import estimate_report, jsonable
+from trainmem.report._validate import PRECISION_GIVEN
 from trainmem.sweep import fit_report
 
 START_TIMEOUT_S = 120.0
@@ -64,16 +66,49 @@ def encoded(function: Callable[..., Any], *args: Any, **kwargs: Any) -> bytes:
     return json_bytes(function(*args, **kwargs))
 
 
+PRECISION_GIVEN_FIELD = "precision_given"
+"""The field the server adds to a request's fields (never the body's: the request models forbid
+unknown fields): whether the body named `precision`. A precision the body names is the user's
+choice, refused on a GPU that lacks it (422) as `--precision` is on the command line; one left
+out is the default, run as its fp16 counterpart on a GPU without bf16, with a warning
+(report/_validate.py runnable_precision)."""
+
+
+def with_precision_given(fields: dict[str, Any], body: Any) -> dict[str, Any]:
+    """`fields` and PRECISION_GIVEN_FIELD: whether the pydantic `body` set `precision`
+    (also part of the answers' key: the same fields answer differently)."""
+    return {**fields, PRECISION_GIVEN_FIELD: "precision" in body.model_fields_set}
+
+
+def _given_precision(function: Callable[..., Any]) -> Callable[..., Any]:
+    """A work function whose `fields` may hold PRECISION_GIVEN_FIELD: popped, and
+    PRECISION_GIVEN set from it while the function runs (in the worker process)."""
+
+    @functools.wraps(function)  # the module's name for it: a worker finds it by that name
+    def run(fields: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        fields = dict(fields)
+        token = PRECISION_GIVEN.set(bool(fields.pop(PRECISION_GIVEN_FIELD, False)))
+        try:
+            return function(fields, *args, **kwargs)
+        finally:
+            PRECISION_GIVEN.reset(token)
+
+    return run
+
+
+@_given_precision
 def estimate_work(fields: dict[str, Any]) -> dict[str, Any]:
     """`trainmem estimate --json`."""
     return jsonable(estimate_report(**fields))
 
 
+@_given_precision
 def fit_work(fields: dict[str, Any]) -> dict[str, Any]:
     """`trainmem fit --json`."""
     return jsonable(fit_report(**fields))
 
 
+@_given_precision
 def recommend_work(
     fields: dict[str, Any], *, pools: list[dict[str, Any]], label: str, max_points: int
 ) -> dict[str, Any]:
@@ -361,6 +396,7 @@ DIED = "the worker process died during the computation"
 BUSY = "all computation slots are busy; retry shortly"
 
 
+@_given_precision
 def check_work(fields: dict[str, Any]) -> dict[str, Any]:
     """`trainmem check --json` of the files' texts in `fields["files"]` (a model name never
     reads a server file: local_paths False)."""

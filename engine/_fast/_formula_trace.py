@@ -289,7 +289,31 @@ def _full_like(a: Sym, fill_value: Any, dtype: Any = None, **kwargs: Any) -> Sym
     return _as(a.g, _strong(fill_value), np.dtype(a.dtype if dtype is None else dtype))
 
 
+def _any(a: Any, *args: Any, **kwargs: Any) -> bool:
+    """np.any of a traced value: True. The engine tests a mask only to skip work whose np.where
+    gives the same values where the mask is false (`if not np.any(fp8): return zeros`), so the
+    program keeps the general branch, right for every row."""
+    return True
+
+
+def _clip(a: Any, a_min: Any, a_max: Any, **kwargs: Any) -> Any:
+    """np.clip as numpy's loop computes it: every operand in clip's dtype, then
+    max(a, a_min) as `a if (isnan(a) or a > a_min) else a_min` and min(that, a_max) as
+    `x if (isnan(x) or x < a_max) else a_max` (numpy's clip.cpp: a tie of signed zeros gives
+    the bound, where np.maximum would give `a`)."""
+    if kwargs:
+        raise Untraceable(f"np.clip with {sorted(kwargs)}")
+    args = tuple(_strong(x) for x in (a, a_min, a_max))
+    dt = result_dtype(np.clip, args)
+    graph = next(x.g for x in args if isinstance(x, Sym))
+    x, low, high = (_as(graph, v, dt) for v in args)
+    x = _where(np.not_equal(x, x) | np.greater(x, low), x, low)
+    return _where(np.not_equal(x, x) | np.less(x, high), x, high)
+
+
 _FUNCTIONS: dict[Any, Callable[..., Any]] = {
+    np.clip: _clip,
+    np.any: _any,
     np.where: _where,
     np.select: _select,
     np.stack: _stack,

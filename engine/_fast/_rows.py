@@ -90,6 +90,7 @@ _PY_BINARY = {
     "bitwise_xor": "({0} ^ {1})",
 }
 _PY_UNARY = {"negative": "(-{0})", "invert": "(~{0})", "logical_not": "(not {0})"}
+_PY_UNARY.update({"floor": "_floor({0})", "ceil": "_ceil({0})"})
 _PY_BOOL = {"bitwise_and": "({0} and {1})", "bitwise_or": "({0} or {1})", "add": "({0} or {1})"}
 _PY_BOOL.update({"bitwise_xor": "({0} != {1})", "invert": "(not {0})", "maximum": "({0} or {1})"})
 _PY_BOOL.update({"multiply": "({0} and {1})", "minimum": "({0} and {1})"})
@@ -130,6 +131,16 @@ def _mod(a, b):  # np.remainder: 0 for integers, NaN for floats
     if b:
         return a % b
     return 0 if isinstance(a, int) and isinstance(b, int) else _NAN
+
+
+def _floor(a):  # np.floor of a float: non-finite and signed zeros as they are
+    return float(math.floor(a)) if (a != 0 and math.isfinite(a)) else a
+
+
+def _ceil(a):  # np.ceil of a float: non-finite and signed zeros as they are (-0.5 -> -0.0)
+    if a != 0 and math.isfinite(a):
+        return math.copysign(float(math.ceil(a)), a)
+    return a
 
 
 def _int(a):  # a float cast to int64 as numpy does on x86 (non-finite: the smallest int64)

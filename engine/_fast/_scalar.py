@@ -298,7 +298,12 @@ def _terms_out(
     }
 
 
-def _reason(m: ModelSpec, cache: _ModelCache, row: dict[str, Any]) -> int:
+def layout_reason_one(m: ModelSpec, row: Mapping[str, Any]) -> int:
+    """layout_reason of one row (`row`: encode_row's values), as a Python int."""
+    return _reason(m, _cache_of(m), row)
+
+
+def _reason(m: ModelSpec, cache: _ModelCache, row: Mapping[str, Any]) -> int:
     """layout_reason of the row: the scalar rules, or the engine's where a traced profile adds
     its own."""
     if m.profile is not None:
