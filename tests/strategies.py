@@ -27,7 +27,14 @@ from hypothesis import strategies as st
 
 from trainmem.catalog import load_model, preset_names
 from trainmem.engine import ModelSpec, make_grid
-from trainmem.engine._config import DEFAULTS_BY_FIELD, FIELD_NAMES, KNOBS, TYPES, grid_columns
+from trainmem.engine._config import (
+    DEFAULTS_BY_FIELD,
+    FIELD_NAMES,
+    KNOBS,
+    RL_ONLY_FIELDS,
+    TYPES,
+    grid_columns,
+)
 from trainmem.engine._grid import CATEGORICAL, DEFAULTS, OPTIMIZER_COLUMNS
 from trainmem.engine._lora import LORA_TARGET_ALIASES, LORA_TARGETS
 from trainmem.engine._optimizers import OptimizerSpec, spec_columns
@@ -47,6 +54,7 @@ SIZES: dict[str, tuple[Any, ...]] = {
     "etp": (1, 2),
     "lora_rank": (0, 0, 8, 16),
     "capacity_factor": (0.0, 1.0, 1.25, 2.0),
+    "rollout_gpu_memory_utilization": (0.3, 0.5, 0.6, 0.9),
 }
 """Values of the size fields, inside their declared bounds (the test checks it): the
 declarations reach 2^22 tokens and 1,024-way parallelism, and the laws build whole grids per
@@ -163,7 +171,9 @@ def _layout(pick: _Picker, m: ModelSpec | None) -> dict[str, Any]:
     zero = pick("zero", domain("zero"))
     offloads = domain("offload")[: 1 + (zero >= 1) + (zero >= 3)]  # none, optimizer, +params
     rank = pick("lora_rank", domain("lora_rank"))
+    rl = _rl_fields(pick, num_gpus=tp * pp * cp * dp)
     return {
+        **rl,
         "tp": tp,
         "pp": pp,
         "virtual_stages": vs,
@@ -180,6 +190,19 @@ def _layout(pick: _Picker, m: ModelSpec | None) -> dict[str, Any]:
         "dp_shard": pick("dp_shard", [0, *_divisors(dp, range(1, dp + 1))]),
         "lora_rank": rank,
         "qlora": pick("qlora", (False, True) if rank > 0 else (False,)),
+    }
+
+
+def _rl_fields(pick: _Picker, *, num_gpus: int) -> dict[str, Any]:
+    """The RL fields of a valid row (engine/_config.py rl_reason): with rl none the RL-only
+    fields at their defaults; dpo without a rollout engine; rollout_tp dividing num_gpus."""
+    rl = pick("rl", domain("rl"))
+    if rl == "none":
+        return {"rl": rl, **{k: pick(k, [DEFAULTS_BY_FIELD[k]]) for k in RL_ONLY_FIELDS}}
+    return {
+        "rl": rl,
+        "rollout": pick("rollout", ("auto",) if rl == "dpo" else domain("rollout")),
+        "rollout_tp": pick("rollout_tp", _divisors(num_gpus, domain("rollout_tp"))),
     }
 
 
