@@ -6,8 +6,10 @@ train step of the actor, as the engine computes it for any job) and adds what th
 beside it. numpy only, no Python branch on a row's value; rows with rl none get NaN phases.
 
 The phases, per GPU (device bytes, as nvidia-smi counts them):
-- rollout: the trainer's resident states (verl keeps the sharded params and optimizer states on
-  the GPU unless param_offload / optimizer_offload; gradients are freed after the step), the
+- rollout: the larger of the weight sync (the trainer's params on the GPU beside the engine's
+  woken weights, before its KV cache resumes) and the generation: the trainer's resident
+  states (verl keeps the sharded params and optimizer states on the GPU unless param_offload
+  / optimizer_offload; gradients are freed after the step), the
   reference and critic shards, the trainer process's CUDA context and NCCL buffers, then the
   rollout engine: its budget gpu_memory_utilization x total memory (weights, profile-run
   activations, non-torch memory, the KV cache taking the rest), its own CUDA context and its
@@ -168,8 +170,9 @@ def trainer_resident_bytes(step: dict[str, np.ndarray], offload: Any) -> np.ndar
     """A trainer's states that stay on the GPU while the rollout engine runs: its parameters
     (and fp32 master copy) unless params are offloaded, its optimizer states unless the
     optimizer is; gradients are freed after the step (zero_grad(set_to_none)).
-    Source: verl 0.9.1 verl/workers/fsdp_workers.py (offload_fsdp_model_to_cpu /
-    offload_fsdp_optimizer before the rollout under param_offload / optimizer_offload)."""
+    Source: verl 0.9.1 verl/workers/engine_workers.py update_weights (after the weight sync,
+    `engine.to("cpu", model=True)` where param offload is enabled; the optimizer moves with
+    optimizer_offload after the update)."""
     params = step["parameters"] + step["master_weights"]
     keep_params = (offload != OFFLOAD_PARAMS) & (offload != OFFLOAD_BOTH)
     keep_optimizer = (offload != OFFLOAD_OPTIMIZER) & (offload != OFFLOAD_BOTH)
@@ -178,13 +181,27 @@ def trainer_resident_bytes(step: dict[str, np.ndarray], offload: Any) -> np.ndar
     )
 
 
+def weight_sync_bytes(step: dict[str, np.ndarray], offload: Any, *, others: Any) -> np.ndarray:
+    """What the trainer holds while it copies its weights into the woken rollout engine: its
+    parameters (and master copy) whether or not they are offloaded afterwards, its optimizer
+    states unless offloaded, and `others` (reference, critic, the trainer's context and NCCL);
+    the engine's KV cache is not resumed yet.
+    Source: verl 0.9.1 verl/workers/engine_workers.py update_weights (1. resume the rollout's
+    weights, 2.-3. sync them, 3. offload the model to CPU, 4. resume the KV cache).
+    Ignores: the one gathered tensor in flight (per-tensor sync)."""
+    keep_optimizer = (offload != OFFLOAD_OPTIMIZER) & (offload != OFFLOAD_BOTH)
+    optimizer = np.where(keep_optimizer, step["optimizer_states"], 0.0)
+    return step["parameters"] + step["master_weights"] + optimizer + others
+
+
 def reference_bytes(m: ModelSpec, g: Any, ref: Any) -> np.ndarray:
     """A separate reference model's 16-bit weights on one GPU: sharded over all GPUs under
     ZeRO-3 / FSDP full shard (verl's ref is an FSDP module like the actor), else whole over the
     trainer's tp x pp. shared-lora (the base with adapters disabled), none and offloaded
     (verl ref.fsdp_config.param_offload: on CPU, a layer streamed in at a time): 0.
-    Source: verl 0.9.1 verl/workers/fsdp_workers.py (_build_model_optimizer for the ref, no
-    optimizer); trl 1.16.0 dpo_trainer.py (ref_model None under PEFT: adapters disabled)."""
+    Source: verl 0.9.1 _generated_ppo_trainer.yaml (ref.fsdp_config: the ref is an FSDP engine
+    like the actor, without an optimizer); trl 1.16.0 trl/trainer/dpo_trainer.py (ref_model
+    None under PEFT: the adapters disabled)."""
     zero3 = np.asarray(g["zero"]) == 3
     shard = np.where(zero3, np.asarray(g["num_gpus"]), np.asarray(g["tp"]) * np.asarray(g["pp"]))
     weights = m.num_parameters * ROLLOUT_DTYPE_BYTES / np.maximum(shard, 1)
@@ -302,7 +319,9 @@ def rl_phases(
     outside_budget = np.where(engine, cuda_context_bytes + ROLLOUT_CUDA_GRAPH_BYTES, 0.0)
     others = resident + critic + reference + trainer_outside
     hf_kv = np.where(generates & ~engine, needed, 0.0)  # hf: its KV cache as it grows
-    rollout_peak = np.where(generates, others + outside_budget + budget + hf_kv, np.nan)
+    generate = others + outside_budget + budget + hf_kv
+    sync = weight_sync_bytes(step, offload, others=others - resident) + outside_budget + weights
+    rollout_peak = np.where(generates, np.maximum(generate, sync), np.nan)
     # vLLM's start check: the free memory at its init must cover util x total.
     starts = ~engine | ((total - others - outside_budget >= budget) & (available >= minimum))
 
@@ -332,6 +351,8 @@ def rl_phases(
         limit_bytes=limit,
         engine_min_bytes=engine_min,
     )
+    # The weight sync does not depend on util: over the limit, no utilization fits.
+    advised = np.where(sync <= limit, advised, np.nan)
     return {
         "peak_rollout_bytes": rollout_peak,
         "peak_score_bytes": score_peak,

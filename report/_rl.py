@@ -48,13 +48,15 @@ def rl_columns(
     headroom: float,
     overheads: Overheads,
 ) -> dict[str, np.ndarray]:
-    """rl_phases of every row on `profile` (its whole memory is what the rollout engine's
-    gpu_memory_utilization multiplies; the limit is usable memory less the headroom)."""
+    """rl_phases of every row on `profile`. The rollout engine's gpu_memory_utilization
+    multiplies the device's total as CUDA reports it (torch.cuda.mem_get_info's total: the
+    profile's usable_bytes, not the marketed capacity; vllm 0.33.0 vllm/utils/mem_utils.py
+    MemorySnapshot.total_memory); the limit is usable memory less the headroom."""
     return rl_phases(
         spec,
         grid,
         out,
-        total_bytes=float(profile.memory_bytes),
+        total_bytes=float(profile.usable_bytes),
         limit_bytes=profile.usable_bytes * (1.0 - headroom),
         cuda_context_bytes=overheads.cuda_context_bytes,
         nccl_bytes_per_communicator=overheads.nccl_bytes_per_communicator,

@@ -68,10 +68,11 @@ def test_verl_grpo_example_pinned() -> None:
     rl = r["rl"]
     # Regression pins of this model (exact to 0.01 GiB: the formulas are deterministic; a
     # change of a formula re-justifies these). rollout: trainer states 10.64 (fp32 params and
-    # Adam states over 8 ranks) + trainer context/NCCL + vLLM 0.6 x 80 GiB + its context/graphs.
-    assert r["phases"]["rollout"] / GIB == pytest.approx(61.23, abs=0.01)
+    # Adam states over 8 ranks) + trainer context/NCCL + vLLM 0.6 x 79.19 GiB (CUDA's total,
+    # the profile's usable_bytes) + its context and CUDA graphs.
+    assert r["phases"]["rollout"] / GIB == pytest.approx(60.74, abs=0.01)
     assert rl["trainer_resident_bytes"] / GIB == pytest.approx(10.64, abs=0.01)
-    assert rl["rollout_budget_bytes"] == pytest.approx(0.6 * 80 * GIB, rel=1e-9)
+    assert rl["rollout_budget_bytes"] == pytest.approx(0.6 * 85_027_979_264, rel=1e-9)
     assert rl["reference_bytes"] == 0  # ref param_offload
     # 256 sequences in flight (max_num_seqs 256 < 1024 x 5 / 4 engines) x 2048 tokens.
     assert rl["rollout_sequences"] == 256
@@ -174,3 +175,53 @@ def test_cli_json_has_the_contract_keys() -> None:
     text = CliRunner().invoke(app, [a for a in args if a != "--json"])
     assert "KV cache:" in text.output and "advised rollout gpu_memory_utilization" in text.output
     assert np.isfinite(report["rl"]["peak_device_bytes"])
+
+
+def test_http_estimate_takes_the_rl_fields() -> None:
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from trainmem.serve._app import create_app
+
+    with TestClient(create_app()) as http:
+        body = {"model": "qwen2.5-7b", **VERL_GRPO}
+        got = http.post("/v1/estimate", json=body)
+        assert got.status_code == 200, got.text
+        report = got.json()
+        assert {"rollout", "score", "train"} <= set(report["phases"])
+        assert report["advised_rollout_gpu_memory_utilization"] == pytest.approx(0.70)
+        bad = http.post("/v1/estimate", json={**body, "rollout_gpu_memory_utilization": 1.5})
+        assert bad.status_code in (400, 422) and "rollout_gpu_memory_utilization" in bad.text
+
+
+def test_sweep_judges_points_on_the_rl_phases(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["sweep", "--model", "qwen2.5-7b", "--fleet", "8xh100", "--rl", "grpo"]
+    args += ["--rollout-tp", "2", "--rl-group-size", "5", "--response-len", "1024"]
+    args += ["--max-pp", "1", "--max-cp", "1", "--json"]
+    main([*args, "--rollout-gpu-memory-utilization", "0.6", "--out", str(tmp_path / "a")])
+    fitting = json.loads(capsys.readouterr().out)
+    best = fitting["top"][0]
+    # 0.6 x 79.19 GiB of engine budget alone: the point's peak is its rollout, above it.
+    assert best["peak_device_bytes"] > 0.6 * 85_027_979_264
+    main([*args, "--rollout-gpu-memory-utilization", "0.9", "--out", str(tmp_path / "b")])
+    nothing = json.loads(capsys.readouterr().out)
+    assert not nothing["top"]  # 71.3 GiB of budget: no room beside the trainer under 71.3
+
+
+def test_published_verl_records() -> None:
+    """tests/data/published/rl_measurements.json (copied from the rlpub helper, commit 4d66fee)
+    through tests/rl_published.py: every record maps or says why not; the one measured GRPO
+    record whose metric covers the in-process vLLM pool and whose config trainmem reads fully
+    (play-verl Qwen2.5-0.5B, 8 GPUs, util 0.6, no offload) is within the issue's 10%. The
+    others are reported, not asserted: `python -m bench.rl_published` prints them (the padded
+    train step overestimates verl's remove-padding runs; see docs/estimate.md)."""
+    from tests.rl_published import cases, compare
+
+    mapped = [(r, f) for r, f, why in cases() if f is not None or not why]
+    assert len(mapped) >= 10
+    (record, fields) = next((r, f) for r, f in mapped if r["id"].startswith("verl-playverl-grpo"))
+    got = compare(record, fields)
+    assert got["peak_phase"] == "rollout"
+    # Within the issue's 10% (measured -7.6% when recorded: 48.81 vs 52.80 GiB).
+    assert abs(got["error"]) < 0.10, got
+    assert got["advised"] >= got["recipe_util"]
