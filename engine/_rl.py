@@ -252,11 +252,11 @@ RL_OUTPUTS = (
     "rollout_non_torch_bytes",
     "rollout_budget_bytes",
     "rollout_outside_budget_bytes",
-    "rollout_sleep_residual_bytes",
     "kv_cache_available_bytes",
     "kv_cache_needed_bytes",
     "kv_cache_min_bytes",
     "rollout_sequences",
+    "rollout_sleep_residual_bytes",
     "score_logits_bytes",
     "rollout_starts",
     "advised_rollout_gpu_memory_utilization",
@@ -279,101 +279,188 @@ def rl_phases(
 ) -> dict[str, np.ndarray]:
     """The RL phases of every row (RL_OUTPUTS) from the grid and the trainer's step columns
     (estimate() on trainer_grid(g): parameters, master_weights, optimizer_states,
-    framework_overhead, peak_device_bytes). `total_bytes`: the GPU's whole memory (what vLLM's
-    gpu_memory_utilization multiplies); `limit_bytes`: usable memory less the headroom.
+    framework_overhead, peak_device_bytes). `total_bytes`: the GPU's total as CUDA reports it
+    (what vLLM's gpu_memory_utilization multiplies); `limit_bytes`: usable memory less the
+    headroom; the overheads: the rollout engine's own CUDA context, its TP group's NCCL
+    buffers and its cuBLAS workspace (engine/_overhead.py Overheads).
 
     PPO's critic is a second trainable model of the same architecture and configuration,
     trained before the actor (verl update_critic then update_actor): its resident states count
     in every phase of the actor (and the actor's in the critic's step, the same size).
-    Ignores: the critic's value head in place of the LM head; the hf rollout's KV cache growth
-    beyond one batch (HF generate allocates as it goes: counted as the needed KV)."""
+    Ignores: the critic's value head in place of the LM head; the hf rollout's activations and
+    logits (its KV cache, grown as HF generate goes, is counted as the needed KV); SGLang's own
+    split (mem_fraction_static holds weights and the KV pool, its activations sit outside: read
+    here as vLLM's budget); a rollout TP group spanning more GPUs than the job has."""
     r = rl_rows(g)
-    rl, rollout, ref = r["rl"], r["rollout"], r["ref_model"]
-    is_rl = rl != RL_NONE
-    generates = is_rl & (rl != RL_DPO)
-    engine = generates & (rollout != ROLLOUT_HF)
-    util = np.asarray(g["rollout_gpu_memory_utilization"], dtype=np.float64)
-    total = np.broadcast_to(np.asarray(total_bytes, dtype=np.float64), rl.shape)
-    limit = np.broadcast_to(np.asarray(limit_bytes, dtype=np.float64), rl.shape)
-    rtp = np.asarray(g["rollout_tp"])
-
-    offload = np.asarray(g["rl_trainer_offload"])
-    resident = trainer_resident_bytes(step, offload)
-    critic = np.where(rl == RL_PPO, resident, 0.0)
-    reference = reference_bytes(m, g, ref)
-    trainer_outside = step["framework_overhead"]  # CUDA context, NCCL, cuBLAS of the trainer
-
-    # hf generates with the trainer's own weights: no second copy.
-    weights = np.where(engine, rollout_weight_bytes(m, rtp), 0.0)
-    act = np.where(engine, rollout_activation_bytes(m, g), 0.0)
-    non_torch = np.where(
-        engine, cublas_workspace_bytes + np.where(rtp > 1, nccl_bytes_per_communicator, 0.0), 0.0
+    total = np.broadcast_to(np.asarray(total_bytes, dtype=np.float64), r["rl"].shape)
+    limit = np.broadcast_to(np.asarray(limit_bytes, dtype=np.float64), r["rl"].shape)
+    held = _held_bytes(m, g, step, r)
+    eng = rollout_engine_bytes(
+        m,
+        g,
+        r,
+        total_bytes=total,
+        cuda_context_bytes=cuda_context_bytes,
+        nccl_bytes_per_communicator=nccl_bytes_per_communicator,
+        cublas_workspace_bytes=cublas_workspace_bytes,
     )
-    budget = np.where(engine, util * total, 0.0)
+    peaks = _phase_peaks(m, g, step, r, held, eng, total=total, limit=limit)
+    merged = {**held, **eng, **peaks}
+    return {k: merged[k] for k in RL_OUTPUTS}
+
+
+def _held_bytes(
+    m: ModelSpec, g: Any, step: dict[str, np.ndarray], r: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """What the trainer and the other models keep on the GPU between their own steps: the
+    trainer's resident states (trainer_resident_bytes), the PPO critic's (the same), the
+    reference's shard (reference_bytes)."""
+    resident = trainer_resident_bytes(step, np.asarray(g["rl_trainer_offload"]))
+    return {
+        "trainer_resident_bytes": resident,
+        "reference_bytes": reference_bytes(m, g, r["ref_model"]),
+        "critic_resident_bytes": np.where(r["rl"] == RL_PPO, resident, 0.0),
+    }
+
+
+def rollout_engine_bytes(
+    m: ModelSpec,
+    g: Any,
+    r: dict[str, np.ndarray],
+    *,
+    total_bytes: np.ndarray,
+    cuda_context_bytes: float,
+    nccl_bytes_per_communicator: float,
+    cublas_workspace_bytes: float,
+) -> dict[str, np.ndarray]:
+    """The rollout engine on one GPU: its budget (util x total) and what is inside it (bf16
+    weights over the rollout TP group, the profile run's activations, non-torch memory: cuBLAS
+    and the TP group's NCCL), the KV cache taking the rest, what it needs (rollout_sequences
+    of seq_len tokens) and its minimum (one max_model_len sequence), and what sits outside the
+    budget (its CUDA context and graphs). hf: no engine, its KV cache exactly what it needs.
+    Source: vllm 0.33.0 vllm/v1/worker/gpu_worker.py determine_available_memory
+    (available_kv_cache_memory_bytes = requested_memory - non_kv_cache_memory)."""
+    generates = (r["rl"] != RL_NONE) & (r["rl"] != RL_DPO)
+    engine = generates & (r["rollout"] != ROLLOUT_HF)
+    rtp = np.asarray(g["rollout_tp"])
+    util = np.asarray(g["rollout_gpu_memory_utilization"], dtype=np.float64)
+    weights = np.where(engine, rollout_weight_bytes(m, rtp), 0.0)  # hf: the trainer's own
+    act = np.where(engine, rollout_activation_bytes(m, g), 0.0)
+    nccl = np.where(rtp > 1, nccl_bytes_per_communicator, 0.0)
+    non_torch = np.where(engine, cublas_workspace_bytes + nccl, 0.0)
+    budget = np.where(engine, util * total_bytes, 0.0)
     per_token = kv_bytes_per_token(m, rtp)
     seqs = np.where(generates, rollout_sequences(g), 0.0)
     needed = np.where(generates, kv_cache_bytes(per_token, g["seq_len"], seqs), 0.0)
-    minimum = np.where(generates, kv_cache_bytes(per_token, g["seq_len"], 1.0), 0.0)
-    # The engine's KV cache takes what its budget leaves (hf: exactly what it needs).
-    available = np.where(engine, budget - weights - act - non_torch, needed)
-    outside_budget = np.where(engine, cuda_context_bytes + ROLLOUT_CUDA_GRAPH_BYTES, 0.0)
-    others = resident + critic + reference + trainer_outside
-    hf_kv = np.where(generates & ~engine, needed, 0.0)  # hf: its KV cache as it grows
-    generate = others + outside_budget + budget + hf_kv
-    sync = weight_sync_bytes(step, offload, others=others - resident) + outside_budget + weights
-    rollout_peak = np.where(generates, np.maximum(generate, sync), np.nan)
-    # vLLM's start check: the free memory at its init must cover util x total.
-    starts = ~engine | ((total - others - outside_budget >= budget) & (available >= minimum))
-
-    sleep = np.asarray(g["rollout_sleep_level"])
-    # Asleep (level 1 or 2) the engine keeps its context and CUDA graphs; awake (level 0) all.
-    residual = np.where(engine, np.where(sleep > 0, outside_budget, outside_budget + budget), 0.0)
-    logits = score_logits_bytes(m, g)
-    scores = is_rl & ((rl != RL_DPO) | (ref != REF_NONE))
-    score_peak = np.where(scores, others + residual + logits, np.nan)
-    train_peak = np.where(is_rl, step["peak_device_bytes"] + critic + reference + residual, np.nan)
-
-    phases = np.stack(
-        [np.nan_to_num(x, nan=-np.inf) for x in (rollout_peak, score_peak, train_peak)]
-    )
-    peak_phase = np.argmax(phases, axis=0).astype(np.int8)
-    peak = np.where(is_rl, np.max(phases, axis=0), np.nan)
-    engine_min = weights + act + non_torch + minimum
-    # Awake through score and train (sleep level 0), the budget is held there too.
-    awake = np.where(
-        sleep == 0,
-        np.maximum(step["peak_device_bytes"] + critic + reference, others + logits),
-        0.0,
-    )
-    advised = advised_utilization(
-        other_bytes=np.maximum(others, awake) + outside_budget,
-        total_bytes=total,
-        limit_bytes=limit,
-        engine_min_bytes=engine_min,
-    )
-    # The weight sync does not depend on util: over the limit, no utilization fits.
-    advised = np.where(sync <= limit, advised, np.nan)
     return {
-        "peak_rollout_bytes": rollout_peak,
-        "peak_score_bytes": score_peak,
-        "peak_train_bytes": train_peak,
-        "rl_peak_bytes": peak,
-        "rl_peak_phase": peak_phase,
-        "trainer_resident_bytes": resident,
-        "reference_bytes": reference,
-        "critic_resident_bytes": critic,
+        "generates": generates,
+        "engine": engine,
         "rollout_weight_bytes": weights,
         "rollout_activation_bytes": act,
         "rollout_non_torch_bytes": non_torch,
         "rollout_budget_bytes": budget,
-        "rollout_outside_budget_bytes": outside_budget,
-        "rollout_sleep_residual_bytes": residual,
-        "kv_cache_available_bytes": available,
+        "rollout_outside_budget_bytes": np.where(
+            engine, cuda_context_bytes + ROLLOUT_CUDA_GRAPH_BYTES, 0.0
+        ),
+        "kv_cache_available_bytes": np.where(engine, budget - weights - act - non_torch, needed),
         "kv_cache_needed_bytes": needed,
-        "kv_cache_min_bytes": minimum,
+        "kv_cache_min_bytes": np.where(generates, kv_cache_bytes(per_token, g["seq_len"], 1), 0.0),
         "rollout_sequences": seqs,
+    }
+
+
+def _phase_peaks(
+    m: ModelSpec,
+    g: Any,
+    step: dict[str, np.ndarray],
+    r: dict[str, np.ndarray],
+    held: dict[str, np.ndarray],
+    eng: dict[str, np.ndarray],
+    *,
+    total: np.ndarray,
+    limit: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """The three phases' peaks, the largest and its phase, whether the engine starts, the
+    advised utilization and the fit (module docstring: what each phase holds)."""
+    is_rl, engine = r["rl"] != RL_NONE, eng["engine"]
+    critic, reference = held["critic_resident_bytes"], held["reference_bytes"]
+    budget, outside = eng["rollout_budget_bytes"], eng["rollout_outside_budget_bytes"]
+    # Beside the engine: the models' resident states and the trainer's context, NCCL, cuBLAS.
+    others = held["trainer_resident_bytes"] + critic + reference + step["framework_overhead"]
+    hf_kv = np.where(eng["generates"] & ~engine, eng["kv_cache_needed_bytes"], 0.0)
+    offload = np.asarray(g["rl_trainer_offload"])
+    sync = weight_sync_bytes(step, offload, others=others - held["trainer_resident_bytes"])
+    sync = sync + outside + eng["rollout_weight_bytes"]
+    rollout = np.where(
+        eng["generates"], np.maximum(others + outside + budget + hf_kv, sync), np.nan
+    )
+    # vLLM's start check: the free memory at its init must cover util x total.
+    fits_kv = eng["kv_cache_available_bytes"] >= eng["kv_cache_min_bytes"]
+    starts = ~engine | ((total - others - outside >= budget) & fits_kv)
+    sleep = np.asarray(g["rollout_sleep_level"])
+    # Asleep (level 1 or 2) the engine keeps its context and CUDA graphs; awake (level 0) all.
+    residual = np.where(engine, np.where(sleep > 0, outside, outside + budget), 0.0)
+    logits = score_logits_bytes(m, g)
+    scores = is_rl & ((r["rl"] != RL_DPO) | (r["ref_model"] != REF_NONE))
+    score = np.where(scores, others + residual + logits, np.nan)
+    train = np.where(is_rl, step["peak_device_bytes"] + critic + reference + residual, np.nan)
+    phases = np.stack([np.nan_to_num(x, nan=-np.inf) for x in (rollout, score, train)])
+    peak = np.where(is_rl, np.max(phases, axis=0), np.nan)
+    advised = _advised(
+        step,
+        held,
+        eng,
+        others=others,
+        logits=logits,
+        sleep=sleep,
+        sync=sync,
+        total=total,
+        limit=limit,
+    )
+    return {
+        "peak_rollout_bytes": rollout,
+        "peak_score_bytes": score,
+        "peak_train_bytes": train,
+        "rl_peak_bytes": peak,
+        "rl_peak_phase": np.argmax(phases, axis=0).astype(np.int8),
+        "rollout_sleep_residual_bytes": residual,
         "score_logits_bytes": np.where(scores, logits, 0.0),
         "rollout_starts": starts,
-        "advised_rollout_gpu_memory_utilization": np.where(engine, advised, np.nan),
+        "advised_rollout_gpu_memory_utilization": advised,
         "rl_fits": is_rl & starts & (peak <= limit),
     }
+
+
+def _advised(
+    step: dict[str, np.ndarray],
+    held: dict[str, np.ndarray],
+    eng: dict[str, np.ndarray],
+    *,
+    others: np.ndarray,
+    logits: np.ndarray,
+    sleep: np.ndarray,
+    sync: np.ndarray,
+    total: np.ndarray,
+    limit: np.ndarray,
+) -> np.ndarray:
+    """advised_utilization of rows: beside the engine's budget sits what the rollout holds
+    (`others`: the models' states, the trainer's context) and, awake (sleep level 0), the
+    score's and train's peaks too; NaN where the weight sync alone, which no utilization
+    changes, is over the limit, and where there is no engine (hf, dpo)."""
+    critic, reference = held["critic_resident_bytes"], held["reference_bytes"]
+    awake = np.where(
+        sleep == 0, np.maximum(step["peak_device_bytes"] + critic + reference, others + logits), 0.0
+    )
+    engine_min = (
+        eng["rollout_weight_bytes"]
+        + eng["rollout_activation_bytes"]
+        + eng["rollout_non_torch_bytes"]
+        + eng["kv_cache_min_bytes"]
+    )
+    advised = advised_utilization(
+        other_bytes=np.maximum(others, awake) + eng["rollout_outside_budget_bytes"],
+        total_bytes=total,
+        limit_bytes=limit,
+        engine_min_bytes=engine_min,
+    )
+    return np.where(eng["engine"] & (sync <= limit), advised, np.nan)

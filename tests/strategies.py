@@ -39,9 +39,31 @@ from trainmem.engine._grid import CATEGORICAL, DEFAULTS, OPTIMIZER_COLUMNS
 from trainmem.engine._lora import LORA_TARGET_ALIASES, LORA_TARGETS
 from trainmem.engine._optimizers import OptimizerSpec, spec_columns
 
-HELD: dict[str, str] = {}
-"""Fields every strategy holds at its default, each with the reason. None today: every field
-is drawn. (A field put here is still checked to be a declared one.)"""
+_RL_HELD = (
+    "rl",
+    "rollout",
+    "rollout_tp",
+    "rollout_gpu_memory_utilization",
+    "rl_group_size",
+    "response_len",
+    "rollout_batch_size",
+    "rollout_max_num_seqs",
+    "rollout_max_num_batched_tokens",
+    "rollout_sleep_level",
+    "ref_model",
+    "rl_trainer_offload",
+    "log_prob_micro_batch_size",
+)
+HELD: dict[str, str] = {
+    name: (
+        "an RL post-training field: the engine's step formulas do not read it (engine/_rl.py "
+        "is a layer over the step's columns, with its own laws in tests/unit/engine/test_rl.py); "
+        "drawing it would only shift the other fields' draws"
+    )
+    for name in _RL_HELD
+}
+"""Fields every strategy holds at its default, each with the reason. (A field put here is
+still checked to be a declared one.)"""
 
 SIZES: dict[str, tuple[Any, ...]] = {
     "micro_batch_size": (1, 2, 3, 4, 8),
@@ -171,9 +193,7 @@ def _layout(pick: _Picker, m: ModelSpec | None) -> dict[str, Any]:
     zero = pick("zero", domain("zero"))
     offloads = domain("offload")[: 1 + (zero >= 1) + (zero >= 3)]  # none, optimizer, +params
     rank = pick("lora_rank", domain("lora_rank"))
-    rl = _rl_fields(pick, num_gpus=tp * pp * cp * dp)
-    return {
-        **rl,
+    layout = {
         "tp": tp,
         "pp": pp,
         "virtual_stages": vs,
@@ -191,6 +211,8 @@ def _layout(pick: _Picker, m: ModelSpec | None) -> dict[str, Any]:
         "lora_rank": rank,
         "qlora": pick("qlora", (False, True) if rank > 0 else (False,)),
     }
+    # Drawn last, so that the fields declared before them draw as they did before them.
+    return {**layout, **_rl_fields(pick, num_gpus=tp * pp * cp * dp)}
 
 
 def _rl_fields(pick: _Picker, *, num_gpus: int) -> dict[str, Any]:
