@@ -124,6 +124,7 @@ PANELS = (
     "Precision",
     "Memory techniques",
     "Training setup",
+    "RL post-training",
     "Hardware",
     "Time and cost",
     "Search",
@@ -155,6 +156,12 @@ _PANEL_NAMES: dict[str, tuple[str, ...]] = {
     "Training setup": (
         *("framework", "stack", "optimizer", "optimizer_in_backward", "optimizers_dir"),
         *("attention", "compile", "allocator", "load"),
+    ),
+    "RL post-training": (
+        *("rl", "rollout", "rollout_tp", "rollout_gpu_memory_utilization", "rl_group_size"),
+        *("response_len", "rollout_batch_size", "rollout_max_num_seqs"),
+        *("rollout_max_num_batched_tokens", "rollout_sleep_level", "ref_model"),
+        *("rl_trainer_offload", "log_prob_micro_batch_size"),
     ),
     "Hardware": (
         *("gpu", "fleet", "num_gpus", "headroom", "host_memory_gib", "hardware_dir"),

@@ -32,6 +32,10 @@ from ._vocab import (
     OFFLOADS,
     PRECISIONS,
     RECOMPUTE,
+    REF_MODELS,
+    RL_ALGORITHMS,
+    RL_TRAINER_OFFLOADS,
+    ROLLOUTS,
 )
 
 INT32_MAX = 2**31 - 1
@@ -246,6 +250,87 @@ class TrainingConfig:
         choices=BITSANDBYTES_VERSIONS,
     )
 
+    rl: str = knob(
+        "none",
+        help=" | ".join(RL_ALGORITHMS) + " (RL post-training: phases rollout, score, train; "
+        "engine/_rl.py)",
+        choices=RL_ALGORITHMS,
+    )
+    rollout: str = knob(
+        "auto",
+        help=" | ".join(ROLLOUTS) + " (the RL rollout engine on the training GPUs; auto: vllm "
+        "for grpo and ppo, none for dpo)",
+        choices=ROLLOUTS,
+    )
+    rollout_tp: int = knob(
+        1,
+        help="Rollout engine tensor parallel degree (verl rollout.tensor_model_parallel_size).",
+        ge=1,
+        le=1024,
+    )
+    rollout_gpu_memory_utilization: float = knob(
+        0.5,
+        help="Rollout engine's share of GPU memory (vLLM gpu_memory_utilization, SGLang "
+        "mem_fraction_static); default verl's 0.5.",
+        ge=0.01,
+        le=1.0,
+    )
+    rl_group_size: int = knob(
+        8,
+        help="Responses per prompt (verl rollout.n, TRL num_generations; default TRL's 8).",
+        ge=1,
+        le=1 << 16,
+    )
+    response_len: int = knob(
+        512,
+        help="Max response tokens of the rollout (verl max_response_length, TRL "
+        "max_completion_length); seq_len is prompt + response.",
+        ge=1,
+        le=1 << 22,
+    )
+    rollout_batch_size: int = knob(
+        0,
+        help="Prompts per rollout step over all GPUs (verl data.train_batch_size); 0: "
+        "global_batch_size / rl_group_size.",
+        ge=0,
+        le=1 << 24,
+    )
+    rollout_max_num_seqs: int = knob(
+        256, help="Rollout engine's max_num_seqs (verl's default 256).", ge=1, le=1 << 20
+    )
+    rollout_max_num_batched_tokens: int = knob(
+        8192,
+        help="Rollout engine's max_num_batched_tokens (verl's default 8192).",
+        ge=1,
+        le=1 << 24,
+    )
+    rollout_sleep_level: int = knob(
+        2,
+        help="vLLM sleep level between phases: 0 no sleep, 1 weights to CPU and KV freed, 2 "
+        "both discarded (verl's for full weights).",
+        ge=0,
+        le=2,
+    )
+    ref_model: str = knob(
+        "auto",
+        help=" | ".join(REF_MODELS) + " (RL reference model; auto: shared-lora with a LoRA "
+        "rank, else separate)",
+        choices=REF_MODELS,
+    )
+    rl_trainer_offload: str = knob(
+        "none",
+        help=" | ".join(RL_TRAINER_OFFLOADS) + " (trainer states on CPU during the rollout: "
+        "verl fsdp_config.optimizer_offload / param_offload)",
+        choices=RL_TRAINER_OFFLOADS,
+    )
+    log_prob_micro_batch_size: int = knob(
+        0,
+        help="Sequences per forward of the RL score phase (verl log_prob_micro_batch_size_"
+        "per_gpu); 0: micro_batch_size.",
+        ge=0,
+        le=1 << 16,
+    )
+
     def __post_init__(self) -> None:
         check_fields(self.as_dict())
 
@@ -386,6 +471,47 @@ def cross_field_reason(fields: Mapping[str, Any]) -> str | None:
         return "lora_targets: must name at least one module (or all-linear) with lora_rank > 0"
     if given("optimizer_in_backward") and pp is not None and pp > 1:
         return f"optimizer_in_backward: needs pp 1 (one micro-batch per step), got pp {pp}"
+    return rl_reason(fields)
+
+
+RL_ONLY_FIELDS = (
+    "rollout",
+    "rollout_tp",
+    "rollout_gpu_memory_utilization",
+    "rollout_batch_size",
+    "rollout_sleep_level",
+    "ref_model",
+    "rl_trainer_offload",
+)
+"""Fields that mean something only for an RL job: given with rl none (a value other than the
+default), they are an error rather than silently ignored."""
+
+
+def rl_reason(fields: Mapping[str, Any]) -> str | None:
+    """The first RL rule `fields` breaks: an RL-only field changed without --rl; a rollout
+    engine with dpo (no generation); a response as long as the whole sequence (seq_len is
+    prompt + response)."""
+    rl = fields.get("rl")
+    if rl is None:
+        return None
+    if rl == "none":
+        for name in RL_ONLY_FIELDS:
+            value = fields.get(name)
+            if value is not None and value != DEFAULTS_BY_FIELD[name]:
+                return f"{name}: needs --rl grpo|ppo|dpo, got rl none"
+        return None
+    rollout = fields.get("rollout")
+    if rl == "dpo" and rollout not in (None, "auto"):
+        return f"rollout: dpo generates nothing (no rollout engine), got rollout {rollout}"
+    tp, gpus = fields.get("rollout_tp"), fields.get("num_gpus")
+    if rl != "dpo" and tp is not None and gpus is not None and gpus % tp:
+        return f"rollout_tp: must divide num_gpus {gpus} (one rollout engine per group), got {tp}"
+    seq, response = fields.get("seq_len"), fields.get("response_len")
+    if rl != "dpo" and seq is not None and response is not None and response >= seq:
+        return (
+            f"response_len: must be < seq_len (prompt + response), got {response} with "
+            f"seq_len {seq}"
+        )
     return None
 
 

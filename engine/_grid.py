@@ -51,7 +51,9 @@ DEFAULTS: dict[str, Any] = {**grid_columns(DEFAULTS_BY_FIELD), **OPTIMIZER_COLUM
 as grid columns, then the user-optimizer columns. `global_batch_size` 0 means
 micro_batch_size x dp (no gradient accumulation)."""
 
-FLOAT_FIELDS = tuple(k for k, v in OPTIMIZER_COLUMNS.items() if isinstance(v, float))
+FLOAT_FIELDS = tuple(k for k, v in DEFAULTS.items() if isinstance(v, float))
+"""Float columns: the user-optimizer amounts and the float training fields (the RL rollout's
+gpu_memory_utilization; capacity_factor is stored as an integer percent)."""
 BOOL_FIELDS = (
     *(k for k, t in TYPES.items() if t is bool),
     *(k for k, v in OPTIMIZER_COLUMNS.items() if isinstance(v, bool)),

@@ -46,3 +46,18 @@ autograd/_functions.py MatMul4Bit.forward, `ctx.tensors = (A, B)` in the 0.42.0,
 LOADS = ("auto", "full-state-dict", "cpu-full-state-dict", "meta-init", "sharded")
 """How the job builds its model and loads the checkpoint before step 1 (engine/_load.py); auto:
 the stack's own default (FrameworkSpec.load)."""
+RL_ALGORITHMS = ("none", "grpo", "ppo", "dpo")
+"""RL post-training (engine/_rl.py): none (a plain training job), GRPO (group of responses per
+prompt, no critic), PPO (a critic model trained beside the actor), DPO (no rollout: chosen and
+rejected responses scored by a frozen reference)."""
+ROLLOUTS = ("auto", "vllm", "sglang", "hf")
+"""The rollout engine of an RL job: auto (vllm for grpo and ppo, none for dpo), vLLM or SGLang
+colocated on the training GPUs, or the trainer's own Hugging Face `generate`."""
+REF_MODELS = ("auto", "separate", "shared-lora", "none", "offloaded")
+"""The reference model of an RL job: auto (shared-lora with --lora-rank, else separate; dpo's
+and ppo's and grpo's alike), a separate frozen 16-bit copy sharded like the trainer, the base
+model with the LoRA adapters disabled (no extra weights), none (no KL term), or a separate copy
+offloaded to CPU (verl ref.fsdp_config.param_offload)."""
+RL_TRAINER_OFFLOADS = ("none", "optimizer", "params", "params+optimizer")
+"""What of the trainer's states is moved to CPU while the rollout engine generates (verl
+actor.fsdp_config.optimizer_offload / param_offload)."""

@@ -51,6 +51,7 @@ from ._advice import advice_report
 from ._options import DEFAULT_PRECISIONS, JOB_DEFAULT_MODEL, JOB_DEFAULTS, gib_to_bytes
 from ._overhead_file import overhead_items
 from ._risk import check_risk_options, risk_answers, risk_keys
+from ._rl import is_rl, rl_columns, rl_report, step_grid
 from ._row import row_report, stage_summary, time_report
 from ._validate import (
     check_choices,
@@ -339,16 +340,29 @@ def _memory_report(
     the node's host RAM: the report (its `fits` the GPU's and the host's) and estimate()'s
     one-row columns."""
     spec, profile = inputs.spec, inputs.profile
+    rl = is_rl(inputs.grid)
+    step_config = inputs.grid_config
+    if rl:  # the trainer's step (DPO: chosen and rejected, twice the sequences)
+        doubled = step_grid(inputs.grid)
+        step_config = {
+            **step_config,
+            **{k: int(doubled[k][0]) for k in ("micro_batch_size", "global_batch_size")},
+        }
     out = _one_row(
         estimate_one(
             spec,
-            inputs.grid_config,
+            step_config,
             usable_bytes=profile.usable_bytes,
             headroom=job.headroom,
             overheads=ov,
         )
     )
     report = row_report(spec, out, gpu=profile, config=inputs.config, headroom=job.headroom)
+    if rl:
+        phases = rl_columns(
+            spec, inputs.grid, out, profile=profile, headroom=job.headroom, overheads=ov
+        )
+        report = rl_report(report, phases, config=inputs.config)
     host_need = max(out["host_bytes"][0], out["load_host_bytes"][0])
     report.update(host_fit(host_need, inputs.config["num_gpus"], profile, job.host_memory_gib))
     report["fits"] = report["fits"] and report["host_fits"]

@@ -19,6 +19,7 @@ from trainmem.hardware import GpuProfile
 
 from ._advice import advice_lines
 from ._error_bars import error_bar_lines, error_bar_report
+from ._rl import rl_lines
 
 BYTES_KEYS = COMPONENTS
 
@@ -303,6 +304,7 @@ def human_table(report: dict[str, Any]) -> str:
     """Plain-text table: per-component GiB at the peak, phases, verdict."""
     c = report["config"]
     dp = report["details"]["dp"]
+    step_phase = report["rl"]["step_peak_phase"] if "rl" in report else report["peak_phase"]
     hsdp = f" ({c['dp_shard']}-way shards x {dp // c['dp_shard']})" if c.get("dp_shard") else ""
     lines = [
         f"{report['model']}  ({report['num_parameters']:,} parameters)",
@@ -322,8 +324,8 @@ def human_table(report: dict[str, Any]) -> str:
         f"  {'peak allocated (torch)':<36}{_gib(report['peak_allocated_bytes'])}",
         "",
         "  phase peaks (allocated, GiB): "
-        + ", ".join(f"{k} {v / GIB:.2f}" for k, v in report["phases"].items())
-        + f"  -> peak in {report['peak_phase']}",
+        + ", ".join(f"{k} {report['phases'][k] / GIB:.2f}" for k in PHASES)
+        + f"  -> peak in {step_phase}",
         f"  activations saved at end of forward: {report['bytes']['activations'] / GIB:.2f} GiB;"
         f" biggest consumer at the peak: {report['biggest_consumer']}",
     ]
@@ -333,6 +335,7 @@ def human_table(report: dict[str, Any]) -> str:
             f"device {s['peak_device_bytes'] / GIB:.2f} GiB, activations "
             f"{s['activations'] / GIB:.2f} GiB, peak in {s['peak_phase']}"
         )
+    lines += rl_lines(report)
     lines += load_lines(report) + paged_lines(report) + fp8_lines(report)
     usable = report["gpu"]["usable_bytes"]
     gpu_fits = report["headroom_bytes"] >= 0

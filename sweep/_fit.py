@@ -65,6 +65,7 @@ from trainmem.report import (
 from trainmem.report._estimate import NodeHost
 from trainmem.report._options import RISK_OPTIONS
 from trainmem.report._risk import check_risk_options, risk_answers, risk_keys
+from trainmem.report._rl import fold_rl, is_rl, rl_columns, rl_report, step_grid
 
 MINIMIZE_OPTIONS = (
     Option(
@@ -256,6 +257,8 @@ class _Scan(NamedTuple):
     """The job's grid columns with the row's candidate."""
     risk: dict[str, Any] | None
     """The row's `risk` block (`--lengths`), else None."""
+    rl: dict[str, np.ndarray] | None = None
+    """An RL job's phases (report/_rl.py rl_columns) of every candidate, else None."""
 
 
 def _candidates(job: _FitJob, training: TrainingConfig) -> np.ndarray:
@@ -274,8 +277,18 @@ def _scan(job: _FitJob, inputs: _FitInputs) -> _Scan:
     grid = make_grid({**inputs.config, key: candidates})
     ov = gpu_overheads(profile, inputs.overrides)
     out = estimate(
-        inputs.spec, grid, usable_bytes=profile.usable_bytes, headroom=job.headroom, overheads=ov
+        inputs.spec,
+        step_grid(grid),  # DPO: chosen and rejected, twice the sequences
+        usable_bytes=profile.usable_bytes,
+        headroom=job.headroom,
+        overheads=ov,
     )
+    rl = None
+    if is_rl(grid):  # the rollout and score phases judge the fit too
+        rl = rl_columns(
+            inputs.spec, grid, out, profile=profile, headroom=job.headroom, overheads=ov
+        )
+        out = fold_rl(out, rl, grid, limit_bytes=profile.usable_bytes * (1.0 - job.headroom))
     host = node_host(
         np.maximum(out["host_bytes"], out["load_host_bytes"]),
         grid["num_gpus"],
@@ -297,7 +310,7 @@ def _scan(job: _FitJob, inputs: _FitInputs) -> _Scan:
         row = int(valid[np.argmax(out["headroom_bytes"][valid])]) if len(valid) else 0
     chosen = {**inputs.config, key: int(candidates[row])}
     return _Scan(
-        candidates, out, ov, host, fitting, row, chosen, None if risks is None else risks[row]
+        candidates, out, ov, host, fitting, row, chosen, None if risks is None else risks[row], rl
     )
 
 
@@ -359,6 +372,8 @@ def _chosen_report(job: _FitJob, inputs: _FitInputs, scan: _Scan) -> dict[str, A
         config=scan.chosen,
         headroom=job.headroom,
     )
+    if scan.rl is not None:
+        report = rl_report(report, scan.rl, config=scan.chosen, row=scan.row)
     timing = estimate_time(inputs.spec, make_grid(scan.chosen), **time_inputs(profile))
     report["time"] = time_report(timing, price_per_gpu_hour_usd=profile.price_per_hour_usd)
     return report

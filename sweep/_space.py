@@ -20,6 +20,7 @@ from trainmem.engine import (
     DEFAULTS_BY_FIELD,
     REASONS,
     ModelSpec,
+    Overheads,
     TimeParams,
     estimate,
     estimate_time,
@@ -32,6 +33,7 @@ from trainmem.engine import (
     resolved_loss,
     time_inputs,
 )
+from trainmem.engine._rl import rl_phases
 from trainmem.hardware import Fleet, GpuProfile, Pool
 from trainmem.report import (
     check_lora_rank,
@@ -43,6 +45,7 @@ from trainmem.report import (
     runnable_precision,
     seq_len_warnings,
 )
+from trainmem.report._rl import fold_rl, is_rl, step_grid
 
 from ._axes import AXES, NAMED_AXES, declared_values
 from ._options import SEARCH_DEFAULTS
@@ -417,17 +420,24 @@ def _estimate_by_overheads(
     for k_group, pool_ov in enumerate(distinct):
         rows = np.arange(len(pool)) if len(distinct) == 1 else np.flatnonzero(group == k_group)
         sub = grid if len(rows) == len(pool) else {k: v[rows] for k, v in grid.items()}
+        rl = is_rl(sub)
         part = estimate(
             space.model,
-            sub,
+            step_grid(sub) if rl else sub,  # DPO: chosen and rejected, twice the sequences
             usable_bytes=pools.usable_bytes[rows],
             headroom=space.headroom,
             overheads=pool_ov,
             columns=None
             if columns is None
-            else {*columns, "fits", "reason", "dp", "host_bytes", "load_host_bytes"},
+            else {
+                *columns,
+                *("fits", "reason", "dp", "host_bytes", "load_host_bytes"),
+                *(RL_STEP_COLUMNS if rl else ()),
+            },
             reason=engine_reason if len(rows) == len(pool) else engine_reason[rows],
         )
+        if rl:  # an RL point fits when its rollout, score and train phases do
+            part = _with_rl_phases(space, sub, part, pools, rows, pool_ov)
         if len(rows) == len(pool):  # one call for every row: its columns as they are
             out = part
             break
@@ -436,6 +446,49 @@ def _estimate_by_overheads(
                 out[k] = np.empty(len(pool), dtype=np.asarray(v).dtype)
             out[k][rows] = v
     return out
+
+
+RL_STEP_COLUMNS = (
+    "parameters",
+    "master_weights",
+    "optimizer_states",
+    "framework_overhead",
+    "peak_device_bytes",
+    "headroom_bytes",
+)
+"""The estimate() columns an RL point's phases are built on (report/_rl.py rl_columns)."""
+
+
+def _with_rl_phases(
+    space: Space,
+    sub: dict[str, np.ndarray],
+    part: dict[str, np.ndarray],
+    pools: _PoolColumns,
+    rows: np.ndarray,
+    overheads: Overheads,
+) -> dict[str, np.ndarray]:
+    """estimate()'s columns of RL points with `fits` and `headroom_bytes` judged on the three
+    phases (engine/_rl.py), each point on its pool's GPU, and peak_device_bytes the largest
+    phase's (the components stay the trainer's step's: they no longer sum to it)."""
+    total = pools.usable_bytes[rows].astype(np.float64)  # CUDA's total (report/_rl.py)
+    limit = total * (1.0 - space.headroom)
+    phases = rl_phases(
+        space.model,
+        sub,
+        part,
+        total_bytes=total,
+        limit_bytes=limit,
+        cuda_context_bytes=overheads.cuda_context_bytes,
+        nccl_bytes_per_communicator=overheads.nccl_bytes_per_communicator,
+        cublas_workspace_bytes=overheads.cublas_workspace_bytes,
+    )
+    folded = fold_rl(part, phases, sub, limit_bytes=limit)
+    if "peak_device_bytes" in part:  # a point's peak is its job's: the largest phase
+        rows_rl = np.isfinite(phases["rl_peak_bytes"])
+        folded["peak_device_bytes"] = np.where(
+            rows_rl, phases["rl_peak_bytes"], part["peak_device_bytes"]
+        )
+    return folded
 
 
 def _host_reasons(

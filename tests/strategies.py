@@ -27,14 +27,43 @@ from hypothesis import strategies as st
 
 from trainmem.catalog import load_model, preset_names
 from trainmem.engine import ModelSpec, make_grid
-from trainmem.engine._config import DEFAULTS_BY_FIELD, FIELD_NAMES, KNOBS, TYPES, grid_columns
+from trainmem.engine._config import (
+    DEFAULTS_BY_FIELD,
+    FIELD_NAMES,
+    KNOBS,
+    RL_ONLY_FIELDS,
+    TYPES,
+    grid_columns,
+)
 from trainmem.engine._grid import CATEGORICAL, DEFAULTS, OPTIMIZER_COLUMNS
 from trainmem.engine._lora import LORA_TARGET_ALIASES, LORA_TARGETS
 from trainmem.engine._optimizers import OptimizerSpec, spec_columns
 
-HELD: dict[str, str] = {}
-"""Fields every strategy holds at its default, each with the reason. None today: every field
-is drawn. (A field put here is still checked to be a declared one.)"""
+_RL_HELD = (
+    "rl",
+    "rollout",
+    "rollout_tp",
+    "rollout_gpu_memory_utilization",
+    "rl_group_size",
+    "response_len",
+    "rollout_batch_size",
+    "rollout_max_num_seqs",
+    "rollout_max_num_batched_tokens",
+    "rollout_sleep_level",
+    "ref_model",
+    "rl_trainer_offload",
+    "log_prob_micro_batch_size",
+)
+HELD: dict[str, str] = {
+    name: (
+        "an RL post-training field: the engine's step formulas do not read it (engine/_rl.py "
+        "is a layer over the step's columns, with its own laws in tests/unit/engine/test_rl.py); "
+        "drawing it would only shift the other fields' draws"
+    )
+    for name in _RL_HELD
+}
+"""Fields every strategy holds at its default, each with the reason. (A field put here is
+still checked to be a declared one.)"""
 
 SIZES: dict[str, tuple[Any, ...]] = {
     "micro_batch_size": (1, 2, 3, 4, 8),
@@ -47,6 +76,7 @@ SIZES: dict[str, tuple[Any, ...]] = {
     "etp": (1, 2),
     "lora_rank": (0, 0, 8, 16),
     "capacity_factor": (0.0, 1.0, 1.25, 2.0),
+    "rollout_gpu_memory_utilization": (0.3, 0.5, 0.6, 0.9),
 }
 """Values of the size fields, inside their declared bounds (the test checks it): the
 declarations reach 2^22 tokens and 1,024-way parallelism, and the laws build whole grids per
@@ -163,7 +193,7 @@ def _layout(pick: _Picker, m: ModelSpec | None) -> dict[str, Any]:
     zero = pick("zero", domain("zero"))
     offloads = domain("offload")[: 1 + (zero >= 1) + (zero >= 3)]  # none, optimizer, +params
     rank = pick("lora_rank", domain("lora_rank"))
-    return {
+    layout = {
         "tp": tp,
         "pp": pp,
         "virtual_stages": vs,
@@ -180,6 +210,21 @@ def _layout(pick: _Picker, m: ModelSpec | None) -> dict[str, Any]:
         "dp_shard": pick("dp_shard", [0, *_divisors(dp, range(1, dp + 1))]),
         "lora_rank": rank,
         "qlora": pick("qlora", (False, True) if rank > 0 else (False,)),
+    }
+    # Drawn last, so that the fields declared before them draw as they did before them.
+    return {**layout, **_rl_fields(pick, num_gpus=tp * pp * cp * dp)}
+
+
+def _rl_fields(pick: _Picker, *, num_gpus: int) -> dict[str, Any]:
+    """The RL fields of a valid row (engine/_config.py rl_reason): with rl none the RL-only
+    fields at their defaults; dpo without a rollout engine; rollout_tp dividing num_gpus."""
+    rl = pick("rl", domain("rl"))
+    if rl == "none":
+        return {"rl": rl, **{k: pick(k, [DEFAULTS_BY_FIELD[k]]) for k in RL_ONLY_FIELDS}}
+    return {
+        "rl": rl,
+        "rollout": pick("rollout", ("auto",) if rl == "dpo" else domain("rollout")),
+        "rollout_tp": pick("rollout_tp", _divisors(num_gpus, domain("rollout_tp"))),
     }
 
 

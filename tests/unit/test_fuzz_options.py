@@ -359,8 +359,10 @@ def _stdin() -> Iterator[None]:
         sys.stdin = saved
 
 
-SIGNED = ("headroom_bytes", "saved_bytes", "saved_s")
-"""Differences (negative: over the limit; a change that costs memory or time): finite only."""
+SIGNED = ("headroom_bytes", "saved_bytes", "saved_s", "mean_log")
+"""Differences (negative: over the limit; a change that costs memory or time) and the error
+bars' mean log residual (negative: the stack's measured peaks below the predictions): finite
+only."""
 SIGNED_TREES = ("difference", "relative_error")
 """`compare`'s second configuration minus the first: finite only."""
 

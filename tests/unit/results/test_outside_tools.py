@@ -78,7 +78,7 @@ def test_each_part_carries_its_provenance(out: Path) -> None:
     part = next((out / "points").glob("study=*/part-*.parquet"))
     # The file's key-value metadata (pyarrow, `parquet-tools meta`, DuckDB parquet_kv_metadata).
     meta = {k.decode(): v.decode() for k, v in pq.read_metadata(part).metadata.items()}
-    assert meta["trainmem_schema_version"] == "7" and meta["trainmem_store"] == "all"
+    assert meta["trainmem_schema_version"] == "8" and meta["trainmem_store"] == "all"
     assert meta["trainmem_study"] == part.parent.name.removeprefix("study=")
     assert meta["trainmem_point_range"].split("-")[0].isdigit()
     assert len(meta["trainmem_space_fingerprint"]) == 10

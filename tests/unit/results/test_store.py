@@ -52,6 +52,19 @@ SNAPSHOT = [
     ("allocator", "Categorical"),
     ("load", "Categorical"),
     ("bitsandbytes_version", "Categorical"),
+    ("rl", "Categorical"),
+    ("rollout", "Categorical"),
+    ("rollout_tp", "Int64"),
+    ("rollout_gpu_memory_utilization", "Float64"),
+    ("rl_group_size", "Int64"),
+    ("response_len", "Int64"),
+    ("rollout_batch_size", "Int64"),
+    ("rollout_max_num_seqs", "Int64"),
+    ("rollout_max_num_batched_tokens", "Int64"),
+    ("rollout_sleep_level", "Int64"),
+    ("ref_model", "Categorical"),
+    ("rl_trainer_offload", "Categorical"),
+    ("log_prob_micro_batch_size", "Int64"),
     ("dp", "Int64"),
     ("grad_accum_steps", "Int64"),
     ("peak_device_bytes", "Int64"),
@@ -87,7 +100,7 @@ SNAPSHOT = [
 
 def test_schema_snapshot() -> None:
     assert [(k, str(v)) for k, v in SCHEMA.items()] == SNAPSHOT
-    assert SCHEMA_VERSION == 7
+    assert SCHEMA_VERSION == 8
 
 
 def _frame(n: int = 5) -> pl.DataFrame:
