@@ -101,7 +101,7 @@ def gpus_cmd(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """The GPU profiles: memory, usable memory, dense bf16 throughput, price."""
+    """The GPU profiles: memory, usable memory, dense bf16 and fp4 throughput, price."""
     gpus = load_gpus(hardware_dir)
     aliases = gpu_aliases(gpus)
     rows = [
@@ -110,6 +110,7 @@ def gpus_cmd(
             "memory_bytes": g.memory_bytes,
             "usable_bytes": g.usable_bytes,
             "bf16_flops": g.bf16_flops,
+            "fp4_flops": g.fp4_flops,
             "price_per_hour_usd": g.price_per_hour_usd,
             "price_date": g.price_date,
             "path": g.path,
@@ -121,12 +122,14 @@ def gpus_cmd(
         typer.echo(json_text(rows))
         return
     typer.echo(
-        f"{'name':<18}{'memory GiB':>11}{'usable GiB':>11}{'bf16 TFLOP/s':>13}{'$/h':>7}  aliases"
+        f"{'name':<18}{'memory GiB':>11}{'usable GiB':>11}{'bf16 TFLOP/s':>13}"
+        f"{'fp4 TFLOP/s':>12}{'$/h':>7}  aliases"
     )
     for r in rows:
+        fp4 = f"{r['fp4_flops'] / 1e12:.1f}" if r["fp4_flops"] > 0 else "-"  # no fp4 cores
         typer.echo(
             f"{r['name']:<18}{r['memory_bytes'] / GIB:>11.2f}{r['usable_bytes'] / GIB:>11.2f}"
-            f"{r['bf16_flops'] / 1e12:>13.1f}{r['price_per_hour_usd']:>7.2f}  "
+            f"{r['bf16_flops'] / 1e12:>13.1f}{fp4:>12}{r['price_per_hour_usd']:>7.2f}  "
             f"{', '.join(r['aliases'])}".rstrip()
         )
 

@@ -55,6 +55,8 @@ from ._lazy import lazy_names
 from ._lora import max_lora_rank
 from ._model import ModelSpec
 from ._model_readers import FAMILIES, model_from_hf_config
+from ._mx import arch_runs as precision_arch_runs
+from ._mx import archs_text as precision_archs_text
 from ._offload import node_host_bytes, ranks_per_node
 from ._optimizers import OptimizerSpec, builtin_optimizers, spec_columns
 from ._overhead import (
@@ -142,6 +144,8 @@ __all__ = [
     "lora_mask",
     "max_lora_rank",
     "PRECISION_RATES",
+    "precision_arch_runs",
+    "precision_archs_text",
     "lora_num_parameters",
     "make_grid",
     "resolved_loss",

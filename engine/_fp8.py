@@ -28,14 +28,23 @@ block's weights are cast at a time."""
 
 
 def fp8_cache_bytes(
-    full: Sequence[LocalTensor], *, fp8, params_sharded, num_layers: np.ndarray, dp: np.ndarray
+    full: Sequence[LocalTensor],
+    *,
+    fp8,
+    params_sharded,
+    num_layers: np.ndarray,
+    dp: np.ndarray,
+    cache_bytes_per_element=FP8_WEIGHT_CACHE_BYTES,
+    scaling_bytes_per_linear=FP8_SCALING_BYTES_PER_LINEAR,
 ) -> np.ndarray:
-    """Bytes of the fp8 weight caches and scaling state on one rank (0 off the fp8 recipe).
+    """Bytes of the quantized weight caches and scaling state on one rank (0 off the recipes).
 
     `full`: the rank's unsharded tensors; `params_sharded`: ZeRO-3/FSDP rows; `num_layers`:
-    blocks on the rank's stage.
-    Source: FP8_WEIGHT_CACHE_BYTES, FP8_SCALING_BYTES_PER_LINEAR.
-    Assumes: every block linear runs in fp8 (the embedding and head stay 16-bit, as in TE).
+    blocks on the rank's stage; `cache_bytes_per_element`, `scaling_bytes_per_linear`: the
+    recipe's (per row: fp8-mixed's defaults, or _mx.py's WEIGHT_CACHE_BYTES and
+    SCALING_BYTES_PER_LINEAR by precision code for mxfp8 and nvfp4).
+    Source: FP8_WEIGHT_CACHE_BYTES, FP8_SCALING_BYTES_PER_LINEAR; _mx.py.
+    Assumes: every block linear runs quantized (the embedding and head stay 16-bit, as in TE).
     """
     linear_numel = sum(
         (t.numel * t.count for t in full if t.tensor.is_block_linear), np.zeros_like(dp)
@@ -48,6 +57,6 @@ def fp8_cache_bytes(
     )
     return np.where(
         fp8,
-        FP8_WEIGHT_CACHE_BYTES * cached_numel + FP8_SCALING_BYTES_PER_LINEAR * num_linears,
+        cache_bytes_per_element * cached_numel + scaling_bytes_per_linear * num_linears,
         0.0,
     )

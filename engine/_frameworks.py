@@ -412,7 +412,7 @@ _SPEC_VALUES: dict[str, dict[str, Any]] = {
             "offload": ("none", "optimizer"),
             "recompute": ("none", "selective", "full", "selective-layer"),
         },
-        launch_precisions=("mixed-bf16", "mixed-fp16", "fp8-mixed", "fp32"),
+        launch_precisions=("mixed-bf16", "mixed-fp16", "fp8-mixed", "mxfp8", "nvfp4", "fp32"),
         launch_source="Megatron-LM: any layout; ZeRO 1 = distributed optimizer, 2/3 = "
         "Megatron-FSDP; offload = --optimizer-cpu-offload; no per-op checkpointing "
         "(selective-layer = --recompute-method block); --bf16, --fp16, --fp8-format.",

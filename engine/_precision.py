@@ -36,7 +36,10 @@ class Precision:
     mixed: bool = False
     """16-bit parameters with an fp32 master copy."""
     fp8: bool = False
-    """fp8 GEMMs (Transformer Engine recipes), see _fp8.py."""
+    """Quantized block GEMMs (Transformer Engine / torchao recipes: fp8-mixed, mxfp8, nvfp4),
+    see _fp8.py and _mx.py."""
+    fp4: bool = False
+    """The quantized GEMMs run at the fp4 rate (nvfp4), not the fp8 one."""
 
 
 _FP32 = Precision(param_bytes=4, master_bytes=0, grad_bytes=4, state_bytes=4, compute_bytes=4,
@@ -49,6 +52,8 @@ _MIXED = Precision(param_bytes=2, master_bytes=4, grad_bytes=2, state_bytes=4, c
                    residual_bytes=2, mixed=True)  # fmt: skip
 _FP8 = Precision(param_bytes=2, master_bytes=4, grad_bytes=2, state_bytes=4, compute_bytes=2,
                  residual_bytes=2, mixed=True, fp8=True)  # fmt: skip
+_NVFP4 = Precision(param_bytes=2, master_bytes=4, grad_bytes=2, state_bytes=4, compute_bytes=2,
+                   residual_bytes=2, mixed=True, fp8=True, fp4=True)  # fmt: skip
 
 PRECISION_SPECS: dict[str, Precision] = {
     "fp32": _FP32,
@@ -59,6 +64,8 @@ PRECISION_SPECS: dict[str, Precision] = {
     "mixed-bf16": _MIXED,
     "mixed-fp16": _MIXED,
     "fp8-mixed": _FP8,
+    "mxfp8": _FP8,
+    "nvfp4": _NVFP4,
 }
 """Every precision of the vocabulary by name."""
 
@@ -73,10 +80,13 @@ PRECISION_RATES: dict[str, tuple[str, ...]] = {
     "mixed-bf16": ("bf16",),
     "mixed-fp16": ("fp16",),
     "fp8-mixed": ("fp8", "bf16"),
+    "mxfp8": ("fp8", "bf16"),
+    "nvfp4": ("fp4", "bf16"),
 }
 """The matmul formats each precision runs, as a GPU profile's rate fields name them
 (`<format>_flops`): a GPU whose rate of one of them is 0 cannot run the precision (V100 and T4
-have no bf16, A100 no fp8). fp8 recipes run their other matmuls in bf16 (_fp8.py)."""
+have no bf16, A100 no fp8). fp8 recipes run their other matmuls in bf16 (_fp8.py), and so do
+the block-scaled ones (_mx.py), which need Blackwell's architecture besides (_mx.SM_RANGES)."""
 
 assert tuple(PRECISION_RATES) == PRECISIONS, "one entry per PRECISIONS name, in order"
 
@@ -95,6 +105,7 @@ RESIDUAL_BYTES = _table("residual_bytes")
 IS_AMP = _table("autocast", bool)
 IS_MIXED = _table("mixed", bool)
 IS_FP8 = _table("fp8", bool)
+IS_FP4 = _table("fp4", bool)
 
 AUTOCAST_COPY_BYTES = 2.0
 """Bytes per element of autocast's cached 16-bit copy of an fp32 weight."""

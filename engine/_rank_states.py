@@ -63,6 +63,7 @@ from ._lora import (
     sharded_qlora_adapters_16bit,
 )
 from ._model import ModelSpec
+from ._mx import SCALING_BYTES_PER_LINEAR, WEIGHT_CACHE_BYTES
 from ._offload import deepspeed_offloaded_states, offloaded_states
 from ._optimizers import (
     optimizer_state_bytes,
@@ -503,13 +504,16 @@ def _load_terms(
 
 
 def _fp8_cache(x: RankLayout) -> np.ndarray:
-    """fp8 weight caches where the recipe keeps them (Transformer Engine; not torchao)."""
+    """Quantized weight caches where the recipe keeps them (Transformer Engine's fp8, MXFP8
+    and NVFP4 recipes; not torchao's, whose mx_mm / Float8Linear save the bf16 weight)."""
     return fp8_cache_bytes(
         x.full,
         fp8=IS_FP8[x.prec] & FP8_WEIGHT_CACHE[x.fw],
         params_sharded=x.zero >= ZERO_PARAMETERS,
         num_layers=x.counts["layer"],
         dp=x.dp,
+        cache_bytes_per_element=WEIGHT_CACHE_BYTES[x.prec],
+        scaling_bytes_per_linear=SCALING_BYTES_PER_LINEAR[x.prec],
     )
 
 

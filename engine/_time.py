@@ -39,6 +39,7 @@ from ._frameworks import FP32_MAIN_GRAD_BUFFER, recompute_policy
 from ._grid import Grid
 from ._lora import lora_width, qlora_dequant_traffic_bytes_per_weight
 from ._model import ModelSpec
+from ._mx import CAST_BYTES_PER_ELEMENT
 from ._offload import offload_time_s
 from ._optimizers import optimizer_step_s
 from ._pipeline import bubble_fraction as bubble_fraction  # re-exported (engine/__init__.py)
@@ -46,6 +47,7 @@ from ._pipeline import bubble_time_s, p2p_time_s
 from ._precision import (
     COMPUTE_BYTES,
     IS_AMP,
+    IS_FP4,
     IS_FP8,
     PARAM_BYTES,
     autocast_traffic_bytes_per_weight,
@@ -102,6 +104,7 @@ def estimate_time(
     pcie_bytes_per_s: float | np.ndarray,
     price_per_gpu_hour_usd: float | np.ndarray,
     fp8_peak_flops: float | np.ndarray = 0.0,
+    fp4_peak_flops: float | np.ndarray = 0.0,
     tokens: float | np.ndarray | None = None,
     params: TimeParams | None = None,
     reason: np.ndarray | None = None,
@@ -111,7 +114,8 @@ def estimate_time(
 
     GPU values are scalars or per-row arrays; `time_inputs(profile)` gives them for one profile.
     fp32 rows run at fp32_peak_flops, the others at peak_flops (dense 16-bit); fp8-mixed rows
-    run their block GEMMs at fp8_peak_flops (where it is > 0) and the rest at peak_flops.
+    run their block GEMMs at fp8_peak_flops (where it is > 0) and the rest at peak_flops, and so
+    do mxfp8 rows; nvfp4 rows run them at fp4_peak_flops (where it is > 0).
     Returns float64 columns, NaN where the layout is invalid: step_time_s = compute_time_s +
     communication_exposed_s + bubble_time_s; tokens_per_second (whole job: global batch tokens /
     step time) and tokens_per_second_per_gpu; mfu (model FLOPs / (step time x GPUs x peak)) and
@@ -143,6 +147,7 @@ def estimate_time(
         pcie_bytes_per_s,
         price_per_gpu_hour_usd,
         fp8_peak_flops,
+        fp4_peak_flops,
     )
     return _on_valid_rows(m, g, valid, links, tokens=tokens, params=params, columns=columns)
 
@@ -161,6 +166,8 @@ class Links(NamedTuple):
     price_per_gpu_hour_usd: Any
     fp8_peak_flops: Any = 0.0
     """Dense fp8 peak; 0: the GPU has none (fp8 rows then run at peak_flops)."""
+    fp4_peak_flops: Any = 0.0
+    """Dense fp4 peak (block-scaled); 0: the GPU has none (nvfp4 rows then run at peak_flops)."""
 
     def network(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(GPUs per node, intra-node and inter-node bytes/s), float64: a collective's links."""
@@ -330,10 +337,20 @@ def fp8_cast_bytes(m: ModelSpec, x: StepShape, pr: TimeParams) -> tuple[np.ndarr
     if not np.any(fp8):  # no fp8 row: nothing cast (and no work per row)
         return np.zeros(1), np.zeros(1)
     widths = block_linear_widths(m)
-    per_token = pr.fp8_cast_bytes_per_element * widths * (2.0 + x.full) / x.t
+    per_element = cast_bytes_per_element(x.prec, pr)
+    per_token = per_element * widths * (2.0 + x.full) / x.t
     blocks, _ = matmul_parameters(m)
-    weights = pr.fp8_cast_bytes_per_element * blocks * (2.0 + x.full) * x.num_micro / (x.t * x.p)
+    weights = per_element * blocks * (2.0 + x.full) * x.num_micro / (x.t * x.p)
     return np.where(fp8, per_token, 0.0), np.where(fp8, weights, 0.0)
+
+
+def cast_bytes_per_element(prec, pr: TimeParams):
+    """HBM bytes per element a recipe's quantizing cast moves: the calibrated
+    TimeParams.fp8_cast_bytes_per_element under fp8-mixed, the block-scaled recipes' own
+    (_mx.py CAST_BYTES_PER_ELEMENT: mxfp8 3.03125, nvfp4 4.5625) under mxfp8 and nvfp4.
+    Source: _mx.py MXFP8_CAST_BYTES_PER_ELEMENT, NVFP4_CAST_BYTES_PER_ELEMENT."""
+    own = CAST_BYTES_PER_ELEMENT[prec]
+    return np.where(own > 0.0, own, pr.fp8_cast_bytes_per_element)
 
 
 def _gemm_s(x: StepShape, linear_flops, blocks: float, *, peak, peak8, eff, pr: TimeParams):
@@ -515,6 +532,8 @@ def time_values(
     peak = np.where(x.prec == FP32, links.fp32_peak_flops, links.peak_flops).astype(np.float64)
     hbm = np.asarray(links.hbm_bytes_per_s, dtype=np.float64) * pr.memory_bandwidth_efficiency
     fp8_peak = np.asarray(links.fp8_peak_flops, dtype=np.float64)
+    if np.any(IS_FP4[x.prec]):  # nvfp4 rows: their quantized GEMMs at the fp4 rate
+        fp8_peak = np.where(IS_FP4[x.prec], np.asarray(links.fp4_peak_flops, np.float64), fp8_peak)
     fp8_on = IS_FP8[x.prec] & (fp8_peak > 0.0)  # what fp8 GEMMs sustain, as a peak
     peak8 = np.where(fp8_on, fp8_peak * pr.fp8_gemm_efficiency_ratio, peak)
     work = _compute_s(m, x, g, peak=peak, peak8=peak8, hbm=hbm, pr=pr)

@@ -188,12 +188,14 @@ def time_inputs(gpu: GpuLike, *, price_per_hour_usd: float | None = None) -> dic
     """The GPU keyword arguments of `estimate_time` for one profile (price overridable).
 
     peak_flops is the dense 16-bit peak (bf16, or fp16 where a card has no bf16);
-    fp8_peak_flops the dense fp8 peak (0 where the card has none).
+    fp8_peak_flops the dense fp8 peak (0 where the card has none), fp4_peak_flops the dense fp4
+    one (0 where the card has none, or a profile made before the field: getattr's default).
     """
     price = gpu.price_per_hour_usd if price_per_hour_usd is None else price_per_hour_usd
     return {
         "peak_flops": float(gpu.bf16_flops if gpu.bf16_flops > 0 else gpu.fp16_flops),
         "fp8_peak_flops": float(getattr(gpu, "fp8_flops", 0.0)),
+        "fp4_peak_flops": float(getattr(gpu, "fp4_flops", 0.0)),
         "fp32_peak_flops": float(gpu.fp32_flops),
         "hbm_bytes_per_s": float(gpu.hbm_bandwidth_bytes_per_s),
         "intra_node_bytes_per_s": float(gpu.intra_node_bandwidth_bytes_per_s),

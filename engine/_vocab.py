@@ -14,6 +14,8 @@ PRECISIONS = (
     "mixed-bf16",
     "mixed-fp16",
     "fp8-mixed",
+    "mxfp8",
+    "nvfp4",
 )
 from ._optimizers import OPTIMIZERS as OPTIMIZERS  # noqa: E402, I001 (the registry's names)
 

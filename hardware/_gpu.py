@@ -16,10 +16,10 @@ GIB = 2**30
 """Bytes in one GiB."""
 
 Vendor = Literal["nvidia", "amd"]
-Dtype = Literal["bf16", "fp16", "fp8", "fp32"]
+Dtype = Literal["bf16", "fp16", "fp8", "fp32", "fp4"]
 
 VENDORS: tuple[Vendor, ...] = ("nvidia", "amd")
-DTYPES: tuple[Dtype, ...] = ("bf16", "fp16", "fp8", "fp32")
+DTYPES: tuple[Dtype, ...] = ("bf16", "fp16", "fp8", "fp32", "fp4")
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*\Z")
 _ARCH_RE = re.compile(r"^(sm[0-9]{2,3}|cdna[0-9])\Z")
@@ -30,6 +30,7 @@ _FLOAT_FIELDS = (
     "fp16_flops",
     "fp8_flops",
     "fp32_flops",
+    "fp4_flops",
     "hbm_bandwidth_bytes_per_s",
     "intra_node_bandwidth_bytes_per_s",
     "inter_node_bandwidth_bytes_per_s",
@@ -130,6 +131,10 @@ class GpuProfile:
     the measurement in `sources`). None: the engine's default for `arch`
     (`trainmem.engine.cuda_context_bytes_for`). `--overhead cuda_context_bytes=` overrides both."""
 
+    fp4_flops: float = 0.0
+    """Dense FP4 tensor-core peak with block scaling (NVFP4 on Blackwell, MXFP4 on CDNA 4),
+    FLOP/s (no 2:4 sparsity). 0 (or left out of the file): the card has no fp4 tensor cores."""
+
     path: str = ""
     """File the profile was loaded from; empty when built in code."""
 
@@ -169,6 +174,8 @@ class GpuProfile:
             return self.fp8_flops
         if dtype == "fp32":
             return self.fp32_flops
+        if dtype == "fp4":
+            return self.fp4_flops
         raise ValueError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
 
 
@@ -263,10 +270,10 @@ def _value_violations(p: GpuProfile, bad_type: set[str]) -> list[str]:
 
 def _rate_violation(p: GpuProfile, field: str) -> str:
     """The rule a rate, bandwidth or price of `p` breaks ("" where none): finite, inside its
-    range (FLOPS_RANGE, BANDWIDTH_RANGE, price > 0); bf16 and fp8 rates may be 0 (the card
-    lacks the format)."""
+    range (FLOPS_RANGE, BANDWIDTH_RANGE, price > 0); bf16, fp8 and fp4 rates may be 0 (the
+    card lacks the format)."""
     value = getattr(p, field)
-    optional = field in ("bf16_flops", "fp8_flops")
+    optional = field in ("bf16_flops", "fp8_flops", "fp4_flops")
     if field.endswith("_flops"):
         low, high = FLOPS_RANGE
     elif field.endswith("_bytes_per_s"):

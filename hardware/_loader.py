@@ -30,7 +30,7 @@ _ALIASES_FILE = Path(__file__).parent / "aliases.toml"
 """Short names (``h100``) for built-in profiles: one table of ``alias = "profile name"``."""
 
 _KEYS = frozenset(f.name for f in fields(GpuProfile)) - {"path"}
-_OPTIONAL_KEYS = frozenset({"host_memory_bytes", "cuda_context_bytes"})
+_OPTIONAL_KEYS = frozenset({"host_memory_bytes", "cuda_context_bytes", "fp4_flops"})
 """Keys a profile file may leave out (files written before they existed keep loading)."""
 
 
@@ -151,6 +151,8 @@ def _coerce(table: dict[str, Any]) -> dict[str, Any]:
     """TOML ints where floats are meant become floats; the sources array becomes a tuple."""
     values = dict(table)
     for key in _FLOAT_FIELDS:
+        if key not in values:  # an optional rate left out (fp4_flops): the field's default
+            continue
         value = values[key]
         if isinstance(value, int) and not isinstance(value, bool):
             values[key] = float(value)

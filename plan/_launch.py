@@ -525,10 +525,15 @@ MEGATRON_PRECISIONS: dict[str, list[Any]] = {
     "mixed-fp16": ["--fp16"],
     "fp8-mixed": ["--bf16", "--fp8-format", "hybrid", "--fp8-amax-history-len", 1024,
                   "--fp8-amax-compute-algo", "max"],
+    "mxfp8": ["--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"],
+    "nvfp4": ["--bf16", "--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"],
     "fp32": [],
 }  # fmt: skip
 """Megatron-LM's precision arguments of each trainmem precision (Transformer Engine's hybrid FP8:
-E4M3 forward, E5M2 backward, max over a 1024-step amax history)."""
+E4M3 forward, E5M2 backward, max over a 1024-step amax history; MXFP8BlockScaling through
+fp8_recipe 'mxfp8' (E4M3 only), NVFP4BlockScaling through fp4 'e2m1' and fp4_recipe 'nvfp4').
+Source: megatron-core 0.16.1 transformer/transformer_config.py (fp8 `--fp8-format`, fp8_recipe,
+fp4 `--fp4-format`, fp4_recipe)."""
 MEGATRON_OPTIMIZERS: dict[str, list[Any]] = {
     "adamw": ["--optimizer", "adam"],  # Megatron's adam decouples weight decay (AdamW)
     "adamw-fused": ["--optimizer", "adam"],

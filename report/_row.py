@@ -260,15 +260,33 @@ def paged_lines(report: dict[str, Any]) -> list[str]:
 
 
 def fp8_lines(report: dict[str, Any]) -> list[str]:
-    """Under `fp8-mixed`, what the fp8 recipe of the row's stack changes: the block GEMMs' rate
-    (both), and in memory Transformer Engine's cached fp8 weights or, for torchao's
-    Float8Linear (FrameworkSpec.fp8_weight_cache False), nothing saved in fp8."""
+    """Under `fp8-mixed`, `mxfp8` or `nvfp4`, what the recipe of the row's stack changes: the
+    block GEMMs' rate (both), and in memory Transformer Engine's cached quantized weights or,
+    for torchao's Float8Linear / mx_mm (FrameworkSpec.fp8_weight_cache False), nothing saved
+    quantized."""
     c = report["config"]
-    if c["precision"] != "fp8-mixed":
+    precision = c["precision"]
+    if precision not in ("fp8-mixed", "mxfp8", "nvfp4"):
         return []
     from trainmem.engine import FRAMEWORK_SPECS
 
-    if FRAMEWORK_SPECS[c["framework"]].fp8_weight_cache:
+    cached = FRAMEWORK_SPECS[c["framework"]].fp8_weight_cache
+    if precision != "fp8-mixed":
+        rate = "fp4" if precision == "nvfp4" else "fp8"
+        if cached:
+            copies = (
+                "MXFP8 (1 B + an E8M0 scale per 32)"
+                if rate == "fp8"
+                else ("NVFP4 (0.5 B + an E4M3 scale per 16)")
+            )
+            memory = f"row- and column-wise {copies} weight copies kept from forward to backward"
+            memory += " (Transformer Engine), activations saved in bf16"
+        else:
+            memory = "nothing kept quantized (torchao mx_mm saves the bf16 input and weight)"
+        return [
+            f"  {precision}: the block GEMMs at the GPU's {rate} rate, the head in bf16; {memory}"
+        ]
+    if cached:
         memory = "fp8 weight copies kept from forward to backward (Transformer Engine), "
         memory += "activations saved in bf16"
     else:

@@ -15,6 +15,8 @@ from trainmem.engine import (
     cross_field_reason,
     lora_mask,
     max_lora_rank,
+    precision_arch_runs,
+    precision_archs_text,
 )
 from trainmem.hardware import GpuProfile
 
@@ -72,9 +74,13 @@ def check_options(options: Sequence[Option], values: Mapping[str, Any]) -> None:
 
 def gpu_precisions(profile: GpuProfile) -> tuple[str, ...]:
     """The precisions `profile` runs: those whose every matmul format (PRECISION_RATES) has a
-    rate above 0 in the GPU's profile (`bf16_flops`, `fp8_flops`, ...)."""
+    rate above 0 in the GPU's profile (`bf16_flops`, `fp8_flops`, `fp4_flops`, ...) and whose
+    block-scaled GEMMs its architecture runs (mxfp8, nvfp4: engine precision_arch_runs)."""
     return tuple(
-        p for p in PRECISIONS if all(profile.peak_flops(r) > 0 for r in PRECISION_RATES[p])
+        p
+        for p in PRECISIONS
+        if all(profile.peak_flops(r) > 0 for r in PRECISION_RATES[p])
+        and precision_arch_runs(p, profile.arch)
     )
 
 
@@ -83,6 +89,12 @@ def precision_reason(precision: str, profile: GpuProfile) -> str | None:
     Ampere, fp8 before Ada/Hopper), naming the GPU and the precisions it runs; None if it can
     (or the precision is unknown: its own check names it)."""
     lacking = [r for r in PRECISION_RATES.get(precision, ()) if not profile.peak_flops(r) > 0]
+    if not lacking and not precision_arch_runs(precision, profile.arch):
+        return (
+            f"precision: {precision} needs Blackwell block-scaled tensor cores "
+            f"({precision_archs_text(precision)}) and gpu {profile.name} is {profile.arch}; "
+            f"allowed on {profile.name}: {', '.join(gpu_precisions(profile))}"
+        )
     if not lacking:
         return None
     return (

@@ -181,7 +181,7 @@ LAUNCHABLE_BEFORE = {
 }  # fmt: skip
 """plan/_recommend.py's hand-kept table before it was derived from FrameworkSpec."""
 PRECISIONS_BEFORE = {
-    "megatron": ("mixed-bf16", "mixed-fp16", "fp8-mixed", "fp32"),
+    "megatron": ("mixed-bf16", "mixed-fp16", "fp8-mixed", "mxfp8", "nvfp4", "fp32"),  # + issue 29
     "deepspeed": ("mixed-bf16", "mixed-fp16", "fp32"),
     "hf": ("mixed-bf16", "mixed-fp16", "fp32"),
     "torchtitan": ("mixed-bf16", "fp8-mixed", "fp32"),
