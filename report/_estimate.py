@@ -340,10 +340,13 @@ def _memory_report(
     the node's host RAM: the report (its `fits` the GPU's and the host's) and estimate()'s
     one-row columns."""
     spec, profile = inputs.spec, inputs.profile
-    rl = is_rl(inputs.grid)
+    rl = is_rl({"rl": np.asarray([inputs.row["rl"]])})
     step_config = inputs.grid_config
+    # An RL job's phases run on the one-row grid (only then built: the report's fast path is
+    # the encoded row).
+    grid = make_grid(inputs.grid_config) if rl else {}
     if rl:  # the trainer's step (DPO: chosen and rejected, twice the sequences)
-        doubled = step_grid(inputs.grid)
+        doubled = step_grid(grid)
         step_config = {
             **step_config,
             **{k: int(doubled[k][0]) for k in ("micro_batch_size", "global_batch_size")},
@@ -359,9 +362,7 @@ def _memory_report(
     )
     report = row_report(spec, out, gpu=profile, config=inputs.config, headroom=job.headroom)
     if rl:
-        phases = rl_columns(
-            spec, inputs.grid, out, profile=profile, headroom=job.headroom, overheads=ov
-        )
+        phases = rl_columns(spec, grid, out, profile=profile, headroom=job.headroom, overheads=ov)
         report = rl_report(report, phases, config=inputs.config)
     host_need = max(out["host_bytes"][0], out["load_host_bytes"][0])
     report.update(host_fit(host_need, inputs.config["num_gpus"], profile, job.host_memory_gib))
