@@ -68,7 +68,8 @@ Source: verl 0.9.1 verl/utils/torch_functional.py logprobs_from_logits (flash-at
 cross_entropy_loss on the bf16 logits), entropy_from_logits (fp32 softmax). Assumes: padded
 sequences (verl's use_remove_padding packs the real tokens: fewer)."""
 ADVISED_UTIL_STEP = 0.05
-"""advised_rollout_gpu_memory_utilization is rounded DOWN to a multiple of this."""
+"""advised_rollout_gpu_memory_utilization is a multiple of this: the largest that fits rounded
+down, the one the rollout needs rounded up."""
 
 
 def rl_rows(g: Any) -> dict[str, np.ndarray]:
@@ -220,6 +221,18 @@ def score_logits_bytes(m: ModelSpec, g: Any) -> np.ndarray:
     return tokens * m.vocab_size / np.asarray(g["tp"], dtype=np.float64) * SCORE_LOGIT_BYTES
 
 
+def needed_utilization(engine_bytes: Any, total_bytes: Any) -> np.ndarray:
+    """The smallest gpu_memory_utilization, rounded UP to ADVISED_UTIL_STEP, whose budget holds
+    `engine_bytes`: the engine's weights, profile-run activations, non-torch memory and the KV
+    cache of every sequence it runs at once (rollout_sequences x max length), so that it never
+    preempts. More budget only grows a KV cache the scheduler cannot fill (max_num_seqs caps
+    the sequences in flight), and leaves the trainer less.
+    Source: vllm 0.33.0 vllm/v1/core/sched/scheduler.py (preemption when no KV block is free),
+    vllm/config/scheduler.py max_num_seqs."""
+    ratio = np.asarray(engine_bytes, dtype=np.float64) / np.asarray(total_bytes, dtype=np.float64)
+    return np.round(np.ceil(ratio / ADVISED_UTIL_STEP - 1e-9) * ADVISED_UTIL_STEP, 2)
+
+
 def advised_utilization(
     *, other_bytes: Any, total_bytes: Any, limit_bytes: Any, engine_min_bytes: Any
 ) -> np.ndarray:
@@ -260,6 +273,7 @@ RL_OUTPUTS = (
     "score_logits_bytes",
     "rollout_starts",
     "advised_rollout_gpu_memory_utilization",
+    "max_rollout_gpu_memory_utilization",
     "rl_fits",
 )
 """What rl_phases returns (bytes per GPU unless said; rl_peak_phase indexes RL_PHASES; NaN
@@ -406,7 +420,7 @@ def _phase_peaks(
     train = np.where(is_rl, step["peak_device_bytes"] + critic + reference + residual, np.nan)
     phases = np.stack([np.nan_to_num(x, nan=-np.inf) for x in (rollout, score, train)])
     peak = np.where(is_rl, np.max(phases, axis=0), np.nan)
-    advised = _advised(
+    advised, largest = _advised(
         step,
         held,
         eng,
@@ -427,6 +441,7 @@ def _phase_peaks(
         "score_logits_bytes": np.where(scores, logits, 0.0),
         "rollout_starts": starts,
         "advised_rollout_gpu_memory_utilization": advised,
+        "max_rollout_gpu_memory_utilization": largest,
         "rl_fits": is_rl & starts & (peak <= limit),
     }
 
@@ -442,8 +457,9 @@ def _advised(
     sync: np.ndarray,
     total: np.ndarray,
     limit: np.ndarray,
-) -> np.ndarray:
-    """advised_utilization of rows: beside the engine's budget sits what the rollout holds
+) -> tuple[np.ndarray, np.ndarray]:
+    """(advised, largest) utilization of rows. largest: advised_utilization, beside the
+    engine's budget what the rollout holds
     (`others`: the models' states, the trainer's context) and, awake (sleep level 0), the
     score's and train's peaks too; NaN where the weight sync alone, which no utilization
     changes, is over the limit, and where there is no engine (hf, dpo)."""
@@ -457,10 +473,14 @@ def _advised(
         + eng["rollout_non_torch_bytes"]
         + eng["kv_cache_min_bytes"]
     )
-    advised = advised_utilization(
+    largest = advised_utilization(
         other_bytes=np.maximum(others, awake) + eng["rollout_outside_budget_bytes"],
         total_bytes=total,
         limit_bytes=limit,
         engine_min_bytes=engine_min,
     )
-    return np.where(eng["engine"] & (sync <= limit), advised, np.nan)
+    largest = np.where(eng["engine"] & (sync <= limit), largest, np.nan)
+    # The advice is the smallest utilization that runs the rollout without preemption, at
+    # most the largest that fits (where even that is short, the largest: the engine preempts).
+    need = engine_min - eng["kv_cache_min_bytes"] + eng["kv_cache_needed_bytes"]
+    return np.minimum(largest, needed_utilization(need, total)), largest

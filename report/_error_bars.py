@@ -189,12 +189,18 @@ def error_bar_columns(
 
 
 def error_bar_report(
-    peak_device_bytes: float, limit_bytes: float, config: Mapping[str, Any]
+    peak_device_bytes: float,
+    limit_bytes: float,
+    config: Mapping[str, Any],
+    *,
+    fixed_bytes: float = 0.0,
 ) -> dict[str, Any]:
     """The error-bar keys of one answer (estimate, fit, HTTP): `peak_device_bytes_low`,
     `peak_device_bytes_high` (90% interval), `fit_probability` (the measured device peak within
     the GPU's usable memory less the headroom, the limit `fits` judges), and `error_bars`: the
-    stack and regime, the distribution and the evidence behind it."""
+    stack and regime, the distribution and the evidence behind it. `fixed_bytes`: a part of
+    the peak that is a reservation, not a prediction (an RL rollout engine's budget, util x
+    total): the distribution scales the rest only."""
     stack = str(config.get("framework", "hf"))
     rank = float(config.get("lora_rank", 0))
     regime = "qlora" if rank > 0 and config.get("qlora") else ("lora" if rank > 0 else "full")
@@ -202,7 +208,8 @@ def error_bar_report(
     # One row in Python floats (error_bar_columns' formulas, math.erf for the CDF): ~3 us a
     # report against ~100 us through numpy; tests/test_error_bars.py holds the two equal.
     mean, sigma = group["mean_log"], group["sigma_log"]
-    peak, limit = float(peak_device_bytes), float(limit_bytes)
+    fixed = float(fixed_bytes)
+    peak, limit = float(peak_device_bytes) - fixed, float(limit_bytes) - fixed
     if not math.isfinite(peak):
         prob = math.nan
     elif limit <= 0:
@@ -212,8 +219,8 @@ def error_bar_report(
     else:
         prob = 0.5 * (1.0 + math.erf((math.log(limit / peak) - mean) / (sigma * math.sqrt(2.0))))
     return {
-        "peak_device_bytes_low": int(round(peak * math.exp(mean - Z90 * sigma))),
-        "peak_device_bytes_high": int(round(peak * math.exp(mean + Z90 * sigma))),
+        "peak_device_bytes_low": int(round(fixed + peak * math.exp(mean - Z90 * sigma))),
+        "peak_device_bytes_high": int(round(fixed + peak * math.exp(mean + Z90 * sigma))),
         "fit_probability": prob,
         "error_bars": {
             "stack": stack,

@@ -51,7 +51,7 @@ from ._advice import advice_report
 from ._options import DEFAULT_PRECISIONS, JOB_DEFAULT_MODEL, JOB_DEFAULTS, gib_to_bytes
 from ._overhead_file import overhead_items
 from ._risk import check_risk_options, risk_answers, risk_keys
-from ._rl import is_rl, rl_columns, rl_report, step_grid
+from ._rl import is_rl, rl_columns, rl_report, rl_top_consumers, step_grid
 from ._row import row_report, stage_summary, time_report
 from ._validate import (
     check_choices,
@@ -236,6 +236,9 @@ def estimate_report(
     report["time"], time_params = _time_report(job, inputs)
     report["pp_stage"] = int(out["pp_stage"][0])
     report.update(_advice(job, inputs, out, ov, time_params))
+    rollout_consumers = rl_top_consumers(report)
+    if rollout_consumers is not None:
+        report["top_consumers"] = rollout_consumers
     if per_stage:
         report["stages"] = _stage_reports(job, inputs, ov)
     report.update(_risk_block(job, inputs, ov))

@@ -11,6 +11,8 @@ from trainmem.engine import GIB, ModelSpec, Overheads
 from trainmem.engine._rl import RL_NONE, RL_PHASES, rl_phases, trainer_grid
 from trainmem.hardware import GpuProfile
 
+from ._error_bars import error_bar_report
+
 RL_BYTES_KEYS = (
     "trainer_resident_bytes",
     "reference_bytes",
@@ -86,6 +88,36 @@ def fold_rl(
     return folded
 
 
+def rl_top_consumers(report: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The top consumers of an RL report whose peak is its rollout (what the GPU holds then,
+    largest first: the step's consumers are not what the rollout holds); None otherwise."""
+    block = report.get("rl")
+    if not block or block["peak_phase"] != "rollout":
+        return None
+    return _rollout_consumers(block)
+
+
+def _rollout_consumers(block: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the GPU holds at a rollout peak, largest first."""
+    parts = [
+        ("the rollout engine's budget (gpu_memory_utilization x total: weights, KV cache, "
+         "activations)", block["rollout_budget_bytes"]),
+        ("the trainer's states left on the GPU while it generates",
+         block["trainer_resident_bytes"]),
+        ("the reference model", block["reference_bytes"]),
+        ("the critic's states", block["critic_resident_bytes"]),
+        ("the engine's context and CUDA graphs, outside its budget",
+         block["rollout_outside_budget_bytes"]),
+    ]  # fmt: skip
+    kept = [{"what": w, "bytes": int(b)} for w, b in parts if b]
+    return sorted(kept, key=lambda c: -c["bytes"])
+
+
+def _util(x: Any) -> float | None:
+    value = float(np.asarray(x).reshape(-1)[0])
+    return value if np.isfinite(value) else None
+
+
 def _int(x: Any) -> int | None:
     value = float(np.asarray(x).reshape(-1)[0])
     return None if not np.isfinite(value) else int(round(value))
@@ -119,10 +151,20 @@ def rl_report(
         "rollout_sequences": _int(at["rollout_sequences"]),
         "rollout_starts": bool(at["rollout_starts"][0]),
         "kv_cache_short": bool(at["kv_cache_available_bytes"][0] < at["kv_cache_needed_bytes"][0]),
-        "advised_rounding": "down to a multiple of 0.05",
+        "max_rollout_gpu_memory_utilization": _util(at["max_rollout_gpu_memory_utilization"]),
+        "advised_rounding": (
+            "the smallest multiple of 0.05 that holds the rollout's sequences without "
+            "preemption, at most max_rollout_gpu_memory_utilization (the largest multiple of "
+            "0.05 that fits)"
+        ),
     }
+    # The error bars of the RL peak: the trainer's share is a prediction, the rollout engine's
+    # budget a reservation (vLLM takes util x total whatever the model needs).
+    fixed = block["rollout_budget_bytes"] if block["peak_phase"] == "rollout" else 0
+    bars = error_bar_report(peak or 0, limit, config, fixed_bytes=fixed or 0)
     return {
         **report,
+        **bars,
         "phases": phases,
         "peak_device_bytes": peak,
         "peak_phase": block["peak_phase"],
@@ -171,9 +213,15 @@ def rl_lines(report: dict[str, Any]) -> list[str]:
                 "room for one max-length sequence"
             )
         advised = report["advised_rollout_gpu_memory_utilization"]
+        largest = block["max_rollout_gpu_memory_utilization"]
         lines.append(
             "  advised rollout gpu_memory_utilization: "
-            + (f"{advised:.2f} (rounded down to 0.05)" if advised is not None else "none fits")
+            + (
+                f"{advised:.2f} (holds its {block['rollout_sequences']} sequences without "
+                f"preemption; at most {largest:.2f} fits beside the trainer)"
+                if advised is not None and largest is not None
+                else "none fits"
+            )
         )
     return lines
 

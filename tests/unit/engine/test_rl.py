@@ -79,8 +79,15 @@ def test_verl_grpo_example_pinned() -> None:
     assert rl["kv_cache_needed_bytes"] == 256 * 128 * 458_752
     assert rl["kv_cache_available_bytes"] > rl["kv_cache_needed_bytes"]
     assert rl["rollout_starts"]
-    # The recipe's 0.6 or safer is what the issue asks; the advice allows up to 0.70.
-    assert r["advised_rollout_gpu_memory_utilization"] == pytest.approx(0.70)
+    # The recipe's 0.6 or safer is what the issue asks: the advice is the smallest budget that
+    # holds the 256 sequences in flight without preemption, (7.09 GiB of weights over tp 2 +
+    # 14.00 GiB of KV cache + the profile run's activations and non-torch memory) / 79.19 GiB
+    # rounded up to 0.30; at most 0.70 fits beside the trainer's 10.64 GiB.
+    assert r["advised_rollout_gpu_memory_utilization"] == pytest.approx(0.30)
+    assert rl["max_rollout_gpu_memory_utilization"] == pytest.approx(0.70)
+    assert (
+        r["advised_rollout_gpu_memory_utilization"] <= VERL_GRPO["rollout_gpu_memory_utilization"]
+    )
     assert set(r["phases"]) >= {"forward", "backward", "optimizer_step", "rollout", "score"}
     assert r["peak_device_bytes"] == max(r["phases"][k] for k in ("rollout", "score", "train"))
 
@@ -189,7 +196,7 @@ def test_http_estimate_takes_the_rl_fields() -> None:
         assert got.status_code == 200, got.text
         report = got.json()
         assert {"rollout", "score", "train"} <= set(report["phases"])
-        assert report["advised_rollout_gpu_memory_utilization"] == pytest.approx(0.70)
+        assert report["advised_rollout_gpu_memory_utilization"] == pytest.approx(0.30)
         bad = http.post("/v1/estimate", json={**body, "rollout_gpu_memory_utilization": 1.5})
         assert bad.status_code in (400, 422) and "rollout_gpu_memory_utilization" in bad.text
 
@@ -224,4 +231,5 @@ def test_published_verl_records() -> None:
     assert got["peak_phase"] == "rollout"
     # Within the issue's 10% (-8.5% when written: 48.32 vs 52.80 GiB).
     assert abs(got["error"]) < 0.10, got
-    assert got["advised"] >= got["recipe_util"]
+    # The advice is the recipe's utilization or safer (smaller: more room for the trainer).
+    assert got["advised"] <= got["recipe_util"]
