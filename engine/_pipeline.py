@@ -10,6 +10,7 @@ import numpy as np
 
 from ._frameworks import PP_RECEIVE_BUFFER_PER_MICRO_BATCH
 from ._model import ModelSpec
+from ._vision_memory import vision_group_counts
 
 if TYPE_CHECKING:  # the step's shape and links (engine/_time.py imports this module)
     from ._time import Links, StepShape
@@ -59,8 +60,7 @@ def block_counts(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray
     if m.num_cross_attention_layers:  # spread over the stages like the blocks they are
         counts["cross"] = np.ceil(m.num_cross_attention_layers / c["pp"]).astype(np.float64)
     if m.vision is not None:  # the tower runs before the first block: the first stage
-        for group in ("vision", "vision_block", "vision_global"):
-            counts[group] = np.where(first, float(m.group_count(group)), 0.0) * ones
+        counts.update(vision_group_counts(m, c, first, ones))
     return counts
 
 

@@ -10,8 +10,9 @@ import polars as pl
 
 from trainmem.engine import COMPONENTS, FIELD_NAMES, TYPES
 
-SCHEMA_VERSION = 7
-"""7: the error bars peak_device_bytes_low, peak_device_bytes_high (a 90% interval) and
+SCHEMA_VERSION = 8
+"""8: the training fields images_per_sample, image_size and freeze_vision (vision-language
+models); 7: the error bars peak_device_bytes_low, peak_device_bytes_high (a 90% interval) and
 fit_probability, and the risk over a dataset (`sweep --lengths`: oom_probability and
 RISK_BYTE_COLUMNS, the step peaks, null without a dataset); parts of schema 6 and older
 read with both null; 6: the training field `bitsandbytes_version`; 5: the training field

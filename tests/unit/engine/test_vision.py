@@ -165,3 +165,80 @@ def test_mllama_tiles_and_keys() -> None:
     assert vision_sequence_per_image(v, np.array([560.0])).tolist() == [4 * 1608]
     assert cross_attention_keys_per_image(v) == 4 * 1601
     assert image_tokens_per_image(v, np.array([560.0])).tolist() == [0.0]
+
+
+# ------------------------------------------------------------------------- memory
+
+from trainmem.engine import estimate, make_grid  # noqa: E402
+from trainmem.engine._vision_memory import frozen_vision_parameter_numel  # noqa: E402
+
+_JOB = {"micro_batch_size": 1, "seq_len": 1024, "precision": "amp-bf16", "recompute": "none"}
+
+
+def _one(model, **fields):
+    out = estimate(model, make_grid({**_JOB, **fields}))
+    return {k: float(v[0]) for k, v in out.items() if np.asarray(v).dtype.kind == "f"}
+
+
+def test_text_only_vlm_equals_its_language_model_plus_the_tower_states() -> None:
+    """No images: the activations are the language model's (the same sequence); the states
+    hold the tower too (trainable: weights, gradients, AdamW's two fp32 states)."""
+    q = load_model("qwen2.5-vl-7b")
+    text = model_from_hf_config(
+        {k: v for k, v in json.loads(
+            (Path(__file__).parents[3] / "catalog" / "presets" / "qwen2.5-vl-7b.json").read_text()
+        ).items() if k != "vision_config"} | {"model_type": "qwen2"},
+        name="qwen2.5-vl-7b-text",
+    )  # fmt: skip
+    vlm, lm = _one(q), _one(text)
+    assert vlm["activations_total"] == lm["activations_total"]
+    tower = frozen_vision_parameter_numel(q)
+    assert tower == 676_550_144  # PyTorch's model.visual (param_counts.json parts)
+    # optimizer states: AdamW's two fp32 states per trainable element (allocator-rounded per
+    # tensor: within 512 bytes x tensors).
+    extra = vlm["optimizer_states"] - lm["optimizer_states"]
+    assert abs(extra - 8.0 * tower) < 512 * 400
+
+
+def test_images_grow_the_sequence_and_the_tower_saves_activations() -> None:
+    q = load_model("qwen2.5-vl-7b")
+    base = _one(q)
+    two = _one(q, images_per_sample=2, image_size=448)
+    frozen = _one(q, images_per_sample=2, image_size=448, freeze_vision=True)
+    # More tokens in the language model, and the trained tower's own saved tensors on top.
+    assert base["activations_total"] < frozen["activations_total"] < two["activations_total"]
+    tower = frozen_vision_parameter_numel(q)
+    assert abs((two["optimizer_states"] - frozen["optimizer_states"]) - 8.0 * tower) < 512 * 400
+    assert frozen["gradients_total"] < two["gradients_total"]
+    assert frozen["parameters"] == pytest.approx(two["parameters"], rel=1e-4)
+
+
+def test_frozen_tower_text_activations_equal_a_longer_text_sequence() -> None:
+    """A frozen tower saves nothing: the activations are the language model's on seq_len +
+    image tokens (2 x 256)."""
+    q = load_model("qwen2.5-vl-7b")
+    frozen = _one(q, images_per_sample=2, image_size=448, freeze_vision=True)
+    longer = _one(q, seq_len=1024 + 512, freeze_vision=True)
+    assert frozen["activations_total"] == longer["activations_total"]
+
+
+def test_mllama_cross_attention_keys_add_activations() -> None:
+    ll = load_model("llama-3.2-11b-vision")
+    base = _one(ll, freeze_vision=True)
+    one = _one(ll, images_per_sample=1, image_size=560, freeze_vision=True)
+    # Frozen tower: the 8 cross-attention blocks' k, v over 4 x 1601 keys (3 [keys, 1024]
+    # tensors each) plus the projector's output [keys, 4096], bf16.
+    keys = 4 * 1601
+    want = 8 * 3 * keys * 1024 * 2 + keys * 4096 * 2
+    assert one["activations_total"] - base["activations_total"] == pytest.approx(want, rel=1e-9)
+
+
+def test_vlm_rows_of_a_grid_equal_single_rows() -> None:
+    q = load_model("qwen2.5-vl-7b")
+    grid = make_grid(
+        {**_JOB, "images_per_sample": [0, 1, 4], "freeze_vision": [False, True, False]}
+    )
+    many = estimate(q, grid)
+    for i, (n, f) in enumerate(((0, False), (1, True), (4, False))):
+        one = _one(q, images_per_sample=n, freeze_vision=f)
+        assert float(many["peak_allocated_bytes"][i]) == one["peak_allocated_bytes"]

@@ -52,6 +52,9 @@ SNAPSHOT = [
     ("allocator", "Categorical"),
     ("load", "Categorical"),
     ("bitsandbytes_version", "Categorical"),
+    ("images_per_sample", "Int64"),
+    ("image_size", "Int64"),
+    ("freeze_vision", "Boolean"),
     ("dp", "Int64"),
     ("grad_accum_steps", "Int64"),
     ("peak_device_bytes", "Int64"),
@@ -87,7 +90,7 @@ SNAPSHOT = [
 
 def test_schema_snapshot() -> None:
     assert [(k, str(v)) for k, v in SCHEMA.items()] == SNAPSHOT
-    assert SCHEMA_VERSION == 7
+    assert SCHEMA_VERSION == 8
 
 
 def _frame(n: int = 5) -> pl.DataFrame:

@@ -141,8 +141,8 @@ def test_without_a_dataset_the_risk_columns_are_null_and_json_unchanged() -> Non
 
 def test_schema_6_parts_read_beside_schema_7(tmp_path) -> None:
     """A part written before the risk columns (schema 6) reads with them null, alone or with
-    schema-7 parts."""
-    assert SCHEMA_VERSION == 7
+    schema-7 parts (schema 8 only added the vision-language training fields)."""
+    assert SCHEMA_VERSION == 8
     n = 3
     cols = {
         "gpu": np.array(["h100-sxm-80gb"] * n, dtype=object),
