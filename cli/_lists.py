@@ -34,16 +34,21 @@ def models_cmd(
                 "num_attention_heads": m.num_attention_heads,
                 "num_key_value_heads": m.num_key_value_heads,
                 "vocab_size": m.vocab_size,
+                "vision_tower": m.vision.kind if m.vision is not None else None,
                 "source": source,
             }
         )
     if as_json:
         typer.echo(json_text(rows))
         return
-    typer.echo(f"{'name':<20}{'family':<9}{'parameters':>18}{'layers':>8}{'hidden':>8}{'heads':>7}")
+    width = max([20, *(len(r["name"]) + 1 for r in rows)])
+    typer.echo(
+        f"{'name':<{width}}{'family':<9}{'parameters':>18}{'layers':>8}{'hidden':>8}{'heads':>7}"
+    )
     for r in rows:
+        family = "vlm" if r["vision_tower"] else r["family"]  # a decoder with a vision tower
         typer.echo(
-            f"{r['name']:<20}{r['family']:<9}{r['num_parameters']:>18,}"
+            f"{r['name']:<{width}}{family:<9}{r['num_parameters']:>18,}"
             f"{r['num_hidden_layers']:>8}{r['hidden_size']:>8}"
             f"{r['num_attention_heads']:>4}/{r['num_key_value_heads']:<3}"
             + ("" if r["source"] == "built-in" else f"  {r['source']}")

@@ -144,6 +144,7 @@ _PANEL_NAMES: dict[str, tuple[str, ...]] = {
     "Batch": (
         *("micro_batch_size", "seq_len", "allow_long_seq", "global_batch_size"),
         *("lengths", "lengths_histogram", "batching", "buckets", "risk"),
+        *("images_per_sample", "image_size"),
     ),
     "Parallelism": (
         *("tp", "pp", "cp", "virtual_stages", "dp_shard", "sequence_parallel", "ep", "etp"),
@@ -152,6 +153,7 @@ _PANEL_NAMES: dict[str, tuple[str, ...]] = {
     "Memory techniques": (
         *("zero", "recompute", "recompute_every", "offload", "activation_offload"),
         *("lora_rank", "lora_targets", "qlora", "bitsandbytes_version", "loss"),
+        "freeze_vision",
     ),
     "Training setup": (
         *("framework", "stack", "optimizer", "optimizer_in_backward", "optimizers_dir"),

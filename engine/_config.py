@@ -330,6 +330,27 @@ class TrainingConfig:
         ge=0,
         le=1 << 16,
     )
+    images_per_sample: int = knob(
+        0,
+        help="Images per sequence of a vision-language model (0: text only); Qwen2-VL / "
+        "Qwen2.5-VL add their image tokens to seq_len, Llama 3.2 Vision's cross-attention "
+        "layers read them.",
+        ge=0,
+        le=1024,
+    )
+    image_size: int = knob(
+        448,
+        help="Side of a (square) image in pixels, before the processor resizes it (Qwen2-VL "
+        "smart_resize to multiples of 28; Llama 3.2 Vision 560-pixel tiles).",
+        ge=1,
+        le=1 << 15,
+    )
+    freeze_vision: bool = knob(
+        False,
+        help="Freeze a vision-language model's vision tower and projector (no gradients, "
+        "optimizer states or saved activations for them).",
+        flag="--freeze-vision",
+    )
 
     def __post_init__(self) -> None:
         check_fields(self.as_dict())

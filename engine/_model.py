@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Literal
 
+from ._vision import VisionSpec, vision_group_count, vision_param_tensors
+
 if TYPE_CHECKING:
     from ._activation_profile import ActivationProfile
 
@@ -25,9 +27,14 @@ one RMSNorm over the whole q / k projection width (OLMo 2); head_ln = one LayerN
 bias shared by the heads (Phi qk_layernorm); per_head_ln = a bias-free LayerNorm(head_dim) per
 head (StableLM qk_layernorm)."""
 TpSplit = Literal["col", "row", "vocab", "rep"]
-Group = Literal["embed", "layer", "mlp", "moe", "final", "head"]
+Group = Literal[
+    "embed", "layer", "mlp", "moe", "final", "head", "cross", "vision", "vision_block",
+    "vision_global",
+]  # fmt: skip
 """embed/final/head once; layer (attention + norms) in every block; mlp in dense blocks only;
-moe (router, routed and shared experts) in mixture-of-experts blocks only."""
+moe (router, routed and shared experts) in mixture-of-experts blocks only; cross: what a
+cross-attention block (Mllama) has beyond a self-attention one (q/k norms, two gates); vision
+(once), vision_block, vision_global: a VLM's tower and projector (_vision.py)."""
 BLOCK_GROUPS: tuple[Group, ...] = ("layer", "mlp", "moe")
 """ModelSpec parameter groups that live in the transformer blocks."""
 
@@ -174,6 +181,14 @@ class ModelSpec:
     num_rotary_tables: int = 1
     """cos/sin table pairs the model builds per step: 2 for Gemma 3 with both layer types (a
     local rope for the sliding layers, a global, scaled one for the others)."""
+    vision: VisionSpec | None = None
+    """A vision-language model's tower and projector (_vision.py); None: a text model."""
+    num_cross_attention_layers: int = 0
+    """Mllama: blocks of the language model that are cross-attention blocks (text_config
+    cross_attention_layers); counted in num_hidden_layers (their q/k/v/o, norms and MLP have a
+    self-attention block's shapes; the extras are group "cross")."""
+    num_extra_embedding_rows: int = 0
+    """Mllama: embed_tokens has vocab_size + 8 rows (MllamaTextModel), lm_head vocab_size."""
 
     @property
     def rotary_dim(self) -> int:
@@ -236,6 +251,10 @@ class ModelSpec:
             return self.num_mlp_layers
         if group == "moe":
             return self.num_moe_layers
+        if group == "cross":
+            return self.num_cross_attention_layers
+        if self.vision is not None:
+            return vision_group_count(self.vision, group)
         return 1
 
     def param_tensors(self) -> tuple[ParamTensor, ...]:
@@ -285,6 +304,11 @@ def _param_tensors(m: ModelSpec) -> tuple[ParamTensor, ...]:
     if m.is_moe:
         _add_moe_block(inv, m)
     _add_head(inv, m)
+    if m.num_cross_attention_layers:
+        _add_cross_attention_extras(inv, m)
+    if m.vision is not None:
+        for name, shape, group in vision_param_tensors(m.vision):
+            inv.add(name, shape, group, "rep")
     return tuple(inv.tensors)
 
 
@@ -338,8 +362,19 @@ class _Inventory:
             add(f"{prefix}fc_out.bias", (h,), group, "rep")
 
 
+def _add_cross_attention_extras(inv: _Inventory, m: ModelSpec) -> None:
+    """MllamaCrossAttentionDecoderLayer beyond a self-attention block's tensors: cross_attn
+    q_norm / k_norm (RMSNorm(head_dim)) and the tanh gates cross_attn_attn_gate /
+    cross_attn_mlp_gate ([1] each). Source: transformers 5.24.0 modeling_mllama.py."""
+    inv.add("cross_attn.q_norm.weight", (m.head_dim,), "cross", "rep")
+    inv.add("cross_attn.k_norm.weight", (m.head_dim,), "cross", "rep")
+    inv.add("cross_attn_attn_gate", (1,), "cross", "rep")
+    inv.add("cross_attn_mlp_gate", (1,), "cross", "rep")
+
+
 def _add_embeddings(inv: _Inventory, m: ModelSpec) -> None:
-    inv.add("embed_tokens.weight", (m.vocab_size, m.hidden_size), "embed", "vocab")
+    rows = m.vocab_size + m.num_extra_embedding_rows
+    inv.add("embed_tokens.weight", (rows, m.hidden_size), "embed", "vocab")
     if m.learned_positions:
         inv.add("position_embeddings.weight", (m.max_position_embeddings, m.hidden_size), "embed",
                 "rep")  # fmt: skip

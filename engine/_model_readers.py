@@ -11,12 +11,14 @@ k/v heads, ...).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ._model import Family, MlpAct, ModelSpec
+from ._vision import VLM_MODEL_TYPES, read_vision_spec
 
 _GELU_TANH_PYTHON = {"gelu_new", "gelu_fast", "gelu_python"}
 """Activations that transformers implements as a Python tanh formula (several saved tensors)."""
@@ -58,6 +60,7 @@ SUPPORTED_MODEL_TYPES: dict[str, tuple[str, ...]] = {
     "decoder": (*_LLAMA_STYLE, "gpt_neox", "falcon", "stablelm", "phi"),
     "gpt2": _GPT2_TYPES,
     "bert": _BERT_TYPES,
+    "vision-language": VLM_MODEL_TYPES,
 }
 """The config.json `model_type`s each family reads; any other is an error (never a guess)."""
 
@@ -93,6 +96,8 @@ def _reader_of(config: dict[str, Any], *, name: str, family: str | None = None) 
         return "decoder"
     if model_type in _OWN_READERS:
         return model_type
+    if model_type in VLM_MODEL_TYPES:
+        return "vlm"
     supported = "; ".join(f"{fam}: {', '.join(t)}" for fam, t in SUPPORTED_MODEL_TYPES.items())
     what = f"model_type {raw!r} is not supported" if raw is not None else "model_type is missing"
     if model_type in _T5_TYPES:
@@ -237,6 +242,8 @@ def model_from_hf_config(
     Missing fields raise one ValueError naming all of them.
     """
     reader = _reader_of(config, name=name, family=family)
+    if reader == "vlm":
+        return _vlm_spec(config, name=name)
     if family is not None and not isinstance(config.get("model_type"), str):
         config = {**config, "model_type": family.replace("-", "_")}
     if reader == "falcon" and config.get("hidden_size") is None and "n_embed" in config:
@@ -251,6 +258,66 @@ def model_from_hf_config(
         )
     check_hf_fields(config, name=name)
     return _read(config, reader, name=name)
+
+
+_VLM_TEXT_MODEL_TYPE = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "mllama": "llama"}
+"""The decoder reader's model_type for a VLM's language model: Qwen2-VL / 2.5-VL's is Qwen2's
+layout (q/k/v biases; M-RoPE changes the rotary positions, not the tensors), Mllama's is Llama's
+plus its cross-attention blocks."""
+MLLAMA_EXTRA_EMBEDDING_ROWS = 8
+"""MllamaTextModel: nn.Embedding(vocab_size + 8, hidden_size). Source: transformers 5.24.0
+modeling_mllama.py."""
+
+
+def _vlm_spec(config: dict[str, Any], *, name: str) -> ModelSpec:
+    """A vision-language model's spec: its language model read by the decoder reader, plus the
+    vision tower (_vision.read_vision_spec).
+
+    Qwen2-VL / Qwen2.5-VL (Qwen2VLForConditionalGeneration): the language model's fields are the
+    top-level ones (the Hub files) or text_config's (transformers 5 re-saves), text_config
+    winning; tie_word_embeddings is the top-level flag. Mllama (MllamaForConditionalGeneration):
+    text_config holds them, with cross_attention_layers; lm_head is never tied (embed_tokens has
+    8 more rows).
+    """
+    model_type = str(config["model_type"]).lower()
+    text = config.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise ValueError(f"model: {name}: text_config must be an object, got {text!r}")
+    if model_type == "mllama":
+        if text is None:
+            raise ValueError(f"model: {name}: config is missing required field(s): text_config")
+        fields = {**text, "tie_word_embeddings": False}
+        cross = text.get("cross_attention_layers")
+        layers = text.get("num_hidden_layers")
+        if (
+            not isinstance(cross, list)
+            or not isinstance(layers, int)
+            or any(isinstance(i, bool) or not isinstance(i, int) for i in cross)
+            or not all(0 <= i < layers for i in cross)
+        ):
+            raise ValueError(
+                f"model: {name}: text_config.cross_attention_layers must list layer indexes in "
+                f"[0, num_hidden_layers), got {cross!r}"
+            )
+        num_cross = len(set(cross))
+    else:
+        top = {k: v for k, v in config.items() if k not in ("text_config", "vision_config")}
+        fields = {**top, **(text or {})}
+        if "tie_word_embeddings" in config:
+            fields["tie_word_embeddings"] = config["tie_word_embeddings"]
+        num_cross = 0
+    fields["model_type"] = _VLM_TEXT_MODEL_TYPE[model_type]
+    language = model_from_hf_config(fields, name=name)
+    vision = read_vision_spec(
+        config, model_type=model_type, text_hidden_size=language.hidden_size, name=name
+    )
+    return dataclasses.replace(
+        language,
+        model_type=model_type,
+        vision=vision,
+        num_cross_attention_layers=num_cross,
+        num_extra_embedding_rows=MLLAMA_EXTRA_EMBEDDING_ROWS if model_type == "mllama" else 0,
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

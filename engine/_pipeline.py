@@ -10,6 +10,7 @@ import numpy as np
 
 from ._frameworks import PP_RECEIVE_BUFFER_PER_MICRO_BATCH
 from ._model import ModelSpec
+from ._vision_memory import vision_group_counts
 
 if TYPE_CHECKING:  # the step's shape and links (engine/_time.py imports this module)
     from ._time import Links, StepShape
@@ -41,13 +42,14 @@ def block_counts(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray
     """Occurrences of each parameter group on this rank's pipeline stage.
 
     Assumes: blocks split evenly over stages (ceil(L/pp) on each); an MoE model's leading dense
-    blocks sit on the first stage.
+    blocks sit on the first stage; a VLM's tower and projector on the first stage; Mllama's
+    cross-attention blocks ceil(C/pp) on each.
     """
     first, last = stage_flags(c)
     layers = np.ceil(m.num_hidden_layers / c["pp"]).astype(np.float64)
     mlp = np.where(first, np.minimum(m.num_dense_layers, layers), 0.0) if m.is_moe else layers
     ones = np.ones_like(layers)
-    return {
+    counts = {
         "embed": np.where(first, ones, 0.0),
         "layer": layers,
         "mlp": mlp,
@@ -55,6 +57,11 @@ def block_counts(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray
         "final": np.where(last, ones, 0.0),
         "head": np.where(last, ones, 0.0),
     }
+    if m.num_cross_attention_layers:  # spread over the stages like the blocks they are
+        counts["cross"] = np.ceil(m.num_cross_attention_layers / c["pp"]).astype(np.float64)
+    if m.vision is not None:  # the tower runs before the first block: the first stage
+        counts.update(vision_group_counts(m, c, first, ones))
+    return counts
 
 
 def micro_batches_in_flight(*, pp, v, stage, num_micro, multi) -> np.ndarray:

@@ -94,7 +94,13 @@ from ._loss import (
 )
 from ._model import ModelSpec
 from ._offload import offloaded_activation_bytes
-from ._pipeline import block_counts, held_logits_bytes, receive_buffer_bytes, stage_flags
+from ._pipeline import (
+    STAGE_ONLY,
+    block_counts,
+    held_logits_bytes,
+    receive_buffer_bytes,
+    stage_flags,
+)
 from ._precision import (
     COMPUTE_BYTES,
     IS_AMP,
@@ -115,6 +121,14 @@ from ._recompute import (
     single_stage_recompute_delta,
 )
 from ._tensor_parallel import loss_tp_divisor, sequence_parallel_divisor
+from ._vision_memory import (
+    cross_attention_saved_bytes,
+    language_seq_len,
+    projector_saved_bytes,
+    tower_sequence,
+    tower_spec,
+    vision_trainable,
+)
 
 INPUT_BYTES_PER_TOKEN = 8.0
 """input_ids (int64) per token; the ground-truth step passes the same tensor as labels."""
@@ -164,6 +178,9 @@ ACT_KEYS = (
     "zero",
     "dp",
     "dp_shard",
+    "images_per_sample",
+    "image_size",
+    "freeze_vision",
 )
 """zero, dp, dp_shard: FSDP2's part in torchtitan's chunked loss (wrapper_loss_bytes)."""
 
@@ -270,7 +287,7 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
     fw, loss = c["framework"].astype(np.int64), loss_policy(c["framework"], c["loss"])
     kbit_prepared, prec = _kbit_prepared_and_precision(c, fw)
     tp, sp, cp = c["tp"].astype(np.float64), c["sp"], c["cp"].astype(np.float64)
-    b, s = c["micro_batch_size"].astype(np.float64), c["seq_len"].astype(np.float64)
+    b, s = c["micro_batch_size"].astype(np.float64), language_seq_len(m, c)
     T = b * s / cp  # tokens per rank
     first, last = stage_flags(c)
     rank = c["lora_rank"].astype(np.float64)
@@ -1004,6 +1021,44 @@ def _step_held(m: ModelSpec, x: MicroBatch) -> np.ndarray:
     return np.where(x.last & x.step_logits_held, held, 0.0)
 
 
+def vision_saved_bytes(m: ModelSpec, c: dict[str, np.ndarray], x: MicroBatch) -> np.ndarray:
+    """What a vision-language model saves for backward beyond its language model's blocks:
+    on the first stage, where the tower trains (_vision_memory.vision_trainable), its blocks'
+    saved tensors (the block formulas of _layers on tower_spec, with the micro-batch's images as
+    the batch and an image's patches as the sequence; unsplit by tp / cp, recomputed as the
+    language model's blocks are) and the projector's (projector_saved_bytes); on every stage,
+    Mllama's cross-attention blocks over the image keys (cross_attention_saved_bytes). A
+    frozen tower saves nothing: no tensor before or in it requires grad.
+    Source: transformers 5.24.0 Qwen2VisionTransformerPretrainedModel / MllamaVisionModel
+    (their blocks are GradientCheckpointingLayer, checkpointed with the language model's).
+    Ignores: the tower's patch embedding and positional embeddings' saved inputs (one [patches,
+    d] tensor each), the rotary tables of the tower."""
+    tower = tower_spec(m.vision)
+    images, per_image = tower_sequence(m, c)
+    ones = np.ones_like(per_image)
+    ct = {
+        **c,
+        "seq_len": per_image,
+        "micro_batch_size": np.maximum(images, 1.0),
+        "tp": ones.astype(c["tp"].dtype),
+        "cp": ones.astype(c["cp"].dtype),
+        "pp": ones.astype(c["pp"].dtype),
+        "sp": np.zeros_like(c["sp"]),
+        "stage_pos": np.full_like(c["stage_pos"], STAGE_ONLY),
+        "lora_rank": np.zeros_like(c["lora_rank"]),
+        "qlora": np.zeros_like(c["qlora"]),
+    }
+    xt = micro_batch(tower, ct)
+    blocks = _layers(tower, xt)["stage_layers"] + projector_saved_bytes(m, c, e=x.e)
+    trains = vision_trainable(m, c) & x.first & (images > 0)
+    tower_bytes = np.where(trains, blocks, 0.0)
+    saving = np.maximum(x.counts["layer"] - x.num_checkpointed, 0.0) / m.num_hidden_layers
+    cross = cross_attention_saved_bytes(
+        m, c, e=x.e, layers_saving=m.num_cross_attention_layers * saving
+    )
+    return tower_bytes + np.where(x.counts["layer"] > 0, cross, 0.0)
+
+
 def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Activation bytes of one micro-batch on one stage, and the loss/backward transients."""
     if m.profile is not None:
@@ -1012,6 +1067,9 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
     T, e, pp, last, counts = x.T, x.e, x.pp, x.last, x.counts
     layers = _layers(m, x)
     out = _outside(m, x, layers)
+    if m.vision is not None:  # the tower's and the cross-attention's saved tensors
+        vision = vision_saved_bytes(m, c, x)
+        out = {**out, "outside": out["outside"] + vision, "stage_act": out["stage_act"] + vision}
     full, multi = x.rc == RECOMPUTE_FULL, pp > 1
     copies, copies_layers, loss_extra, loss_grads = _copies_and_loss(m, x, out, full=full)
     routed = routed_rows(m, T=T, capacity=x.capacity)

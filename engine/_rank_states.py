@@ -88,6 +88,7 @@ from ._tensor_parallel import (
     hf_replicated_group_numel,
     hf_tied_embedding_backward_bytes,
 )
+from ._vision_memory import frozen_vision_parameter_numel
 
 STATE_KEYS = (
     "tp",
@@ -114,6 +115,7 @@ STATE_KEYS = (
     "optimizer_eight_bit",
     "optimizer_in_backward",
     "load",
+    "freeze_vision",
 )
 
 
@@ -349,6 +351,20 @@ def _end_of_backward_gradients(
     return np.where(streams, gradients, end), np.where(streams, gradients, top)
 
 
+def _frozen_vision_bytes(m: ModelSpec, x: RankLayout, c: dict[str, np.ndarray], param_e):
+    """A frozen tower's and projector's weights on the first stage (freeze_vision; they are
+    left out of the rank's trainable inventory, _vision_memory.vision_group_counts): in the
+    parameters' dtype, sharded over the shard group under ZeRO-3 / FSDP (which shards frozen
+    parameters as any other).
+    Source: torch.distributed.fsdp.fully_shard (every parameter of the module is sharded).
+    Assumes: one allocation per tensor kind is not rounded per tensor (the tower's tensors are
+    large: rounding adds under 0.1%)."""
+    frozen = c["freeze_vision"] & x.first
+    numel = float(frozen_vision_parameter_numel(m))
+    shard = np.where(x.zero >= ZERO_PARAMETERS, x.dp, 1.0)
+    return np.where(frozen, numel / shard * param_e, 0.0)
+
+
 def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Model states of one rank and the pieces the phase peaks need.
 
@@ -392,6 +408,8 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     grads_persistent, grads_end, grads_top = _grad_buffer(
         x, s["gradients"], grads_end, grads_top, in_backward=in_backward
     )
+    if m.vision is not None:  # a frozen tower's weights: held, never trained (block_counts)
+        s = {**s, "parameters": s["parameters"] + _frozen_vision_bytes(m, x, c, param_e)}
     held = s["parameters"] + s["master_weights"] + s["optimizer_states"]
     return {
         **s,

@@ -45,6 +45,7 @@ import transformers
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    AutoModelForImageTextToText,
     BertForMaskedLM,
     BertModel,
     GPT2LMHeadModel,
@@ -113,6 +114,50 @@ METHOD_MOE = (
     "down_proj [E, H, I]), shared_experts = mlp.shared_expert*.* (incl. Qwen2-MoE's "
     "shared_expert_gate), norms = the layer's own RMSNorms. Buffers are listed, never counted."
 )
+
+
+METHOD_VLM = (
+    "Vision-language presets (model_type qwen2_vl, qwen2_5_vl, mllama): config = "
+    "AutoConfig.for_model(model_type, **preset_fields) (nested text_config / vision_config as the "
+    "file has them), built on the meta device with AutoModelForImageTextToText.from_config; same "
+    "total. The entry splits it by top-level module: vision_tower = model.visual (Qwen: patch "
+    "embedding, blocks, merger) or model.vision_model (Mllama), projector = "
+    "model.multi_modal_projector (Mllama; Qwen's merger is inside model.visual), language_model "
+    "= model.language_model, lm_head; num_param_tensors = len(list(model.parameters())); "
+    "per-block counts of the tower's block lists and, for Mllama, one cross-attention block."
+)
+VLM_TYPES = ("qwen2_vl", "qwen2_5_vl", "mllama")
+
+
+def describe_vlm(model: torch.nn.Module) -> dict:
+    """A VLM's count, split by its top-level modules and its tower's block lists."""
+    params = list(model.parameters())
+    parts: OrderedDict = OrderedDict()
+    for name, p in model.named_parameters():
+        head = name.split(".")[0]
+        part = name.split(".")[1] if head == "model" else head
+        parts[part] = parts.get(part, 0) + p.numel()
+    blocks = OrderedDict()
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) and "vision" in name + "visual":
+            if name.startswith(("model.visual", "model.vision_model")):
+                blocks[name] = OrderedDict(count=len(module), per_block=numel(module[0].parameters()))
+    language = model.model.language_model
+    cross = [layer for layer in language.layers if hasattr(layer, "cross_attn")]
+    entry = OrderedDict(
+        num_parameters=numel(params),
+        model_class=type(model).__name__,
+        num_param_tensors=len(params),
+        parts=parts,
+        vision_blocks=blocks,
+        language_layers=len(language.layers),
+        embedding=language.embed_tokens.weight.numel(),
+        lm_head=model.lm_head.weight.numel(),
+    )
+    if cross:
+        entry["cross_attention_layers"] = len(cross)
+        entry["per_cross_attention_layer"] = numel(cross[0].parameters())
+    return entry
 
 
 def load_preset(path: Path) -> tuple[str, dict]:
@@ -388,6 +433,7 @@ def main() -> int:
         transformers=transformers.__version__,
         method=METHOD,
         method_moe=METHOD_MOE,
+        method_vlm=METHOD_VLM,
         generator="tests/data/make_param_counts.py",
     )
     failures = []
@@ -404,6 +450,10 @@ def main() -> int:
             entry["bert_model"] = base  # encoder only, with pooler, no MLM head
         elif model_type == "gpt2":
             entry = describe(build(model_type, fields, GPT2LMHeadModel))
+        elif model_type in VLM_TYPES:
+            config = AutoConfig.for_model(model_type, **fields)
+            with torch.device("meta"):
+                entry = describe_vlm(AutoModelForImageTextToText.from_config(config))
         else:
             model = build(model_type, fields)
             entry = describe_moe(model) if is_moe(model) else describe(model)

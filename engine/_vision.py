@@ -1,0 +1,342 @@
+"""Vision-language models: the vision tower and projector of a VLM (VisionSpec), their parameter
+tensors, and the image tokens the processors make of an image.
+
+A VLM's ModelSpec is its language model (read by the decoder reader from the text part of the
+config.json) plus `vision` (this module's VisionSpec) and, for Llama 3.2 Vision, the language
+model's cross-attention layers (ModelSpec.num_cross_attention_layers). The tower's tensors are in
+the parameter groups "vision" (once: patch embedding, positions, merger / projector),
+"vision_block" (every encoder block) and "vision_global" (Mllama's gated global blocks); they sit
+on the first pipeline stage, replicated under tensor parallelism (transformers' tp_plan of these
+models leaves the tower unsharded).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+VisionKind = Literal["qwen2_vl", "qwen2_5_vl", "mllama"]
+VisionGroup = Literal["vision", "vision_block", "vision_global"]
+VLM_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "mllama")
+"""config.json model_types read as vision-language models (_model_readers.model_from_hf_config)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VisionSpec:
+    """A VLM's vision tower and projector, in its config.json's vision_config field names."""
+
+    kind: VisionKind
+    hidden_size: int
+    """The tower's width (Qwen2-VL embed_dim, Qwen2.5-VL / Mllama hidden_size)."""
+    intermediate_size: int
+    """The blocks' MLP width (Qwen2-VL: embed_dim x mlp_ratio)."""
+    num_layers: int
+    """Encoder blocks (Qwen depth; Mllama num_hidden_layers, the local encoder)."""
+    num_heads: int
+    patch_size: int
+    in_channels: int = 3
+    out_hidden_size: int
+    """The projector's output: the language model's hidden size (Qwen out_hidden_size / Qwen2-VL
+    hidden_size; Mllama text hidden_size)."""
+    temporal_patch_size: int = 1
+    """Qwen2-VL / 2.5-VL: frames per patch (an image is repeated to 2 frames)."""
+    spatial_merge_size: int = 1
+    """Qwen2-VL / 2.5-VL: the merger joins merge x merge patches into one token."""
+    window_size: int = 0
+    """Qwen2.5-VL: the window attention's side in pixels (112: 8 x 8 patches, 4 x 4 tokens)."""
+    num_full_attention_blocks: int = 0
+    """Qwen2.5-VL: blocks in fullatt_block_indexes (full attention over the image; the others
+    attend within windows)."""
+    num_global_layers: int = 0
+    """Mllama: the gated global encoder's blocks after the local ones."""
+    image_size: int = 0
+    """Mllama: a tile's side in pixels (560)."""
+    max_num_tiles: int = 1
+    """Mllama: tiles an image is cut into at most (4)."""
+    num_aspect_ratios: int = 0
+    """Mllama: len(supported_aspect_ratios) (8); the tile embeddings have one more row."""
+    vision_output_dim: int = 0
+    """Mllama: the projector's input, hidden_size x (len(intermediate_layers_indices) + 1)."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def patches_per_tile(self) -> int:
+        """Mllama: (image_size / patch_size)^2 patches plus the class token (1601 at 560/14)."""
+        return (self.image_size // self.patch_size) ** 2 + 1
+
+
+def vision_param_tensors(v: VisionSpec) -> list[tuple[str, tuple[int, ...], VisionGroup]]:
+    """Every parameter tensor of the tower and projector: (name, shape, group), per block for
+    the block groups.
+
+    Source: transformers 5.24.0 modeling_qwen2_vl.py (PatchEmbed Conv3d without bias,
+    Qwen2VLVisionBlock: LayerNorm norm1/norm2, attn.qkv / attn.proj with bias, VisionMlp fc1/fc2;
+    PatchMerger: ln_q LayerNorm, mlp Linear(d m^2, d m^2), GELU, Linear(d m^2, out)),
+    modeling_qwen2_5_vl.py (RMSNorm norms and ln_q, a gated MLP gate/up/down with biases),
+    modeling_mllama.py (MllamaVisionModel: class_embedding, patch_embedding Conv2d without bias,
+    gated positional embedding [patches, d] + tile embedding [ratios + 1, tiles x patches x d],
+    pre/post tile embeddings [ratios + 1, tiles x d] with gates, layernorm_pre/post; encoder
+    layers q/k/v/o without bias, fc1/fc2 with bias, two LayerNorms; the global layers add
+    gate_attn / gate_ffn; multi_modal_projector Linear(vision_output_dim, text hidden)).
+    """
+    d, f, c, p = v.hidden_size, v.intermediate_size, v.in_channels, v.patch_size
+    out: list[tuple[str, tuple[int, ...], VisionGroup]] = []
+
+    def add(name: str, shape: tuple[int, ...], group: VisionGroup) -> None:
+        out.append((name, shape, group))
+
+    def linear(name: str, o: int, i: int, group: VisionGroup, bias: bool = True) -> None:
+        add(f"{name}.weight", (o, i), group)
+        if bias:
+            add(f"{name}.bias", (o,), group)
+
+    def norm(name: str, group: VisionGroup, width: int, bias: bool) -> None:
+        add(f"{name}.weight", (width,), group)
+        if bias:
+            add(f"{name}.bias", (width,), group)
+
+    if v.kind in ("qwen2_vl", "qwen2_5_vl"):
+        layernorm = v.kind == "qwen2_vl"  # Qwen2.5-VL: RMSNorm (weight only)
+        add("visual.patch_embed.proj.weight", (d, c, v.temporal_patch_size, p, p), "vision")
+        norm("visual.blocks.norm1", "vision_block", d, layernorm)
+        norm("visual.blocks.norm2", "vision_block", d, layernorm)
+        linear("visual.blocks.attn.qkv", 3 * d, d, "vision_block")
+        linear("visual.blocks.attn.proj", d, d, "vision_block")
+        if v.kind == "qwen2_vl":
+            linear("visual.blocks.mlp.fc1", f, d, "vision_block")
+            linear("visual.blocks.mlp.fc2", d, f, "vision_block")
+        else:
+            linear("visual.blocks.mlp.gate_proj", f, d, "vision_block")
+            linear("visual.blocks.mlp.up_proj", f, d, "vision_block")
+            linear("visual.blocks.mlp.down_proj", d, f, "vision_block")
+        merged = d * v.spatial_merge_size**2
+        norm("visual.merger.ln_q", "vision", d, layernorm)
+        linear("visual.merger.mlp.0", merged, merged, "vision")
+        linear("visual.merger.mlp.2", v.out_hidden_size, merged, "vision")
+        return out
+    # Mllama
+    patches, ratios, tiles = v.patches_per_tile, v.num_aspect_ratios + 1, v.max_num_tiles
+    add("vision_model.class_embedding", (d,), "vision")
+    add("vision_model.patch_embedding.weight", (d, c, p, p), "vision")
+    add("vision_model.gated_positional_embedding.gate", (1,), "vision")
+    add("vision_model.gated_positional_embedding.embedding", (patches, d), "vision")
+    add("vision_model.gated_positional_embedding.tile_embedding.weight",
+        (ratios, tiles * patches * d), "vision")  # fmt: skip
+    for name in ("pre_tile_positional_embedding", "post_tile_positional_embedding"):
+        add(f"vision_model.{name}.gate", (1,), "vision")
+        add(f"vision_model.{name}.embedding.weight", (ratios, tiles * d), "vision")
+    norm("vision_model.layernorm_pre", "vision", d, True)
+    norm("vision_model.layernorm_post", "vision", d, True)
+    stacks: tuple[tuple[str, VisionGroup], ...] = (
+        ("transformer", "vision_block"),
+        ("global_transformer", "vision_global"),
+    )
+    for prefix, group in stacks:
+        if group == "vision_global":
+            add(f"vision_model.{prefix}.layers.gate_attn", (1,), group)
+            add(f"vision_model.{prefix}.layers.gate_ffn", (1,), group)
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            linear(f"vision_model.{prefix}.layers.self_attn.{proj}", d, d, group, bias=False)
+        linear(f"vision_model.{prefix}.layers.mlp.fc1", f, d, group)
+        linear(f"vision_model.{prefix}.layers.mlp.fc2", d, f, group)
+        norm(f"vision_model.{prefix}.layers.input_layernorm", group, d, True)
+        norm(f"vision_model.{prefix}.layers.post_attention_layernorm", group, d, True)
+    linear("multi_modal_projector", v.out_hidden_size, v.vision_output_dim, "vision")
+    return out
+
+
+def vision_group_count(v: VisionSpec, group: str) -> int:
+    """How many times a vision group's tensors occur."""
+    if group == "vision_block":
+        return v.num_layers
+    if group == "vision_global":
+        return v.num_global_layers
+    return 1
+
+
+# ------------------------------------------------------------------------- config.json reading
+
+
+def _int(config: dict[str, Any], key: str, *, name: str, default: int | None = None) -> int:
+    value = config.get(key, default)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"model: {name}: vision_config.{key} must be an integer >= 1, got {value!r}"
+        )
+    return value
+
+
+def vision_config(config: dict[str, Any], *, name: str) -> dict[str, Any]:
+    """The config.json's vision_config object (a one-line ValueError when absent or not one)."""
+    vc = config.get("vision_config")
+    if not isinstance(vc, dict):
+        raise ValueError(f"model: {name}: vision_config must be an object, got {vc!r}")
+    return vc
+
+
+def read_vision_spec(
+    config: dict[str, Any], *, model_type: str, text_hidden_size: int, name: str
+) -> VisionSpec:
+    """The VisionSpec of a qwen2_vl / qwen2_5_vl / mllama config.json, with the defaults of
+    transformers 5.24.0's Qwen2VLVisionConfig, Qwen2_5_VLVisionConfig and MllamaVisionConfig
+    where a field is absent."""
+    vc = vision_config(config, name=name)
+    if model_type == "qwen2_vl":
+        d = _int(vc, "embed_dim", name=name, default=1280)
+        return VisionSpec(
+            kind="qwen2_vl",
+            hidden_size=d,
+            intermediate_size=int(d * float(vc.get("mlp_ratio", 4))),
+            num_layers=_int(vc, "depth", name=name, default=32),
+            num_heads=_int(vc, "num_heads", name=name, default=16),
+            patch_size=_int(vc, "patch_size", name=name, default=14),
+            in_channels=_int(vc, "in_channels", name=name, default=vc.get("in_chans", 3)),
+            out_hidden_size=_int(vc, "hidden_size", name=name, default=3584),
+            temporal_patch_size=_int(vc, "temporal_patch_size", name=name, default=2),
+            spatial_merge_size=_int(vc, "spatial_merge_size", name=name, default=2),
+        )
+    if model_type == "qwen2_5_vl":
+        depth = _int(vc, "depth", name=name, default=32)
+        full = vc.get("fullatt_block_indexes", [7, 15, 23, 31])
+        if not isinstance(full, list) or any(
+            isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < depth for i in full
+        ):
+            raise ValueError(
+                f"model: {name}: vision_config.fullatt_block_indexes must list block indexes "
+                f"in [0, {depth}), got {full!r}"
+            )
+        return VisionSpec(
+            kind="qwen2_5_vl",
+            hidden_size=_int(vc, "hidden_size", name=name, default=1280),
+            intermediate_size=_int(vc, "intermediate_size", name=name, default=3420),
+            num_layers=depth,
+            num_heads=_int(vc, "num_heads", name=name, default=16),
+            patch_size=_int(vc, "patch_size", name=name, default=14),
+            in_channels=_int(vc, "in_channels", name=name, default=vc.get("in_chans", 3)),
+            out_hidden_size=_int(vc, "out_hidden_size", name=name, default=3584),
+            temporal_patch_size=_int(vc, "temporal_patch_size", name=name, default=2),
+            spatial_merge_size=_int(vc, "spatial_merge_size", name=name, default=2),
+            window_size=_int(vc, "window_size", name=name, default=112),
+            num_full_attention_blocks=len(set(full)),
+        )
+    ratios = vc.get("supported_aspect_ratios", [[1, 1], [1, 2], [1, 3], [1, 4], [2, 1], [2, 2],
+                                                [3, 1], [4, 1]])  # fmt: skip
+    if not isinstance(ratios, list) or not ratios:
+        raise ValueError(
+            f"model: {name}: vision_config.supported_aspect_ratios must be a non-empty list, "
+            f"got {ratios!r}"
+        )
+    layers = vc.get("intermediate_layers_indices", [3, 7, 15, 23, 30])
+    if not isinstance(layers, list):
+        raise ValueError(
+            f"model: {name}: vision_config.intermediate_layers_indices must be a list, "
+            f"got {layers!r}"
+        )
+    d = _int(vc, "hidden_size", name=name, default=1280)
+    heads_key = "attention_heads" if "attention_heads" in vc else "num_attention_heads"
+    return VisionSpec(
+        kind="mllama",
+        hidden_size=d,
+        intermediate_size=_int(vc, "intermediate_size", name=name, default=5120),
+        num_layers=_int(vc, "num_hidden_layers", name=name, default=32),
+        num_heads=_int(vc, heads_key, name=name, default=16),
+        patch_size=_int(vc, "patch_size", name=name, default=14),
+        in_channels=_int(vc, "num_channels", name=name, default=3),
+        out_hidden_size=text_hidden_size,
+        num_global_layers=_int(vc, "num_global_layers", name=name, default=8),
+        image_size=_int(vc, "image_size", name=name, default=560),
+        max_num_tiles=_int(vc, "max_num_tiles", name=name, default=4),
+        num_aspect_ratios=len(ratios),
+        vision_output_dim=_int(vc, "vision_output_dim", name=name, default=d * (len(layers) + 1)),
+    )
+
+
+# ------------------------------------------------------------------------- image tokens
+
+QWEN_MIN_PIXELS = 56 * 56
+"""Qwen2VLImageProcessor's default size["shortest_edge"] (min_pixels): 3,136.
+Source: transformers 5.24.0 image_processing_qwen2_vl.py."""
+QWEN_MAX_PIXELS = 28 * 28 * 1280
+"""Qwen2VLImageProcessor's default size["longest_edge"] (max_pixels): 1,003,520 (the
+Qwen2.5-VL-7B-Instruct preprocessor_config.json sets 12,845,056; the user's image_size is
+square and within both for the sizes fine-tuning uses)."""
+
+
+def qwen_resized_side(side_px, *, factor: int, min_pixels: int, max_pixels: int) -> np.ndarray:
+    """The side (pixels) a square image of `side_px` is resized to by smart_resize: rounded to a
+    multiple of `factor` (patch x merge = 28), then scaled down or up to keep h x w within
+    [min_pixels, max_pixels].
+
+    Source: transformers 5.24.0 models/qwen2_vl/image_processing_qwen2_vl.py smart_resize.
+    Assumes: a square image (h = w), so the aspect-ratio check never fires.
+    """
+    side = np.asarray(side_px, dtype=np.float64)
+    bar = np.round(side / factor) * factor  # Python's round and numpy's: half to even
+    area = bar * bar
+    beta_down = np.sqrt(side * side / max_pixels)
+    down = np.maximum(factor, np.floor(side / beta_down / factor) * factor)
+    beta_up = np.sqrt(min_pixels / np.maximum(side * side, 1.0))
+    up = np.ceil(side * beta_up / factor) * factor
+    return np.where(area > max_pixels, down, np.where(area < min_pixels, up, bar))
+
+
+def qwen_image_patches(v: VisionSpec, image_size_px) -> np.ndarray:
+    """Vision patches of one square image in the tower: (h / 14)(w / 14) after smart_resize
+    (the temporal pair of frames makes one patch of 2 x 14 x 14 pixels).
+    Source: image_processing_qwen2_vl.py (grid_t = 1 for an image, grid_h = h / patch_size)."""
+    factor = v.patch_size * v.spatial_merge_size
+    side = qwen_resized_side(
+        image_size_px, factor=factor, min_pixels=QWEN_MIN_PIXELS, max_pixels=QWEN_MAX_PIXELS
+    )
+    return (side / v.patch_size) ** 2
+
+
+def image_tokens_per_image(v: VisionSpec, image_size_px) -> np.ndarray:
+    """The tokens one image adds to the language model's sequence: Qwen2-VL / 2.5-VL
+    (h / 28)(w / 28) placeholders (patches / merge^2); Mllama none (its cross-attention layers
+    read the vision states; the one <|image|> token is text).
+    Source: processing_qwen2_vl.py (image_grid_thw.prod() // merge_size**2 <|image_pad|> tokens
+    per image); processing_mllama.py."""
+    if v.kind == "mllama":
+        return np.zeros_like(np.asarray(image_size_px, dtype=np.float64))
+    return qwen_image_patches(v, image_size_px) / v.spatial_merge_size**2
+
+
+def mllama_tiles(v: VisionSpec, image_size_px) -> np.ndarray:
+    """Tiles of 560 x 560 a square image becomes: ceil(side / 560)^2, at most max_num_tiles (a
+    square image larger than a tile uses the 2 x 2 canvas at 4 tiles).
+    Source: transformers 5.24.0 image_processing_mllama.py get_optimal_tiled_canvas (the
+    canvas that upscales least / downscales least among supported_aspect_ratios)."""
+    side = np.asarray(image_size_px, dtype=np.float64)
+    per_side = np.ceil(side / v.image_size)
+    best = math.isqrt(v.max_num_tiles)
+    return np.minimum(per_side, best) ** 2
+
+
+def vision_sequence_per_image(v: VisionSpec, image_size_px) -> np.ndarray:
+    """Positions one image has in the tower's blocks: Qwen: its patches; Mllama: max_num_tiles x
+    the tile's patches padded to a multiple of 8 (the processor pads every image to
+    max_num_tiles tiles, MllamaVisionModel pads 1601 patches to 1608).
+    Source: modeling_mllama.py MllamaVisionModel.forward (num_padding_patches = (8 - n % 8) % 8);
+    image_processing_mllama.py pack_images (max_image_tiles tiles per image)."""
+    if v.kind == "mllama":
+        n = v.patches_per_tile
+        padded = n + (8 - n % 8) % 8
+        return np.full_like(np.asarray(image_size_px, dtype=np.float64), v.max_num_tiles * padded)
+    return qwen_image_patches(v, image_size_px)
+
+
+def cross_attention_keys_per_image(v: VisionSpec) -> int:
+    """Mllama: keys each cross-attention layer attends over per image: max_num_tiles x 1601
+    (the padding patches are sliced off before the projector).
+    Source: modeling_mllama.py (cross_attention_states reshaped to [b, images x tiles x
+    patches, hidden])."""
+    return v.max_num_tiles * v.patches_per_tile

@@ -1,0 +1,137 @@
+"""A vision-language model's training step with images (Qwen2-VL / Qwen2.5-VL, Llama 3.2
+Vision), measured as trace_step measures a causal LM's.
+
+The step runs on real CPU tensors (run_step's `fake=False` path, as bench/cpu_trace.py), not on
+the fake CUDA device: the models read their image inputs' values in forward (Qwen's
+image_grid_thw .tolist() / cu_seqlens, Mllama's aspect-ratio ids), which fake tensors cannot
+give (DataDependentOutputException on aten._local_scalar_dense). The tracker counts the same
+storages on either device; the CPU's SDPA kernels are the ones measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def vlm_job(
+    config: dict[str, Any],
+    *,
+    micro_batch_size: int,
+    seq_len: int,
+    images_per_sample: int,
+    image_size: int,
+    precision: str,
+) -> Callable[[], Any]:
+    """A builder of the step: the model from `config` (AutoModelForImageTextToText, no
+    weights), seq_len text tokens plus each image's placeholder tokens (Qwen: (side/28)^2 after
+    smart_resize; Mllama: one <|image|> token among the text), square images of `image_size`
+    pixels as the processors would hand them (Qwen: flattened patches [patches, 3 x 2 x 14 x
+    14] and image_grid_thw; Mllama: 4 tiles per image, padded as MllamaImageProcessor pads)."""
+    import numpy as np
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from trainmem.engine import model_from_hf_config
+    from trainmem.engine._vision import (
+        QWEN_MAX_PIXELS,
+        QWEN_MIN_PIXELS,
+        image_tokens_per_image,
+        mllama_tiles,
+        qwen_resized_side,
+    )
+
+    from ._step import StepJob
+
+    spec = model_from_hf_config(config, name="traced")
+    v = spec.vision
+    if v is None:
+        raise ValueError("model: not a vision-language model (qwen2_vl, qwen2_5_vl, mllama)")
+    fields = {k: val for k, val in config.items() if not k.startswith("_")}
+    cfg = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    for sub in (cfg, getattr(cfg, "text_config", None), getattr(cfg, "vision_config", None)):
+        if sub is not None:
+            sub._attn_implementation = "sdpa"
+    cfg.use_cache = False
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    b, n = micro_batch_size, images_per_sample
+    vocab = spec.vocab_size
+
+    def build() -> Any:
+        model = AutoModelForImageTextToText.from_config(cfg, dtype=dtype)
+        if v.kind == "mllama":
+            ids = torch.randint(0, vocab, (b, seq_len))
+            ids[:, 1 : 1 + n] = cfg.image_token_index
+            tiles = int(mllama_tiles(v, np.array([float(image_size)]))[0])
+            side = v.image_size
+            pix = torch.zeros(b, n, v.max_num_tiles, v.in_channels, side, side, dtype=dtype)
+            ratio_id = 1 if tiles == 1 else 6  # supported_aspect_ratios (1, 1) / (2, 2), 1-based
+            inputs = {
+                "pixel_values": pix,
+                "aspect_ratio_ids": torch.full((b, n), ratio_id),
+                "aspect_ratio_mask": torch.ones(b, n, v.max_num_tiles, dtype=torch.long),
+                "cross_attention_mask": torch.ones(b, seq_len, n, v.max_num_tiles,
+                                                   dtype=torch.long),
+            }  # fmt: skip
+        else:
+            tokens = int(image_tokens_per_image(v, np.array([float(image_size)]))[0])
+            resized = qwen_resized_side(
+                np.array([float(image_size)]),
+                factor=v.patch_size * v.spatial_merge_size,
+                min_pixels=QWEN_MIN_PIXELS,
+                max_pixels=QWEN_MAX_PIXELS,
+            )
+            side = int(resized[0])
+            grid = torch.tensor([[1, side // v.patch_size, side // v.patch_size]] * (b * n))
+            width = v.in_channels * v.temporal_patch_size * v.patch_size**2
+            ids = torch.randint(0, min(vocab, 1000), (b, seq_len + n * tokens))
+            for i in range(n):
+                ids[:, 1 + i * tokens : 1 + (i + 1) * tokens] = cfg.image_token_id
+            inputs = {
+                "pixel_values": torch.zeros(int(grid.prod(-1).sum()), width, dtype=dtype),
+                "image_grid_thw": grid,
+            }
+        labels = ids.masked_fill(ids >= vocab, -100)
+
+        def loss(model: Any, batch: Any) -> Any:
+            ids, labels, inputs = batch
+            return model(input_ids=ids, labels=labels, **inputs).loss
+
+        return StepJob(model=model, batch=(ids, labels, inputs), loss=loss)
+
+    return build
+
+
+def trace_vlm_step(
+    config: dict[str, Any],
+    *,
+    micro_batch_size: int,
+    seq_len: int,
+    images_per_sample: int,
+    image_size: int,
+    precision: str,
+    recompute: str,
+    optimizer: str = "adamw",
+) -> dict[str, Any]:
+    """One measured step of the VLM with images on real CPU tensors (run_step's keys)."""
+    from ._core import import_torch, step_contexts
+    from ._step import run_step
+
+    import_torch()
+    device_type, contexts, _ = step_contexts(device="cpu", fake=False, sdpa_kernel="flash")
+    build = vlm_job(
+        config,
+        micro_batch_size=micro_batch_size,
+        seq_len=seq_len,
+        images_per_sample=images_per_sample,
+        image_size=image_size,
+        precision=precision,
+    )
+    return run_step(
+        build,
+        precision=precision,
+        recompute=recompute,
+        optimizer=optimizer,
+        device_type=device_type,
+        contexts=contexts,
+    )
