@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
 from tests.strategies import columns_of, models, random_grid
@@ -133,6 +133,10 @@ def _activations_by_micro_batch(
 def test_activations_are_affine_in_micro_batch_size(data: st.DataObject) -> None:
     m = data.draw(models())
     row = data.draw(draw_rows(m))
+    # Liger's fused linear cross entropy (`--loss chunked`) walks the tokens in chunks of a
+    # power of two rows (engine/_loss.py liger_chunk_rows: next_power_of_2(ceil(T / ceil(V /
+    # H)))), so its loss-phase working set is a step function of the tokens, not affine.
+    assume(row.get("loss") != "chunked")
     a1, a2, a3 = _activations_by_micro_batch(m, row, data.draw(_stages(row["pp"])))
     assert a2 - a1 > 0
     np.testing.assert_allclose(a3 - a2, a2 - a1, rtol=AFFINE_RTOL, err_msg=str(row))
@@ -184,6 +188,12 @@ def _zero_states(m: ModelSpec, row: dict[str, Any], view: Any) -> np.ndarray:
 def test_zero_stages_never_add_model_state(data: st.DataObject) -> None:
     m = data.draw(models())
     row = _on_8_gpus(data.draw(draw_rows(m)))
+    # With the optimizer offloaded, ZeRO 1-2 keep no master copy on the device and their
+    # 16-bit gradients sharded, while ZeRO-3 under an FSDP2 stack keeps its fp32 parameter
+    # shards there and reduces gradients into fp32 shards (MixedPrecisionPolicy: 4 / dp bytes
+    # a parameter against 2 / dp): stage 3 then holds more, by the stack's design.
+    fsdp2 = row["framework"] in ("hf", "torchtitan", "torchtune")
+    assume(not (fsdp2 and row["offload"] != "none" and str(row["precision"]).startswith("mixed")))
     states = _zero_states(m, row, data.draw(_stages(row["pp"])))
     held = states[~np.isnan(states)]
     assert np.all(held[1:] <= held[:-1]), (states, row)
@@ -254,9 +264,16 @@ def test_recompute_never_adds_activations(data: st.DataObject) -> None:
     # saving: BERT-base, Megatron, fp32, seq 128, pp 2, stage 0: 6 x 6,144 B saved, 399,360 B
     # recomputed (selective 20,453,376 B > none 20,090,880 B). Bounded by one core's working set.
     core = 0.0
+    tokens = row["micro_batch_size"] * row["seq_len"] / row.get("cp", 1)
     if row.get("attention", "flash") == "flash":
-        tokens = row["micro_batch_size"] * row["seq_len"] / row.get("cp", 1)
         core = tokens * (m.num_attention_heads * m.head_dim + m.num_attention_heads) * 4.0
+    elif row.get("activation_offload"):
+        # Offloaded activations leave `none` little on the device, while selective recompute
+        # brings one layer's eager core back onto it in backward: its scores and probabilities
+        # (16-bit scores, fp32 softmax, a mask: under 8 B a score). gemma-2-2b, Megatron, bf16,
+        # seq 128, pp 2, stage 0: selective 29,626,368 B > none 28,835,840 B (790,528 B, of 8
+        # heads x 128 x 128 scores).
+        core = tokens * m.num_attention_heads * row["seq_len"] * 8.0
     assert selective <= none + core, (full, selective, none, row)
 
 
