@@ -421,16 +421,9 @@ def _phase_peaks(
     phases = np.stack([np.nan_to_num(x, nan=-np.inf) for x in (rollout, score, train)])
     peak = np.where(is_rl, np.max(phases, axis=0), np.nan)
     advised, largest = _advised(
-        step,
-        held,
-        eng,
-        others=others,
-        logits=logits,
-        sleep=sleep,
-        sync=sync,
-        total=total,
+        step, held, eng, others=others, logits=logits, sleep=sleep, sync=sync, total=total,
         limit=limit,
-    )
+    )  # fmt: skip
     return {
         "peak_rollout_bytes": rollout,
         "peak_score_bytes": score,
