@@ -1021,6 +1021,17 @@ def _step_held(m: ModelSpec, x: MicroBatch) -> np.ndarray:
     return np.where(x.last & x.step_logits_held, held, 0.0)
 
 
+def _with_vision(
+    m: ModelSpec, c: dict[str, np.ndarray], x: MicroBatch, out: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """`out` (_outside's) with a vision-language model's tower and cross-attention saved
+    tensors (vision_saved_bytes) outside the language model's layers; a text model's as is."""
+    if m.vision is None:
+        return out
+    vision = vision_saved_bytes(m, c, x)
+    return {**out, "outside": out["outside"] + vision, "stage_act": out["stage_act"] + vision}
+
+
 def vision_saved_bytes(m: ModelSpec, c: dict[str, np.ndarray], x: MicroBatch) -> np.ndarray:
     """What a vision-language model saves for backward beyond its language model's blocks:
     on the first stage, where the tower trains (_vision_memory.vision_trainable), its blocks'
@@ -1067,9 +1078,7 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
     T, e, pp, last, counts = x.T, x.e, x.pp, x.last, x.counts
     layers = _layers(m, x)
     out = _outside(m, x, layers)
-    if m.vision is not None:  # the tower's and the cross-attention's saved tensors
-        vision = vision_saved_bytes(m, c, x)
-        out = {**out, "outside": out["outside"] + vision, "stage_act": out["stage_act"] + vision}
+    out = _with_vision(m, c, x, out)
     full, multi = x.rc == RECOMPUTE_FULL, pp > 1
     copies, copies_layers, loss_extra, loss_grads = _copies_and_loss(m, x, out, full=full)
     routed = routed_rows(m, T=T, capacity=x.capacity)

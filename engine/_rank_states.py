@@ -352,13 +352,15 @@ def _end_of_backward_gradients(
 
 
 def _frozen_vision_bytes(m: ModelSpec, x: RankLayout, c: dict[str, np.ndarray], param_e):
-    """A frozen tower's and projector's weights on the first stage (freeze_vision; they are
-    left out of the rank's trainable inventory, _vision_memory.vision_group_counts): in the
+    """A frozen tower's and projector's weights on the first stage (freeze_vision: held, never
+    trained; left out of the rank's trainable inventory, _vision_memory.vision_group_counts): in the
     parameters' dtype, sharded over the shard group under ZeRO-3 / FSDP (which shards frozen
     parameters as any other).
     Source: torch.distributed.fsdp.fully_shard (every parameter of the module is sharded).
     Assumes: one allocation per tensor kind is not rounded per tensor (the tower's tensors are
     large: rounding adds under 0.1%)."""
+    if m.vision is None:  # a text model: nothing (x + 0.0 is x)
+        return np.zeros_like(x.dp)
     frozen = c["freeze_vision"] & x.first
     numel = float(frozen_vision_parameter_numel(m))
     shard = np.where(x.zero >= ZERO_PARAMETERS, x.dp, 1.0)
@@ -395,8 +397,7 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     }
     layer = layer_numel(x.full, x.counts)
     s, ds = _offloaded(m, x, states, state_numel=state_numel, layer=layer, grad_e=grad_e)
-    fp8_cache = _fp8_cache(x)
-    fsdp_active = x.fsdp2 & (x.dp > 1)
+    fp8_cache, fsdp_active = _fp8_cache(x), x.fsdp2 & (x.dp > 1)
     fsdp_fwd, fsdp_bwd = _fsdp2_buffers(m, x, layer, active=fsdp_active, single_stage=c["pp"] <= 1)
     dequant = _dequant(x)
     grads_end, grads_top = _end_of_backward_gradients(
@@ -408,8 +409,7 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     grads_persistent, grads_end, grads_top = _grad_buffer(
         x, s["gradients"], grads_end, grads_top, in_backward=in_backward
     )
-    if m.vision is not None:  # a frozen tower's weights: held, never trained (block_counts)
-        s = {**s, "parameters": s["parameters"] + _frozen_vision_bytes(m, x, c, param_e)}
+    s = {**s, "parameters": s["parameters"] + _frozen_vision_bytes(m, x, c, param_e)}
     held = s["parameters"] + s["master_weights"] + s["optimizer_states"]
     return {
         **s,

@@ -71,6 +71,26 @@ class VisionSpec:
         return (self.image_size // self.patch_size) ** 2 + 1
 
 
+class _Tensors:
+    """The (name, shape, group) list a tower's inventory is written into."""
+
+    def __init__(self) -> None:
+        self.out: list[tuple[str, tuple[int, ...], VisionGroup]] = []
+
+    def add(self, name: str, shape: tuple[int, ...], group: VisionGroup) -> None:
+        self.out.append((name, shape, group))
+
+    def linear(self, name: str, o: int, i: int, group: VisionGroup, bias: bool = True) -> None:
+        self.add(f"{name}.weight", (o, i), group)
+        if bias:
+            self.add(f"{name}.bias", (o,), group)
+
+    def norm(self, name: str, group: VisionGroup, width: int, bias: bool) -> None:
+        self.add(f"{name}.weight", (width,), group)
+        if bias:
+            self.add(f"{name}.bias", (width,), group)
+
+
 def vision_param_tensors(v: VisionSpec) -> list[tuple[str, tuple[int, ...], VisionGroup]]:
     """Every parameter tensor of the tower and projector: (name, shape, group), per block for
     the block groups.
@@ -85,70 +105,68 @@ def vision_param_tensors(v: VisionSpec) -> list[tuple[str, tuple[int, ...], Visi
     layers q/k/v/o without bias, fc1/fc2 with bias, two LayerNorms; the global layers add
     gate_attn / gate_ffn; multi_modal_projector Linear(vision_output_dim, text hidden)).
     """
-    d, f, c, p = v.hidden_size, v.intermediate_size, v.in_channels, v.patch_size
-    out: list[tuple[str, tuple[int, ...], VisionGroup]] = []
-
-    def add(name: str, shape: tuple[int, ...], group: VisionGroup) -> None:
-        out.append((name, shape, group))
-
-    def linear(name: str, o: int, i: int, group: VisionGroup, bias: bool = True) -> None:
-        add(f"{name}.weight", (o, i), group)
-        if bias:
-            add(f"{name}.bias", (o,), group)
-
-    def norm(name: str, group: VisionGroup, width: int, bias: bool) -> None:
-        add(f"{name}.weight", (width,), group)
-        if bias:
-            add(f"{name}.bias", (width,), group)
-
+    t = _Tensors()
     if v.kind in ("qwen2_vl", "qwen2_5_vl"):
-        layernorm = v.kind == "qwen2_vl"  # Qwen2.5-VL: RMSNorm (weight only)
-        add("visual.patch_embed.proj.weight", (d, c, v.temporal_patch_size, p, p), "vision")
-        norm("visual.blocks.norm1", "vision_block", d, layernorm)
-        norm("visual.blocks.norm2", "vision_block", d, layernorm)
-        linear("visual.blocks.attn.qkv", 3 * d, d, "vision_block")
-        linear("visual.blocks.attn.proj", d, d, "vision_block")
-        if v.kind == "qwen2_vl":
-            linear("visual.blocks.mlp.fc1", f, d, "vision_block")
-            linear("visual.blocks.mlp.fc2", d, f, "vision_block")
-        else:
-            linear("visual.blocks.mlp.gate_proj", f, d, "vision_block")
-            linear("visual.blocks.mlp.up_proj", f, d, "vision_block")
-            linear("visual.blocks.mlp.down_proj", d, f, "vision_block")
-        merged = d * v.spatial_merge_size**2
-        norm("visual.merger.ln_q", "vision", d, layernorm)
-        linear("visual.merger.mlp.0", merged, merged, "vision")
-        linear("visual.merger.mlp.2", v.out_hidden_size, merged, "vision")
-        return out
-    # Mllama
+        _qwen_vision_tensors(v, t)
+    else:
+        _mllama_vision_tensors(v, t)
+    return t.out
+
+
+def _qwen_vision_tensors(v: VisionSpec, t: _Tensors) -> None:
+    """Qwen2-VL / Qwen2.5-VL: patch embedding, blocks, patch merger (vision_param_tensors)."""
+    d, f, c, p = v.hidden_size, v.intermediate_size, v.in_channels, v.patch_size
+    layernorm = v.kind == "qwen2_vl"  # Qwen2.5-VL: RMSNorm (weight only)
+    t.add("visual.patch_embed.proj.weight", (d, c, v.temporal_patch_size, p, p), "vision")
+    t.norm("visual.blocks.norm1", "vision_block", d, layernorm)
+    t.norm("visual.blocks.norm2", "vision_block", d, layernorm)
+    t.linear("visual.blocks.attn.qkv", 3 * d, d, "vision_block")
+    t.linear("visual.blocks.attn.proj", d, d, "vision_block")
+    if v.kind == "qwen2_vl":
+        t.linear("visual.blocks.mlp.fc1", f, d, "vision_block")
+        t.linear("visual.blocks.mlp.fc2", d, f, "vision_block")
+    else:
+        t.linear("visual.blocks.mlp.gate_proj", f, d, "vision_block")
+        t.linear("visual.blocks.mlp.up_proj", f, d, "vision_block")
+        t.linear("visual.blocks.mlp.down_proj", d, f, "vision_block")
+    merged = d * v.spatial_merge_size**2
+    t.norm("visual.merger.ln_q", "vision", d, layernorm)
+    t.linear("visual.merger.mlp.0", merged, merged, "vision")
+    t.linear("visual.merger.mlp.2", v.out_hidden_size, merged, "vision")
+
+
+def _mllama_vision_tensors(v: VisionSpec, t: _Tensors) -> None:
+    """Llama 3.2 Vision (Mllama): embeddings, local and global encoders, projector
+    (vision_param_tensors)."""
+    d, f, c, p = v.hidden_size, v.intermediate_size, v.in_channels, v.patch_size
     patches, ratios, tiles = v.patches_per_tile, v.num_aspect_ratios + 1, v.max_num_tiles
-    add("vision_model.class_embedding", (d,), "vision")
-    add("vision_model.patch_embedding.weight", (d, c, p, p), "vision")
-    add("vision_model.gated_positional_embedding.gate", (1,), "vision")
-    add("vision_model.gated_positional_embedding.embedding", (patches, d), "vision")
-    add("vision_model.gated_positional_embedding.tile_embedding.weight",
-        (ratios, tiles * patches * d), "vision")  # fmt: skip
+    t.add("vision_model.class_embedding", (d,), "vision")
+    t.add("vision_model.patch_embedding.weight", (d, c, p, p), "vision")
+    t.add("vision_model.gated_positional_embedding.gate", (1,), "vision")
+    t.add("vision_model.gated_positional_embedding.embedding", (patches, d), "vision")
+    t.add("vision_model.gated_positional_embedding.tile_embedding.weight",
+          (ratios, tiles * patches * d), "vision")  # fmt: skip
     for name in ("pre_tile_positional_embedding", "post_tile_positional_embedding"):
-        add(f"vision_model.{name}.gate", (1,), "vision")
-        add(f"vision_model.{name}.embedding.weight", (ratios, tiles * d), "vision")
-    norm("vision_model.layernorm_pre", "vision", d, True)
-    norm("vision_model.layernorm_post", "vision", d, True)
+        t.add(f"vision_model.{name}.gate", (1,), "vision")
+        t.add(f"vision_model.{name}.embedding.weight", (ratios, tiles * d), "vision")
+    t.norm("vision_model.layernorm_pre", "vision", d, True)
+    t.norm("vision_model.layernorm_post", "vision", d, True)
     stacks: tuple[tuple[str, VisionGroup], ...] = (
         ("transformer", "vision_block"),
         ("global_transformer", "vision_global"),
     )
     for prefix, group in stacks:
+        layer = f"vision_model.{prefix}.layers"
         if group == "vision_global":
-            add(f"vision_model.{prefix}.layers.gate_attn", (1,), group)
-            add(f"vision_model.{prefix}.layers.gate_ffn", (1,), group)
+            t.add(f"{layer}.gate_attn", (1,), group)
+            t.add(f"{layer}.gate_ffn", (1,), group)
         for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            linear(f"vision_model.{prefix}.layers.self_attn.{proj}", d, d, group, bias=False)
-        linear(f"vision_model.{prefix}.layers.mlp.fc1", f, d, group)
-        linear(f"vision_model.{prefix}.layers.mlp.fc2", d, f, group)
-        norm(f"vision_model.{prefix}.layers.input_layernorm", group, d, True)
-        norm(f"vision_model.{prefix}.layers.post_attention_layernorm", group, d, True)
-    linear("multi_modal_projector", v.out_hidden_size, v.vision_output_dim, "vision")
-    return out
+            t.linear(f"{layer}.self_attn.{proj}", d, d, group, bias=False)
+        t.linear(f"{layer}.mlp.fc1", f, d, group)
+        t.linear(f"{layer}.mlp.fc2", d, f, group)
+        t.norm(f"{layer}.input_layernorm", group, d, True)
+        t.norm(f"{layer}.post_attention_layernorm", group, d, True)
+    t.linear("multi_modal_projector", v.out_hidden_size, v.vision_output_dim, "vision")
 
 
 def vision_group_count(v: VisionSpec, group: str) -> int:
@@ -190,43 +208,58 @@ def read_vision_spec(
     where a field is absent."""
     vc = vision_config(config, name=name)
     if model_type == "qwen2_vl":
-        d = _int(vc, "embed_dim", name=name, default=1280)
-        return VisionSpec(
-            kind="qwen2_vl",
-            hidden_size=d,
-            intermediate_size=int(d * float(vc.get("mlp_ratio", 4))),
-            num_layers=_int(vc, "depth", name=name, default=32),
-            num_heads=_int(vc, "num_heads", name=name, default=16),
-            patch_size=_int(vc, "patch_size", name=name, default=14),
-            in_channels=_int(vc, "in_channels", name=name, default=vc.get("in_chans", 3)),
-            out_hidden_size=_int(vc, "hidden_size", name=name, default=3584),
-            temporal_patch_size=_int(vc, "temporal_patch_size", name=name, default=2),
-            spatial_merge_size=_int(vc, "spatial_merge_size", name=name, default=2),
-        )
+        return _qwen2_vl_spec(vc, name=name)
     if model_type == "qwen2_5_vl":
-        depth = _int(vc, "depth", name=name, default=32)
-        full = vc.get("fullatt_block_indexes", [7, 15, 23, 31])
-        if not isinstance(full, list) or any(
-            isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < depth for i in full
-        ):
-            raise ValueError(
-                f"model: {name}: vision_config.fullatt_block_indexes must list block indexes "
-                f"in [0, {depth}), got {full!r}"
-            )
-        return VisionSpec(
-            kind="qwen2_5_vl",
-            hidden_size=_int(vc, "hidden_size", name=name, default=1280),
-            intermediate_size=_int(vc, "intermediate_size", name=name, default=3420),
-            num_layers=depth,
-            num_heads=_int(vc, "num_heads", name=name, default=16),
-            patch_size=_int(vc, "patch_size", name=name, default=14),
-            in_channels=_int(vc, "in_channels", name=name, default=vc.get("in_chans", 3)),
-            out_hidden_size=_int(vc, "out_hidden_size", name=name, default=3584),
-            temporal_patch_size=_int(vc, "temporal_patch_size", name=name, default=2),
-            spatial_merge_size=_int(vc, "spatial_merge_size", name=name, default=2),
-            window_size=_int(vc, "window_size", name=name, default=112),
-            num_full_attention_blocks=len(set(full)),
+        return _qwen2_5_vl_spec(vc, name=name)
+    return _mllama_spec(vc, text_hidden_size=text_hidden_size, name=name)
+
+
+def _qwen2_vl_spec(vc: dict[str, Any], *, name: str) -> VisionSpec:
+    """Qwen2VLVisionConfig's fields (read_vision_spec)."""
+    d = _int(vc, "embed_dim", name=name, default=1280)
+    return VisionSpec(
+        kind="qwen2_vl",
+        hidden_size=d,
+        intermediate_size=int(d * float(vc.get("mlp_ratio", 4))),
+        num_layers=_int(vc, "depth", name=name, default=32),
+        num_heads=_int(vc, "num_heads", name=name, default=16),
+        patch_size=_int(vc, "patch_size", name=name, default=14),
+        in_channels=_int(vc, "in_channels", name=name, default=vc.get("in_chans", 3)),
+        out_hidden_size=_int(vc, "hidden_size", name=name, default=3584),
+        temporal_patch_size=_int(vc, "temporal_patch_size", name=name, default=2),
+        spatial_merge_size=_int(vc, "spatial_merge_size", name=name, default=2),
+    )
+
+
+def _qwen2_5_vl_spec(vc: dict[str, Any], *, name: str) -> VisionSpec:
+    """Qwen2_5_VLVisionConfig's fields (read_vision_spec)."""
+    depth = _int(vc, "depth", name=name, default=32)
+    full = vc.get("fullatt_block_indexes", [7, 15, 23, 31])
+    if not isinstance(full, list) or any(
+        isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < depth for i in full
+    ):
+        raise ValueError(
+            f"model: {name}: vision_config.fullatt_block_indexes must list block indexes "
+            f"in [0, {depth}), got {full!r}"
         )
+    return VisionSpec(
+        kind="qwen2_5_vl",
+        hidden_size=_int(vc, "hidden_size", name=name, default=1280),
+        intermediate_size=_int(vc, "intermediate_size", name=name, default=3420),
+        num_layers=depth,
+        num_heads=_int(vc, "num_heads", name=name, default=16),
+        patch_size=_int(vc, "patch_size", name=name, default=14),
+        in_channels=_int(vc, "in_channels", name=name, default=vc.get("in_chans", 3)),
+        out_hidden_size=_int(vc, "out_hidden_size", name=name, default=3584),
+        temporal_patch_size=_int(vc, "temporal_patch_size", name=name, default=2),
+        spatial_merge_size=_int(vc, "spatial_merge_size", name=name, default=2),
+        window_size=_int(vc, "window_size", name=name, default=112),
+        num_full_attention_blocks=len(set(full)),
+    )
+
+
+def _mllama_spec(vc: dict[str, Any], *, text_hidden_size: int, name: str) -> VisionSpec:
+    """MllamaVisionConfig's fields (read_vision_spec)."""
     ratios = vc.get("supported_aspect_ratios", [[1, 1], [1, 2], [1, 3], [1, 4], [2, 1], [2, 2],
                                                 [3, 1], [4, 1]])  # fmt: skip
     if not isinstance(ratios, list) or not ratios:
