@@ -8,25 +8,13 @@ from typing import Any
 import numpy as np
 
 from trainmem.engine import GIB, ModelSpec, Overheads
-from trainmem.engine._rl import RL_NONE, RL_PHASES, rl_phases, trainer_grid
+from trainmem.engine._rl import RL_NONE, RL_OUTPUTS, RL_PHASES, rl_phases, trainer_grid
 from trainmem.hardware import GpuProfile
 
 from ._error_bars import error_bar_report
 
-RL_BYTES_KEYS = (
-    "trainer_resident_bytes",
-    "reference_bytes",
-    "critic_resident_bytes",
-    "rollout_weight_bytes",
-    "rollout_activation_bytes",
-    "rollout_non_torch_bytes",
-    "rollout_budget_bytes",
-    "rollout_outside_budget_bytes",
-    "rollout_sleep_residual_bytes",
-    "kv_cache_available_bytes",
-    "kv_cache_needed_bytes",
-    "kv_cache_min_bytes",
-    "score_logits_bytes",
+RL_BYTES_KEYS = tuple(
+    k for k in RL_OUTPUTS if k.endswith("_bytes") and not k.startswith(("peak_", "rl_peak"))
 )
 """The `rl` block's byte figures (per GPU), as rl_phases names them."""
 
