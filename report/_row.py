@@ -318,6 +318,15 @@ def host_lines(report: dict[str, Any]) -> list[str]:
     ]
 
 
+def _images(c: dict[str, Any]) -> str:
+    """The header's images of a vision-language job (images_per_sample > 0), else nothing."""
+    n = int(c.get("images_per_sample") or 0)
+    if n <= 0:
+        return ""
+    frozen = ", vision tower frozen" if c.get("freeze_vision") else ""
+    return f" + {n} image{'s' if n != 1 else ''} of {c['image_size']} px a sequence{frozen}"
+
+
 def human_table(report: dict[str, Any]) -> str:
     """Plain-text table: per-component GiB at the peak, phases, verdict."""
     c = report["config"]
@@ -330,7 +339,7 @@ def human_table(report: dict[str, Any]) -> str:
         f"{c['attention']}, framework {c['framework']}{_knobs(c)}",
         f"  {c['num_gpus']} x {report['gpu']['name']}: tp {c['tp']} pp {c['pp']} cp {c['cp']} "
         f"dp {dp}{hsdp}, zero {c['zero']}, micro-batch {c['micro_batch_size']} "
-        f"x seq {c['seq_len']}",
+        f"x seq {c['seq_len']}{_images(c)}",
         "",
         "  component (per device, at the peak)      GiB",
     ]

@@ -56,7 +56,8 @@ def _answers(line: str) -> list[str]:
     ("line", "expected"),
     [
         ("trainmem rec", ["recommend"]),
-        ("trainmem estimate --fr", ["--framework"]),
+        ("trainmem estimate --fra", ["--framework"]),
+        ("trainmem estimate --fr", ["--freeze-vision", "--framework"]),
         ("trainmem estimate --framework me", ["megatron"]),
         ("trainmem sweep --method ", ["exhaustive", "optuna"]),
         ("trainmem completion ", ["bash", "zsh", "fish", "powershell"]),

@@ -242,3 +242,15 @@ def test_vlm_rows_of_a_grid_equal_single_rows() -> None:
     for i, (n, f) in enumerate(((0, False), (1, True), (4, False))):
         one = _one(q, images_per_sample=n, freeze_vision=f)
         assert float(many["peak_allocated_bytes"][i]) == one["peak_allocated_bytes"]
+
+
+def test_the_human_header_says_the_images(capsys) -> None:
+    # The sequence the language model runs is seq_len + the images' tokens: the header names
+    # the images beside the text length (and a frozen tower).
+    from trainmem.cli import main
+
+    argv = ["estimate", "--model", "qwen2.5-vl-7b", "--images-per-sample", "2"]
+    argv += ["--image-size", "896", "--freeze-vision", "--num-gpus", "1", "--zero", "0"]
+    assert main(argv) == 0
+    header = capsys.readouterr().out.splitlines()[2]
+    assert header.endswith("x seq 2048 + 2 images of 896 px a sequence, vision tower frozen")

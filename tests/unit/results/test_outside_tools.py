@@ -12,6 +12,7 @@ import polars as pl
 import pytest
 
 from trainmem.cli import main
+from trainmem.results import SCHEMA_VERSION
 
 duckdb = pytest.importorskip("duckdb", reason="duckdb (the test extra) is not installed")
 pd = pytest.importorskip("pandas", reason="pandas (the test extra) is not installed")
@@ -78,7 +79,8 @@ def test_each_part_carries_its_provenance(out: Path) -> None:
     part = next((out / "points").glob("study=*/part-*.parquet"))
     # The file's key-value metadata (pyarrow, `parquet-tools meta`, DuckDB parquet_kv_metadata).
     meta = {k.decode(): v.decode() for k, v in pq.read_metadata(part).metadata.items()}
-    assert meta["trainmem_schema_version"] == "8" and meta["trainmem_store"] == "all"
+    assert meta["trainmem_schema_version"] == str(SCHEMA_VERSION)
+    assert meta["trainmem_store"] == "all"
     assert meta["trainmem_study"] == part.parent.name.removeprefix("study=")
     assert meta["trainmem_point_range"].split("-")[0].isdigit()
     assert len(meta["trainmem_space_fingerprint"]) == 10
