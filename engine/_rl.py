@@ -83,6 +83,11 @@ def rl_rows(g: Any) -> dict[str, np.ndarray]:
     return {"rl": rl, "rollout": rollout, "ref_model": ref}
 
 
+def dpo_pairs(g: Any) -> np.ndarray:
+    """Sequences per micro-batch entry: 2 for a DPO row (chosen and rejected), else 1."""
+    return np.where(np.asarray(g["rl"]) == RL_DPO, 2, 1)
+
+
 def trainer_grid(g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The grid the trainer's step is estimated on: a DPO micro-batch of pairs runs chosen and
     rejected responses concatenated, twice the sequences (micro_batch_size and the global batch
@@ -91,7 +96,7 @@ def trainer_grid(g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     concatenated along the batch)."""
     if not np.any(g["rl"] == RL_DPO):
         return g
-    pairs = np.where(g["rl"] == RL_DPO, 2, 1)
+    pairs = dpo_pairs(g)
     return {
         **g,
         "micro_batch_size": g["micro_batch_size"] * pairs,
@@ -167,6 +172,13 @@ def rollout_sequences(g: Any) -> np.ndarray:
     return np.minimum(per_engine, np.asarray(g["rollout_max_num_seqs"], dtype=np.float64))
 
 
+def _kept_optimizer_bytes(step: dict[str, np.ndarray], offload: Any) -> np.ndarray:
+    """The trainer's optimizer states on the GPU unless they are offloaded (verl
+    optimizer_offload)."""
+    keep = (offload != OFFLOAD_OPTIMIZER) & (offload != OFFLOAD_BOTH)
+    return np.where(keep, step["optimizer_states"], 0.0)
+
+
 def trainer_resident_bytes(step: dict[str, np.ndarray], offload: Any) -> np.ndarray:
     """A trainer's states that stay on the GPU while the rollout engine runs: its parameters
     (and fp32 master copy) unless params are offloaded, its optimizer states unless the
@@ -176,10 +188,7 @@ def trainer_resident_bytes(step: dict[str, np.ndarray], offload: Any) -> np.ndar
     optimizer_offload after the update)."""
     params = step["parameters"] + step["master_weights"]
     keep_params = (offload != OFFLOAD_PARAMS) & (offload != OFFLOAD_BOTH)
-    keep_optimizer = (offload != OFFLOAD_OPTIMIZER) & (offload != OFFLOAD_BOTH)
-    return np.where(keep_params, params, 0.0) + np.where(
-        keep_optimizer, step["optimizer_states"], 0.0
-    )
+    return np.where(keep_params, params, 0.0) + _kept_optimizer_bytes(step, offload)
 
 
 def weight_sync_bytes(step: dict[str, np.ndarray], offload: Any, *, others: Any) -> np.ndarray:
@@ -190,8 +199,7 @@ def weight_sync_bytes(step: dict[str, np.ndarray], offload: Any, *, others: Any)
     Source: verl 0.9.1 verl/workers/engine_workers.py update_weights (1. resume the rollout's
     weights, 2.-3. sync them, 3. offload the model to CPU, 4. resume the KV cache).
     Ignores: the one gathered tensor in flight (per-tensor sync)."""
-    keep_optimizer = (offload != OFFLOAD_OPTIMIZER) & (offload != OFFLOAD_BOTH)
-    optimizer = np.where(keep_optimizer, step["optimizer_states"], 0.0)
+    optimizer = _kept_optimizer_bytes(step, offload)
     return step["parameters"] + step["master_weights"] + optimizer + others
 
 
@@ -216,7 +224,7 @@ def score_logits_bytes(m: ModelSpec, g: Any) -> np.ndarray:
     mb = np.where(
         g["log_prob_micro_batch_size"] > 0, g["log_prob_micro_batch_size"], g["micro_batch_size"]
     )
-    mb = mb * np.where(g["rl"] == RL_DPO, 2, 1)
+    mb = mb * dpo_pairs(g)
     tokens = mb.astype(np.float64) * np.asarray(g["seq_len"], dtype=np.float64)
     return tokens * m.vocab_size / np.asarray(g["tp"], dtype=np.float64) * SCORE_LOGIT_BYTES
 
@@ -400,10 +408,11 @@ def _phase_peaks(
     critic, reference = held["critic_resident_bytes"], held["reference_bytes"]
     budget, outside = eng["rollout_budget_bytes"], eng["rollout_outside_budget_bytes"]
     # Beside the engine: the models' resident states and the trainer's context, NCCL, cuBLAS.
-    others = held["trainer_resident_bytes"] + critic + reference + step["framework_overhead"]
+    beside_trainer = critic + reference + step["framework_overhead"]
+    others = held["trainer_resident_bytes"] + beside_trainer
     hf_kv = np.where(eng["generates"] & ~engine, eng["kv_cache_needed_bytes"], 0.0)
     offload = np.asarray(g["rl_trainer_offload"])
-    sync = weight_sync_bytes(step, offload, others=others - held["trainer_resident_bytes"])
+    sync = weight_sync_bytes(step, offload, others=beside_trainer)
     sync = sync + outside + eng["rollout_weight_bytes"]
     rollout = np.where(
         eng["generates"], np.maximum(others + outside + budget + hf_kv, sync), np.nan
@@ -451,29 +460,29 @@ def _advised(
     total: np.ndarray,
     limit: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(advised, largest) utilization of rows. largest: advised_utilization, beside the
-    engine's budget what the rollout holds
-    (`others`: the models' states, the trainer's context) and, awake (sleep level 0), the
-    score's and train's peaks too; NaN where the weight sync alone, which no utilization
-    changes, is over the limit, and where there is no engine (hf, dpo)."""
+    """(advised, largest) utilization of rows. largest: advised_utilization with, beside the
+    engine's budget, what the rollout holds (`others`: the models' states, the trainer's
+    context) and, awake (sleep level 0), the score's and train's peaks too; NaN where the
+    weight sync alone, which no utilization changes, is over the limit, and where there is no
+    engine (hf, dpo). advised: needed_utilization of the engine's fixed bytes and the KV cache
+    of its sequences in flight, at most largest."""
     critic, reference = held["critic_resident_bytes"], held["reference_bytes"]
     awake = np.where(
         sleep == 0, np.maximum(step["peak_device_bytes"] + critic + reference, others + logits), 0.0
     )
-    engine_min = (
+    engine_fixed = (
         eng["rollout_weight_bytes"]
         + eng["rollout_activation_bytes"]
         + eng["rollout_non_torch_bytes"]
-        + eng["kv_cache_min_bytes"]
     )
     largest = advised_utilization(
         other_bytes=np.maximum(others, awake) + eng["rollout_outside_budget_bytes"],
         total_bytes=total,
         limit_bytes=limit,
-        engine_min_bytes=engine_min,
+        engine_min_bytes=engine_fixed + eng["kv_cache_min_bytes"],
     )
     largest = np.where(eng["engine"] & (sync <= limit), largest, np.nan)
     # The advice is the smallest utilization that runs the rollout without preemption, at
     # most the largest that fits (where even that is short, the largest: the engine preempts).
-    need = engine_min - eng["kv_cache_min_bytes"] + eng["kv_cache_needed_bytes"]
-    return np.minimum(largest, needed_utilization(need, total)), largest
+    need = needed_utilization(engine_fixed + eng["kv_cache_needed_bytes"], total)
+    return np.minimum(largest, need), largest

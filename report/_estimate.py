@@ -45,13 +45,14 @@ from trainmem.engine import (
     resolved_loss,
     time_inputs,
 )
+from trainmem.engine._rl import RL_NONE, trainer_grid
 from trainmem.hardware import GIB, GpuProfile, get_gpu
 
 from ._advice import advice_report
 from ._options import DEFAULT_PRECISIONS, JOB_DEFAULT_MODEL, JOB_DEFAULTS, gib_to_bytes
 from ._overhead_file import overhead_items
 from ._risk import check_risk_options, risk_answers, risk_keys
-from ._rl import is_rl, rl_columns, rl_report, rl_top_consumers, step_grid
+from ._rl import rl_columns, rl_report, rl_top_consumers
 from ._row import row_report, stage_summary, time_report
 from ._validate import (
     check_choices,
@@ -343,13 +344,13 @@ def _memory_report(
     the node's host RAM: the report (its `fits` the GPU's and the host's) and estimate()'s
     one-row columns."""
     spec, profile = inputs.spec, inputs.profile
-    rl = is_rl({"rl": np.asarray([inputs.row["rl"]])})
+    rl = inputs.row["rl"] != RL_NONE
     step_config = inputs.grid_config
     # An RL job's phases run on the one-row grid (only then built: the report's fast path is
     # the encoded row).
     grid = make_grid(inputs.grid_config) if rl else {}
     if rl:  # the trainer's step (DPO: chosen and rejected, twice the sequences)
-        doubled = step_grid(grid)
+        doubled = trainer_grid(grid)
         step_config = {
             **step_config,
             **{k: int(doubled[k][0]) for k in ("micro_batch_size", "global_batch_size")},
@@ -365,7 +366,9 @@ def _memory_report(
     )
     report = row_report(spec, out, gpu=profile, config=inputs.config, headroom=job.headroom)
     if rl:
-        phases = rl_columns(spec, grid, out, profile=profile, headroom=job.headroom, overheads=ov)
+        phases = rl_columns(
+            spec, grid, out, usable_bytes=profile.usable_bytes, headroom=job.headroom, overheads=ov
+        )
         report = rl_report(report, phases, config=inputs.config)
     host_need = max(out["host_bytes"][0], out["load_host_bytes"][0])
     report.update(host_fit(host_need, inputs.config["num_gpus"], profile, job.host_memory_gib))

@@ -8,8 +8,7 @@ from typing import Any
 import numpy as np
 
 from trainmem.engine import GIB, ModelSpec, Overheads
-from trainmem.engine._rl import RL_NONE, RL_OUTPUTS, RL_PHASES, rl_phases, trainer_grid
-from trainmem.hardware import GpuProfile
+from trainmem.engine._rl import RL_NONE, RL_OUTPUTS, RL_PHASES, rl_phases
 
 from ._error_bars import error_bar_report
 
@@ -24,30 +23,27 @@ def is_rl(grid: dict[str, np.ndarray]) -> bool:
     return bool(np.any(np.asarray(grid["rl"]) != RL_NONE))
 
 
-def step_grid(grid: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The grid the trainer's step is estimated on (DPO: pairs doubled; engine trainer_grid)."""
-    return trainer_grid(grid)
-
-
 def rl_columns(
     spec: ModelSpec,
     grid: dict[str, np.ndarray],
     out: dict[str, np.ndarray],
     *,
-    profile: GpuProfile,
+    usable_bytes: Any,
     headroom: float,
     overheads: Overheads,
 ) -> dict[str, np.ndarray]:
-    """rl_phases of every row on `profile`. The rollout engine's gpu_memory_utilization
-    multiplies the device's total as CUDA reports it (torch.cuda.mem_get_info's total: the
-    profile's usable_bytes, not the marketed capacity; vllm 0.33.0 vllm/utils/mem_utils.py
-    MemorySnapshot.total_memory); the limit is usable memory less the headroom."""
+    """rl_phases of every row on GPUs of `usable_bytes` (one number, or one per row). The
+    rollout engine's gpu_memory_utilization multiplies the device's total as CUDA reports it
+    (torch.cuda.mem_get_info's total: the profile's usable_bytes, not the marketed capacity;
+    vllm 0.33.0 vllm/utils/mem_utils.py MemorySnapshot.total_memory); the limit is usable
+    memory less the headroom."""
+    total = np.asarray(usable_bytes, dtype=np.float64)
     return rl_phases(
         spec,
         grid,
         out,
-        total_bytes=float(profile.usable_bytes),
-        limit_bytes=profile.usable_bytes * (1.0 - headroom),
+        total_bytes=total,
+        limit_bytes=total * (1.0 - headroom),
         cuda_context_bytes=overheads.cuda_context_bytes,
         nccl_bytes_per_communicator=overheads.nccl_bytes_per_communicator,
         cublas_workspace_bytes=overheads.cublas_workspace_bytes,
@@ -101,14 +97,15 @@ def _rollout_consumers(block: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(kept, key=lambda c: -c["bytes"])
 
 
-def _util(x: Any) -> float | None:
+def _number(x: Any) -> float | None:
+    """The first value of `x` as a float, None where it is not finite."""
     value = float(np.asarray(x).reshape(-1)[0])
     return value if np.isfinite(value) else None
 
 
 def _int(x: Any) -> int | None:
-    value = float(np.asarray(x).reshape(-1)[0])
-    return None if not np.isfinite(value) else int(round(value))
+    value = _number(x)
+    return None if value is None else int(round(value))
 
 
 def rl_report(
@@ -124,7 +121,6 @@ def rl_report(
         value = _int(at[f"peak_{name}_bytes"])
         if value is not None:
             phases[name] = value
-    advised = float(at["advised_rollout_gpu_memory_utilization"][0])
     peak = _int(at["rl_peak_bytes"])
     limit = report["gpu"]["usable_bytes"] * (1.0 - report["headroom"])
     fits = bool(report["fits"] and at["rl_fits"][0])
@@ -139,7 +135,7 @@ def rl_report(
         "rollout_sequences": _int(at["rollout_sequences"]),
         "rollout_starts": bool(at["rollout_starts"][0]),
         "kv_cache_short": bool(at["kv_cache_available_bytes"][0] < at["kv_cache_needed_bytes"][0]),
-        "max_rollout_gpu_memory_utilization": _util(at["max_rollout_gpu_memory_utilization"]),
+        "max_rollout_gpu_memory_utilization": _number(at["max_rollout_gpu_memory_utilization"]),
         "advised_rounding": (
             "the smallest multiple of 0.05 that holds the rollout's sequences without "
             "preemption, at most max_rollout_gpu_memory_utilization (the largest multiple of "
@@ -158,7 +154,9 @@ def rl_report(
         "peak_phase": block["peak_phase"],
         "fits": fits,
         "headroom_bytes": int(round(min(report["headroom_bytes"], limit - (peak or 0)))),
-        "advised_rollout_gpu_memory_utilization": advised if np.isfinite(advised) else None,
+        "advised_rollout_gpu_memory_utilization": _number(
+            at["advised_rollout_gpu_memory_utilization"]
+        ),
         "rl": block,
     }
 

@@ -26,6 +26,7 @@ from trainmem.engine import (
     reason_text,
     time_inputs,
 )
+from trainmem.engine._rl import trainer_grid
 from trainmem.hardware import GpuProfile, get_gpu
 from trainmem.report import (
     ALLOW_LONG_SEQ,
@@ -65,7 +66,7 @@ from trainmem.report import (
 from trainmem.report._estimate import NodeHost
 from trainmem.report._options import RISK_OPTIONS
 from trainmem.report._risk import check_risk_options, risk_answers, risk_keys
-from trainmem.report._rl import fold_rl, is_rl, rl_columns, rl_report, step_grid
+from trainmem.report._rl import fold_rl, is_rl, rl_columns, rl_report
 
 MINIMIZE_OPTIONS = (
     Option(
@@ -278,7 +279,7 @@ def _scan(job: _FitJob, inputs: _FitInputs) -> _Scan:
     ov = gpu_overheads(profile, inputs.overrides)
     out = estimate(
         inputs.spec,
-        step_grid(grid),  # DPO: chosen and rejected, twice the sequences
+        trainer_grid(grid),  # DPO: chosen and rejected, twice the sequences
         usable_bytes=profile.usable_bytes,
         headroom=job.headroom,
         overheads=ov,
@@ -286,7 +287,12 @@ def _scan(job: _FitJob, inputs: _FitInputs) -> _Scan:
     rl = None
     if is_rl(grid):  # the rollout and score phases judge the fit too
         rl = rl_columns(
-            inputs.spec, grid, out, profile=profile, headroom=job.headroom, overheads=ov
+            inputs.spec,
+            grid,
+            out,
+            usable_bytes=profile.usable_bytes,
+            headroom=job.headroom,
+            overheads=ov,
         )
         out = fold_rl(out, rl, grid, limit_bytes=profile.usable_bytes * (1.0 - job.headroom))
     host = node_host(

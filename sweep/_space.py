@@ -33,7 +33,7 @@ from trainmem.engine import (
     resolved_loss,
     time_inputs,
 )
-from trainmem.engine._rl import rl_phases
+from trainmem.engine._rl import trainer_grid
 from trainmem.hardware import Fleet, GpuProfile, Pool
 from trainmem.report import (
     check_lora_rank,
@@ -45,7 +45,7 @@ from trainmem.report import (
     runnable_precision,
     seq_len_warnings,
 )
-from trainmem.report._rl import fold_rl, is_rl, step_grid
+from trainmem.report._rl import fold_rl, is_rl, rl_columns
 
 from ._axes import AXES, NAMED_AXES, declared_values
 from ._options import SEARCH_DEFAULTS
@@ -423,7 +423,7 @@ def _estimate_by_overheads(
         rl = is_rl(sub)
         part = estimate(
             space.model,
-            step_grid(sub) if rl else sub,  # DPO: chosen and rejected, twice the sequences
+            trainer_grid(sub) if rl else sub,  # DPO: chosen and rejected, twice the sequences
             usable_bytes=pools.usable_bytes[rows],
             headroom=space.headroom,
             overheads=pool_ov,
@@ -470,19 +470,11 @@ def _with_rl_phases(
     """estimate()'s columns of RL points with `fits` and `headroom_bytes` judged on the three
     phases (engine/_rl.py), each point on its pool's GPU, and peak_device_bytes the largest
     phase's (the components stay the trainer's step's: they no longer sum to it)."""
-    total = pools.usable_bytes[rows].astype(np.float64)  # CUDA's total (report/_rl.py)
-    limit = total * (1.0 - space.headroom)
-    phases = rl_phases(
-        space.model,
-        sub,
-        part,
-        total_bytes=total,
-        limit_bytes=limit,
-        cuda_context_bytes=overheads.cuda_context_bytes,
-        nccl_bytes_per_communicator=overheads.nccl_bytes_per_communicator,
-        cublas_workspace_bytes=overheads.cublas_workspace_bytes,
+    usable = pools.usable_bytes[rows].astype(np.float64)
+    phases = rl_columns(
+        space.model, sub, part, usable_bytes=usable, headroom=space.headroom, overheads=overheads
     )
-    folded = fold_rl(part, phases, sub, limit_bytes=limit)
+    folded = fold_rl(part, phases, sub, limit_bytes=usable * (1.0 - space.headroom))
     if "peak_device_bytes" in part:  # a point's peak is its job's: the largest phase
         rows_rl = np.isfinite(phases["rl_peak_bytes"])
         folded["peak_device_bytes"] = np.where(
