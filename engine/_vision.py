@@ -214,6 +214,18 @@ def read_vision_spec(
     return _mllama_spec(vc, text_hidden_size=text_hidden_size, name=name)
 
 
+def _qwen_patch_fields(vc: dict[str, Any], *, name: str) -> dict[str, int]:
+    """The fields Qwen2-VL's and Qwen2.5-VL's vision configs share, with their defaults:
+    heads, the patch embedding's patch, channels and temporal patch, the merger's merge size."""
+    return {
+        "num_heads": _int(vc, "num_heads", name=name, default=16),
+        "patch_size": _int(vc, "patch_size", name=name, default=14),
+        "in_channels": _int(vc, "in_channels", name=name, default=vc.get("in_chans", 3)),
+        "temporal_patch_size": _int(vc, "temporal_patch_size", name=name, default=2),
+        "spatial_merge_size": _int(vc, "spatial_merge_size", name=name, default=2),
+    }
+
+
 def _qwen2_vl_spec(vc: dict[str, Any], *, name: str) -> VisionSpec:
     """Qwen2VLVisionConfig's fields (read_vision_spec)."""
     d = _int(vc, "embed_dim", name=name, default=1280)
@@ -222,12 +234,8 @@ def _qwen2_vl_spec(vc: dict[str, Any], *, name: str) -> VisionSpec:
         hidden_size=d,
         intermediate_size=int(d * float(vc.get("mlp_ratio", 4))),
         num_layers=_int(vc, "depth", name=name, default=32),
-        num_heads=_int(vc, "num_heads", name=name, default=16),
-        patch_size=_int(vc, "patch_size", name=name, default=14),
-        in_channels=_int(vc, "in_channels", name=name, default=vc.get("in_chans", 3)),
         out_hidden_size=_int(vc, "hidden_size", name=name, default=3584),
-        temporal_patch_size=_int(vc, "temporal_patch_size", name=name, default=2),
-        spatial_merge_size=_int(vc, "spatial_merge_size", name=name, default=2),
+        **_qwen_patch_fields(vc, name=name),
     )
 
 
@@ -247,12 +255,8 @@ def _qwen2_5_vl_spec(vc: dict[str, Any], *, name: str) -> VisionSpec:
         hidden_size=_int(vc, "hidden_size", name=name, default=1280),
         intermediate_size=_int(vc, "intermediate_size", name=name, default=3420),
         num_layers=depth,
-        num_heads=_int(vc, "num_heads", name=name, default=16),
-        patch_size=_int(vc, "patch_size", name=name, default=14),
-        in_channels=_int(vc, "in_channels", name=name, default=vc.get("in_chans", 3)),
         out_hidden_size=_int(vc, "out_hidden_size", name=name, default=3584),
-        temporal_patch_size=_int(vc, "temporal_patch_size", name=name, default=2),
-        spatial_merge_size=_int(vc, "spatial_merge_size", name=name, default=2),
+        **_qwen_patch_fields(vc, name=name),
         window_size=_int(vc, "window_size", name=name, default=112),
         num_full_attention_blocks=len(set(full)),
     )
