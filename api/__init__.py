@@ -23,12 +23,12 @@ Nothing heavy is imported until a verb runs.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
+    from contextlib import AbstractContextManager
+
     from trainmem.engine import ModelSpec, TrainingConfig
     from trainmem.hardware import GpuProfile
 
@@ -55,16 +55,11 @@ def _named_precision(training: Any, options: dict[str, Any]) -> bool:
     return "precision" in options or (isinstance(training, dict) and "precision" in training)
 
 
-@contextlib.contextmanager
-def _precision_named(named: bool) -> Iterator[None]:
-    """PRECISION_GIVEN set to `named` while a verb runs (_named_precision)."""
-    from trainmem.report._validate import PRECISION_GIVEN
+def _precision_named(named: bool) -> AbstractContextManager[None]:
+    """report/_validate.py precision_given(named), imported when a verb runs."""
+    from trainmem.report._validate import precision_given
 
-    token = PRECISION_GIVEN.set(named)
-    try:
-        yield
-    finally:
-        PRECISION_GIVEN.reset(token)
+    return precision_given(named)
 
 
 def estimate(training: TrainingConfig | dict[str, Any] | None = None, /, **options: Any) -> dict:

@@ -21,7 +21,7 @@ import typer
 
 from trainmem.engine import FIELD_NAMES
 from trainmem.report import Option, check_options
-from trainmem.report._validate import PRECISION_GIVEN
+from trainmem.report._validate import precision_given
 
 
 def typer_parameter(option: Option) -> inspect.Parameter:
@@ -48,11 +48,8 @@ def command(options: Sequence[Option]) -> Callable[[Callable[..., Any]], Callabl
         def run(**values: Any) -> Any:
             check_options(options, values)
             training = {k: values.pop(k) for k in FIELD_NAMES if k in values}
-            token = PRECISION_GIVEN.set(_given_on_command_line("precision"))
-            try:
+            with precision_given(_given_on_command_line("precision")):
                 return function(training, **values)
-            finally:
-                PRECISION_GIVEN.reset(token)
 
         parameters = [typer_parameter(o) for o in options]
         run.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]

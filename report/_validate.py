@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -111,8 +112,20 @@ def check_precision(precision: str, profile: GpuProfile) -> None:
 
 
 PRECISION_GIVEN: ContextVar[bool] = ContextVar("precision_given", default=False)
-"""True while a CLI command runs whose --precision the user gave (cli/_options.py command):
-a precision the user named is never swapped for its fp16 counterpart, only refused."""
+"""True while a command runs whose precision the user named (`--precision`, an HTTP body's
+`precision`, a Python keyword: precision_given): a precision the user named is never swapped
+for its fp16 counterpart, only refused."""
+
+
+@contextlib.contextmanager
+def precision_given(named: bool) -> Iterator[None]:
+    """PRECISION_GIVEN set to `named` while the block runs (the CLI's commands, the HTTP
+    service's workers and the Python API's verbs)."""
+    token = PRECISION_GIVEN.set(bool(named))
+    try:
+        yield
+    finally:
+        PRECISION_GIVEN.reset(token)
 
 
 def runnable_precision(

@@ -34,7 +34,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from trainmem.report import estimate_report, jsonable
-from trainmem.report._validate import PRECISION_GIVEN
+from trainmem.report._validate import precision_given
 from trainmem.sweep import fit_report
 
 START_TIMEOUT_S = 120.0
@@ -87,11 +87,8 @@ def _given_precision(function: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(function)  # the module's name for it: a worker finds it by that name
     def run(fields: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         fields = dict(fields)
-        token = PRECISION_GIVEN.set(bool(fields.pop(PRECISION_GIVEN_FIELD, False)))
-        try:
+        with precision_given(bool(fields.pop(PRECISION_GIVEN_FIELD, False))):
             return function(fields, *args, **kwargs)
-        finally:
-            PRECISION_GIVEN.reset(token)
 
     return run
 
