@@ -330,6 +330,22 @@ class TrainingConfig:
         ge=0,
         le=1 << 16,
     )
+    rl_max_token_len_per_gpu: int = knob(
+        0,
+        help="Tokens per packed micro-batch of the RL train and score phases (verl "
+        "use_dynamic_bsz with ppo_max_token_len_per_gpu; padding removed); 0: "
+        "micro_batch_size (log_prob_micro_batch_size) whole sequences of seq_len.",
+        ge=0,
+        le=1 << 24,
+    )
+    rl_mean_seq_len: int = knob(
+        0,
+        help="Tokens per sequence of the RL train and score micro-batches, padding removed "
+        "(verl use_remove_padding: prompt_length/mean + response_length/mean of its logs); 0: "
+        "seq_len (every sequence at its longest, the bound).",
+        ge=0,
+        le=1 << 22,
+    )
     images_per_sample: int = knob(
         0,
         help="Images per sequence of a vision-language model (0: text only); Qwen2-VL / "
@@ -503,6 +519,8 @@ RL_ONLY_FIELDS = (
     "rollout_sleep_level",
     "ref_model",
     "rl_trainer_offload",
+    "rl_max_token_len_per_gpu",
+    "rl_mean_seq_len",
 )
 """Fields that mean something only for an RL job: given with rl none (a value other than the
 default), they are an error rather than silently ignored."""
@@ -532,6 +550,15 @@ def rl_reason(fields: Mapping[str, Any]) -> str | None:
         return (
             f"response_len: must be < seq_len (prompt + response), got {response} with "
             f"seq_len {seq}"
+        )
+    mean = fields.get("rl_mean_seq_len")
+    if mean and seq is not None and mean > seq:
+        return f"rl_mean_seq_len: must be 0 or at most seq_len {seq}, got {mean}"
+    packed = fields.get("rl_max_token_len_per_gpu")
+    if packed and seq is not None and packed < seq:
+        return (
+            f"rl_max_token_len_per_gpu: must be 0 or at least seq_len {seq} (verl: max_token_len "
+            f"must be greater than the sequence length), got {packed}"
         )
     return None
 

@@ -70,6 +70,14 @@ class FrameworkSpec:
     tensor: beyond the saved fp32 [T, v] softmax, only the 16-bit logits in forward and the
     16-bit cast of the gradient in backward (else a plain cross entropy: logits.float(), then
     log_softmax saving its own fp32 output, and two fp32 gradients in backward)."""
+    loss_logits_in_place: bool = False
+    """The loss is one fused kernel on the 16-bit logits: it keeps them and an fp32 logsumexp per
+    token for backward, and its backward writes the logits' gradient into the saved logits (no
+    fp32 copy, no log-softmax, no new gradient tensor): flash-attn's Triton cross_entropy_loss
+    with inplace_backward=True, the per-token log-probabilities of an RL actor's loss. Source:
+    flash-attn 2.x flash_attn/ops/triton/cross_entropy.py CrossEntropyLoss (forward saves
+    logits, lse and labels; backward `dlogits = logits if ctx.inplace_backward else
+    torch.empty_like(logits)`)."""
     eager_softmax_fused: bool = False
     """With materialised attention scores (`--attention eager`) the masked softmax is a fused
     16-bit kernel wherever its shape limits allow: it keeps the 16-bit probabilities only (no
@@ -632,6 +640,59 @@ _SPEC_VALUES: dict[str, dict[str, Any]] = {
         "bf16-mixed (its default, utils.py get_default_supported_precision(training=True)), "
         "bf16-true, 16-mixed, 16-true, 32-true.",
     ),
+    "verl": dict(
+        selective="selective",
+        loss_parallel=False,
+        fsdp2=True,
+        adapters_in_param_dtype=False,
+        fused_rms_norm=False,
+        fused_qkv=False,
+        qlora_kbit_prepared=False,
+        loss_logits_in_place=True,
+        full_recompute_top_moment=True,
+        fsdp1_full_finetune=True,
+        load="meta-init",
+        load_source=(
+            "verl b178a3c (0.8.0.dev) verl/workers/fsdp_workers.py _build_model_optimizer "
+            "(get_init_weight_context_manager(use_meta_tensor=not tie_word_embeddings): rank 0 "
+            "reads the checkpoint on the CPU, the others build on the meta device; FSDP "
+            "sync_module_states broadcasts it unit by unit)"
+        ),
+        source="verl b178a3c (0.8.0.dev): the actor is transformers' model code "
+        "(AutoModelForCausalLM, flash-attn varlen under use_remove_padding, the model default "
+        "true), built in fp32 (fsdp_config.model_dtype fp32 for the actor) and wrapped by "
+        "FSDP (strategy fsdp: FSDP1 FULL_SHARD with MixedPrecision(param_dtype=bf16, "
+        "reduce_dtype=fp32, buffer_dtype=fp32); fsdp2 under strategy fsdp2) with HF gradient "
+        "checkpointing (model.enable_gradient_checkpointing true); workers/actor/dp_actor.py "
+        "_forward_micro_batch (logits.div_(temperature), then verl/utils/torch_functional.py "
+        "logprobs_from_logits: flash-attn cross_entropy_loss with inplace_backward=True, no "
+        "entropy in the update under entropy_coeff 0, the actor.yaml default) and "
+        "update_policy (loss.backward() per micro-batch, no no_sync: each micro-batch's "
+        "gradients are reduce-scattered into the sharded fp32 gradient). LoRA: peft on the "
+        "fp32 model, FSDP's param_dtype casting the adapters to bf16 when gathered.",
+        pp_receive_buffer_per_micro_batch=True,
+        tp_embedding_grad_replicated=True,
+        tp_norms_plain_tensors=True,
+        fsdp2_casts_fp32_adapters=True,
+        fsdp_accumulates_unsharded=False,
+        transformers_model_code=True,
+        megatron_core_blocks=False,
+        eager_scores_global_buffer=False,
+        checkpoint_keeps_mask=True,
+        fp32_main_grad_buffer=False,
+        tp_loss_gradients_sharded=False,
+        launch_axes={
+            **DATA_PARALLEL_ONLY,
+            "zero": (3,),
+            "recompute": ("none", "full"),
+            "offload": ("none",),
+        },
+        launch_precisions=("mixed-bf16",),
+        launch_source="verl's FSDP actor (strategy fsdp/fsdp2): FULL_SHARD over every GPU "
+        "(ZeRO-3), data parallel (Ulysses sequence parallel not modelled here), gradient "
+        "checkpointing on or off; fp32 master weights with bf16 compute; its CPU offload is "
+        "between phases (--rl-trainer-offload), not ZeRO-Offload.",
+    ),
 }
 """Each framework's FrameworkSpec values, in vocabulary order (checked by framework_specs)."""
 FRAMEWORK_SPECS: dict[str, FrameworkSpec] = framework_specs(_SPEC_VALUES)
@@ -692,6 +753,9 @@ def recipe_optimizer(opt: np.ndarray, *, fw: np.ndarray, qlora: np.ndarray) -> n
 
 LOSS_SOFTMAX_IN_PLACE = _table("loss_softmax_in_place")
 """Per framework code: the cross entropy's softmax and gradient live in its one fp32 copy."""
+LOSS_LOGITS_IN_PLACE = _table("loss_logits_in_place")
+"""Per framework code: the loss is a fused kernel keeping the 16-bit logits, its gradient written
+into them (FrameworkSpec.loss_logits_in_place)."""
 EAGER_SOFTMAX_FUSED = _table("eager_softmax_fused")
 """Per framework code: eager attention's masked softmax is a fused 16-bit kernel."""
 FSDP2_EMBEDDING_UNIT = _table("fsdp2_embedding_unit")

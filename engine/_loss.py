@@ -334,19 +334,19 @@ def loss_gradient_bytes(
     fp32_logits_in=False,
     head=None,
     softmax_in_place=False,
+    grad_in_place=False,
 ) -> np.ndarray:
     """Transient bytes at the start of backward: the loss gradients (LOSS_GRADIENT_TENSORS fp32
     [T, v]; one chunk's under chunked-output, whose chunks run backward one at a time; a fused
     chunked loss computed them in forward; a head run over chunks: its `head` terms' backward,
-    head_chunked_loss_bytes; an in-place softmax, megatron_in_place_loss_gradient_bytes) and, on
-    a pipeline's last stage, the gradient sent to the previous stage ([T, h] in the compute
-    dtype)."""
+    head_chunked_loss_bytes; an in-place softmax, megatron_in_place_loss_gradient_bytes; a fused
+    loss writing into its kept logits, `grad_in_place`: none) and, on a pipeline's last stage,
+    the gradient sent to the previous stage ([T, h] in the compute dtype)."""
     per_chunk = np.where(chunked_output, 1.0 / OUTPUT_CHUNKS, 1.0)
     # Compiled: one fused backward kernel writes the 16-bit logits' gradient.
     # (fp32 logits in: their fp32 gradient, then its cast to the model's dtype).
-    per_element = np.where(
-        compiled, np.where(fp32_logits_in, 4.0 + e, e), LOSS_GRADIENT_TENSORS * 4.0
-    )
+    compiled_grad = np.where(fp32_logits_in, 4.0 + e, np.where(grad_in_place, 0.0, e))
+    per_element = np.where(compiled, compiled_grad, LOSS_GRADIENT_TENSORS * 4.0)
     full_grads = per_element * T * m.vocab_size / loss_tp_div * per_chunk
     in_place = megatron_in_place_loss_gradient_bytes(m, T=T, e=e, loss_tp_div=loss_tp_div)
     full_grads = np.where(softmax_in_place & ~compiled & ~chunked_output, in_place, full_grads)

@@ -49,6 +49,7 @@ from ._frameworks import (
     LOGITS_UPCAST_IN_MODEL,
     LORA_DROPOUT,
     LORA_QKV_ZERO_PAD,
+    LOSS_LOGITS_IN_PLACE,
     LOSS_PARALLEL_FP32_TENSORS,
     LOSS_SOFTMAX_IN_PLACE,
     MEGATRON_CORE_BLOCKS,
@@ -221,6 +222,10 @@ class MicroBatch:
     adapters_in_param_dtype: np.ndarray
     compiled: np.ndarray
     compiled_loss: np.ndarray
+    """The loss is one fused kernel on the logits (compiled, or the framework's own fused loss:
+    FrameworkSpec.loss_logits_in_place), keeping the 16-bit logits and a logsumexp."""
+    loss_grad_in_place: np.ndarray
+    """That fused loss writes the logits' gradient into the kept logits (no new tensor)."""
     fp32_logits_in: np.ndarray
     """A compiled loss receives fp32 logits (the model upcasts them; not when chunked)."""
     num_checkpointed: np.ndarray
@@ -322,8 +327,7 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         | adapters_in_compute_dtype(FSDP2_CASTS_FP32_ADAPTERS[fw], c["lora_zero3"], IS_MIXED[prec])
         | sharded_qlora_adapters_16bit(QLORA_KBIT_PREPARED[fw], qlora=c["qlora"], zero=c["zero"]),
         compiled=c["compile"] != COMPILE_NONE,
-        compiled_loss=(c["compile"] == COMPILE_BLOCKS_AND_LOSS) & (loss != LOSS_CHUNKED_HEAD),
-        fp32_logits_in=LOGITS_UPCAST_IN_MODEL[fw] & (loss != LOSS_CHUNKED_OUTPUT),
+        **_loss_fields(fw, c, loss),
         num_checkpointed=checkpointed_layers(rc, num_layers=counts["layer"], every=every),
         first=first,
         last=last,
@@ -334,14 +338,27 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         qlora=c["qlora"] & (rank > 0),
         kbit_prepared=kbit_prepared,
         bits=target_bits(c["lora_targets"]),
-        chunked=loss == LOSS_CHUNKED,
-        chunked_output=loss == LOSS_CHUNKED_OUTPUT,
         **_stack_fields(fw, c, loss),
         capacity=c["capacity_factor_pct"].astype(np.float64) / 100.0,
-        softmax_in_place_loss=LOSS_SOFTMAX_IN_PLACE[fw] | (loss == LOSS_VOCAB_PARALLEL),
         activation_offload=c["activation_offload"],
         zero_col=np.zeros_like(T),
     )
+
+
+def _loss_fields(fw: np.ndarray, c: dict[str, np.ndarray], loss: np.ndarray) -> dict[str, Any]:
+    """MicroBatch's loss kinds (`loss`: the resolved loss): compiled or the framework's own fused
+    loss on the 16-bit logits (FrameworkSpec.loss_logits_in_place, which writes its gradient
+    into them), fp32 logits from the model, chunked, chunked-output, an in-place softmax."""
+    fused_in_place = LOSS_LOGITS_IN_PLACE[fw] & (loss == LOSS_FULL)
+    return {
+        "compiled_loss": ((c["compile"] == COMPILE_BLOCKS_AND_LOSS) | fused_in_place)
+        & (loss != LOSS_CHUNKED_HEAD),
+        "loss_grad_in_place": fused_in_place,
+        "fp32_logits_in": LOGITS_UPCAST_IN_MODEL[fw] & (loss != LOSS_CHUNKED_OUTPUT),
+        "chunked": loss == LOSS_CHUNKED,
+        "chunked_output": loss == LOSS_CHUNKED_OUTPUT,
+        "softmax_in_place_loss": LOSS_SOFTMAX_IN_PLACE[fw] | (loss == LOSS_VOCAB_PARALLEL),
+    }
 
 
 def _stack_fields(fw: np.ndarray, c: dict[str, np.ndarray], loss: np.ndarray) -> dict[str, Any]:
@@ -921,6 +938,7 @@ def _copies_and_loss(
         pp=pp,
         last=last,
         sp_div=x.sp_div,
+        grad_in_place=x.loss_grad_in_place,
         **kinds,
     )
     parallel_extra = _parallel_loss_extra(m, x)

@@ -15,8 +15,11 @@ The phases, per GPU (device bytes, as nvidia-smi counts them):
   activations, non-torch memory, the KV cache taking the rest), its own CUDA context and its
   CUDA graphs (captured after the KV cache is sized, outside the budget).
 - score: forward-only log-probs (old policy, reference; values for the PPO critic) on
-  log_prob_micro_batch_size sequences: the trainer's and the other models' resident states and
-  the logits; the rollout engine asleep (its residual).
+  log_prob_micro_batch_size sequences: the trainer's parameters (loaded back where they are
+  offloaded between phases: verl b178a3c fsdp_workers.py compute_log_prob,
+  load_fsdp_model_to_gpu under param_offload), its optimizer states unless offloaded, the
+  other models' resident states and the logits; the rollout engine asleep (its residual).
+  Ignores: one block's forward working set (no grad), small beside the logits.
 - train: the trainer's step peak (estimate's peak_device_bytes) and what stays resident from
   the other models and the sleeping rollout engine.
 """
@@ -62,11 +65,14 @@ SAMPLER_FP32_COPIES = 2.0
 """vLLM's profile run samples max_num_seqs dummy rows: fp32 logits and their probabilities
 (vllm/v1/worker/gpu_model_runner.py _dummy_sampler_run). Assumes two fp32 [seqs, vocab]."""
 SCORE_LOGIT_BYTES = 6.0
-"""Bytes per logit of a score forward: the bf16 logits (2) and one fp32 [tokens, vocab] working
-copy (4: the entropy's softmax, or log_softmax where flash-attn's cross entropy is absent).
-Source: verl 0.9.1 verl/utils/torch_functional.py logprobs_from_logits (flash-attn
-cross_entropy_loss on the bf16 logits), entropy_from_logits (fp32 softmax). Assumes: padded
-sequences (verl's use_remove_padding packs the real tokens: fewer)."""
+"""Bytes per logit of a score forward (no grad): the bf16 logits (2), and the entropy's bf16
+softmax and its product with the logits (2 + 2) while it runs; the log-probabilities are
+flash-attn's cross entropy on the bf16 logits ([tokens] outputs only). Source: verl b178a3c
+verl/workers/fsdp_workers.py compute_log_prob (calculate_entropy = not is_lora: the old
+policy's forward computes the entropy), verl/utils/torch_functional.py logprobs_from_logits
+(flash-attn cross_entropy_loss), entropy_from_logits (softmax(logits) in the logits' dtype,
+then pd * logits). Assumes: padded sequences of seq_len unless packed (verl's
+use_remove_padding without use_dynamic_bsz packs the real tokens: fewer)."""
 ADVISED_UTIL_STEP = 0.05
 """advised_rollout_gpu_memory_utilization is a multiple of this: the largest that fits rounded
 down, the one the rollout needs rounded up."""
@@ -91,16 +97,72 @@ def dpo_pairs(g: Any) -> np.ndarray:
 def trainer_grid(g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The grid the trainer's step is estimated on: a DPO micro-batch of pairs runs chosen and
     rejected responses concatenated, twice the sequences (micro_batch_size and the global batch
-    doubled); every other row as given.
+    doubled); a packed RL row (packed_micro_batches) one row of rl_max_token_len_per_gpu
+    tokens; every other row as given.
     Source: trl 1.16.0 trl/trainer/dpo_trainer.py concatenated_forward (chosen and rejected
     concatenated along the batch)."""
-    if not np.any(g["rl"] == RL_DPO):
+    shortened = (np.asarray(g["rl"]) != RL_NONE) & (np.asarray(g["rl_mean_seq_len"]) > 0)
+    if not np.any(g["rl"] == RL_DPO) and not np.any(_packed_rows(g) | shortened):
         return g
     pairs = dpo_pairs(g)
-    return {
+    doubled = {
         **g,
         "micro_batch_size": g["micro_batch_size"] * pairs,
         "global_batch_size": g["global_batch_size"] * pairs,
+    }
+    return {**doubled, **packed_micro_batches(doubled)}
+
+
+def _packed_rows(g: Any) -> np.ndarray:
+    """RL rows whose train and score micro-batches are packed by tokens
+    (rl_max_token_len_per_gpu > 0)."""
+    return (np.asarray(g["rl"]) != RL_NONE) & (np.asarray(g["rl_max_token_len_per_gpu"]) > 0)
+
+
+def unpadded_seq_len(g: Any) -> np.ndarray:
+    """Tokens per sequence of an RL row's train and score micro-batches: rl_mean_seq_len where
+    given (padding removed: verl's use_remove_padding concatenates the real tokens of a
+    micro-batch's sequences into one row, flash-attn varlen), else seq_len (the bound).
+    Source: verl b178a3c workers/actor/dp_actor.py _forward_micro_batch (unpad_input, then
+    one [1, total_nnz] row)."""
+    mean = np.asarray(g["rl_mean_seq_len"])
+    rl = np.asarray(g["rl"]) != RL_NONE
+    return np.where(rl & (mean > 0), mean, np.asarray(g["seq_len"]))
+
+
+def packed_micro_batches(g: Any) -> dict[str, np.ndarray]:
+    """micro_batch_size, seq_len and global_batch_size of the trainer's step where the RL
+    trainer removes padding: a micro-batch is one row of its sequences' real tokens. Packed by
+    tokens (rl_max_token_len_per_gpu), one row of that many tokens, and per optimizer step as
+    many packed micro-batches per rank as the step's sequences fill (at least one); else
+    micro_batch_size sequences of unpadded_seq_len tokens each, as one row. Rows without RL,
+    or whose sequences are not shortened, as given.
+    Source: verl b178a3c (0.8.0.dev) verl/utils/seqlen_balancing.py rearrange_micro_batches
+    (num_micro_batches = ceil(sum of the sequences' lengths / max_token_len), the sequences
+    balanced between them; `assert max_token_len >= max_seq_len`), workers/actor/dp_actor.py
+    update_policy and compute_log_prob (prepare_dynamic_batch under use_dynamic_bsz);
+    flash-attn varlen keeps attention per sequence, so a row of packed sequences holds what
+    one row of that many tokens does.
+    Assumes: every packed micro-batch holds max_token_len tokens (the nominal size: a balanced
+    partition can exceed it by less than one sequence, and real lengths fill it less).
+    Ignores: Ulysses sequence parallelism (max_token_len x ulysses size, split over the group)."""
+    packed = _packed_rows(g)
+    tokens = np.asarray(g["rl_max_token_len_per_gpu"])
+    seq = unpadded_seq_len(g)
+    layout = parallel_layout(g)
+    dp, responses = layout["dp"], layout["global_batch_size"]
+    steps = np.ceil(np.ceil(responses / dp) * seq / np.maximum(tokens, 1))
+    steps = np.maximum(steps, 1).astype(np.int64)
+    micro = np.asarray(g["micro_batch_size"])
+    unpadded = ~packed & (seq < np.asarray(g["seq_len"]))
+    return {
+        "micro_batch_size": np.where(packed | unpadded, 1, micro),
+        "seq_len": np.select([packed, unpadded], [tokens, micro * seq], g["seq_len"]),
+        "global_batch_size": np.select(
+            [packed, unpadded],
+            [steps * dp, responses // np.maximum(micro, 1)],
+            g["global_batch_size"],
+        ),
     }
 
 
@@ -219,13 +281,16 @@ def reference_bytes(m: ModelSpec, g: Any, ref: Any) -> np.ndarray:
 
 def score_logits_bytes(m: ModelSpec, g: Any) -> np.ndarray:
     """The logits of one score forward: log_prob_micro_batch_size (0: micro_batch_size)
-    sequences x seq_len x vocab / tp, SCORE_LOGIT_BYTES each (a DPO micro-batch: chosen and
-    rejected, twice the sequences). Source: SCORE_LOGIT_BYTES."""
+    sequences x unpadded_seq_len, or a packed row of rl_max_token_len_per_gpu tokens (verl's
+    log_prob_max_token_len_per_gpu defaults to ppo_max_token_len_per_gpu), x vocab / tp,
+    SCORE_LOGIT_BYTES each (a DPO micro-batch: chosen and rejected, twice the sequences).
+    Source: SCORE_LOGIT_BYTES; packed_micro_batches."""
     mb = np.where(
         g["log_prob_micro_batch_size"] > 0, g["log_prob_micro_batch_size"], g["micro_batch_size"]
     )
     mb = mb * dpo_pairs(g)
-    tokens = mb.astype(np.float64) * np.asarray(g["seq_len"], dtype=np.float64)
+    tokens = mb.astype(np.float64) * unpadded_seq_len(g).astype(np.float64)
+    tokens = np.where(_packed_rows(g), np.asarray(g["rl_max_token_len_per_gpu"]), tokens)
     return tokens * m.vocab_size / np.asarray(g["tp"], dtype=np.float64) * SCORE_LOGIT_BYTES
 
 
@@ -412,8 +477,10 @@ def _phase_peaks(
     others = held["trainer_resident_bytes"] + beside_trainer
     hf_kv = np.where(eng["generates"] & ~engine, eng["kv_cache_needed_bytes"], 0.0)
     offload = np.asarray(g["rl_trainer_offload"])
-    sync = weight_sync_bytes(step, offload, others=beside_trainer)
-    sync = sync + outside + eng["rollout_weight_bytes"]
+    # The trainer's parameters are on the GPU to sync the weights and to score (verl loads
+    # offloaded ones back for both), its optimizer states unless offloaded.
+    loaded = weight_sync_bytes(step, offload, others=beside_trainer)
+    sync = loaded + outside + eng["rollout_weight_bytes"]
     rollout = np.where(
         eng["generates"], np.maximum(others + outside + budget + hf_kv, sync), np.nan
     )
@@ -425,13 +492,13 @@ def _phase_peaks(
     residual = np.where(engine, np.where(sleep > 0, outside, outside + budget), 0.0)
     logits = score_logits_bytes(m, g)
     scores = is_rl & ((r["rl"] != RL_DPO) | (r["ref_model"] != REF_NONE))
-    score = np.where(scores, others + residual + logits, np.nan)
+    score = np.where(scores, loaded + residual + logits, np.nan)
     train = np.where(is_rl, step["peak_device_bytes"] + critic + reference + residual, np.nan)
     phases = np.stack([np.nan_to_num(x, nan=-np.inf) for x in (rollout, score, train)])
     peak = np.where(is_rl, np.max(phases, axis=0), np.nan)
     advised, largest = _advised(
-        step, held, eng, others=others, logits=logits, sleep=sleep, sync=sync, total=total,
-        limit=limit,
+        step, held, eng, others=others, score_bytes=loaded + logits, sleep=sleep, sync=sync,
+        total=total, limit=limit,
     )  # fmt: skip
     return {
         "peak_rollout_bytes": rollout,
@@ -454,7 +521,7 @@ def _advised(
     eng: dict[str, np.ndarray],
     *,
     others: np.ndarray,
-    logits: np.ndarray,
+    score_bytes: np.ndarray,
     sleep: np.ndarray,
     sync: np.ndarray,
     total: np.ndarray,
@@ -464,11 +531,12 @@ def _advised(
     engine's budget, what the rollout holds (`others`: the models' states, the trainer's
     context) and, awake (sleep level 0), the score's and train's peaks too; NaN where the
     weight sync alone, which no utilization changes, is over the limit, and where there is no
-    engine (hf, dpo). advised: needed_utilization of the engine's fixed bytes and the KV cache
+    engine (hf, dpo); `score_bytes`: the score phase without the engine. advised:
+    needed_utilization of the engine's fixed bytes and the KV cache
     of its sequences in flight, at most largest."""
     critic, reference = held["critic_resident_bytes"], held["reference_bytes"]
     awake = np.where(
-        sleep == 0, np.maximum(step["peak_device_bytes"] + critic + reference, others + logits), 0.0
+        sleep == 0, np.maximum(step["peak_device_bytes"] + critic + reference, score_bytes), 0.0
     )
     engine_fixed = (
         eng["rollout_weight_bytes"]

@@ -26,7 +26,7 @@ ATTENTION = ("flash", "eager", "eager-unfused")
 softmax; eager-unfused: the scores materialised and the softmax run as plain torch ops (for
 Megatron: masked_softmax_fusion off, the fp32 softmax path; every other framework's eager
 softmax is unfused already, so there it means eager)."""
-FRAMEWORKS = ("hf", "megatron", "deepspeed", "torchtitan", "torchtune", "litgpt")
+FRAMEWORKS = ("hf", "megatron", "deepspeed", "torchtitan", "torchtune", "litgpt", "verl")
 """Appended names keep the codes of the older ones (points tables stay readable)."""
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 LOSSES = ("full", "chunked", "chunked-output", "chunked-head", "auto", "vocab-parallel")

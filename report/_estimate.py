@@ -349,11 +349,11 @@ def _memory_report(
     # An RL job's phases run on the one-row grid (only then built: the report's fast path is
     # the encoded row).
     grid = make_grid(inputs.grid_config) if rl else {}
-    if rl:  # the trainer's step (DPO: chosen and rejected, twice the sequences)
+    if rl:  # the trainer's step (DPO: pairs, twice the sequences; packed: one row of tokens)
         doubled = trainer_grid(grid)
         step_config = {
             **step_config,
-            **{k: int(doubled[k][0]) for k in ("micro_batch_size", "global_batch_size")},
+            **{k: int(doubled[k][0]) for k in ("micro_batch_size", "global_batch_size", "seq_len")},
         }
     out = _one_row(
         estimate_one(

@@ -10,24 +10,25 @@ import polars as pl
 
 from trainmem.engine import COMPONENTS, FIELD_NAMES, TYPES
 
-SCHEMA_VERSION = 9
-"""9: the training fields images_per_sample, image_size and freeze_vision (vision-language
-models), parts of schema 8 and older read with them null; 8: the RL post-training fields (rl,
-rollout, rollout_tp, rollout_gpu_memory_utilization, rl_group_size, response_len,
-rollout_batch_size, rollout_max_num_seqs, rollout_max_num_batched_tokens, rollout_sleep_level,
-ref_model, rl_trainer_offload, log_prob_micro_batch_size), parts of schema 7 and older read
-with them null (an RL point's peak_device_bytes is its largest phase's, its components the
-trainer step's); 7: the error bars peak_device_bytes_low, peak_device_bytes_high (a 90%
-interval) and
+SCHEMA_VERSION = 10
+"""10: the training fields rl_max_token_len_per_gpu and rl_mean_seq_len (the RL trainer's packed
+micro-batches), parts of schema 9 and older read with them null; 9: the training fields
+images_per_sample, image_size and freeze_vision (vision-language models), parts of schema 8 and
+older read with them null; 8: the RL post-training fields (rl, rollout, rollout_tp,
+rollout_gpu_memory_utilization, rl_group_size, response_len, rollout_batch_size,
+rollout_max_num_seqs, rollout_max_num_batched_tokens, rollout_sleep_level, ref_model,
+rl_trainer_offload, log_prob_micro_batch_size), parts of schema 7 and older read with them null
+(an RL point's peak_device_bytes is its largest phase's, its components the trainer step's); 7:
+the error bars peak_device_bytes_low, peak_device_bytes_high (a 90% interval) and
 fit_probability, and the risk over a dataset (`sweep --lengths`: oom_probability and
-RISK_BYTE_COLUMNS, the step peaks, null without a dataset); parts of schema 6 and older
-read with both null; 6: the training field `bitsandbytes_version`; 5: the training field
-`load` and the load phase's peak_load_bytes;
-4: byte columns (BYTE_COLUMNS) are whole bytes, Int64 (were Float64), and the string columns
-are stored dictionary-encoded (Categorical; readers see strings); 3: the fields dp_shard,
-recompute_every, compile, optimizer_in_backward and allocator, and the vocabularies' new names
-(recompute selective-op / selective-layer, framework torchtune, loss chunked-output); 2: every
-training field of the configuration is a column (1: the searched ones only)."""
+RISK_BYTE_COLUMNS, the step peaks, null without a dataset); parts of schema 6 and older read
+with both null; 6: the training field `bitsandbytes_version`; 5: the training field `load` and
+the load phase's peak_load_bytes; 4: byte columns (BYTE_COLUMNS) are whole bytes, Int64 (were
+Float64), and the string columns are stored dictionary-encoded (Categorical; readers see
+strings); 3: the fields dp_shard, recompute_every, compile, optimizer_in_backward and allocator,
+and the vocabularies' new names (recompute selective-op / selective-layer, framework torchtune,
+loss chunked-output); 2: every training field of the configuration is a column (1: the searched
+ones only)."""
 
 _POLARS_TYPES: dict[type, type[pl.DataType] | pl.DataType] = {
     int: pl.Int64,

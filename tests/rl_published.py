@@ -12,14 +12,15 @@ Records without those are listed as skipped with the reason.
 
 What is compared: the measured records' metric is torch max_memory_allocated of verl's
 WorkerDict process over all phases (vLLM in-process in sync mode); trainmem's nearest figure
-is the largest phase's device bytes less what sits outside torch's allocator (the trainer's
-CUDA context, NCCL and cuBLAS; the rollout engine's context and CUDA graphs). The outcome
+is allocated_counter_bytes (each phase's bytes in torch's allocator, the sleeping engine's pool
+counted in the score and train phases). The outcome
 records (fits / oom) are compared with `fits`.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +34,17 @@ MODELS = {
     "Qwen/Qwen2.5-72B-Instruct": "qwen2.5-72b",
     "Qwen/Qwen2-7B-Instruct": "qwen2-7b",
     "Qwen/Qwen2-72B-Instruct": "qwen2-72b",
+    "Qwen/Qwen2.5-32B": "qwen2.5-32b",
+    "Qwen/Qwen2.5-1.5B-Instruct": "qwen2-1.5b",
+    "Qwen/Qwen2.5-1.5B": "qwen2-1.5b",
+    "Qwen/Qwen2.5-Coder-14B-Instruct": "qwen2.5-14b",
 }
 """The records' models that are trainmem presets (their names as the records write them; a
-record naming its model with a suffix, "(actor, ref, critic)", is matched on the first word)."""
+record naming its model with a suffix, "(actor, ref, critic)", is matched on the first word).
+A base model is its instruct model's architecture; Qwen2.5-1.5B has Qwen2-1.5B's config
+(hidden 1536, 28 layers, 12/2 heads, intermediate 8960, vocab 151936, tied: 1,543,714,304
+parameters) and Qwen2.5-Coder-14B Qwen2.5-14B's (hidden 5120, 48 layers, 40/8 heads,
+intermediate 13824, vocab 152064)."""
 
 
 def records() -> list[dict[str, Any]]:
@@ -44,6 +53,13 @@ def records() -> list[dict[str, Any]]:
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _per_gpu(value: Any) -> int | None:
+    """A per-GPU micro-batch written as the older verl's global one, "64 global (=8 per GPU)"
+    (verl divided the deprecated global ppo_micro_batch_size by the world size)."""
+    found = re.search(r"\(=(\d+) per GPU", value) if isinstance(value, str) else None
+    return int(found.group(1)) if found else None
 
 
 def fields_of(record: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
@@ -57,7 +73,10 @@ def fields_of(record: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
         return None, f"algorithm {algorithm!r}"
     if not str(c.get("rollout_engine", "")).startswith("vllm"):
         return None, f"rollout {c.get('rollout_engine')!r}"
-    micro = _int(c.get("ppo_micro_batch_size_per_gpu"))
+    gpu = str(record.get("gpu", ""))
+    if record.get("value_gib") and not re.search(r"80 ?GB|H100|H800", gpu):
+        return None, "GPU not stated: gpu_memory_utilization x total is unknown"
+    micro = _int(c.get("ppo_micro_batch_size_per_gpu")) or _per_gpu(c.get("ppo_micro_batch_size"))
     n, gpus = _int(c.get("n")), _int(record.get("num_gpus"))
     prompt, response = _int(c.get("max_prompt_length")), _int(c.get("max_response_length"))
     prompts, mini = _int(c.get("train_batch_size")), _int(c.get("ppo_mini_batch_size"))
@@ -72,7 +91,13 @@ def fields_of(record: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     offload = {(False, False): "none", (True, False): "params", (False, True): "optimizer"}
     both = (bool(c.get("param_offload")), bool(c.get("optimizer_offload")))
     ref = "shared-lora" if lora else ("offloaded" if c.get("ref_param_offload") else "separate")
-    log_prob = _int(c.get("log_prob_micro_batch_size_per_gpu")) or micro
+    log_prob = (
+        _int(c.get("log_prob_micro_batch_size_per_gpu"))
+        or _per_gpu(c.get("log_prob_micro_batch_size"))
+        or micro
+    )
+    # use_dynamic_bsz: micro-batches packed to ppo_max_token_len_per_gpu (verl's default 16384).
+    packed = (_int(c.get("ppo_max_token_len_per_gpu")) or 16384) if c.get("use_dynamic_bsz") else 0
     fields: dict[str, Any] = {
         "model": model,
         "gpu": "h100-sxm-80gb",
@@ -94,6 +119,8 @@ def fields_of(record: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
         "ref_model": ref,
         "rl_trainer_offload": offload.get(both, "params+optimizer"),
         "log_prob_micro_batch_size": log_prob,
+        "rl_max_token_len_per_gpu": max(packed, prompt + response) if packed else 0,
+        "framework": "verl",
     }
     for key, name in (
         ("max_num_seqs", "rollout_max_num_seqs"),
@@ -109,6 +136,26 @@ def cases() -> list[tuple[dict[str, Any], dict[str, Any] | None, str]]:
     return [(r, *fields_of(r)) for r in records()]
 
 
+def allocated_counter_bytes(report: dict[str, Any]) -> float:
+    """The process's torch max_memory_allocated as verl logs it, from an RL report: every
+    phase's bytes in torch's allocator (its device bytes less what sits outside: the trainer's
+    CUDA context, NCCL and cuBLAS, the rollout engine's context and CUDA graphs), and in the
+    score and train phases the sleeping engine's weights and KV cache too: vLLM's sleep mode
+    allocates them from a torch MemPool (CuMemAllocator) and, asleep, releases their physical
+    pages while the tensors stay allocated, so torch still counts them. Inferred, not stated by
+    verl: the records' metric_semantics; 72B LoRA on 80 GB GPUs logs 81.9 GiB allocated, more
+    than the device holds (verl-data-grpo-lora-qwen2.5-72b-math-8gpu).
+    Source: vllm 0.8.x vllm/device_allocator/cumem.py CuMemAllocator (use_memory_pool, sleep:
+    unmap_and_release per allocation)."""
+    rl = report["rl"]
+    outside = report["breakdown_at_peak"]["framework_overhead"] + rl["rollout_outside_budget_bytes"]
+    pool = rl["rollout_weight_bytes"] + rl["kv_cache_available_bytes"]
+    phases = rl["phases"]
+    in_torch = [phases["rollout"] - outside] if "rollout" in phases else []
+    in_torch += [phases[k] - outside + pool for k in ("score", "train") if k in phases]
+    return max(in_torch)
+
+
 def compare(record: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     """trainmem's answer for one mapped record: the phases (GiB), the allocated-like peak, the
     error against a measured value, the fit against an outcome."""
@@ -117,8 +164,7 @@ def compare(record: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     r = trainmem.estimate(advice=False, **fields)
     rl = r["rl"]
     gib = 2.0**30
-    outside = r["breakdown_at_peak"]["framework_overhead"] + rl["rollout_outside_budget_bytes"]
-    allocated = (rl["peak_device_bytes"] - outside) / gib
+    allocated = allocated_counter_bytes(r) / gib
     out = {
         "id": record["id"],
         "phases_gib": {k: round(v / gib, 2) for k, v in rl["phases"].items()},

@@ -65,6 +65,8 @@ SNAPSHOT = [
     ("ref_model", "Categorical"),
     ("rl_trainer_offload", "Categorical"),
     ("log_prob_micro_batch_size", "Int64"),
+    ("rl_max_token_len_per_gpu", "Int64"),
+    ("rl_mean_seq_len", "Int64"),
     ("images_per_sample", "Int64"),
     ("image_size", "Int64"),
     ("freeze_vision", "Boolean"),
@@ -103,7 +105,7 @@ SNAPSHOT = [
 
 def test_schema_snapshot() -> None:
     assert [(k, str(v)) for k, v in SCHEMA.items()] == SNAPSHOT
-    assert SCHEMA_VERSION == 9
+    assert SCHEMA_VERSION == 10
 
 
 def _frame(n: int = 5) -> pl.DataFrame:
