@@ -161,6 +161,7 @@ _PANEL_NAMES: dict[str, tuple[str, ...]] = {
         *("response_len", "rollout_batch_size", "rollout_max_num_seqs"),
         *("rollout_max_num_batched_tokens", "rollout_sleep_level", "ref_model"),
         *("rl_trainer_offload", "log_prob_micro_batch_size"),
+        *("rl_max_token_len_per_gpu", "rl_mean_seq_len"),
     ),
     "Hardware": (
         *("gpu", "fleet", "num_gpus", "headroom", "host_memory_gib", "hardware_dir"),

@@ -178,6 +178,8 @@ LAUNCHABLE_BEFORE = {
     "torchtune": {**SINGLE, "zero": (0, 3), "offload": ("none", "optimizer+params"),
                   "recompute": ("none", "selective", "full", "selective-layer")},
     "litgpt": {**SINGLE, "zero": (0, 3), "offload": ("none",), "recompute": ("none", "full")},
+    # issue 29: verl's actor is FSDP-only (its trainer runs no tp/pp/cp for the FSDP backend).
+    "verl": {**SINGLE, "zero": (3,), "recompute": ("none", "full"), "offload": ("none",)},
 }  # fmt: skip
 """plan/_recommend.py's hand-kept table before it was derived from FrameworkSpec."""
 PRECISIONS_BEFORE = {
@@ -187,6 +189,7 @@ PRECISIONS_BEFORE = {
     "torchtitan": ("mixed-bf16", "fp8-mixed", "fp32"),
     "torchtune": ("bf16", "fp32"),
     "litgpt": ("amp-bf16", "bf16", "amp-fp16", "fp16", "fp32"),
+    "verl": ("mixed-bf16",),  # issue 29
 }
 
 

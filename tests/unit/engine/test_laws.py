@@ -193,7 +193,11 @@ def test_zero_stages_never_add_model_state(data: st.DataObject) -> None:
     # shards there and reduces gradients into fp32 shards (MixedPrecisionPolicy: 4 / dp bytes
     # a parameter against 2 / dp): stage 3 then holds more, by the stack's design.
     fsdp2 = row["framework"] in ("hf", "torchtitan", "torchtune")
-    assume(not (fsdp2 and row["offload"] != "none" and str(row["precision"]).startswith("mixed")))
+    mixed = str(row["precision"]).startswith("mixed")
+    assume(not (fsdp2 and row["offload"] != "none" and mixed))
+    # An HSDP shard group of one rank (dp_shard 1) shards nothing: FSDP2 then keeps the whole
+    # fp32 parameter copy on each rank, where stage 0 keeps a frozen (LoRA) base in 16 bits.
+    assume(not (fsdp2 and mixed and row["dp_shard"] == 1))
     states = _zero_states(m, row, data.draw(_stages(row["pp"])))
     held = states[~np.isnan(states)]
     assert np.all(held[1:] <= held[:-1]), (states, row)

@@ -32,7 +32,8 @@ def test_the_stacks_that_prepare_the_model_for_kbit_training() -> None:
     # peft + bitsandbytes under the HF Trainer (alone or with DeepSpeed); torchtune's torchao
     # NF4 keeps the model's dtype; megatron and torchtitan have no QLoRA recipe; litgpt's
     # `--quantize bnb.nf4` swaps in Linear4bit through Fabric's BitsandbytesPrecision without
-    # peft's preparation (the rest stays in the model dtype).
+    # peft's preparation (the rest stays in the model dtype); verl's actor wraps the model with
+    # peft's get_peft_model only (verl/workers/fsdp_workers.py), no 4-bit preparation.
     prepared = {name: bool(QLORA_KBIT_PREPARED[FRAMEWORKS.index(name)]) for name in FRAMEWORKS}
     assert prepared == {
         "hf": True,
@@ -41,6 +42,7 @@ def test_the_stacks_that_prepare_the_model_for_kbit_training() -> None:
         "torchtitan": False,
         "torchtune": False,
         "litgpt": False,
+        "verl": False,
     }
     assert all(isinstance(s.qlora_kbit_prepared, bool) for s in FRAMEWORK_SPECS.values())
 
