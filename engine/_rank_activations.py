@@ -114,6 +114,7 @@ from ._rank_activation_profile import profile_activation_terms
 from ._recompute import (
     attention_core_bytes,
     checkpointed_layers,
+    eager_softmax_backward_bytes,
     op_sac_down_kept,
     op_sac_saved_bytes,
     op_sac_top_block_bytes,
@@ -625,7 +626,7 @@ def _megatron_layers(m: ModelSpec, x: MicroBatch) -> tuple[np.ndarray, ...]:
     return stage, layer_none, layer_none - layer_core
 
 
-def _core_moments(m: ModelSpec, x: MicroBatch, *, megatron, mg_core, core) -> dict:
+def _core_moments(m: ModelSpec, x: MicroBatch, *, megatron, mg_core, core, ckpt) -> dict:
     """The attention core's backward moments of the top layer (_layers)."""
     # The softmax backward's gradient over the scores: fp32 on the torch path, 16-bit from the
     # fused kernel (megatron-core 0.16.1 fusions/fused_softmax.py).
@@ -649,7 +650,15 @@ def _core_moments(m: ModelSpec, x: MicroBatch, *, megatron, mg_core, core) -> di
         "core_backward": np.where(
             megatron & x.eager & (x.rc == RECOMPUTE_NONE), softmax_grad, -np.inf
         ),
+        "softmax_at_work": _softmax_at_work(m, x, megatron=megatron, layer_ckpt=ckpt),
     }
+
+
+def _block_work(mlp_moment, softmax_moment) -> np.ndarray:
+    """A block's backward working set (layer 0's at the end of backward, or the top block's
+    under full recompute): the MLP backward's moment (_backward_transients) or, where larger,
+    the eager softmax backward's (_softmax_at_work)."""
+    return np.maximum(mlp_moment, softmax_moment)
 
 
 def _layers(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
@@ -710,8 +719,21 @@ def _layers(m: ModelSpec, x: MicroBatch) -> dict[str, np.ndarray]:
         "op_top_work": op_sac_top_block_bytes(
             m, T=x.T, e=x.e, r=x.r, tp=x.tp, sp=x.sp, fused_qkv=x.fused_qkv, top_saved=dense_op
         ),
-        **_core_moments(m, x, megatron=megatron, mg_core=mg_core, core=core),
+        **_core_moments(m, x, megatron=megatron, mg_core=mg_core, core=core, ckpt=layer_ckpt),
     }
+
+
+def _softmax_at_work(m: ModelSpec, x: MicroBatch, *, megatron, layer_ckpt) -> np.ndarray:
+    """A fully recomputed block of transformers' Llama-style eager attention at its softmax
+    backward, its checkpointed input kept apart as act_top / act_end keep it
+    (eager_softmax_backward_bytes); -inf elsewhere (flash, Megatron's blocks, GPT-2 / BERT's
+    16-bit softmax, Falcon's own path, attention dropout)."""
+    llama_style = (m.family not in ("gpt2", "bert")) & (m.model_type != "falcon")
+    applies = (
+        x.eager & ~megatron & (x.rc == RECOMPUTE_FULL) & llama_style & (m.attention_dropout == 0)
+    )
+    work = eager_softmax_backward_bytes(m, T=x.T, s=x.s, tp=x.tp, e=x.e, applies=applies)
+    return work + np.where(x.r < 4, layer_ckpt, 0.0)
 
 
 def _outside(m: ModelSpec, x: MicroBatch, layers: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -875,6 +897,8 @@ def _backward_transients(
             full, layer_full - FORWARD_WORKING_FREED_TF * e_mlp * rows * f_r, 0.0
         ),
         "temp_recompute": BACKWARD_MLP_TEMP_TF * e_mlp * rows * f_r + e * T * h,
+        "work_end": _block_work(act_end + temp_end, layers["softmax_at_work"] + rope),
+        "work_top": _block_work(act_top + temp_end, layers["softmax_at_work"] + rope),
     }
 
 
@@ -993,7 +1017,7 @@ def _recompute_terms(
                 layer_at_work=np.select(
                     [x.rc == RECOMPUTE_SELECTIVE, layers["op_top_dense"]],
                     [layers["core_recomputed"], layers["op_top_work"]],
-                    bwd["act_top"] + bwd["temp_end"],
+                    bwd["work_top"],
                 ),
                 top_saved=np.where(x.rc == RECOMPUTE_SELECTIVE, 0.0, layers["top_saved"]),
                 outside=out["outside"],
@@ -1019,7 +1043,23 @@ def _largest_block(m: ModelSpec, x: MicroBatch, head) -> np.ndarray:
         zero_col=x.zero_col,
         head=head,
     )
-    return np.where(x.last & x.chunked_head, _wrapper(m, x)[1], block)
+    block = np.where(x.last & x.chunked_head, _wrapper(m, x)[1], block)
+    return np.maximum(block, eager_fp32_scores_bytes(m, x))
+
+
+def eager_fp32_scores_bytes(m: ModelSpec, x: MicroBatch) -> np.ndarray:
+    """One fp32 [b, a/tp, s, s] score tensor of a layer with materialised scores (eager
+    attention, Llama-style fp32 softmax; attention_score_bytes_per_elem), where the row runs
+    it: a candidate for the step's largest tensor (its softmax output, the upcast input, the
+    gradients over it: tests/data/framework_traces/llama_recipes_fsdp1.json). 0 elsewhere.
+    Source: transformers modeling_llama.py eager_attention_forward (softmax(dtype=float32)).
+    Ignores: GPT-2 / BERT eager (16-bit softmax without autocast) and Megatron's own kernels,
+    whose largest score tensor is the 16-bit one.
+    """
+    llama_style = (m.family not in ("gpt2", "bert")) & (m.model_type != "falcon")
+    megatron = MEGATRON_CORE_BLOCKS[x.fw] & (x.rc != RECOMPUTE_SELECTIVE_OP)
+    applies = x.eager & llama_style & ~megatron
+    return np.where(applies, 4.0 * m.num_attention_heads / x.tp * x.s * x.T, 0.0)
 
 
 def _checkpointed_copies(x: MicroBatch, copies_layers: np.ndarray, *, full) -> np.ndarray:
@@ -1142,7 +1182,7 @@ def activation_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.nda
         + np.where(last & x.chunked_head, _wrapper(m, x)[2], 0.0),
         "largest_block": _largest_block(m, x, out["head"]),
         "step_held": _step_held(m, x) + prev_graph,
-        "bwd_end_extra": small + bwd["act_end"] + bwd["temp_end"] - stage_act + kept - kept_layer,
+        "bwd_end_extra": small + bwd["work_end"] - stage_act + kept - kept_layer,
         "embed_extra": small + kept + np.where(x.first, T * m.hidden_size * x.r, 0.0),
         **_recompute_terms(x, layers, out, bwd, small=small),
         "pipe_per_micro": per_micro + inputs_per_extra_micro,

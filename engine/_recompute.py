@@ -38,6 +38,28 @@ def attention_core_bytes(m: ModelSpec, *, T, s, e, tp, eager) -> np.ndarray:
     return np.where(eager, eager_core, flash_core)
 
 
+def eager_softmax_backward_bytes(m: ModelSpec, *, T, s, tp, e, applies) -> np.ndarray:
+    """Bytes a recomputed block of a transformers model with eager attention holds while its
+    softmax backward runs, its checkpointed input apart: the q, k and v the score and context
+    matmuls saved, the fp32 softmax output (saved by softmax), the fp32 gradient of the
+    probabilities (the backward of their cast back to the compute dtype upcasts it; an fp32
+    model's context matmul writes it in fp32 directly) and the softmax backward's fp32 output:
+    12 bytes per score, whatever the compute dtype. The block's MLP has run its backward (its
+    tensors are freed), the 16-bit probabilities went with the context matmul's backward. -inf
+    where it does not apply (`applies`: eager, transformers' blocks, full recompute).
+
+    Source: transformers modeling_llama.py eager_attention_forward (softmax(dtype=float32)
+    .to(query.dtype); 4.31's LlamaAttention.forward the same ops); torch 2.13 autograd:
+    _softmax saves its result, _softmax_backward_data writes a new fp32 tensor. Traced:
+    tests/data/framework_traces/llama_recipes_fsdp1.json (Llama-2-7b dims, world 4, pure bf16,
+    full and LoRA: three [4, 32, 2048, 2048] fp32 tensors at the backward peak).
+    Ignores: repeat_kv's copies under GQA (k, v counted at kv_dim), a LoRA adapter's saved input.
+    """
+    a_r = m.num_attention_heads / tp
+    q_k_v = e * T * (m.q_dim + 2.0 * m.kv_dim) / tp
+    return np.where(applies, q_k_v + 12.0 * a_r * s * T, -np.inf)
+
+
 def block_matmul_widths(m: ModelSpec, tp, *, fused_qkv: bool = False) -> list:
     """Output width (elements per token, per tensor-parallel rank) of each matmul of a dense
     block, in forward order: q, k, v (or one qkv: the model's own, or `fused_qkv` where the
