@@ -519,7 +519,15 @@ def _transient_items(
     fw_code = FRAMEWORKS.index(str(config["framework"]))
     own_chunks = head_chunk_tokens(fw_code, int(config["lora_rank"])) > 0
     loss = resolved_loss(str(config["framework"]), str(config["loss"]))
-    if phase == "backward" and loss == "full" and last_stage and not own_chunks:
+    # The two fp32 [T, v] tensors are the eager loss's (loss_gradient_bytes): a compiled loss,
+    # a fused one writing into its logits (verl) or Megatron's in-place softmax has none.
+    fw_spec = FRAMEWORK_SPECS[str(config["framework"])]
+    eager_loss = not (
+        fw_spec.loss_logits_in_place
+        or fw_spec.loss_softmax_in_place
+        or str(config.get("compile", "none")) == "blocks+loss"
+    )
+    if phase == "backward" and loss == "full" and last_stage and not own_chunks and eager_loss:
         tokens = int(config["micro_batch_size"]) * int(config["seq_len"]) / int(config["cp"])
         sharded = FRAMEWORK_SPECS[str(config["framework"])].tp_loss_gradients_sharded
         tp_div = int(config["tp"]) if sharded else 1

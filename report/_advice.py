@@ -60,12 +60,17 @@ def advice_report(
     hardware_dir: str | None,
     optimizer_name: str | None = None,
     changes: bool = True,
+    step_config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """{"advice": [...], "top_consumers": [...]} for `estimate --json` (see README, "Advice");
-    `changes` False (--no-advice): the top consumers only, no search of changes."""
+    `changes` False (--no-advice): the top consumers only, no search of changes. `step_config`:
+    the configuration `out` was estimated on where it is not the job's `config` (an RL
+    trainer's micro-batches); the changes are the job's."""
     consumers = [
         {"what": what, "bytes": int(round(num_bytes))}
-        for what, num_bytes in top_consumers(spec, config, out, optimizer_name=optimizer_name)
+        for what, num_bytes in top_consumers(
+            spec, step_config or config, out, optimizer_name=optimizer_name
+        )
     ]
     if not changes:
         return {"top_consumers": consumers}

@@ -337,6 +337,19 @@ def job_warnings(
     return training, warnings
 
 
+def _step_config(inputs: _EstimateInputs, grid: dict[str, np.ndarray]) -> dict[str, Any]:
+    """The configuration the trainer's step runs: the job's, and for an RL job (its one-row
+    `grid`) the trainer's micro-batches (trainer_grid: DPO's pairs, twice the sequences; a
+    packed or unpadded row of tokens)."""
+    if inputs.row["rl"] == RL_NONE:
+        return inputs.grid_config
+    doubled = trainer_grid(grid)
+    return {
+        **inputs.grid_config,
+        **{k: int(doubled[k][0]) for k in ("micro_batch_size", "global_batch_size", "seq_len")},
+    }
+
+
 def _memory_report(
     job: _EstimateJob, inputs: _EstimateInputs, ov: Overheads
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -345,16 +358,10 @@ def _memory_report(
     one-row columns."""
     spec, profile = inputs.spec, inputs.profile
     rl = inputs.row["rl"] != RL_NONE
-    step_config = inputs.grid_config
     # An RL job's phases run on the one-row grid (only then built: the report's fast path is
     # the encoded row).
     grid = make_grid(inputs.grid_config) if rl else {}
-    if rl:  # the trainer's step (DPO: pairs, twice the sequences; packed: one row of tokens)
-        doubled = trainer_grid(grid)
-        step_config = {
-            **step_config,
-            **{k: int(doubled[k][0]) for k in ("micro_batch_size", "global_batch_size", "seq_len")},
-        }
+    step_config = _step_config(inputs, grid)
     out = _one_row(
         estimate_one(
             spec,
@@ -403,9 +410,12 @@ def _advice(
 ) -> dict[str, Any]:
     """The advice keys (`advice_report`): what to change when the job does not fit (only the
     top consumers under --no-advice)."""
+    rl = inputs.row["rl"] != RL_NONE
     return advice_report(
         inputs.spec,
         inputs.grid_config,
+        # the consumers of the step `out` holds: an RL trainer's own micro-batches
+        step_config=_step_config(inputs, make_grid(inputs.grid_config)) if rl else None,
         profile=inputs.profile,
         out=out,
         headroom=job.headroom,

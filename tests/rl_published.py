@@ -98,6 +98,12 @@ def fields_of(record: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     )
     # use_dynamic_bsz: micro-batches packed to ppo_max_token_len_per_gpu (verl's default 16384).
     packed = (_int(c.get("ppo_max_token_len_per_gpu")) or 16384) if c.get("use_dynamic_bsz") else 0
+    # use_remove_padding with the real lengths the log printed (logged_lengths: the peak step's
+    # tokens per rank over its sequences); without them, the padded bound prompt + response.
+    logged = record.get("logged_lengths") or {}
+    mean_len = 0
+    if c.get("use_remove_padding") and not packed and logged.get("global_seqlen/mean"):
+        mean_len = round(logged["global_seqlen/mean"] / logged["sequences_per_rank"])
     fields: dict[str, Any] = {
         "model": model,
         "gpu": "h100-sxm-80gb",
@@ -120,6 +126,7 @@ def fields_of(record: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
         "rl_trainer_offload": offload.get(both, "params+optimizer"),
         "log_prob_micro_batch_size": log_prob,
         "rl_max_token_len_per_gpu": max(packed, prompt + response) if packed else 0,
+        "rl_mean_seq_len": mean_len,
         "framework": "verl",
     }
     for key, name in (
