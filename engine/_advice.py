@@ -36,7 +36,7 @@ from ._lora import (
     kbit_pure_16,
     sharded_qlora_adapters_16bit,
 )
-from ._loss import LOSS_GRADIENT_TENSORS
+from ._loss import LOSS_GRADIENT_TENSORS, megatron_in_place_loss_gradient_bytes
 from ._model import ModelSpec
 from ._optimizers import BUILTIN_OPTIMIZERS, OPTIMIZERS
 from ._overhead import Overheads
@@ -519,27 +519,35 @@ def _transient_items(
     fw_code = FRAMEWORKS.index(str(config["framework"]))
     own_chunks = head_chunk_tokens(fw_code, int(config["lora_rank"])) > 0
     loss = resolved_loss(str(config["framework"]), str(config["loss"]))
-    # The two fp32 [T, v] tensors are the eager loss's (loss_gradient_bytes): a compiled loss,
-    # a fused one writing into its logits (verl) or Megatron's in-place softmax has none.
+    # The two fp32 [T, v] tensors are the eager loss's (loss_gradient_bytes); Megatron's
+    # in-place softmax has its own (megatron_in_place_loss_gradient_bytes); a compiled loss or
+    # a fused one writing into its logits (verl) none.
     fw_spec = FRAMEWORK_SPECS[str(config["framework"])]
+    in_place_softmax = fw_spec.loss_softmax_in_place
     eager_loss = not (
-        fw_spec.loss_logits_in_place
-        or fw_spec.loss_softmax_in_place
-        or str(config.get("compile", "none")) == "blocks+loss"
+        fw_spec.loss_logits_in_place or str(config.get("compile", "none")) == "blocks+loss"
     )
     if phase == "backward" and loss == "full" and last_stage and not own_chunks and eager_loss:
         tokens = int(config["micro_batch_size"]) * int(config["seq_len"]) / int(config["cp"])
-        sharded = FRAMEWORK_SPECS[str(config["framework"])].tp_loss_gradients_sharded
-        tp_div = int(config["tp"]) if sharded else 1
-        loss_grads = LOSS_GRADIENT_TENSORS * 4.0 * tokens * m.vocab_size / tp_div
-        named = min(loss_grads, transient)
-        items.append(
-            (
-                f"the fp32 loss gradients over a {m.vocab_size:,}-token vocabulary "
-                f"(two [{int(tokens):,}, {m.vocab_size:,}] tensors at the start of backward)",
-                named,
+        tp_div = int(config["tp"]) if fw_spec.tp_loss_gradients_sharded else 1
+        shape = f"[{int(tokens):,}, {m.vocab_size // tp_div:,}]"
+        if in_place_softmax:
+            e = 4.0 if str(config["precision"]) == "fp32" else 2.0
+            loss_grads = float(
+                megatron_in_place_loss_gradient_bytes(m, T=tokens, e=e, loss_tp_div=tp_div)
             )
-        )
+            what = (
+                f"the loss gradient over a {m.vocab_size:,}-token vocabulary (the in-place "
+                f"cross entropy's fp32 softmax turned gradient and its cast, {shape})"
+            )
+        else:
+            loss_grads = LOSS_GRADIENT_TENSORS * 4.0 * tokens * m.vocab_size / tp_div
+            what = (
+                f"the fp32 loss gradients over a {m.vocab_size:,}-token vocabulary "
+                f"(two {shape} tensors at the start of backward)"
+            )
+        named = min(loss_grads, transient)
+        items.append((what, named))
     elif phase == "optimizer_step":
         named = min(at("optimizer_step_temporaries"), transient)
         items.append((f"optimizer-step temporaries ({config['optimizer']})", named))
