@@ -537,8 +537,9 @@ def _transient_items(
                 megatron_in_place_loss_gradient_bytes(m, T=tokens, e=e, loss_tp_div=tp_div)
             )
             what = (
-                f"the loss gradient over a {m.vocab_size:,}-token vocabulary (the in-place "
-                f"cross entropy's fp32 softmax turned gradient and its cast, {shape})"
+                f"the loss gradient's copy for the output layer over a {m.vocab_size:,}-token "
+                f"vocabulary (the in-place cross entropy writes it into its saved fp32 "
+                f"softmax, {shape}, then casts it)"
             )
         else:
             loss_grads = LOSS_GRADIENT_TENSORS * 4.0 * tokens * m.vocab_size / tp_div
@@ -546,8 +547,11 @@ def _transient_items(
                 f"the fp32 loss gradients over a {m.vocab_size:,}-token vocabulary "
                 f"(two {shape} tensors at the start of backward)"
             )
-        named = min(loss_grads, transient)
-        items.append((what, named))
+        # A peak whose transients are smaller than the loss gradients is not at that moment
+        # (a later block's backward): nothing of it is named the loss's.
+        if loss_grads <= transient:
+            named = loss_grads
+            items.append((what, named))
     elif phase == "optimizer_step":
         named = min(at("optimizer_step_temporaries"), transient)
         items.append((f"optimizer-step temporaries ({config['optimizer']})", named))

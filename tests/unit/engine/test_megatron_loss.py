@@ -140,3 +140,27 @@ def test_vocab_parallel_keeps_the_older_loss_codes() -> None:
 
     assert LOSSES.index("auto") == 4  # stored in points tables: appended names only
     assert LOSSES[-1] == "vocab-parallel"
+
+
+def test_top_consumers_name_the_in_place_loss_gradient() -> None:
+    # The advice's consumers name Megatron's loss gradient with the engine's own bytes (written
+    # into the fp32 softmax saved since forward, then cast to bf16 for the output layer: 2 bytes
+    # per [T, v/tp] element, here 8,192 x 50,257), not the eager loss's two fp32 tensors; and
+    # only at a peak that can be the loss's moment (the transients at least that large).
+    import trainmem
+
+    common = dict(model="gpt2", framework="megatron", precision="mixed-bf16", advice=False)
+    r = trainmem.estimate(**common, micro_batch_size=8, seq_len=1024, recompute="full")
+    named = [c for c in r["top_consumers"] if "loss gradient" in c["what"]]
+    assert r["peak_phase"] == "backward"
+    assert len(named) == 1 and "in-place cross entropy" in named[0]["what"], named
+    assert named[0]["bytes"] == 2 * 8192 * 50257 <= r["breakdown_at_peak"]["transient"]
+    # A backward peak whose transients are smaller than the loss gradient is a later moment
+    # (a block's backward): nothing of it is named the loss's.
+    from trainmem.engine._advice import PHASES, _transient_items
+
+    values = {"peak_phase": float(PHASES.index("backward")), "pp_stage": 0.0}
+    config = {**r["config"]}
+    at_small = {**values, "transient": 2 * 8192 * 50257 - 1.0}
+    items = _transient_items(load_model("gpt2"), config, at_small.__getitem__)
+    assert [what for what, _ in items] == ["other transient buffers at the backward peak"]

@@ -219,9 +219,10 @@ def test_published_verl_records() -> None:
     """tests/data/published/rl_measurements.json (copied from the rlpub helper, commit 4d66fee)
     through tests/rl_published.py: every record maps or says why not; the one measured GRPO
     record whose metric covers the in-process vLLM pool and whose config trainmem reads fully
-    (play-verl Qwen2.5-0.5B, 8 GPUs, util 0.6, no offload) is within the issue's 10%. The
-    others are reported, not asserted: `python -m bench.rl_published` prints them (the padded
-    train step overestimates verl's remove-padding runs; see docs/estimate.md)."""
+    (play-verl Qwen2.5-0.5B, 8 GPUs, util 0.6, no offload) is within the issue's 10%; verl-data's
+    six GRPO-LoRA logs, read with the real lengths they print (use_remove_padding), within 16%.
+    The others are reported, not asserted: `python -m bench.rl_published` prints them (without
+    logged lengths the train step is the padded bound; see docs/estimate.md)."""
     from tests.rl_published import cases, compare
 
     mapped = [(r, f) for r, f, why in cases() if f is not None or not why]
@@ -233,3 +234,11 @@ def test_published_verl_records() -> None:
     assert abs(got["error"]) < 0.10, got
     # The advice is the recipe's utilization or safer (smaller: more room for the trainer).
     assert got["advised"] <= got["recipe_util"]
+    logged = [(r, f) for r, f in mapped if f and f["rl_mean_seq_len"] and r.get("value_gib")]
+    errors = sorted(abs(compare(r, f)["error"]) for r, f in logged)
+    assert len(errors) == 6
+    # -11.1% to +15.7% when written (7B gsm8k -0.4%, 72B math +2.9%). 16%: the logs give the
+    # peak step's mean tokens per sequence, not its longest micro-batch's; the vLLM release
+    # (its KV sizing) is not printed; FSDP1's LoRA gradient buffers follow the llama-recipes
+    # trace. Median 11.9%: the issue's 10% is not met on these rows (docs/estimate.md).
+    assert errors[-1] < 0.16 and errors[len(errors) // 2] < 0.125, errors

@@ -140,3 +140,16 @@ def test_bad_packing_input_is_one_line_exit_2(
     assert main(["estimate", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert field in err and len(err.splitlines()) == 1, err
+
+
+def test_top_consumers_describe_the_trainers_own_step() -> None:
+    # At a train-phase peak the consumers describe the unpadded micro-batch the step ran on
+    # (16 x 400 tokens), not the padded job's 16 x 1536; verl keeps no fp32 [T, v] loss
+    # gradients (its fused loss writes into the bf16 logits), HF's eager loss two of them.
+    low = {**GRPO, "rl_mean_seq_len": 400, "rollout_gpu_memory_utilization": 0.1}
+    hf = trainmem.estimate(advice=False, **{**low, "framework": "hf", "micro_batch_size": 16})
+    verl = trainmem.estimate(advice=False, **{**low, "micro_batch_size": 32, "recompute": "none"})
+    assert hf["rl"]["peak_phase"] == verl["rl"]["peak_phase"] == "train"
+    named = [c["what"] for c in hf["top_consumers"] if "loss gradients" in c["what"]]
+    assert len(named) == 1 and "two [6,400, 152,064] tensors" in named[0], named
+    assert not any("loss gradient" in c["what"] for c in verl["top_consumers"])
