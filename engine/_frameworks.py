@@ -238,6 +238,15 @@ class FrameworkSpec:
     activation_checkpointing_policy={Block}, state_dict_type="full", limit_all_gathers=True));
     its LoRA recipe runs ModelParallelStrategy (FSDP2, finetune/lora.py). Traced:
     tests/data/framework_traces/fsdp1_llama.json."""
+    fsdp1_lora: bool = False
+    """ZeRO-3 of a LoRA job runs FSDP1 too, each trainable leaf module (the adapters) an FSDP
+    unit of its own, so the frozen blocks' units hold no gradient and reduce-scatter nothing:
+    FSDP1's terms (engine/_fsdp1.py) with LoRA's states. Source: verl b178a3c
+    verl/utils/fsdp_utils.py get_fsdp_wrap_policy (is_lora: a lambda_auto_wrap_policy over
+    leaf modules whose weight requires grad, or-ed with the decoder-layer policy), as
+    llama-recipes' fsdp_auto_wrap_policy of 2023. Traced: tests/data/framework_traces/
+    llama_recipes_fsdp1.json (lora, lora-7b: one gathered block and no gradient buffer at the
+    backward peak)."""
     pp_receive_buffer_per_micro_batch: bool
     """Pipeline stages receive each micro-batch's activations into a buffer of its own
     (torch.distributed.pipelining allocates one receive buffer per micro-batch); False: a stage
@@ -651,6 +660,7 @@ _SPEC_VALUES: dict[str, dict[str, Any]] = {
         loss_logits_in_place=True,
         full_recompute_top_moment=True,
         fsdp1_full_finetune=True,
+        fsdp1_lora=True,
         load="meta-init",
         load_source=(
             "verl b178a3c (0.8.0.dev) verl/workers/fsdp_workers.py _build_model_optimizer "
@@ -762,6 +772,8 @@ FSDP2_EMBEDDING_UNIT = _table("fsdp2_embedding_unit")
 """Per framework code: FSDP2 units as torchtitan wraps them (FrameworkSpec)."""
 FSDP1_FULL_FINETUNE = _table("fsdp1_full_finetune")
 """Per framework code: ZeRO-3 of a full fine-tune is FSDP1 (FrameworkSpec.fsdp1_full_finetune)."""
+FSDP1_LORA = _table("fsdp1_lora")
+"""Per framework code: ZeRO-3 of a LoRA job is FSDP1, adapters as units (FrameworkSpec)."""
 FSDP_ACCUMULATES_UNSHARDED = _table("fsdp_accumulates_unsharded")
 """Per framework code: FSDP accumulates unsharded gradients over micro-batches (FrameworkSpec)."""
 LOAD_POLICY = np.array(

@@ -31,6 +31,7 @@ from ._frameworks import (
     FP8_WEIGHT_CACHE,
     FP32_MAIN_GRAD_BUFFER,
     FSDP1_FULL_FINETUNE,
+    FSDP1_LORA,
     FSDP2_EMBEDDING_UNIT,
     FSDP_ACCUMULATES_UNSHARDED,
     LOAD_POLICY,
@@ -585,6 +586,12 @@ def _fsdp2_block_grads(m: ModelSpec, x: RankLayout, *, active) -> np.ndarray:
     )
 
 
+def _runs_fsdp1(x: RankLayout) -> np.ndarray:
+    """Rows whose ZeRO-3 is FSDP1: a full fine-tune under FrameworkSpec.fsdp1_full_finetune, a
+    LoRA job under FrameworkSpec.fsdp1_lora."""
+    return np.where(x.lora, FSDP1_LORA[x.fw], FSDP1_FULL_FINETUNE[x.fw])
+
+
 def _fsdp2_buffers(
     m: ModelSpec, x: RankLayout, layer: np.ndarray, *, active, single_stage
 ) -> tuple[np.ndarray, ...]:
@@ -614,7 +621,7 @@ def _fsdp2_buffers(
     # tracer's and accelerate's reading) gathers 16 bits and reduces in fp32.
     policy = x.mixed | IS_AMP[x.prec]
     gather_e = np.where(policy, 2.0, PARAM_BYTES[x.prec])
-    fsdp1 = FSDP1_FULL_FINETUNE[x.fw] & ~x.lora  # FSDP1 (engine/_fsdp1.py)
+    fsdp1 = _runs_fsdp1(x)  # FSDP1 (engine/_fsdp1.py)
     gathered_layer = largest_layer_numel(x.part, x.counts) * gathered
     fwd, bwd = fsdp2_buffer_bytes(
         active=active,
@@ -634,7 +641,7 @@ def _fsdp1_prefetch(x: RankLayout, layer: np.ndarray, *, active) -> np.ndarray:
     """FSDP1's block prefetched at the start of backward (fsdp1_backward_prefetch_bytes; FSDP2's
     start of backward holds its forward buffers only): the largest gathered block in the
     all-gather dtype (16-bit under a mixed-precision policy)."""
-    fsdp1 = FSDP1_FULL_FINETUNE[x.fw] & ~x.lora
+    fsdp1 = _runs_fsdp1(x)
     policy = x.mixed | IS_AMP[x.prec]
     return fsdp1_backward_prefetch_bytes(
         active & fsdp1,

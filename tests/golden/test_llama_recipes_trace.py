@@ -4,14 +4,16 @@ use_orig_params False, no MixedPrecision under pure bf16, limit_all_gathers, eve
 layer checkpointed, eager attention, world 4; a small Llama and Llama-2-7b's own dims at
 micro-batch 4 x 2048, the published rows' settings).
 
-The estimate is hf's blocks with FSDP1's terms on the full fine-tunes (hf's row of
-FSDP1_FULL_FINETUNE switched on, as tests/golden/test_fsdp1_trace.py does; LoRA rows take
-FSDP2's terms either way, whose extra block is the LoRA rows' only FSDP difference).
-Tolerances: 4% of peak allocated at the 7B dims (observed -3.1% full, +1.7% LoRA; before the
+The estimate is hf's blocks with FSDP1's terms (hf's rows of FSDP1_FULL_FINETUNE and
+FSDP1_LORA switched on, as tests/golden/test_fsdp1_trace.py does: llama-recipes wraps each
+trainable leaf, the adapters, as a unit of its own, as verl does, FrameworkSpec.fsdp1_lora).
+Tolerances: 4% of peak allocated at the 7B dims (observed -3.1% full, -1.2% LoRA; before the
 eager softmax-backward moment, engine/_recompute.py eager_softmax_backward_bytes, they were
--7.8% and -7.7%); the small model's full fine-tunes 3% (observed -1.9%, -2.1%). The small LoRA
-case is +18.5% and is not asserted: at 512 tokens the per-block terms the engine reads off
-transformers' blocks dominate (the LoRA block's working set at this size is left as it is).
+-7.8% and -7.7%; LoRA was +1.7% under FSDP2's terms, an extra gathered block and a fp32
+reduce-scatter input the trace does not hold); the small model's full fine-tunes 3% (observed
+-1.9%, -2.1%); its LoRA case 8% (observed +7.3%, +18.5% under FSDP2's terms: at 512 tokens the
+per-block terms the engine reads off transformers' blocks dominate, the LoRA block's working
+set at this size is left as it is).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from trainmem.engine import FRAMEWORKS
 
 TRACE = Path(__file__).parents[1] / "data" / "framework_traces" / "llama_recipes_fsdp1.json"
 CASES = {c["case"]: c for c in json.loads(TRACE.read_text())["cases"]}
-TOLERANCE = {"full": 0.03, "mixed": 0.03, "full-7b": 0.04, "lora-7b": 0.04}
+TOLERANCE = {"full": 0.03, "mixed": 0.03, "full-7b": 0.04, "lora-7b": 0.04, "lora": 0.08}
 """Relative tolerance of peak allocated per case (observed errors in the module docstring)."""
 
 
@@ -35,9 +37,10 @@ def _estimate(case: dict, monkeypatch) -> dict:
     import trainmem.engine._rank_states as rank_states
     from trainmem.engine import estimate_one
 
-    table = rank_states.FSDP1_FULL_FINETUNE.copy()
-    table[FRAMEWORKS.index("hf")] = True
-    monkeypatch.setattr(rank_states, "FSDP1_FULL_FINETUNE", table)
+    for name in ("FSDP1_FULL_FINETUNE", "FSDP1_LORA"):
+        table = getattr(rank_states, name).copy()
+        table[FRAMEWORKS.index("hf")] = True
+        monkeypatch.setattr(rank_states, name, table)
     monkeypatch.setattr(scalar, "_caches", {})
     c = case["config"]
     spec = small_llama_spec(

@@ -220,7 +220,7 @@ def test_published_verl_records() -> None:
     through tests/rl_published.py: every record maps or says why not; the one measured GRPO
     record whose metric covers the in-process vLLM pool and whose config trainmem reads fully
     (play-verl Qwen2.5-0.5B, 8 GPUs, util 0.6, no offload) is within the issue's 10%; verl-data's
-    six GRPO-LoRA logs, read with the real lengths they print (use_remove_padding), within 16%.
+    six GRPO-LoRA logs, read with the real lengths they print (use_remove_padding), within 15%.
     The others are reported, not asserted: `python -m bench.rl_published` prints them (without
     logged lengths the train step is the padded bound; see docs/estimate.md)."""
     from tests.rl_published import cases, compare
@@ -237,8 +237,8 @@ def test_published_verl_records() -> None:
     logged = [(r, f) for r, f in mapped if f and f["rl_mean_seq_len"] and r.get("value_gib")]
     errors = sorted(abs(compare(r, f)["error"]) for r, f in logged)
     assert len(errors) == 6
-    # -11.1% to +15.7% when written (7B gsm8k -0.4%, 72B math +2.9%). 16%: the logs give the
-    # peak step's mean tokens per sequence, not its longest micro-batch's; the vLLM release
-    # (its KV sizing) is not printed; FSDP1's LoRA gradient buffers follow the llama-recipes
-    # trace. Median 11.9%: the issue's 10% is not met on these rows (docs/estimate.md).
-    assert errors[-1] < 0.16 and errors[len(errors) // 2] < 0.125, errors
+    # -14.2% to +11.0% when written (median |error| 7.7%: 72B math -1.5%, 7B gsm8k -3.9%).
+    # 15%: the logs give a step's mean tokens per sequence, not its longest micro-batch's (the
+    # math logs' peak step was not found: their last step's lengths), and the vLLM release
+    # (its KV sizing) is not printed.
+    assert errors[-1] < 0.15 and errors[3] < 0.09, errors
