@@ -53,6 +53,7 @@ STACK_MODULES = (
     "deepspeed",
     "torchtitan",
     "megatron",
+    "verl",
     "launch",
 )
 """One module per stack, in the order ties in detection go."""
