@@ -24,6 +24,10 @@ import numpy as np
 from ._codes import OFFLOAD_OPTIMIZER, OFFLOAD_PARAMS
 from ._config import parallel_layout
 from ._data_parallel import ZERO_PARAMETERS, ZERO_STATES
+from ._vocab import RL_ALGORITHMS
+
+GENERATING_RL = (RL_ALGORITHMS.index("grpo"), RL_ALGORITHMS.index("ppo"))
+"""RL algorithms that generate with a rollout engine (dpo generates nothing)."""
 
 
 class RuleModel(NamedTuple):
@@ -118,6 +122,14 @@ def _dp_shard(m: RuleModel, g: Any, d: Any) -> Any:
     return (shard > 0) & (d["dp"] % np.maximum(shard, 1) != 0)
 
 
+def _rollout_tp(m: RuleModel, g: Any, d: Any) -> Any:
+    """Source: verl b178a3c verl/workers/fsdp_workers.py _build_rollout (the rollout device
+    mesh: world_size // tensor_model_parallel_size engines, `assert world_size % infer_tp ==
+    0`); engine/_config.py rl_reason, the same rule for one configuration."""
+    generating = (g["rl"] == GENERATING_RL[0]) | (g["rl"] == GENERATING_RL[1])
+    return generating & (g["num_gpus"] % np.maximum(g["rollout_tp"], 1) != 0)
+
+
 PROFILE_MISMATCH = 12
 PROFILE_MESSAGE = (
     "profile: precision, recompute and attention must be the traced ones (valid_for); tp, cp, "
@@ -127,6 +139,7 @@ PROFILE_MESSAGE = (
 not on numbers, so it is applied after the table, first."""
 OPTIMIZER_IN_BACKWARD_LAYOUT = 13
 DP_SHARD_LAYOUT = 14
+ROLLOUT_TP_LAYOUT = 15
 
 RULES: tuple[Rule, ...] = (
     Rule(
@@ -178,6 +191,11 @@ RULES: tuple[Rule, ...] = (
         OPTIMIZER_IN_BACKWARD_LAYOUT,
         "optimizer_in_backward needs pp 1 and no gradient accumulation (one micro-batch per step)",
         _optimizer_in_backward,
+    ),
+    Rule(
+        ROLLOUT_TP_LAYOUT,
+        "rollout_tp must divide num_gpus (an RL job's rollout engines, one per rollout_tp GPUs)",
+        _rollout_tp,
     ),
 )
 """The layout rules in precedence order: a row breaking several gets the first one's code.

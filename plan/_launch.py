@@ -18,7 +18,7 @@ from typing import Any
 
 from trainmem.engine import FRAMEWORKS
 
-FORMATS = ("json", "deepspeed", "torchrun", "slurm", "accelerate", "torchtitan")
+FORMATS = ("json", "deepspeed", "torchrun", "slurm", "accelerate", "torchtitan", "verl")
 FORMAT_FRAMEWORKS: dict[str, tuple[str, ...]] = {
     "json": FRAMEWORKS,
     "deepspeed": ("deepspeed",),
@@ -26,11 +26,13 @@ FORMAT_FRAMEWORKS: dict[str, tuple[str, ...]] = {
     "slurm": ("megatron", "deepspeed"),
     "accelerate": ("hf",),
     "torchtitan": ("torchtitan",),
+    "verl": ("verl",),
 }
 """Frameworks each format launches: DeepSpeed configs DeepSpeed; accelerate's FSDP config is the
 `hf` framework (FSDP2 for ZeRO-3, README "Concepts"); torchrun and sbatch start Megatron-LM's
 pretrain_gpt.py or a Hugging Face Trainer script with `--deepspeed`; torchtitan is a torchrun
-line of `torchtitan.train` with its config overrides."""
+line of `torchtitan.train` with its config overrides; verl is its PPO trainer's Hydra overrides
+for an RL job."""
 DEFAULT_FRAMEWORK = {
     "json": "megatron",
     "deepspeed": "deepspeed",
@@ -38,6 +40,7 @@ DEFAULT_FRAMEWORK = {
     "slurm": "megatron",
     "accelerate": "hf",
     "torchtitan": "torchtitan",
+    "verl": "verl",
 }
 MASTER_PORT = 29500
 """torchrun's default rendezvous port (torch/distributed/run.py `--master-port`)."""
@@ -71,6 +74,8 @@ def render(report: dict[str, Any], fmt: str) -> str:
         return accelerate_config(report)
     if fmt == "torchtitan":
         return torchtitan_script(report)
+    if fmt == "verl":
+        return verl_script(report)
     return slurm_script(report) if fmt == "slurm" else torchrun_script(report)
 
 
@@ -974,3 +979,134 @@ def torchtitan_script(plan: dict[str, Any]) -> str:
         "\n".join([*comments, *_environment(plan), _lines(head, torchtitan_args(plan), tail)])
         + "\n"
     )
+
+
+# ---- verl --------------------------------------------------------------------------------------
+
+VERL_VERSION = "verl b178a3c (0.8.0.dev) verl/trainer/config/_generated_ppo_trainer.yaml"
+
+
+def _hub_id(model: str) -> str | None:
+    """A built-in preset's Hugging Face id (its `_source`), for `model.path`."""
+    from trainmem.catalog._presets import PRESET_DIR
+
+    file = PRESET_DIR / f"{model}.json"
+    if not file.is_file():
+        return None
+    source = json.loads(file.read_text(encoding="utf-8")).get("_source", "")
+    found = re.match(r"\s*([\w.-]+/[\w.-]+)/config\.json", source)
+    return found.group(1) if found else None
+
+
+def verl_overrides(plan: dict[str, Any]) -> list[list[str]]:
+    """The `key=value` groups of verl's PPO trainer for the plan's RL job (plan["rl_job"]):
+    every key trainmem's estimate depends on, so that `trainmem check` reads the script back
+    to the same fields (stacks/_verl.py). Learning rates, data and logging are $EXTRA_ARGS."""
+    rl = plan["rl_job"]
+    n = rl["rl_group_size"]
+    if plan["global_batch_size"] % n:
+        raise ValueError(
+            f"format verl: global_batch_size {plan['global_batch_size']} is not a whole number "
+            f"of prompts of rl_group_size {n} (verl's ppo_mini_batch_size is in prompts)"
+        )
+    path = _hub_id(plan["model"])
+    model_path = path if path else "${MODEL_PATH:?your model's path or Hugging Face id}"
+    a, r, m = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.model."
+    offload = rl["rl_trainer_offload"]
+    params, optimizer = "params" in offload, "optimizer" in offload
+    checkpointing = plan["recompute"] == "full"
+    ref = rl["ref_model"]
+    model = [f"{m}path={model_path}", f"{m}enable_gradient_checkpointing={checkpointing}"]
+    if rl["lora_rank"]:
+        model += [f"{m}lora_rank={rl['lora_rank']}", f"{m}target_modules={rl['lora_targets']}"]
+    actor = [
+        f"{a}ppo_mini_batch_size={plan['global_batch_size'] // n}",
+        f"{a}ppo_micro_batch_size_per_gpu={plan['micro_batch_size']}",
+        f"{a}use_kl_loss={ref != 'none'}",
+        f"{a}fsdp_config.param_offload={params}",
+        f"{a}fsdp_config.optimizer_offload={optimizer}",
+    ]
+    packed = rl["rl_max_token_len_per_gpu"]
+    if packed:  # the train and score micro-batches packed by tokens (trainmem packs both)
+        actor += [f"{a}use_dynamic_bsz=True", f"{a}ppo_max_token_len_per_gpu={packed}"]
+    log_prob = rl["log_prob_micro_batch_size"] or plan["micro_batch_size"]
+    rollout = [
+        f"{r}name={rl['rollout']}",
+        f"{r}tensor_model_parallel_size={rl['rollout_tp']}",
+        f"{r}gpu_memory_utilization={rl['rollout_gpu_memory_utilization']}",
+        f"{r}n={n}",
+        f"{r}max_num_seqs={rl['rollout_max_num_seqs']}",
+        f"{r}max_num_batched_tokens={rl['rollout_max_num_batched_tokens']}",
+        f"{r}log_prob_micro_batch_size_per_gpu={log_prob}",
+    ]
+    refs = [f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={log_prob}"]
+    if packed:
+        for score in (r, "actor_rollout_ref.ref."):
+            group = rollout if score == r else refs
+            group += [f"{score}log_prob_use_dynamic_bsz=True",
+                      f"{score}log_prob_max_token_len_per_gpu={packed}"]  # fmt: skip
+    if ref == "offloaded":
+        refs.append("actor_rollout_ref.ref.fsdp_config.param_offload=True")
+    critic: list[str] = []
+    if rl["rl"] == "ppo":  # the critic: same model and configuration (trainmem's PPO critic)
+        critic = [
+            f"critic.model.path={model_path}",
+            f"critic.model.enable_gradient_checkpointing={checkpointing}",
+            f"critic.ppo_micro_batch_size_per_gpu={plan['micro_batch_size']}",
+            f"critic.model.fsdp_config.param_offload={params}",
+            f"critic.model.fsdp_config.optimizer_offload={optimizer}",
+        ]
+        if packed:
+            critic += ["critic.use_dynamic_bsz=True", f"critic.ppo_max_token_len_per_gpu={packed}"]
+    return [
+        [
+            f"algorithm.adv_estimator={'gae' if rl['rl'] == 'ppo' else 'grpo'}",
+            "algorithm.use_kl_in_reward=False",
+        ],
+        [
+            f"data.train_batch_size={rl['rollout_batch_size']}",
+            f"data.max_prompt_length={plan['seq_len'] - rl['response_len']}",
+            f"data.max_response_length={rl['response_len']}",
+        ],
+        model,
+        actor,
+        rollout,
+        refs,
+        critic,
+        [f"trainer.n_gpus_per_node={plan['gpus_per_node']}", f"trainer.nnodes={plan['num_nodes']}"],
+    ]
+
+
+def verl_script(plan: dict[str, Any]) -> str:
+    """A script running verl's PPO trainer (`python3 -m verl.trainer.main_ppo`) with the plan's
+    Hydra overrides, verl b178a3c's key names (VERL_VERSION). verl's FSDP actor shards over
+    every GPU: a plan with tp, pp or cp above 1, or without ZeRO-3, is not one verl runs."""
+    rl = plan.get("rl_job")
+    if not rl or rl.get("rl") not in ("grpo", "ppo"):
+        raise ValueError("format verl: an RL job (--rl grpo|ppo) renders as a verl recipe")
+    if (plan["tp"], plan["pp"], plan["cp"], plan["zero"]) != (1, 1, 1, 3):
+        raise ValueError(
+            "format verl: verl's FSDP actor runs tp 1, pp 1, cp 1, ZeRO-3; the plan has "
+            f"tp {plan['tp']} pp {plan['pp']} cp {plan['cp']} zero {plan['zero']}"
+        )
+    groups = [g for g in verl_overrides(plan) if g]
+    comments = [
+        f"# trainmem recommend: {_summary(plan)}",
+        f"# keys: {VERL_VERSION}; $EXTRA_ARGS: data.train_files, data.val_files, "
+        "actor_rollout_ref.actor.optim.lr, trainer.logger ...",
+    ]
+    if rl.get("rl_mean_seq_len"):
+        comments.append(
+            f"# estimated with {rl['rl_mean_seq_len']} real tokens per sequence "
+            "(use_remove_padding); verl's config does not state them"
+        )
+    if plan["num_nodes"] > 1:
+        comments.append(f"# a Ray cluster of {plan['num_nodes']} nodes: start it before this")
+    head = "python3 -m verl.trainer.main_ppo"
+    return "\n".join([*comments, *_environment(plan), _verl_lines(head, groups)]) + "\n"
+
+
+def _verl_lines(head: str, groups: list[list[str]]) -> str:
+    """One override per line (backslash continuations), then $EXTRA_ARGS."""
+    words = [shlex.quote(w) if "$" not in w else f'"{w}"' for g in groups for w in g]
+    return " \\\n".join([head, *("    " + w for w in words), "    $EXTRA_ARGS"])

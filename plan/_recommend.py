@@ -260,6 +260,40 @@ def _context(
     }
 
 
+RL_JOB_FIELDS = (
+    "rl", "rollout", "rollout_tp", "rollout_gpu_memory_utilization", "rl_group_size",
+    "response_len", "rollout_batch_size", "rollout_max_num_seqs",
+    "rollout_max_num_batched_tokens", "rollout_sleep_level", "ref_model", "rl_trainer_offload",
+    "log_prob_micro_batch_size", "rl_max_token_len_per_gpu", "rl_mean_seq_len", "lora_rank",
+    "lora_targets",
+)  # fmt: skip
+"""The RL job's fields a plan carries (`rl_job`): what a launch format (verl) must state."""
+
+
+def rl_job(job: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The JSON key `rl_job` of an RL job's plan: RL_JOB_FIELDS as the estimate runs them,
+    `auto` and 0 resolved (engine/_rl.py rl_rows: rollout vllm, the reference the LoRA base
+    or a separate copy; prompts per rollout global_batch_size / group; the log-prob
+    micro-batch the plan's); None for a job without RL."""
+
+    def value(name: str) -> Any:
+        given = job.get(name)
+        return DEFAULTS_BY_FIELD[name] if given is None else given
+
+    if value("rl") == "none":
+        return None
+    out = {name: value(name) for name in RL_JOB_FIELDS}
+    if out["rollout"] == "auto":
+        out["rollout"] = "none" if out["rl"] == "dpo" else "vllm"
+    if out["ref_model"] == "auto":
+        out["ref_model"] = "shared-lora" if out["lora_rank"] else "separate"
+    if not out["rollout_batch_size"]:
+        out["rollout_batch_size"] = int(plan["global_batch_size"]) // int(out["rl_group_size"])
+    if not out["log_prob_micro_batch_size"]:
+        out["log_prob_micro_batch_size"] = int(plan["micro_batch_size"])
+    return out
+
+
 def _complete_plan(
     plan: dict[str, Any], args: Mapping[str, Any], job: Mapping[str, Any], space: Space
 ) -> None:
@@ -284,6 +318,9 @@ def _complete_plan(
             cost_per_million_tokens=plan.get("cost_per_million_tokens"),
         )
     )
+    rl = rl_job(job, plan)
+    if rl is not None:
+        plan["rl_job"] = rl
     plan["estimate_command"] = estimate_command(
         plan,
         model=args["model"],

@@ -242,3 +242,28 @@ def test_published_verl_records() -> None:
     # math logs' peak step was not found: their last step's lengths), and the vLLM release
     # (its KV sizing) is not printed.
     assert errors[-1] < 0.15 and errors[3] < 0.09, errors
+
+
+def test_searches_keep_rollout_tp_dividing_the_gpus() -> None:
+    """A layout whose GPU count rollout_tp does not divide is invalid in the vector path too
+    (engine/_rules.py ROLLOUT_TP_LAYOUT): recommend picked 1 GPU for rollout_tp 2 before."""
+    from tests.strategies import columns_of
+    from trainmem.catalog import load_model
+    from trainmem.engine import estimate as engine_estimate
+    from trainmem.engine import make_grid
+    from trainmem.engine._rules import REASONS, ROLLOUT_TP_LAYOUT
+
+    m = load_model("qwen2.5-0.5b")
+    base = dict(seq_len=512, response_len=256, micro_batch_size=1, rl="grpo", rollout_tp=2)
+    rows = [{**base, "num_gpus": n, "global_batch_size": n} for n in (1, 2, 3, 4)]
+    reasons = engine_estimate(m, make_grid(columns_of(rows)), columns=["reason"])["reason"]
+    assert reasons.tolist() == [ROLLOUT_TP_LAYOUT, 0, ROLLOUT_TP_LAYOUT, 0]
+    assert REASONS[ROLLOUT_TP_LAYOUT].startswith("rollout_tp must divide num_gpus")
+    plan = trainmem.recommend(
+        model="qwen2.5-7b", fleet="8xh100-sxm-80gb", framework="verl", rl="grpo",
+        seq_len=1536, response_len=1024, global_batch_size=320, rl_group_size=5,
+        rollout_batch_size=64, rollout_tp=2, rollout_gpu_memory_utilization=0.3, lora_rank=32,
+        rl_trainer_offload="params+optimizer",
+    )  # fmt: skip
+    assert plan["num_gpus"] % 2 == 0
+    assert all(a["num_gpus"] % 2 == 0 for a in plan["alternatives"])

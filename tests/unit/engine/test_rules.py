@@ -97,6 +97,8 @@ def test_generated_python_programs_agree_with_numpy_on_random_rows() -> None:
         "lora_rank": rng.integers(0, 3, n),
         "qlora": rng.random(n) < 0.3,
         "optimizer_in_backward": rng.random(n) < 0.3,
+        "rl": rng.integers(0, 4, n),  # none, grpo, ppo, dpo
+        "rollout_tp": rng.choice([1, 2, 3, 8], n),
     }
     for name in ("llama-3-8b", "mixtral-8x7b"):
         m = load_model(name)

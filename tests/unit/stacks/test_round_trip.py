@@ -108,3 +108,42 @@ def test_megatron_plan_reads_back_as_fused_adam(plans: dict[str, dict[str, Any]]
     # Fused: no foreach temporaries at the step, a device step counter per tensor; the peak of
     # this plan is not at the step, so they differ by the counters only.
     assert report["peak_device_bytes"] == pytest.approx(plan["peak_device_bytes"], rel=1e-5)
+
+
+RL_JOBS = {
+    # GRPO with LoRA, the trainer offloaded, the reference the LoRA base (verl-data's shape)
+    "grpo-lora": dict(model="qwen2.5-7b", fleet="8xh100-sxm-80gb", framework="verl", rl="grpo",
+                      seq_len=1536, response_len=1024, global_batch_size=320, rl_group_size=5,
+                      rollout_batch_size=64, rollout_tp=2, rollout_gpu_memory_utilization=0.3,
+                      lora_rank=32, rl_trainer_offload="params+optimizer"),
+    # PPO with a critic, packed by tokens, an offloaded reference
+    "ppo-packed": dict(model="qwen2-1.5b", fleet="8xh100-sxm-80gb", framework="verl", rl="ppo",
+                       seq_len=2048, response_len=1024, global_batch_size=256, rl_group_size=1,
+                       rl_max_token_len_per_gpu=8192, ref_model="offloaded"),
+}  # fmt: skip
+RL_FIELDS = ("rl", "rollout", "rollout_tp", "rollout_gpu_memory_utilization", "rl_group_size",
+             "response_len", "rollout_batch_size", "rollout_max_num_seqs",
+             "rollout_max_num_batched_tokens", "ref_model", "rl_trainer_offload",
+             "log_prob_micro_batch_size", "rl_max_token_len_per_gpu", "lora_rank")  # fmt: skip
+
+
+@pytest.mark.parametrize("job", sorted(RL_JOBS))
+def test_verl_recipe_reads_back_to_its_plan(job: str) -> None:
+    """`recommend --format verl` of an RL job is read back by `check` (stacks/_verl.py) to the
+    plan's layout and RL fields, and the same peak (the GPU is a flag: verl's config names
+    none)."""
+    plan = trainmem.recommend(**RL_JOBS[job])
+    assert plan["fits"]
+    report = check_report({"run.sh": render(plan, "verl")}, gpu=plan["gpu"])
+    assert report["stack"] == "verl"
+    for field in (*FIELDS, "seq_len", "global_batch_size"):
+        assert report["config"][field] == plan[field], field
+    for field in RL_FIELDS:
+        assert report["config"][field] == plan["rl_job"][field], field
+    assert report["peak_device_bytes"] == pytest.approx(plan["peak_device_bytes"], abs=1)
+
+
+def test_verl_format_needs_an_rl_job() -> None:
+    plan = trainmem.recommend(**JOBS["hf"])
+    with pytest.raises(ValueError, match="format verl: an RL job"):
+        render({**plan, "framework": "verl"}, "verl")
