@@ -48,15 +48,19 @@ def _spec(config: dict):
     )
 
 
-def _estimate(case: dict, monkeypatch, *, fsdp1: bool) -> dict:
+def _estimate(case: dict, monkeypatch, *, fsdp1: bool, attention: str = "flash") -> dict:
+    """hf's estimate of a traced FSDP1 case, with hf's rows of FSDP1_FULL_FINETUNE and
+    FSDP1_LORA set to `fsdp1` (tests/golden/test_llama_recipes_trace.py uses it too)."""
     import trainmem.engine._fast._scalar as scalar
     import trainmem.engine._rank_states as rank_states
     from trainmem.engine import estimate_one
 
-    table = rank_states.FSDP1_FULL_FINETUNE.copy()
-    table[FRAMEWORKS.index("hf")] = fsdp1
-    monkeypatch.setattr(rank_states, "FSDP1_FULL_FINETUNE", table)
+    for name in ("FSDP1_FULL_FINETUNE", "FSDP1_LORA"):
+        table = getattr(rank_states, name).copy()
+        table[FRAMEWORKS.index("hf")] = fsdp1
+        monkeypatch.setattr(rank_states, name, table)
     monkeypatch.setattr(scalar, "_caches", {})  # the per-model key tables, made afresh
+    lora = {k: case[k] for k in ("lora_rank", "lora_targets") if k in case}
     return estimate_one(
         _spec(case["config"]),
         micro_batch_size=case["micro_batch_size"],
@@ -67,10 +71,11 @@ def _estimate(case: dict, monkeypatch, *, fsdp1: bool) -> dict:
         optimizer="adamw",
         num_gpus=case["num_gpus"],
         zero=3,
-        attention="flash",
+        attention=attention,
         global_batch_size=case["micro_batch_size"]
         * case["num_gpus"]
         * case.get("grad_accum_steps", 1),
+        **lora,
     )
 
 

@@ -23,8 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.framework_accuracy import small_llama_spec
-from trainmem.engine import FRAMEWORKS
+from tests.golden.test_fsdp1_trace import _estimate as fsdp1_estimate
 
 TRACE = Path(__file__).parents[1] / "data" / "framework_traces" / "llama_recipes_fsdp1.json"
 CASES = {c["case"]: c for c in json.loads(TRACE.read_text())["cases"]}
@@ -33,41 +32,7 @@ TOLERANCE = {"full": 0.03, "mixed": 0.03, "full-7b": 0.04, "lora-7b": 0.04, "lor
 
 
 def _estimate(case: dict, monkeypatch) -> dict:
-    import trainmem.engine._fast._scalar as scalar
-    import trainmem.engine._rank_states as rank_states
-    from trainmem.engine import estimate_one
-
-    for name in ("FSDP1_FULL_FINETUNE", "FSDP1_LORA"):
-        table = getattr(rank_states, name).copy()
-        table[FRAMEWORKS.index("hf")] = True
-        monkeypatch.setattr(rank_states, name, table)
-    monkeypatch.setattr(scalar, "_caches", {})
-    c = case["config"]
-    spec = small_llama_spec(
-        {
-            "hidden": c["hidden_size"],
-            "intermediate": c["intermediate_size"],
-            "heads": c["num_attention_heads"],
-            "kv_heads": c["num_key_value_heads"],
-            "layers": c["num_hidden_layers"],
-            "vocab": c["vocab_size"],
-        }
-    )
-    lora = {k: case[k] for k in ("lora_rank", "lora_targets") if k in case}
-    return estimate_one(
-        spec,
-        micro_batch_size=case["micro_batch_size"],
-        seq_len=case["seq_len"],
-        precision=case["precision"],
-        recompute=case["recompute"],
-        framework="hf",
-        optimizer="adamw",
-        num_gpus=case["num_gpus"],
-        zero=3,
-        attention=case["attention"],
-        global_batch_size=case["micro_batch_size"] * case["num_gpus"],
-        **lora,
-    )
+    return fsdp1_estimate(case, monkeypatch, fsdp1=True, attention=case["attention"])
 
 
 @pytest.mark.parametrize("name", sorted(TOLERANCE))
