@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import _deepspeed
-from ._reading import Doc, Reading, as_bool, as_int, bad, dig
+from ._reading import Doc, Reading, as_bool, as_float, as_int, bad, dig
 from ._stacks import Stack
 
 VERSION = "transformers 5.24.0 / trl 1.9.0"
@@ -24,6 +24,8 @@ TRL_BASE = "trl 1.9.0 trl/trainer/base_config.py"
 TRL_SFT = "trl 1.9.0 trl/trainer/sft_config.py"
 TRL_DPO = "trl 1.9.0 trl/trainer/dpo_config.py"
 TRL_MODEL = "trl 1.9.0 trl/trainer/model_config.py"
+TRL_GRPO = "trl f2cd577 (1.10.0.dev0) trl/trainer/grpo_config.py"
+TRL_GRPO_VLLM = "trl f2cd577 (1.10.0.dev0) trl/trainer/grpo_trainer.py (VLLMGeneration(...))"
 
 HF_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "output_dir",
            "num_train_epochs", "logging_steps", "save_strategy", "lr_scheduler_type",
@@ -36,6 +38,10 @@ SFT_KEYS = ("max_seq_length", "packing", "dataset_text_field", "completion_only_
             "chat_template", "eos_token", "activation_offloading", "dataset_name")  # fmt: skip
 PREFERENCE_KEYS = ("beta", "max_prompt_length", "max_completion_length", "precompute_ref_log_probs",
                    "rpo_alpha", "ref_model_init_kwargs", "sync_ref_model")  # fmt: skip
+GRPO_KEYS = ("num_generations", "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization",
+             "vllm_tensor_parallel_size", "generation_batch_size", "steps_per_generation",
+             "num_iterations", "vllm_enable_sleep_mode")  # fmt: skip
+"""Keys only TRL's GRPOConfig has (it shares beta and the lengths with DPOConfig)."""
 FOREIGN = ("finetuning_type", "stage", "template", "cutoff_len", "base_model", "micro_batch_size",
            "sequence_len", "_component_", "tokenizer", "recipe")  # fmt: skip
 """Keys of LLaMA-Factory, axolotl, torchtune: not this stack's files."""
@@ -65,7 +71,7 @@ def detect(doc: Doc) -> int:
         return 0
     if any(k in data for k in _deepspeed.MARKERS) or "distributed_type" in data:
         return 0
-    trl = sum(k in data for k in (*TRL_MODEL_KEYS, *SFT_KEYS, *PREFERENCE_KEYS))
+    trl = sum(k in data for k in (*TRL_MODEL_KEYS, *SFT_KEYS, *PREFERENCE_KEYS, *GRPO_KEYS))
     hf = sum(k in data for k in HF_KEYS)
     if "model_name_or_path" in data and (trl or hf):
         return 9
@@ -73,8 +79,10 @@ def detect(doc: Doc) -> int:
 
 
 def trainer_kind(data: Mapping[str, Any]) -> str:
-    """`dpo` (a preference trainer), `sft` (TRL's SFT), `trl` (TRL's model config only) or
-    `trainer` (plain TrainingArguments)."""
+    """`grpo` (TRL's GRPO), `dpo` (a preference trainer), `sft` (TRL's SFT), `trl` (TRL's model
+    config only) or `trainer` (plain TrainingArguments)."""
+    if any(k in data for k in GRPO_KEYS):
+        return "grpo"
     if any(k in data for k in PREFERENCE_KEYS):
         return "dpo"
     if any(k in data for k in SFT_KEYS) or "max_length" in data:
@@ -94,13 +102,114 @@ def read(doc: Doc, reading: Reading) -> None:
     _peft(data, doc, reading)
     _loss(data, kind, doc, reading)
     if kind == "dpo":
-        key = next(k for k in PREFERENCE_KEYS if k in data)
-        reading.unmodelled_key(
-            doc,
-            key,
-            "preference trainer: chosen and rejected sequences in "
-            "one forward (twice the micro-batch); DPO: the reference model",
+        _dpo(data, doc, reading)
+    if kind == "grpo":
+        _grpo(data, doc, reading)
+
+
+def _dpo(data: Mapping[str, Any], doc: Doc, reading: Reading) -> None:
+    """A preference trainer as `--rl dpo`: chosen and rejected in one forward, the reference
+    model (the LoRA base under peft, ref_model auto); precompute_ref_log_probs scores the
+    dataset with it before training, so the step runs without it."""
+    key = next(k for k in PREFERENCE_KEYS if k in data)
+    reading.put("rl", "dpo", doc, key)
+    pre = "precompute_ref_log_probs"
+    named = next((k for k in ("output_dir", "hub_model_id", "run_name")
+                  if re.search(r"(^|[^a-z])(orpo|simpo|cpo)", str(data.get(k, "")).lower())),
+                 None)  # fmt: skip
+    if pre in data and as_bool(doc, pre, data[pre]):
+        reading.put("ref_model", "none", doc, pre)
+    elif named is not None:  # ORPO, SimPO, CPO: the same keys, no reference model
+        reading.put("ref_model", "none", doc, named)
+        reading.warn(f"{doc.name}:{named}: {data[named]!r} read as a reference-free "
+                     "preference trainer (ORPO / SimPO / CPO): no reference model")  # fmt: skip
+    else:
+        reading.warn(f"{doc.name}:{key}: a preference trainer read as DPO (chosen and rejected "
+                     "in one forward, a reference model); ORPO / SimPO / CPO load none: "
+                     "--ref-model none")  # fmt: skip
+
+
+def _grpo(data: Mapping[str, Any], doc: Doc, reading: Reading) -> None:
+    """TRL's GRPOTrainer as `--rl grpo` (TRL_GRPO's defaults): num_generations completions per
+    prompt; per_device_train_batch_size counts completions; the rollout (_grpo_rollout); the
+    reference model only for beta > 0 (TRL's default beta 0.0 loads none)."""
+    reading.put("rl", "grpo", doc, next(k for k in GRPO_KEYS if k in data))
+    n, given = _given(data, "num_generations", 8)
+    _put(reading, doc, "rl_group_size", as_int(doc, "num_generations", n, ge=1),
+         "num_generations", given)  # fmt: skip
+    response, given = _given(data, "max_completion_length", 512)
+    response = as_int(doc, "max_completion_length", response, ge=1)
+    _put(reading, doc, "response_len", response, "max_completion_length", given)
+    if data.get("max_prompt_length") is not None:
+        prompt = as_int(doc, "max_prompt_length", data["max_prompt_length"], ge=1)
+        reading.put("seq_len", prompt + response, doc, "max_prompt_length")
+    else:
+        reading.warn(
+            f"{doc.name}: the prompts' length is the dataset's (no max_prompt_length): "
+            "give --seq-len (prompt + completion)"
         )
+    if data.get("generation_batch_size") is not None:
+        prompts = as_int(doc, "generation_batch_size", data["generation_batch_size"], ge=1)
+        reading.put("rollout_batch_size", max(prompts // int(reading.get("rl_group_size")), 1),
+                    doc, "generation_batch_size")  # fmt: skip
+    _grpo_rollout(data, doc, reading)
+    beta, given = _given(data, "beta", 0.0)
+    if as_float(doc, "beta", beta) == 0.0:
+        _put(reading, doc, "ref_model", "none", "beta", given)
+
+
+def _given(data: Mapping[str, Any], key: str, default: Any) -> tuple[Any, bool]:
+    """(the file's value at `key`, True), or (`default`, False)."""
+    given = key in data and data[key] is not None
+    return (data[key] if given else default), given
+
+
+def _put(reading: Reading, doc: Doc, name: str, value: Any, key: str, given: bool,
+         source: str = TRL_GRPO) -> None:  # fmt: skip
+    if given:
+        reading.put(name, value, doc, key)
+    else:
+        reading.default(name, value, f"{source} ({key})")
+
+
+def _grpo_rollout(data: Mapping[str, Any], doc: Doc, reading: Reading) -> None:
+    """The rollout: vLLM colocated in the training processes (use_vllm, vllm_mode colocate: its
+    tensor parallel size and gpu_memory_utilization, max_num_seqs per_device x tp x
+    steps_per_generation and max_num_batched_tokens 4096 as TRL builds the LLM; awake through
+    training unless vllm_enable_sleep_mode, which sleeps it at level 2), else the model's own
+    generate."""
+    vllm, _ = _given(data, "use_vllm", False)
+    mode, mode_given = _given(data, "vllm_mode", "colocate")
+    if not as_bool(doc, "use_vllm", vllm):
+        if "use_vllm" in data:
+            reading.put("rollout", "hf", doc, "use_vllm")
+        else:
+            reading.default("rollout", "hf", f"{TRL_GRPO} (use_vllm = False: model.generate)")
+        return
+    if str(mode).lower() != "colocate":
+        reading.unmodelled_key(doc, "vllm_mode", f"vLLM {mode} mode: generation on other GPUs "
+                               "(counted as the model's own generate)")  # fmt: skip
+        reading.put("rollout", "hf", doc, "vllm_mode")
+        return
+    reading.put("rollout", "vllm", doc, "vllm_mode" if mode_given else "use_vllm")
+    tp, given = _given(data, "vllm_tensor_parallel_size", 1)
+    tp = as_int(doc, "vllm_tensor_parallel_size", tp, ge=1)
+    _put(reading, doc, "rollout_tp", tp, "vllm_tensor_parallel_size", given)
+    util, given = _given(data, "vllm_gpu_memory_utilization", 0.3)
+    util = as_float(doc, "vllm_gpu_memory_utilization", util)
+    _put(reading, doc, "rollout_gpu_memory_utilization", util, "vllm_gpu_memory_utilization",
+         given)  # fmt: skip
+    steps = data.get("steps_per_generation") or data.get("gradient_accumulation_steps") or 1
+    seqs = int(reading.get("micro_batch_size", 8)) * tp
+    seqs *= as_int(doc, "steps_per_generation", steps, ge=1)
+    reading.default("rollout_max_num_seqs", seqs, f"{TRL_GRPO_VLLM}: max_num_seqs")
+    reading.default("rollout_max_num_batched_tokens", 4096,
+                    f"{TRL_GRPO_VLLM}: max_num_batched_tokens=4096")  # fmt: skip
+    sleep, given = _given(data, "vllm_enable_sleep_mode", False)
+    level = 2 if as_bool(doc, "vllm_enable_sleep_mode", sleep) else 0
+    _put(reading, doc, "rollout_sleep_level", level, "vllm_enable_sleep_mode", given,
+         "trl f2cd577 trl/generation/vllm_generation.py (sleep(level=2) only under "
+         "enable_sleep_mode)")  # fmt: skip
 
 
 def _batch(data: Mapping[str, Any], kind: str, doc: Doc, reading: Reading) -> None:

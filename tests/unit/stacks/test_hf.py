@@ -82,8 +82,10 @@ EXPECTED: dict[str, Want] = {
             ("recompute", "full", "file:gradient_checkpointing"),
             ("optimizer", "adamw-8bit", "file:optim"),
             ("attention", "flash", "file:attn_implementation"),
+            # a preference trainer is --rl dpo; ORPO (its output_dir says so) loads no reference
+            ("rl", "dpo", "file:beta"),
+            ("ref_model", "none", "file:output_dir"),
         ],
-        ("beta",),
     ),
     "ah_zephyr-7b-beta_dpo_config_full.yaml": Want(
         [
@@ -95,8 +97,9 @@ EXPECTED: dict[str, Want] = {
             ("precision", "amp-bf16", "file:bf16"),
             ("recompute", "full", "file:gradient_checkpointing"),
             ("optimizer", "adamw", "file:optim"),
+            ("rl", "dpo", "file:beta"),  # the reference model: ref_model auto, a separate copy
         ],
-        ("torch_dtype", "beta"),
+        ("torch_dtype",),
     ),
     "ah_zephyr-7b-beta_dpo_config_qlora.yaml": Want(
         [
@@ -109,8 +112,8 @@ EXPECTED: dict[str, Want] = {
             ("optimizer", "paged-adamw", "file:optim"),  # paged_adamw_32bit
             ("attention", "flash", "file:attn_implementation"),
             *qlora(128),
+            ("rl", "dpo", "file:beta"),  # the reference: the LoRA base (ref_model auto)
         ],
-        ("beta",),
     ),
     "trl_example_config.yaml": Want(  # the model, a dataset and a learning rate only
         [
@@ -308,3 +311,70 @@ def test_check_report_equals_estimate_with_expert_flags() -> None:
         "file": "config_qlora.yaml",
     }
     assert report["read"]["num_gpus"]["file"] == "ddp.yaml"
+
+
+GRPO = "stack-default:trl f2cd577 (1.10.0.dev0) trl/trainer/grpo_config.py "
+GRPO_VLLM = "stack-default:trl f2cd577 (1.10.0.dev0) trl/trainer/grpo_trainer.py "
+
+
+def test_trl_grpo_config_is_an_rl_job() -> None:
+    """A GRPOConfig YAML (TRL's keys: num_generations, use_vllm, vllm_mode ...) is --rl grpo
+    with the colocated vLLM as TRL builds it: max_num_seqs per_device x tp x steps_per_generation
+    (the accumulation by default), max_num_batched_tokens 4096, awake through training (sleep
+    level 0) without vllm_enable_sleep_mode, and no reference model at TRL's beta 0.0."""
+    text = (
+        "model_name_or_path: Qwen/Qwen2.5-7B-Instruct\nper_device_train_batch_size: 8\n"
+        "gradient_accumulation_steps: 4\nnum_generations: 8\nmax_prompt_length: 512\n"
+        "max_completion_length: 1024\nuse_vllm: true\nvllm_mode: colocate\n"
+        "vllm_gpu_memory_utilization: 0.3\ngradient_checkpointing: true\nbf16: true\n"
+    )
+    assert detect(parse("grpo.yaml", text)) == "hf"
+    reading = read_job({"grpo.yaml": text})
+    want = [
+        ("rl", "grpo", "file:num_generations"),
+        ("rl_group_size", 8, "file:num_generations"),
+        ("response_len", 1024, "file:max_completion_length"),
+        ("seq_len", 1536, "file:max_prompt_length"),  # prompt + completion
+        ("rollout", "vllm", "file:vllm_mode"),
+        ("rollout_gpu_memory_utilization", 0.3, "file:vllm_gpu_memory_utilization"),
+        ("rollout_tp", 1, GRPO),
+        ("rollout_max_num_seqs", 32, GRPO_VLLM),  # 8 x 1 x 4
+        ("rollout_max_num_batched_tokens", 4096, GRPO_VLLM),
+        ("rollout_sleep_level", 0, "stack-default:trl f2cd577 trl/generation/"),
+        ("ref_model", "none", GRPO),
+    ]
+    for field, value, origin in want:
+        read = reading.fields[field]
+        assert read.value == value, field
+        assert (
+            read.origin == origin
+            or (origin.endswith(" ") or origin.endswith("/"))
+            and (read.origin.startswith(origin))
+        ), (field, read.origin)
+    report = check_report({"grpo.yaml": text}, num_gpus=8)
+    assert report["config"]["rl"] == "grpo" and set(report["rl"]["phases"]) == {
+        "rollout", "score", "train"}  # fmt: skip
+    # asleep at level 2 the engine keeps less in the train phase than awake (level 0)
+    asleep = check_report({"grpo.yaml": text + "vllm_enable_sleep_mode: true\n"}, num_gpus=8)
+    assert asleep["config"]["rollout_sleep_level"] == 2
+    assert asleep["rl"]["phases"]["train"] < report["rl"]["phases"]["train"]
+
+
+def test_trl_grpo_defaults_and_modes() -> None:
+    base = "model_name_or_path: Qwen/Qwen2.5-0.5B\nnum_generations: 4\n"
+    hf = read_job({"g.yaml": base})  # use_vllm False: the model's own generate
+    assert hf.get("rollout") == "hf" and hf.get("response_len") == 512
+    assert any("give --seq-len" in w for w in hf.warnings)  # no max_prompt_length
+    server = read_job({"g.yaml": base + "use_vllm: true\nvllm_mode: server\nbeta: 0.04\n"})
+    assert server.unmodelled == ["g.yaml:vllm_mode"]
+    assert server.get("rollout") == "hf" and not server.has("ref_model")  # beta > 0: auto
+    batch = read_job({"g.yaml": base + "generation_batch_size: 64\n"})
+    assert batch.get("rollout_batch_size") == 16  # 64 completions / 4 per prompt
+
+
+def test_dpo_precomputed_reference_is_not_loaded() -> None:
+    text = "model_name_or_path: Qwen/Qwen2.5-0.5B\nbeta: 0.1\nprecompute_ref_log_probs: true\n"
+    reading = read_job({"d.yaml": text})
+    assert reading.get("rl") == "dpo"
+    assert reading.fields["ref_model"].value == "none"
+    assert reading.fields["ref_model"].origin == "file:precompute_ref_log_probs"
