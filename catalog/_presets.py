@@ -7,6 +7,7 @@ import difflib
 import functools
 import json
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,23 @@ BUILTIN = "built-in"
 def preset_names() -> tuple[str, ...]:
     """Names of the built-in presets, sorted."""
     return tuple(sorted(p.stem for p in PRESET_DIR.glob("*.json")))
+
+
+HUB_SOURCE = re.compile(r"\s*([\w.-]+/[\w.-]+)/config\.json")
+"""A preset's `_source` that starts with the Hugging Face file it transcribes: ORG/NAME."""
+
+
+@functools.cache
+def preset_hub_ids() -> dict[str, str]:
+    """Each built-in preset's Hugging Face id (the ORG/NAME its `_source` starts with), by
+    preset name; presets whose source names no hub file are absent."""
+    out: dict[str, str] = {}
+    for name in preset_names():
+        source = json.loads(read_input_text(PRESET_DIR / f"{name}.json")).get("_source", "")
+        match = HUB_SOURCE.match(source)
+        if match:
+            out[name] = match.group(1)
+    return out
 
 
 def _read_json(path: Path) -> dict[str, Any]:

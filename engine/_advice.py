@@ -40,7 +40,7 @@ from ._loss import LOSS_GRADIENT_TENSORS, megatron_in_place_loss_gradient_bytes
 from ._model import ModelSpec
 from ._optimizers import BUILTIN_OPTIMIZERS, OPTIMIZERS
 from ._overhead import Overheads
-from ._precision import IS_MIXED, PARAM_BYTES, STATE_BYTES
+from ._precision import COMPUTE_BYTES, IS_MIXED, PARAM_BYTES, STATE_BYTES
 from ._time import estimate_time
 from ._time_params import TimeParams
 from ._units import GIB
@@ -532,7 +532,7 @@ def _transient_items(
         tp_div = int(config["tp"]) if fw_spec.tp_loss_gradients_sharded else 1
         shape = f"[{int(tokens):,}, {m.vocab_size // tp_div:,}]"
         if in_place_softmax:
-            e = 4.0 if str(config["precision"]) == "fp32" else 2.0
+            e = COMPUTE_BYTES[PRECISIONS.index(str(config["precision"]))]
             loss_grads = float(
                 megatron_in_place_loss_gradient_bytes(m, T=tokens, e=e, loss_tp_div=tp_div)
             )

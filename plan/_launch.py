@@ -986,18 +986,6 @@ def torchtitan_script(plan: dict[str, Any]) -> str:
 VERL_VERSION = "verl b178a3c (0.8.0.dev) verl/trainer/config/_generated_ppo_trainer.yaml"
 
 
-def _hub_id(model: str) -> str | None:
-    """A built-in preset's Hugging Face id (its `_source`), for `model.path`."""
-    from trainmem.catalog._presets import PRESET_DIR
-
-    file = PRESET_DIR / f"{model}.json"
-    if not file.is_file():
-        return None
-    source = json.loads(file.read_text(encoding="utf-8")).get("_source", "")
-    found = re.match(r"\s*([\w.-]+/[\w.-]+)/config\.json", source)
-    return found.group(1) if found else None
-
-
 def verl_overrides(plan: dict[str, Any]) -> list[list[str]]:
     """The `key=value` groups of verl's PPO trainer for the plan's RL job (plan["rl_job"]):
     every key trainmem's estimate depends on, so that `trainmem check` reads the script back
@@ -1009,7 +997,9 @@ def verl_overrides(plan: dict[str, Any]) -> list[list[str]]:
             f"format verl: global_batch_size {plan['global_batch_size']} is not a whole number "
             f"of prompts of rl_group_size {n} (verl's ppo_mini_batch_size is in prompts)"
         )
-    path = _hub_id(plan["model"])
+    from trainmem.catalog._presets import preset_hub_ids
+
+    path = preset_hub_ids().get(plan["model"])
     model_path = path if path else "${MODEL_PATH:?your model's path or Hugging Face id}"
     a, r, m = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.model."
     offload = rl["rl_trainer_offload"]
@@ -1040,11 +1030,10 @@ def verl_overrides(plan: dict[str, Any]) -> list[list[str]]:
         f"{r}log_prob_micro_batch_size_per_gpu={log_prob}",
     ]
     refs = [f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={log_prob}"]
-    if packed:
-        for score in (r, "actor_rollout_ref.ref."):
-            group = rollout if score == r else refs
-            group += [f"{score}log_prob_use_dynamic_bsz=True",
-                      f"{score}log_prob_max_token_len_per_gpu={packed}"]  # fmt: skip
+    if packed:  # the old policy's and the reference's log-probs packed as the train step
+        for group, prefix in ((rollout, r), (refs, "actor_rollout_ref.ref.")):
+            group += [f"{prefix}log_prob_use_dynamic_bsz=True",
+                      f"{prefix}log_prob_max_token_len_per_gpu={packed}"]  # fmt: skip
     if ref == "offloaded":
         refs.append("actor_rollout_ref.ref.fsdp_config.param_offload=True")
     critic: list[str] = []

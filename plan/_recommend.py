@@ -272,21 +272,21 @@ RL_JOB_FIELDS = (
 
 def rl_job(job: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, Any] | None:
     """The JSON key `rl_job` of an RL job's plan: RL_JOB_FIELDS as the estimate runs them,
-    `auto` and 0 resolved (engine/_rl.py rl_rows: rollout vllm, the reference the LoRA base
-    or a separate copy; prompts per rollout global_batch_size / group; the log-prob
-    micro-batch the plan's); None for a job without RL."""
+    `auto` and 0 resolved (the rollout engine and the reference by the engine's own
+    rl_rows; prompts per rollout global_batch_size / group; the log-prob micro-batch the
+    plan's); None for a job without RL."""
+    from trainmem.engine import make_grid
+    from trainmem.engine._rl import rl_rows
+    from trainmem.engine._vocab import REF_MODELS, ROLLOUTS
 
-    def value(name: str) -> Any:
-        given = job.get(name)
-        return DEFAULTS_BY_FIELD[name] if given is None else given
-
-    if value("rl") == "none":
+    out = {name: DEFAULTS_BY_FIELD[name] if job.get(name) is None else job[name]
+           for name in RL_JOB_FIELDS}  # fmt: skip
+    if out["rl"] == "none":
         return None
-    out = {name: value(name) for name in RL_JOB_FIELDS}
-    if out["rollout"] == "auto":
-        out["rollout"] = "none" if out["rl"] == "dpo" else "vllm"
-    if out["ref_model"] == "auto":
-        out["ref_model"] = "shared-lora" if out["lora_rank"] else "separate"
+    codes = rl_rows(make_grid({k: out[k] for k in ("rl", "rollout", "ref_model", "lora_rank")}))
+    rollout = int(codes["rollout"][0])
+    out["rollout"] = "none" if rollout < 0 else ROLLOUTS[rollout]  # dpo: no engine (-1)
+    out["ref_model"] = REF_MODELS[int(codes["ref_model"][0])]
     if not out["rollout_batch_size"]:
         out["rollout_batch_size"] = int(plan["global_batch_size"]) // int(out["rl_group_size"])
     if not out["log_prob_micro_batch_size"]:

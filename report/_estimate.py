@@ -231,12 +231,12 @@ def estimate_report(
     overrides = key_numbers("--overhead", overhead or [], Overheads.names())
     ov = ov.with_overrides(overrides)
     check_overhead_bytes(overrides, profile)
-    report, out = _memory_report(job, inputs, ov)
+    report, out, step_config = _memory_report(job, inputs, ov)
     if inputs.warnings:  # present only when there is something to say
         report["warnings"] = inputs.warnings
     report["time"], time_params = _time_report(job, inputs)
     report["pp_stage"] = int(out["pp_stage"][0])
-    report.update(_advice(job, inputs, out, ov, time_params))
+    report.update(_advice(job, inputs, out, ov, time_params, step_config))
     rollout_consumers = rl_top_consumers(report)
     if rollout_consumers is not None:
         report["top_consumers"] = rollout_consumers
@@ -352,10 +352,10 @@ def _step_config(inputs: _EstimateInputs, grid: dict[str, np.ndarray]) -> dict[s
 
 def _memory_report(
     job: _EstimateJob, inputs: _EstimateInputs, ov: Overheads
-) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Any]]:
     """The per-device breakdown and peaks (the single-configuration path, `estimate_one`), with
-    the node's host RAM: the report (its `fits` the GPU's and the host's) and estimate()'s
-    one-row columns."""
+    the node's host RAM: the report (its `fits` the GPU's and the host's), estimate()'s
+    one-row columns and the configuration they were estimated on (_step_config)."""
     spec, profile = inputs.spec, inputs.profile
     rl = inputs.row["rl"] != RL_NONE
     # An RL job's phases run on the one-row grid (only then built: the report's fast path is
@@ -380,7 +380,7 @@ def _memory_report(
     host_need = max(out["host_bytes"][0], out["load_host_bytes"][0])
     report.update(host_fit(host_need, inputs.config["num_gpus"], profile, job.host_memory_gib))
     report["fits"] = report["fits"] and report["host_fits"]
-    return report, out
+    return report, out, step_config
 
 
 def _time_report(job: _EstimateJob, inputs: _EstimateInputs) -> tuple[dict[str, Any], TimeParams]:
@@ -407,15 +407,15 @@ def _advice(
     out: dict[str, np.ndarray],
     ov: Overheads,
     time_params: TimeParams,
+    step_config: dict[str, Any],
 ) -> dict[str, Any]:
     """The advice keys (`advice_report`): what to change when the job does not fit (only the
-    top consumers under --no-advice)."""
-    rl = inputs.row["rl"] != RL_NONE
+    top consumers under --no-advice); `step_config`: what `out` was estimated on (an RL
+    trainer's own micro-batches: its consumers)."""
     return advice_report(
         inputs.spec,
         inputs.grid_config,
-        # the consumers of the step `out` holds: an RL trainer's own micro-batches
-        step_config=_step_config(inputs, make_grid(inputs.grid_config)) if rl else None,
+        step_config=step_config,
         profile=inputs.profile,
         out=out,
         headroom=job.headroom,

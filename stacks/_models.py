@@ -10,14 +10,12 @@ a version tag, a quantisation tag); fine-tuned checkpoints keep their base model
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 from pathlib import Path
 
 from trainmem.catalog import model_presets
-from trainmem.catalog._presets import PRESET_DIR, did_you_mean
-from trainmem.hardware._files import read_input_text
+from trainmem.catalog._presets import did_you_mean, preset_hub_ids
 
 SUFFIXES = re.compile(
     r"(-(instruct|chat|hf|it|base|sft|dpo|rlhf|gptq|awq|fp8|bnb|4bit|8bit|nf4|unsloth|"
@@ -46,14 +44,8 @@ def normalise(name: str) -> str:
 
 @functools.cache
 def _hub_ids() -> dict[str, str]:
-    """Each built-in preset's Hugging Face id (from its `_source`), lower case -> preset."""
-    out: dict[str, str] = {}
-    for file in sorted(PRESET_DIR.glob("*.json")):
-        source = json.loads(read_input_text(file)).get("_source", "")
-        match = re.match(r"\s*([\w.-]+/[\w.-]+)/config\.json", source)
-        if match:
-            out[match.group(1).lower()] = file.stem
-    return out
+    """Each built-in preset's Hugging Face id (catalog preset_hub_ids), lower case -> preset."""
+    return {hub.lower(): name for name, hub in preset_hub_ids().items()}
 
 
 def resolve_model(

@@ -66,15 +66,16 @@ DEFAULTS: dict[str, Any] = {
 }
 """verl's defaults for the keys the reader maps (CONFIG; rollout.name is `???` there, required:
 vllm, the engine its examples run)."""
-UNMODELLED = {
-    A + "ulysses_sequence_parallel_size": (1, "Ulysses sequence parallelism over the actor"),
-    A + "entropy_coeff": (0, "the entropy term of the loss (entropy_from_logits on the logits)"),
-    A + "strategy": ("fsdp", "an actor strategy other than FSDP"),
-    M + "enable_activation_offload": (False, "activation offload"),
-    M + "use_fused_kernels": (False, "verl's fused log-prob kernels"),
-    "reward_model.enable": (False, "a reward model on the GPUs"),
+UNMODELLED: dict[str, tuple[tuple[Any, ...], str]] = {
+    A + "ulysses_sequence_parallel_size": ((1,), "Ulysses sequence parallelism over the actor"),
+    A + "entropy_coeff": ((0,), "the entropy term of the loss (entropy_from_logits on the logits)"),
+    A + "strategy": (("fsdp", "fsdp2"), "an actor strategy other than FSDP"),
+    M + "enable_activation_offload": ((False,), "activation offload"),
+    M + "use_fused_kernels": ((False,), "verl's fused log-prob kernels"),
+    "reward_model.enable": ((False,), "a reward model on the GPUs"),
 }
-"""Keys that change memory and trainmem does not model: (verl's default, what it changes)."""
+"""Keys that change memory and trainmem does not model: (the values it models, verl's default
+first; what another value changes)."""
 
 
 class Overrides:
@@ -286,19 +287,20 @@ def _targets(value: Any) -> str:
     return text or "all-linear"
 
 
+def _modelled(doc: Doc, key: str, value: Any, modelled: tuple[Any, ...]) -> bool:
+    """Whether a file's value is one trainmem models, read as its kind (a switch, a number,
+    a name)."""
+    if isinstance(modelled[0], bool):
+        return as_bool(doc, key, value) in modelled
+    if isinstance(modelled[0], (int, float)):
+        return as_float(doc, key, value) in modelled
+    return str(value).lower() in modelled
+
+
 def read_unmodelled(k: _Keys) -> None:
-    for key, (default, why) in UNMODELLED.items():
+    for key, (modelled, why) in UNMODELLED.items():
         value = k.text(key)
-        if value is None:
-            continue
-        if str(value).lower() != str(default).lower() and not (
-            key.endswith("strategy") and str(value).lower() in ("fsdp", "fsdp2")
-        ):
-            try:
-                if float(value) == float(str(default)):
-                    continue
-            except (TypeError, ValueError):
-                pass
+        if value is not None and not _modelled(k.doc, key, value, modelled):
             k.reading.unmodelled_key(k.doc, key, f"{why}: {value}")
     if k.flag(M + "use_remove_padding") and not k.flag(A + "use_dynamic_bsz"):
         default = "" if k.keys.given(M + "use_remove_padding") else " (verl's default)"
