@@ -97,8 +97,9 @@ def dpo_pairs(g: Any) -> np.ndarray:
 def trainer_grid(g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The grid the trainer's step is estimated on: a DPO micro-batch of pairs runs chosen and
     rejected responses concatenated, twice the sequences (micro_batch_size and the global batch
-    doubled); a packed RL row (packed_micro_batches) one row of rl_max_token_len_per_gpu
-    tokens; every other row as given.
+    doubled); an RL row packed by tokens or unpadded (packed_micro_batches) one row of
+    rl_max_token_len_per_gpu, or micro_batch_size x rl_mean_seq_len, tokens; every other row
+    as given.
     Source: trl 1.16.0 trl/trainer/dpo_trainer.py concatenated_forward (chosen and rejected
     concatenated along the batch)."""
     shortened = (np.asarray(g["rl"]) != RL_NONE) & (np.asarray(g["rl_mean_seq_len"]) > 0)

@@ -200,7 +200,7 @@ def _grpo_rollout(data: Mapping[str, Any], doc: Doc, reading: Reading) -> None:
     _put(reading, doc, "rollout_gpu_memory_utilization", util, "vllm_gpu_memory_utilization",
          given)  # fmt: skip
     steps = data.get("steps_per_generation") or data.get("gradient_accumulation_steps") or 1
-    seqs = int(reading.get("micro_batch_size", 8)) * tp
+    seqs = int(reading.get("micro_batch_size")) * tp
     seqs *= as_int(doc, "steps_per_generation", steps, ge=1)
     reading.default("rollout_max_num_seqs", seqs, f"{TRL_GRPO_VLLM}: max_num_seqs")
     reading.default("rollout_max_num_batched_tokens", 4096,
