@@ -41,7 +41,7 @@ def recommend_cmd(
 
     launched = None if fmt in (None, "json") else fmt
     fields = {**options, **training}
-    fields["framework"] = format_framework(launched, training["framework"])
+    fields["framework"] = format_framework(launched, training["framework"], training.get("rl"))
     with spinner(f"recommend: searching {options['fleet']}", as_json=as_json or fmt == "json"):
         report = recommend_report(**fields)
         if launched is not None and replans(launched, training["framework"]):

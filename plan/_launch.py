@@ -79,15 +79,21 @@ def render(report: dict[str, Any], fmt: str) -> str:
     return slurm_script(report) if fmt == "slurm" else torchrun_script(report)
 
 
-def format_framework(fmt: str | None, framework: str | None) -> str | None:
+VERL_NEEDS_RL = "format verl: an RL job (--rl grpo|ppo) renders as a verl recipe"
+
+
+def format_framework(fmt: str | None, framework: str | None, rl: str | None = None) -> str | None:
     """The framework a plan printed as `fmt` is searched for: the one given, else the format's
-    default (DEFAULT_FRAMEWORK); ValueError when `fmt` is unknown or cannot launch it. `fmt`
-    None (a summary, or a JSON answer over HTTP) leaves `framework` as given (None: the
-    search's default), so that a format never plans what it cannot launch."""
+    default (DEFAULT_FRAMEWORK); ValueError when `fmt` is unknown or cannot launch it (verl:
+    a job whose `rl` is not grpo or ppo), before any search. `fmt` None (a summary, or a JSON
+    answer over HTTP) leaves `framework` as given (None: the search's default), so that a
+    format never plans what it cannot launch."""
     if fmt is None:
         return framework
     if fmt not in FORMATS:
         raise ValueError(f"format: unknown value '{fmt}'; allowed: {', '.join(FORMATS)}")
+    if fmt == "verl" and rl not in ("grpo", "ppo"):
+        raise ValueError(VERL_NEEDS_RL)
     chosen = framework or DEFAULT_FRAMEWORK[fmt]
     check_format(fmt, chosen)
     return chosen
@@ -1072,7 +1078,7 @@ def verl_script(plan: dict[str, Any]) -> str:
     every GPU: a plan with tp, pp or cp above 1, or without ZeRO-3, is not one verl runs."""
     rl = plan.get("rl_job")
     if not rl or rl.get("rl") not in ("grpo", "ppo"):
-        raise ValueError("format verl: an RL job (--rl grpo|ppo) renders as a verl recipe")
+        raise ValueError(VERL_NEEDS_RL)
     if (plan["tp"], plan["pp"], plan["cp"], plan["zero"]) != (1, 1, 1, 3):
         raise ValueError(
             "format verl: verl's FSDP actor runs tp 1, pp 1, cp 1, ZeRO-3; the plan has "

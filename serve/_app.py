@@ -526,7 +526,7 @@ def _add_recommend(
         # The launch format decides the framework, as on the CLI (json: the search's default).
         launched = None if format == "json" else format
         given = fields["framework"]
-        fields["framework"] = format_framework(launched, given)
+        fields["framework"] = format_framework(launched, given, fields.get("rl"))
         report: dict[str, Any] = await run.call(
             recommend_work, fields, pools=pools, label=label, max_points=limits.max_points
         )

@@ -673,6 +673,12 @@ def test_recommend_renders_the_launch_format(
     assert "replanned_for_format" not in plain
     bad = http.post("/v1/recommend", params={"format": "helm"}, json=fields)
     assert bad.status_code == 422 and "format" in bad.json()["error"]
+    # verl renders an RL job only: refused before any search, as on the CLI
+    no_rl = http.post("/v1/recommend", params={"format": "verl"}, json=fields)
+    assert no_rl.status_code == 422
+    assert no_rl.json()["error"] == (
+        "format verl: an RL job (--rl grpo|ppo) renders as a verl recipe"
+    )
 
 
 def test_concurrent_load_has_no_5xx_and_leaves_nothing(server: _Server) -> None:

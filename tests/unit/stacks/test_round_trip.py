@@ -147,3 +147,16 @@ def test_verl_format_needs_an_rl_job() -> None:
     plan = trainmem.recommend(**JOBS["hf"])
     with pytest.raises(ValueError, match="format verl: an RL job"):
         render({**plan, "framework": "verl"}, "verl")
+
+
+def test_verl_format_of_a_job_without_rl_is_refused_before_the_search(capsys) -> None:
+    """One line, exit 2, nothing on stdout and no search (no re-plan note)."""
+    from trainmem.cli import main
+
+    code = main(["recommend", "--model", "qwen2.5-0.5b", "--fleet", "8xh100-sxm-80gb",
+                 "--global-batch-size", "64", "--format", "verl"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err.strip().splitlines() == [
+        "error: format verl: an RL job (--rl grpo|ppo) renders as a verl recipe"
+    ]
