@@ -462,7 +462,8 @@ def hf_mlp_bytes(m: ModelSpec, *, T, e, amp, tp) -> np.ndarray:
     Source: LlamaMLP (down(act(gate(x)) * up(x)): gate out, act out, up out, product);
     GPT2MLP with NewGELUActivation (transformers activations.py: the Python tanh formula saves
     x (an fp32 copy under autocast, pow being an fp32 autocast op), 0.5*x, tanh, 1+tanh, and the
-    output's cast for c_proj); BERT/Gemma torch gelu (fc out, act out).
+    output's cast for c_proj); BERT/Gemma torch gelu (fc out, act out); CLIP's
+    QuickGELUActivation (fc1 out, sigmoid(1.702 x), their product for fc2).
     """
     f_r = m.intermediate_size / tp
     Tf = T * f_r
@@ -471,6 +472,8 @@ def hf_mlp_bytes(m: ModelSpec, *, T, e, amp, tp) -> np.ndarray:
     if m.mlp_act == "gelu_new":
         per_elem = np.where(amp, 4.0 + 2.0 + 4.0 + 4.0 + 2.0, 5.0 * e)
         return per_elem * Tf
+    if m.mlp_act == "quick_gelu":  # x * sigmoid(1.702 x): x, the sigmoid, the product
+        return 3.0 * e * Tf
     return 2.0 * e * Tf
 
 

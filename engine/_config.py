@@ -349,15 +349,16 @@ class TrainingConfig:
     images_per_sample: int = knob(
         0,
         help="Images per sequence of a vision-language model (0: text only); Qwen2-VL / "
-        "Qwen2.5-VL add their image tokens to seq_len, Llama 3.2 Vision's cross-attention "
-        "layers read them.",
+        "Qwen2.5-VL, LLaVA and Gemma 3 add their image tokens to seq_len, Llama 3.2 Vision's "
+        "cross-attention layers read them.",
         ge=0,
         le=1024,
     )
     image_size: int = knob(
         448,
         help="Side of a (square) image in pixels, before the processor resizes it (Qwen2-VL "
-        "smart_resize to multiples of 28; Llama 3.2 Vision 560-pixel tiles).",
+        "smart_resize to multiples of 28; Llama 3.2 Vision 560-pixel tiles; LLaVA and Gemma 3 "
+        "resize to their tower's side, so it changes nothing).",
         ge=1,
         le=1 << 15,
     )

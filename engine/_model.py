@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 Family = Literal["decoder", "gpt2", "bert", "profile"]
 NormKind = Literal["rms", "gemma_rms", "olmo2_rms", "layernorm"]
-MlpAct = Literal["silu", "gelu", "gelu_new", "relu"]
+MlpAct = Literal["silu", "gelu", "gelu_new", "relu", "quick_gelu"]
 QkNormLayout = Literal["head", "full", "head_ln", "per_head_ln"]
 """Where q/k normalisation sits: head = one RMSNorm(head_dim) shared by the heads (Qwen3); full =
 one RMSNorm over the whole q / k projection width (OLMo 2); head_ln = one LayerNorm(head_dim) with

@@ -92,6 +92,8 @@ def _reader_of(config: dict[str, Any], *, name: str, family: str | None = None) 
         return "gpt2"
     if model_type in _BERT_TYPES:
         return "bert"
+    if model_type == "gemma3" and isinstance(config.get("vision_config"), dict):
+        return "vlm"  # Gemma3ForConditionalGeneration: its SigLIP tower too
     if model_type in _LLAMA_STYLE:
         return "decoder"
     if model_type in _OWN_READERS:
@@ -264,6 +266,18 @@ _VLM_TEXT_MODEL_TYPE = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "mllama": "l
 """The decoder reader's model_type for a VLM's language model: Qwen2-VL / 2.5-VL's is Qwen2's
 layout (q/k/v biases; M-RoPE changes the rotary positions, not the tensors), Mllama's is Llama's
 plus its cross-attention blocks."""
+LLAMA_CONFIG_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 32000,
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-6,
+}
+"""LlamaConfig's defaults, which a LLaVA config.json's text_config relies on (llava-1.5-7b-hf
+lists only vocab_size 32064 and the positions). Source: transformers 5.24.0
+configuration_llama.py."""
 MLLAMA_EXTRA_EMBEDDING_ROWS = 8
 """MllamaTextModel: nn.Embedding(vocab_size + 8, hidden_size). Source: transformers 5.24.0
 modeling_mllama.py."""
@@ -277,7 +291,9 @@ def _vlm_spec(config: dict[str, Any], *, name: str) -> ModelSpec:
     top-level ones (the Hub files) or text_config's (transformers 5 re-saves), text_config
     winning; tie_word_embeddings is the top-level flag. Mllama (MllamaForConditionalGeneration):
     text_config holds them, with cross_attention_layers; lm_head is never tied (embed_tokens has
-    8 more rows).
+    8 more rows). LLaVA (LlavaForConditionalGeneration): text_config (LlamaConfig's defaults
+    where a Llama one omits a field), tied as the top-level flag says. Gemma 3
+    (Gemma3ForConditionalGeneration): the Gemma 3 reader's language model of the whole config.
     """
     model_type = str(config["model_type"]).lower()
     text = config.get("text_config")
@@ -300,13 +316,32 @@ def _vlm_spec(config: dict[str, Any], *, name: str) -> ModelSpec:
                 f"[0, num_hidden_layers), got {cross!r}"
             )
         num_cross = len(set(cross))
+    elif model_type == "llava":
+        # LlavaConfig: text_config (default LlamaConfig) holds the language model; lm_head
+        # ties as tie_word_embeddings says (LlavaConfig's own flag, default False).
+        fields = {"model_type": "llama", **(text or {})}
+        if str(fields["model_type"]).lower() == "llama":  # Hub files list what differs
+            fields = {**LLAMA_CONFIG_DEFAULTS, **fields}
+        fields["tie_word_embeddings"] = bool(config.get("tie_word_embeddings", False))
+        num_cross = 0
+    elif model_type == "gemma3":
+        # The Gemma 3 reader takes the multimodal config whole (its text_config with
+        # Gemma3TextConfig's defaults); the tower is added below.
+        fields = {k: v for k, v in config.items() if k != "vision_config"}
+        num_cross = 0
     else:
         top = {k: v for k, v in config.items() if k not in ("text_config", "vision_config")}
         fields = {**top, **(text or {})}
         if "tie_word_embeddings" in config:
             fields["tie_word_embeddings"] = config["tie_word_embeddings"]
         num_cross = 0
-    fields["model_type"] = _VLM_TEXT_MODEL_TYPE[model_type]
+    if model_type in _VLM_TEXT_MODEL_TYPE:
+        fields["model_type"] = _VLM_TEXT_MODEL_TYPE[model_type]
+    if str(fields.get("model_type")).lower() in VLM_MODEL_TYPES and model_type != "gemma3":
+        raise ValueError(
+            f"model: {name}: text_config.model_type {fields['model_type']!r} is a "
+            "vision-language model; a language model's is expected"
+        )
     language = model_from_hf_config(fields, name=name)
     vision = read_vision_spec(
         config, model_type=model_type, text_hidden_size=language.hidden_size, name=name

@@ -127,6 +127,7 @@ from ._vision_memory import (
     cross_attention_saved_bytes,
     language_seq_len,
     projector_saved_bytes,
+    tower_autocast_copy_bytes,
     tower_sequence,
     tower_spec,
     vision_trainable,
@@ -1100,6 +1101,8 @@ def vision_saved_bytes(m: ModelSpec, c: dict[str, np.ndarray], x: MicroBatch) ->
     frozen tower saves nothing: no tensor before or in it requires grad.
     Source: transformers 5.24.0 Qwen2VisionTransformerPretrainedModel / MllamaVisionModel
     (their blocks are GradientCheckpointingLayer, checkpointed with the language model's).
+    With autocast, the trained tower's cached 16-bit weight copies are its too
+    (tower_autocast_copy_bytes).
     Ignores: the tower's patch embedding and positional embeddings' saved inputs (one [patches,
     d] tensor each), the rotary tables of the tower."""
     tower = tower_spec(m.vision)
@@ -1118,7 +1121,12 @@ def vision_saved_bytes(m: ModelSpec, c: dict[str, np.ndarray], x: MicroBatch) ->
         "qlora": np.zeros_like(c["qlora"]),
     }
     xt = micro_batch(tower, ct)
-    blocks = _layers(tower, xt)["stage_layers"] + projector_saved_bytes(m, c, e=x.e)
+    saving_blocks = np.maximum(tower.num_hidden_layers - xt.num_checkpointed, 0.0)
+    blocks = (
+        _layers(tower, xt)["stage_layers"]
+        + projector_saved_bytes(m, c, e=x.e)
+        + tower_autocast_copy_bytes(m, amp=x.amp, saving_blocks=saving_blocks)
+    )
     trains = vision_trainable(m, c) & x.first & (images > 0)
     tower_bytes = np.where(trains, blocks, 0.0)
     saving = np.maximum(x.counts["layer"] - x.num_checkpointed, 0.0) / m.num_hidden_layers

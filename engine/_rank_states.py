@@ -89,7 +89,7 @@ from ._tensor_parallel import (
     hf_replicated_group_numel,
     hf_tied_embedding_backward_bytes,
 )
-from ._vision_memory import frozen_vision_parameter_numel
+from ._vision_memory import held_vision_parameter_numel
 
 STATE_KEYS = (
     "tp",
@@ -354,7 +354,8 @@ def _end_of_backward_gradients(
 
 def _frozen_vision_bytes(m: ModelSpec, x: RankLayout, c: dict[str, np.ndarray], param_e):
     """A frozen tower's and projector's weights on the first stage (freeze_vision: held, never
-    trained; left out of the rank's trainable inventory, _vision_memory.vision_group_counts): in the
+    trained; left out of the rank's trainable inventory, _vision_memory.vision_group_counts), or
+    the blocks of a trained tower no gradient reaches (held_vision_parameter_numel): in the
     parameters' dtype, sharded over the shard group under ZeRO-3 / FSDP (which shards frozen
     parameters as any other).
     Source: torch.distributed.fsdp.fully_shard (every parameter of the module is sharded).
@@ -362,10 +363,9 @@ def _frozen_vision_bytes(m: ModelSpec, x: RankLayout, c: dict[str, np.ndarray], 
     large: rounding adds under 0.1%)."""
     if m.vision is None:  # a text model: nothing (x + 0.0 is x)
         return np.zeros_like(x.dp)
-    frozen = c["freeze_vision"] & x.first
-    numel = float(frozen_vision_parameter_numel(m))
+    numel = held_vision_parameter_numel(m, np.asarray(c["freeze_vision"], dtype=bool))
     shard = np.where(x.zero >= ZERO_PARAMETERS, x.dp, 1.0)
-    return np.where(frozen, numel / shard * param_e, 0.0)
+    return np.where(x.first, numel / shard * param_e, 0.0)
 
 
 def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -18,9 +18,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-VisionKind = Literal["qwen2_vl", "qwen2_5_vl", "mllama"]
+VisionKind = Literal["qwen2_vl", "qwen2_5_vl", "mllama", "llava", "gemma3"]
 VisionGroup = Literal["vision", "vision_block", "vision_global"]
-VLM_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "mllama")
+VLM_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "mllama", "llava", "gemma3")
 """config.json model_types read as vision-language models (_model_readers.model_from_hf_config)."""
 
 
@@ -59,7 +59,26 @@ class VisionSpec:
     num_aspect_ratios: int = 0
     """Mllama: len(supported_aspect_ratios) (8); the tile embeddings have one more row."""
     vision_output_dim: int = 0
-    """Mllama: the projector's input, hidden_size x (len(intermediate_layers_indices) + 1)."""
+    """Mllama: the projector's input, hidden_size x (len(intermediate_layers_indices) + 1);
+    LLaVA: hidden_size x len(vision_feature_layer)."""
+    hidden_act: str = ""
+    """LLaVA's CLIP / Gemma 3's SigLIP tower: the blocks' MLP activation (quick_gelu,
+    gelu_pytorch_tanh, ...)."""
+    class_token: bool = False
+    """LLaVA's CLIP tower: a class embedding before the patches (577 positions at 336 / 14)."""
+    num_unused_layers: int = 0
+    """LLaVA: the tower's blocks after vision_feature_layer (-2: the last one). They run, but
+    nothing the loss reads depends on them: their parameters get no gradient (None), hence no
+    optimizer state, and what they save is freed with the model's outputs before backward."""
+    image_tokens: int = 0
+    """LLaVA / Gemma 3: the language model's tokens per image, fixed by the processor (LLaVA:
+    the patches, plus the class token under vision_feature_select_strategy "full"; Gemma 3
+    mm_tokens_per_image, 256)."""
+    projector_bias: bool = True
+    """LLaVA: multimodal_projector_bias."""
+    vision_use_head: bool = False
+    """Gemma 3's SigLIP: the attention-pooling head (SiglipMultiheadAttentionPoolingHead) is
+    built; Gemma 3 reads last_hidden_state, so it never gets a gradient."""
 
     @property
     def head_dim(self) -> int:
@@ -108,8 +127,10 @@ def vision_param_tensors(v: VisionSpec) -> list[tuple[str, tuple[int, ...], Visi
     t = _Tensors()
     if v.kind in ("qwen2_vl", "qwen2_5_vl"):
         _qwen_vision_tensors(v, t)
-    else:
+    elif v.kind == "mllama":
         _mllama_vision_tensors(v, t)
+    else:
+        _vit_vision_tensors(v, t)
     return t.out
 
 
@@ -169,6 +190,65 @@ def _mllama_vision_tensors(v: VisionSpec, t: _Tensors) -> None:
     t.linear("multi_modal_projector", v.out_hidden_size, v.vision_output_dim, "vision")
 
 
+def _vit_vision_tensors(v: VisionSpec, t: _Tensors) -> None:
+    """LLaVA's CLIP tower (CLIPVisionModel: class embedding, Conv2d patch embedding without
+    bias, positions [patches + 1, d], pre_layrnorm; blocks of q/k/v/out_proj with biases,
+    fc1/fc2 with biases, layer_norm1/2; post_layernorm) and LlavaMultiModalProjector (linear_1,
+    GELU, linear_2); Gemma 3's SigLIP tower (SiglipVisionModel: Conv2d patch embedding with bias,
+    positions [patches, d], the same blocks, post_layernorm) and Gemma3MultiModalProjector
+    (mm_input_projection_weight [d, text hidden], mm_soft_emb_norm RMSNorm(d)). The blocks after
+    LLaVA's feature layer and the tensors no output reads are listed here as every other
+    (counted as parameters; VisionSpec.num_unused_layers / num_unused_tensors_numel say which
+    get no gradient).
+    Source: transformers 5.24.0 modeling_clip.py, modeling_siglip.py, modeling_llava.py,
+    modeling_gemma3.py."""
+    d, f, c, p = v.hidden_size, v.intermediate_size, v.in_channels, v.patch_size
+    patches = (v.image_size // p) ** 2 + (1 if v.class_token else 0)
+    clip = v.class_token  # CLIP's layout; SigLIP's otherwise
+    emb = "vision_tower.vision_model.embeddings"
+    if clip:
+        t.add(f"{emb}.class_embedding", (d,), "vision")
+    t.add(f"{emb}.patch_embedding.weight", (d, c, p, p), "vision")
+    if not clip:
+        t.add(f"{emb}.patch_embedding.bias", (d,), "vision")
+    t.add(f"{emb}.position_embedding.weight", (patches, d), "vision")
+    if clip:
+        t.norm("vision_tower.vision_model.pre_layrnorm", "vision", d, True)
+    layer = "vision_tower.vision_model.encoder.layers"
+    for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+        t.linear(f"{layer}.self_attn.{proj}", d, d, "vision_block")
+    t.norm(f"{layer}.layer_norm1", "vision_block", d, True)
+    t.linear(f"{layer}.mlp.fc1", f, d, "vision_block")
+    t.linear(f"{layer}.mlp.fc2", d, f, "vision_block")
+    t.norm(f"{layer}.layer_norm2", "vision_block", d, True)
+    t.norm("vision_tower.vision_model.post_layernorm", "vision", d, True)
+    if v.vision_use_head:
+        head = "vision_tower.vision_model.head"
+        t.add(f"{head}.probe", (1, 1, d), "vision")
+        t.add(f"{head}.attention.in_proj_weight", (3 * d, d), "vision")
+        t.add(f"{head}.attention.in_proj_bias", (3 * d,), "vision")
+        t.linear(f"{head}.attention.out_proj", d, d, "vision")
+        t.norm(f"{head}.layernorm", "vision", d, True)
+        t.linear(f"{head}.mlp.fc1", f, d, "vision")
+        t.linear(f"{head}.mlp.fc2", d, f, "vision")
+    if v.kind == "llava":
+        h, bias = v.out_hidden_size, v.projector_bias
+        t.linear("multi_modal_projector.linear_1", h, v.vision_output_dim, "vision", bias)
+        t.linear("multi_modal_projector.linear_2", h, h, "vision", bias)
+    else:
+        t.add("multi_modal_projector.mm_input_projection_weight", (d, v.out_hidden_size),
+              "vision")  # fmt: skip
+        t.norm("multi_modal_projector.mm_soft_emb_norm", "vision", d, False)
+
+
+def unused_vision_block_numel(v: VisionSpec) -> int:
+    """Elements of LLaVA's tower blocks after vision_feature_layer: held, but no loss gradient
+    reaches them (gradient None, no optimizer state).
+    Source: modeling_llava.py get_image_features (hidden_states[vision_feature_layer])."""
+    block = sum(math.prod(s) for _, s, g in vision_param_tensors(v) if g == "vision_block")
+    return v.num_unused_layers * block
+
+
 def vision_group_count(v: VisionSpec, group: str) -> int:
     """How many times a vision group's tensors occur."""
     if group == "vision_block":
@@ -192,9 +272,35 @@ def _int(config: dict[str, Any], key: str, *, name: str, default: int | None = N
     return value
 
 
+LLAVA_VISION_DEFAULTS: dict[str, Any] = {
+    "model_type": "clip_vision_model",
+    "intermediate_size": 4096,
+    "hidden_size": 1024,
+    "patch_size": 14,
+    "image_size": 336,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 16,
+}
+"""LlavaConfig's vision_config when the config.json has none (CLIP ViT-L/14 at 336 pixels).
+Source: transformers 5.24.0 configuration_llava.py sub_configs_defaults."""
+VIT_TOWER_DEFAULTS: dict[str, dict[str, Any]] = {
+    "clip_vision_model": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+                          "num_attention_heads": 12, "num_channels": 3, "image_size": 224,
+                          "patch_size": 32, "hidden_act": "quick_gelu"},
+    "siglip_vision_model": {"hidden_size": 768, "intermediate_size": 3072,
+                            "num_hidden_layers": 12, "num_attention_heads": 12, "num_channels": 3,
+                            "image_size": 224, "patch_size": 16,
+                            "hidden_act": "gelu_pytorch_tanh", "vision_use_head": True},
+}  # fmt: skip
+"""CLIPVisionConfig's and SiglipVisionConfig's defaults for the fields a vision_config omits.
+Source: transformers 5.24.0 configuration_clip.py, configuration_siglip.py."""
+
+
 def vision_config(config: dict[str, Any], *, name: str) -> dict[str, Any]:
     """The config.json's vision_config object (a one-line ValueError when absent or not one)."""
     vc = config.get("vision_config")
+    if vc is None and str(config.get("model_type")).lower() == "llava":
+        return dict(LLAVA_VISION_DEFAULTS)
     if not isinstance(vc, dict):
         raise ValueError(f"model: {name}: vision_config must be an object, got {vc!r}")
     return vc
@@ -211,10 +317,14 @@ def read_vision_spec(
         return _qwen2_vl_spec(vc, name=name)
     if model_type == "qwen2_5_vl":
         return _qwen2_5_vl_spec(vc, name=name)
+    if model_type == "llava":
+        return _llava_spec(config, vc, text_hidden_size=text_hidden_size, name=name)
+    if model_type == "gemma3":
+        return _gemma3_vision_spec(config, vc, text_hidden_size=text_hidden_size, name=name)
     return _mllama_spec(vc, text_hidden_size=text_hidden_size, name=name)
 
 
-def _qwen_patch_fields(vc: dict[str, Any], *, name: str) -> dict[str, int]:
+def _qwen_patch_fields(vc: dict[str, Any], *, name: str) -> dict[str, Any]:
     """The fields Qwen2-VL's and Qwen2.5-VL's vision configs share, with their defaults:
     heads, the patch embedding's patch, channels and temporal patch, the merger's merge size."""
     return {
@@ -296,6 +406,88 @@ def _mllama_spec(vc: dict[str, Any], *, text_hidden_size: int, name: str) -> Vis
     )
 
 
+def _vit_tower_fields(vc: dict[str, Any], *, name: str) -> dict[str, Any]:
+    """A CLIP or SigLIP vision_config's tower fields, with its config class's defaults."""
+    tower = str(vc.get("model_type", "clip_vision_model"))
+    if tower not in VIT_TOWER_DEFAULTS:
+        raise ValueError(
+            f"model: {name}: vision_config.model_type must be one of "
+            f"{', '.join(VIT_TOWER_DEFAULTS)}, got {tower!r}"
+        )
+    full = {**VIT_TOWER_DEFAULTS[tower], **vc}
+    act = full["hidden_act"]
+    if not isinstance(act, str):
+        raise ValueError(f"model: {name}: vision_config.hidden_act must be a string, got {act!r}")
+    return {
+        "hidden_size": _int(full, "hidden_size", name=name),
+        "intermediate_size": _int(full, "intermediate_size", name=name),
+        "num_layers": _int(full, "num_hidden_layers", name=name),
+        "num_heads": _int(full, "num_attention_heads", name=name),
+        "patch_size": _int(full, "patch_size", name=name),
+        "in_channels": _int(full, "num_channels", name=name),
+        "image_size": _int(full, "image_size", name=name),
+        "hidden_act": act,
+        "class_token": tower == "clip_vision_model",
+        "vision_use_head": tower == "siglip_vision_model" and bool(full["vision_use_head"]),
+    }
+
+
+def _llava_spec(
+    config: dict[str, Any], vc: dict[str, Any], *, text_hidden_size: int, name: str
+) -> VisionSpec:
+    """LlavaConfig's fields (read_vision_spec): the tower, vision_feature_layer (an index into
+    the tower's L + 1 hidden states, or a list of them, concatenated), the select strategy
+    ("default" drops the class token) and the projector's bias.
+    Source: transformers 5.24.0 configuration_llava.py, modeling_llava.py get_image_features."""
+    tower = _vit_tower_fields(vc, name=name)
+    layers = tower["num_layers"]
+    feature = config.get("vision_feature_layer", -2)
+    indexes = feature if isinstance(feature, list) else [feature]
+    if not indexes or any(
+        isinstance(i, bool) or not isinstance(i, int) or not -(layers + 1) <= i <= layers
+        for i in indexes
+    ):
+        raise ValueError(
+            f"model: {name}: vision_feature_layer must be an index (or a list of indexes) into "
+            f"the tower's {layers + 1} hidden states, got {feature!r}"
+        )
+    deepest = max(i % (layers + 1) for i in indexes)  # hidden_states[k]: after block k
+    strategy = config.get("vision_feature_select_strategy", "default")
+    if strategy not in ("default", "full"):
+        raise ValueError(
+            f"model: {name}: vision_feature_select_strategy must be default or full, "
+            f"got {strategy!r}"
+        )
+    patches = (tower["image_size"] // tower["patch_size"]) ** 2 + int(tower["class_token"])
+    return VisionSpec(
+        kind="llava",
+        **tower,
+        out_hidden_size=text_hidden_size,
+        vision_output_dim=tower["hidden_size"] * len(indexes),
+        num_unused_layers=layers - deepest,
+        image_tokens=patches - (1 if strategy == "default" else 0),
+        projector_bias=bool(config.get("multimodal_projector_bias", True)),
+    )
+
+
+def _gemma3_vision_spec(
+    config: dict[str, Any], vc: dict[str, Any], *, text_hidden_size: int, name: str
+) -> VisionSpec:
+    """Gemma3Config's vision fields (read_vision_spec): the SigLIP tower and mm_tokens_per_image
+    (a square number dividing the patch grid: the projector average-pools to it).
+    Source: transformers 5.24.0 configuration_gemma3.py, Gemma3MultiModalProjector."""
+    tower = _vit_tower_fields({"model_type": "siglip_vision_model", **vc}, name=name)
+    tokens = config.get("mm_tokens_per_image", 256)
+    side = tower["image_size"] // tower["patch_size"]
+    per_side = math.isqrt(tokens) if isinstance(tokens, int) and tokens > 0 else 0
+    if isinstance(tokens, bool) or per_side < 1 or per_side**2 != tokens or side % per_side:
+        raise ValueError(
+            f"model: {name}: mm_tokens_per_image must be a square whose side divides the "
+            f"tower's {side} patches per side, got {tokens!r}"
+        )
+    return VisionSpec(kind="gemma3", **tower, out_hidden_size=text_hidden_size, image_tokens=tokens)
+
+
 # ------------------------------------------------------------------------- image tokens
 
 QWEN_MIN_PIXELS = 56 * 56
@@ -339,11 +531,20 @@ def qwen_image_patches(v: VisionSpec, image_size_px) -> np.ndarray:
 def image_tokens_per_image(v: VisionSpec, image_size_px) -> np.ndarray:
     """The tokens one image adds to the language model's sequence: Qwen2-VL / 2.5-VL
     (h / 28)(w / 28) placeholders (patches / merge^2); Mllama none (its cross-attention layers
-    read the vision states; the one <|image|> token is text).
+    read the vision states; the one <|image|> token is text); LLaVA the tower's patches (576 at
+    336 / 14; 577 with the class token under the "full" strategy) and Gemma 3
+    mm_tokens_per_image (256), whatever the image's size: their processors resize every image to
+    the tower's side (CLIPImageProcessor's resize and center crop, Gemma3ImageProcessor without
+    pan-and-scan).
     Source: processing_qwen2_vl.py (image_grid_thw.prod() // merge_size**2 <|image_pad|> tokens
-    per image); processing_mllama.py."""
+    per image); processing_mllama.py; processing_llava.py (num_image_tokens); processing_gemma3.py
+    (image_seq_length <image_soft_token>s).
+    Ignores: Gemma 3's markup around them ("\\n\\n<start_of_image>" ... "<end_of_image>\\n\\n"),
+    text tokens counted in seq_len."""
     if v.kind == "mllama":
         return np.zeros_like(np.asarray(image_size_px, dtype=np.float64))
+    if v.image_tokens:  # LLaVA / Gemma 3: every image is resized to the tower's size
+        return np.full_like(np.asarray(image_size_px, dtype=np.float64), float(v.image_tokens))
     return qwen_image_patches(v, image_size_px) / v.spatial_merge_size**2
 
 
@@ -359,8 +560,9 @@ def mllama_tiles(v: VisionSpec, image_size_px) -> np.ndarray:
 
 
 def vision_sequence_per_image(v: VisionSpec, image_size_px) -> np.ndarray:
-    """Positions one image has in the tower's blocks: Qwen: its patches; Mllama: max_num_tiles x
-    the tile's patches padded to a multiple of 8 (the processor pads every image to
+    """Positions one image has in the tower's blocks: Qwen: its patches; LLaVA's CLIP its
+    (image_size / patch)^2 patches and the class token, Gemma 3's SigLIP the patches; Mllama:
+    max_num_tiles x the tile's patches padded to a multiple of 8 (the processor pads every image to
     max_num_tiles tiles, MllamaVisionModel pads 1601 patches to 1608).
     Source: modeling_mllama.py MllamaVisionModel.forward (num_padding_patches = (8 - n % 8) % 8);
     image_processing_mllama.py pack_images (max_image_tiles tiles per image)."""
@@ -368,6 +570,9 @@ def vision_sequence_per_image(v: VisionSpec, image_size_px) -> np.ndarray:
         n = v.patches_per_tile
         padded = n + (8 - n % 8) % 8
         return np.full_like(np.asarray(image_size_px, dtype=np.float64), v.max_num_tiles * padded)
+    if v.kind in ("llava", "gemma3"):
+        n = (v.image_size // v.patch_size) ** 2 + (1 if v.class_token else 0)
+        return np.full_like(np.asarray(image_size_px, dtype=np.float64), float(n))
     return qwen_image_patches(v, image_size_px)
 
 

@@ -14,11 +14,13 @@ from functools import lru_cache
 import numpy as np
 
 from ._model import ModelSpec
+from ._precision import AUTOCAST_COPY_BYTES
 from ._vision import (
     VisionGroup,
     VisionSpec,
     cross_attention_keys_per_image,
     image_tokens_per_image,
+    unused_vision_block_numel,
     vision_sequence_per_image,
 )
 
@@ -58,8 +60,9 @@ def vision_group_counts(
     only: frozen_vision_parameter_numel)."""
     assert m.vision is not None
     frozen = np.asarray(c.get("freeze_vision", False), dtype=bool)
+    used = {"vision_block": m.group_count("vision_block") - m.vision.num_unused_layers}
     return {
-        group: np.where(first & ~frozen, float(m.group_count(group)), 0.0) * ones
+        group: np.where(first & ~frozen, float(used.get(group, m.group_count(group))), 0.0) * ones
         for group in VISION_GROUPS
     }
 
@@ -71,36 +74,62 @@ def frozen_vision_parameter_numel(m: ModelSpec) -> int:
     )
 
 
+def held_vision_parameter_numel(m: ModelSpec, frozen: np.ndarray) -> np.ndarray:
+    """Elements of the tower held as weights only, outside the rank's trainable inventory
+    (vision_group_counts): all of it where frozen (freeze_vision), else LLaVA's blocks after
+    its feature layer, which no gradient reaches (_vision.unused_vision_block_numel).
+    Ignores: CLIP's post_layernorm under LLaVA and SigLIP's pooling head (vision_use_head), also
+    outside every gradient's path but counted as trainable (2 d and ~13 d^2 elements)."""
+    assert m.vision is not None
+    return np.where(
+        frozen,
+        float(frozen_vision_parameter_numel(m)),
+        float(unused_vision_block_numel(m.vision)),
+    )
+
+
 @lru_cache(maxsize=64)
 def tower_spec(v: VisionSpec) -> ModelSpec:
     """The tower's blocks as a ModelSpec the block formulas read: Qwen2-VL (LayerNorm, fused
     qkv with bias, GELU fc1/fc2 with biases, 2-D rotary), Qwen2.5-VL (RMSNorm, fused qkv, a gated
     SiLU MLP with biases, 2-D rotary), Mllama (LayerNorm, q/k/v/o without bias, GELU fc1/fc2
-    with biases, no rotary: learned positions added once). Attention is bidirectional over an
-    image; the formulas' flash path saves the same tensors for a causal and a full mask.
-    Source: transformers 5.24.0 modeling_qwen2_vl.py, modeling_qwen2_5_vl.py, modeling_mllama.py.
+    with biases, no rotary: learned positions added once), LLaVA's CLIP and Gemma 3's SigLIP
+    (LayerNorm, q/k/v/out_proj with biases, fc1/fc2 with biases and CLIP's quick_gelu or
+    SigLIP's tanh GELU, learned positions; LLaVA's blocks after its feature layer save nothing
+    by the backward: no loss reads them, their tensors go with the model's outputs). Attention
+    is bidirectional over an image; the formulas' flash path saves the same tensors for a
+    causal and a full mask.
+    Source: transformers 5.24.0 modeling_qwen2_vl.py, modeling_qwen2_5_vl.py, modeling_mllama.py,
+    modeling_clip.py, modeling_siglip.py.
     Ignores: the Qwen2.5-VL window attention's reordering of the patches (window_index: an
     index_select copy of the [patches, d] input, one tensor per image) and Mllama's gated global
     blocks' two scalar gates (their products are saved like a residual add)."""
     qwen = v.kind in ("qwen2_vl", "qwen2_5_vl")
+    vit = v.kind in ("llava", "gemma3")
     return ModelSpec(
         name=f"{v.kind}-vision-tower",
         family="decoder",
         model_type=f"{v.kind}_vision",
         hidden_size=v.hidden_size,
         intermediate_size=v.intermediate_size,
-        num_hidden_layers=v.num_layers + v.num_global_layers,
+        num_hidden_layers=v.num_layers - v.num_unused_layers + v.num_global_layers,
         num_attention_heads=v.num_heads,
         num_key_value_heads=v.num_heads,
         head_dim=v.head_dim,
         vocab_size=1,
         max_position_embeddings=1,
         tie_word_embeddings=True,
-        mlp_act="silu" if v.kind == "qwen2_5_vl" else "gelu",
+        mlp_act=(
+            "silu"
+            if v.kind == "qwen2_5_vl"
+            else "quick_gelu"
+            if vit and v.hidden_act == "quick_gelu"
+            else "gelu"
+        ),
         gated_mlp=v.kind == "qwen2_5_vl",
         norm="rms" if v.kind == "qwen2_5_vl" else "layernorm",
-        attention_bias=qwen,
-        o_proj_bias=qwen,
+        attention_bias=qwen or vit,
+        o_proj_bias=qwen or vit,
         mlp_bias=True,
         rotary=qwen,
         fused_qkv=qwen,
@@ -120,7 +149,8 @@ def tower_sequence(m: ModelSpec, c: dict[str, np.ndarray]) -> tuple[np.ndarray, 
 def projector_saved_bytes(m: ModelSpec, c: dict[str, np.ndarray], *, e) -> np.ndarray:
     """Bytes the merger / projector saves for backward where the tower trains: Qwen's PatchMerger
     keeps ln_q's output, the GELU's input and the second Linear's input, each [patches / 4, 4d]
-    (3 [patches, d]); Mllama's projector its input, [keys, vision_output_dim].
+    (3 [patches, d]); Mllama's projector its input, [keys, vision_output_dim]; LLaVA's and
+    Gemma 3's (llava_projector_saved_bytes, gemma3_projector_saved_bytes).
     Source: modeling_qwen2_vl.py PatchMerger, modeling_mllama.py multi_modal_projector.
     Ignores: ln_q's own saved statistics and the RMSNorm's fp32 copy."""
     assert m.vision is not None
@@ -128,7 +158,36 @@ def projector_saved_bytes(m: ModelSpec, c: dict[str, np.ndarray], *, e) -> np.nd
     images, per_image = tower_sequence(m, c)
     if v.kind == "mllama":
         return images * cross_attention_keys_per_image(v) * v.vision_output_dim * e
+    if v.kind == "llava":
+        return llava_projector_saved_bytes(v, images=images, per_image=per_image, e=e)
+    if v.kind == "gemma3":
+        return gemma3_projector_saved_bytes(v, images=images, per_image=per_image, e=e)
     return 3.0 * images * per_image * v.hidden_size * e
+
+
+def llava_projector_saved_bytes(v: VisionSpec, *, images, per_image, e) -> np.ndarray:
+    """LlavaMultiModalProjector's saved tensors: linear_1's input (one feature layer: a view of
+    that hidden state [positions, d], class token included, which the view keeps whole; several:
+    their concatenation [tokens, d x layers]), GELU's input and linear_2's input, each [tokens,
+    text hidden].
+    Source: transformers 5.24.0 modeling_llava.py get_image_features (hidden_states[k][:, 1:]
+    under "default"), LlavaMultiModalProjector.forward."""
+    tokens = float(v.image_tokens)
+    layers = v.vision_output_dim // v.hidden_size
+    first = np.where(layers == 1, per_image * v.hidden_size, tokens * v.vision_output_dim)
+    return images * (first + 2.0 * tokens * v.out_hidden_size) * e
+
+
+def gemma3_projector_saved_bytes(v: VisionSpec, *, images, per_image, e) -> np.ndarray:
+    """Gemma3MultiModalProjector's saved tensors: AvgPool2d's input (the tower's output made
+    contiguous as [d, side, side], per_image x d), and on the pooled [tokens, d]: the
+    mm_soft_emb_norm's fp32 input and fp32 normalised product (Gemma3RMSNorm computes in fp32)
+    and the matmul's input in the tower's dtype.
+    Source: transformers 5.24.0 modeling_gemma3.py Gemma3MultiModalProjector.forward,
+    Gemma3RMSNorm.
+    Ignores: the norm's [tokens, 1] reciprocal."""
+    tokens = float(v.image_tokens)
+    return images * (per_image * v.hidden_size * e + tokens * v.hidden_size * (8.0 + e))
 
 
 def cross_attention_saved_bytes(
@@ -152,3 +211,39 @@ def cross_attention_saved_bytes(
     )
     per_block = 3.0 * keys * m.kv_dim * e
     return per_block * layers_saving + keys * m.hidden_size * e
+
+
+def _autocast_cast(name: str, shape: tuple[int, ...]) -> bool:
+    """Whether autocast casts (and caches) this tower tensor for a matmul or a convolution: the
+    linears' weights, the patch embedding's Conv2d / Conv3d weight and Gemma 3's projection
+    matrix; not the positional, class or tile embeddings (added, or looked up)."""
+    return len(shape) >= 2 and ("patch_embed" in name or "embedding" not in name)
+
+
+@lru_cache(maxsize=64)
+def _tower_cast_numel(v: VisionSpec) -> tuple[int, int]:
+    """(elements cast once: patch embedding and projector; elements cast per block)."""
+    from ._vision import vision_param_tensors
+
+    once = per_block = 0
+    for name, shape, group in vision_param_tensors(v):
+        if not _autocast_cast(name, shape):
+            continue
+        if group == "vision":
+            once += int(np.prod(shape))
+        elif group == "vision_block":
+            per_block += int(np.prod(shape))
+    return once, per_block
+
+
+def tower_autocast_copy_bytes(m: ModelSpec, *, amp, saving_blocks) -> np.ndarray:
+    """Autocast's cached 16-bit copies of a trained tower's fp32 weights, held from their first
+    use in forward to the end of backward: the patch embedding's and projector's, and each
+    block's that saves for backward (`saving_blocks`: a checkpointed block's come back only
+    while it recomputes, as the language model's layers' do).
+    Source: aten/src/ATen/autocast_mode.cpp cached_cast (leaf weights that require grad);
+    traced: tests/unit/trace/test_vlm_trace.py (LLaVA's CLIP and Gemma 3's SigLIP towers).
+    Ignores: Mllama's gated global blocks (their weights are counted as the local blocks')."""
+    assert m.vision is not None
+    once, per_block = _tower_cast_numel(m.vision)
+    return np.where(amp, AUTOCAST_COPY_BYTES * (once + per_block * saving_blocks), 0.0)

@@ -25,9 +25,14 @@ def vlm_job(
 ) -> Callable[[], Any]:
     """A builder of the step: the model from `config` (AutoModelForImageTextToText, no
     weights), seq_len text tokens plus each image's placeholder tokens (Qwen: (side/28)^2 after
-    smart_resize; Mllama: one <|image|> token among the text), square images of `image_size`
-    pixels as the processors would hand them (Qwen: flattened patches [patches, 3 x 2 x 14 x
-    14] and image_grid_thw; Mllama: 4 tiles per image, padded as MllamaImageProcessor pads)."""
+    smart_resize; Mllama: one <|image|> token among the text; LLaVA / Gemma 3: the processor's
+    fixed image tokens), square images of `image_size` pixels as the processors would hand them
+    (Qwen: flattened patches [patches, 3 x 2 x 14 x 14] and image_grid_thw; Mllama: 4 tiles per
+    image, padded as MllamaImageProcessor pads; LLaVA / Gemma 3: [images, 3, side, side] at the
+    tower's side, to which their processors resize any image). Gemma 3 runs without
+    token_type_ids (causal masks over the image tokens too). Full recompute is HF's
+    gradient_checkpointing_enable(), as the Trainer calls it: every GradientCheckpointingLayer,
+    the tower's blocks with the language model's."""
     import numpy as np
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText
@@ -46,7 +51,9 @@ def vlm_job(
     spec = model_from_hf_config(config, name="traced")
     v = spec.vision
     if v is None:
-        raise ValueError("model: not a vision-language model (qwen2_vl, qwen2_5_vl, mllama)")
+        raise ValueError(
+            "model: not a vision-language model (qwen2_vl, qwen2_5_vl, mllama, llava, gemma3)"
+        )
     fields = {k: val for k, val in config.items() if not k.startswith("_")}
     cfg = AutoConfig.for_model(fields.pop("model_type"), **fields)
     for sub in (cfg, getattr(cfg, "text_config", None), getattr(cfg, "vision_config", None)):
@@ -73,6 +80,14 @@ def vlm_job(
                 "cross_attention_mask": torch.ones(b, seq_len, n, v.max_num_tiles,
                                                    dtype=torch.long),
             }  # fmt: skip
+        elif v.kind in ("llava", "gemma3"):
+            tokens = v.image_tokens
+            image_id = cfg.image_token_id if v.kind == "llava" else cfg.image_token_index
+            ids = torch.randint(0, min(vocab, 1000), (b, seq_len + n * tokens))
+            for i in range(n):
+                ids[:, 1 + i * tokens : 1 + (i + 1) * tokens] = image_id
+            side = v.image_size
+            inputs = {"pixel_values": torch.zeros(b * n, v.in_channels, side, side, dtype=dtype)}
         else:
             tokens = int(image_tokens_per_image(v, np.array([float(image_size)]))[0])
             resized = qwen_resized_side(
@@ -97,9 +112,25 @@ def vlm_job(
             ids, labels, inputs = batch
             return model(input_ids=ids, labels=labels, **inputs).loss
 
-        return StepJob(model=model, batch=(ids, labels, inputs), loss=loss)
+        return StepJob(
+            model=model,
+            batch=(ids, labels, inputs),
+            loss=loss,
+            enable_recompute=_enable_checkpointing,
+            # A whole warm-up step: the optimizer keeps state only for the parameters a
+            # gradient reaches (not LLaVA's tower blocks after its feature layer), which an
+            # optimizer step on zero gradients would give to every parameter.
+            full_warm_up=True,
+        )
 
     return build
+
+
+def _enable_checkpointing(model: Any) -> None:
+    """HF's checkpointing of every GradientCheckpointingLayer (transformers 5.24 names it
+    activation_checkpointing_enable; gradient_checkpointing_enable before)."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    (enable or model.gradient_checkpointing_enable)()
 
 
 def trace_vlm_step(

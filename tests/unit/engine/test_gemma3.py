@@ -26,12 +26,14 @@ CONFIGS = Path(__file__).parents[2] / "data" / "configs"
 
 PYTORCH_COUNTS = {
     "gemma-3-1b": 999_885_952,
-    "gemma-3-4b": 3_880_263_168,
+    "gemma-3-4b": 4_300_079_472,
 }
 """sum(p.numel() for p in model.parameters()) on torch.device("meta") (torch 2.13.0+cpu,
-transformers 5.24.0): Gemma3ForCausalLM for gemma-3-1b; for the multimodal gemma-3-4b the
-parameters of Gemma3ForConditionalGeneration's language model (its vision tower, 416,866,032,
-and projector, 2,950,272, are not counted)."""
+transformers 5.24.0): Gemma3ForCausalLM for gemma-3-1b; Gemma3ForConditionalGeneration for the
+multimodal gemma-3-4b config.json (which AutoModelForCausalLM builds too): its language model,
+3,880,263,168 (the text-only gemma-3-4b preset), its SigLIP tower, 416,866,032, and projector,
+2,950,272."""
+GEMMA3_4B_TOWER_AND_PROJECTOR = 416_866_032 + 2_950_272
 
 VARIANT_COUNTS: list[tuple[dict[str, Any], int]] = [
     ({"tie_word_embeddings": False, "num_hidden_layers": 2}, 657_665_152),
@@ -86,14 +88,16 @@ def test_reader_fields() -> None:
     assert (m.attn_logit_softcapping, m.final_logit_softcapping) == (0.0, 0.0)
 
 
-def test_multimodal_config_reads_the_text_config_with_its_defaults() -> None:
+def test_multimodal_config_reads_the_text_config_with_its_defaults_and_the_tower() -> None:
     m = load_model(str(CONFIGS / "gemma-3-4b"))
     preset = load_model("gemma-3-4b")
     assert m.model_type == "gemma3"
     # heads, head_dim and vocabulary are Gemma3TextConfig's defaults (absent from text_config)
     assert (m.num_attention_heads, m.num_key_value_heads, m.head_dim) == (8, 4, 256)
     assert (m.vocab_size, m.num_sliding_layers, m.alternating_sliding_window) == (262_208, 29, 1024)
-    assert m.num_parameters == preset.num_parameters
+    assert m.num_parameters == preset.num_parameters + GEMMA3_4B_TOWER_AND_PROJECTOR
+    assert m.vision is not None and m.vision.kind == "gemma3"
+    assert (m.vision.num_layers, m.vision.hidden_size, m.vision.image_tokens) == (27, 1152, 256)
 
 
 def test_attention_softcapping_is_ignored_as_transformers_does() -> None:

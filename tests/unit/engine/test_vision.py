@@ -254,3 +254,87 @@ def test_the_human_header_says_the_images(capsys) -> None:
     assert main(argv) == 0
     header = capsys.readouterr().out.splitlines()[2]
     assert header.endswith("x seq 2048 + 2 images of 896 px a sequence, vision tower frozen")
+
+
+# ---- LLaVA (CLIP tower) and Gemma 3 (SigLIP tower) ------------------------------------------
+
+CONFIGS = Path(__file__).parents[2] / "data" / "configs"
+LLAVA_15_7B_PYTORCH = 7_063_427_072
+"""sum(p.numel() for p in model.parameters()) of LlavaForConditionalGeneration built on
+torch.device("meta") from tests/data/configs/llava-1.5-7b/config.json (torch 2.13.0+cpu,
+transformers 5.24.0): Vicuna-7B with 32,064 rows, CLIP ViT-L/14-336 303,507,456 (its last block
+included), projector 20,979,712. The config.json is llava-hf/llava-1.5-7b-hf's as printed by
+transformers loading snapshot 05ae2434cbb430be33edcba0c5203e7023f785b7 (a public training log),
+text_config listing only what differs from LlamaConfig's defaults."""
+
+
+def test_llava_config_reads_clip_and_counts_equal_pytorch() -> None:
+    m = load_model(str(CONFIGS / "llava-1.5-7b"))
+    assert m.num_parameters == LLAVA_15_7B_PYTORCH
+    v = m.vision
+    assert v is not None and v.kind == "llava" and v.class_token
+    # LlamaConfig's defaults fill text_config: 4096 wide, 32 blocks, 32 heads
+    assert (m.hidden_size, m.num_hidden_layers, m.num_attention_heads) == (4096, 32, 32)
+    assert (v.num_layers, v.num_unused_layers, v.image_tokens) == (24, 1, 576)
+    assert v.hidden_act == "quick_gelu" and v.vision_output_dim == 1024
+
+
+def test_llava_image_tokens_follow_the_strategy_and_feature_layers() -> None:
+    base = json.loads((CONFIGS / "llava-1.5-7b" / "config.json").read_text())
+    full = model_from_hf_config({**base, "vision_feature_select_strategy": "full"}, name="x")
+    assert full.vision is not None and full.vision.image_tokens == 577
+    many = model_from_hf_config({**base, "vision_feature_layer": [-2, -5, 12]}, name="x")
+    assert many.vision is not None
+    assert (many.vision.num_unused_layers, many.vision.vision_output_dim) == (1, 3 * 1024)
+    # the projector's first linear reads the concatenation: 2 more [1024, 4096] matrices
+    m = load_model(str(CONFIGS / "llava-1.5-7b"))
+    assert many.num_parameters - m.num_parameters == 2 * 1024 * 4096
+    # every image is 576 tokens, whatever its size (the processor resizes to 336 pixels)
+    grid = make_grid({"images_per_sample": 2, "image_size": [224, 1024], "seq_len": 512})
+    out = estimate(m, grid)
+    assert float(out["activations_total"][0]) == float(out["activations_total"][1])
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"vision_feature_layer": 30}, "vision_feature_layer must be an index"),
+        ({"vision_feature_select_strategy": "cls"}, "must be default or full"),
+        ({"vision_config": {"model_type": "dinov2"}}, "vision_config.model_type must be one of"),
+    ],
+)
+def test_bad_llava_fields_are_one_line_errors(change: dict, message: str) -> None:
+    base = json.loads((CONFIGS / "llava-1.5-7b" / "config.json").read_text())
+    with pytest.raises(ValueError, match=message) as err:
+        model_from_hf_config({**base, **change}, name="llava.json")
+    assert "\n" not in str(err.value) and "llava.json" in str(err.value)
+
+
+def test_gemma3_tokens_per_image_must_pool_the_patch_grid() -> None:
+    base = json.loads((CONFIGS / "gemma-3-4b" / "config.json").read_text())
+    with pytest.raises(ValueError, match="mm_tokens_per_image must be a square"):
+        model_from_hf_config({**base, "mm_tokens_per_image": 200}, name="g.json")
+    m = model_from_hf_config({**base, "mm_tokens_per_image": 64}, name="g.json")
+    assert m.vision is not None and m.vision.image_tokens == 64
+
+
+def test_a_frozen_or_lora_tower_saves_nothing_and_trains_nothing() -> None:
+    m = load_model(str(CONFIGS / "llava-1.5-7b"))
+    grid = make_grid(
+        {
+            "images_per_sample": 1,
+            "seq_len": 512,
+            "precision": "amp-bf16",
+            "freeze_vision": [False, True],
+        }
+    )
+    out = estimate(m, grid)
+    trained, frozen = (float(x) for x in out["activations_total"])
+    assert trained > frozen
+    # the tower's and projector's weights stay either way (fp32 here: amp), its gradients go
+    tower = 303_507_456 + 20_979_712
+    unused = 12_596_224  # the last CLIP block, which no gradient reaches when trained
+    assert float(out["gradients_total"][0]) - float(out["gradients_total"][1]) == pytest.approx(
+        4 * (tower - unused)
+    )
+    assert float(out["parameters"][0]) == float(out["parameters"][1])
