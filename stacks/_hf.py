@@ -210,10 +210,10 @@ def _grpo_rollout(data: Mapping[str, Any], doc: Doc, reading: Reading) -> None:
          given)  # fmt: skip
     mb = int(reading.get("micro_batch_size"))
     steps = data.get("steps_per_generation") or data.get("gradient_accumulation_steps") or 1
-    if not data.get("steps_per_generation") and data.get("generation_batch_size"):
-        if reading.has("num_gpus"):  # GRPOConfig.__post_init__: completions per step over all
-            steps = max(int(data["generation_batch_size"]) // (mb * int(reading.get("num_gpus"))),
-                        1)  # fmt: skip
+    generation = data.get("generation_batch_size")
+    if generation and not data.get("steps_per_generation") and reading.has("num_gpus"):
+        # GRPOConfig.__post_init__: the generation batch over per_device x processes
+        steps = max(int(generation) // (mb * int(reading.get("num_gpus"))), 1)
     seqs = mb * tp * as_int(doc, "steps_per_generation", steps, ge=1)
     reading.default("rollout_max_num_seqs", seqs, f"{TRL_GRPO_VLLM}: max_num_seqs")
     reading.default("rollout_max_num_batched_tokens", 4096,
