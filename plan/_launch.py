@@ -1,6 +1,6 @@
 """Launch configs of a recommended plan: a DeepSpeed JSON config, a torchrun line, an sbatch
-script, an accelerate FSDP config and a torchtitan launch line, each rendered from the
-`recommend --json` report alone.
+script, an accelerate FSDP config, a torchtitan launch line, and for an RL job a verl recipe or
+a TRL config (plan/_trl.py), each rendered from the `recommend --json` report alone.
 
 Each format launches some frameworks only (FORMAT_FRAMEWORKS); `recommend` restricts its search
 to what the framework can launch (`_recommend.LAUNCHABLE`), so a rendered plan is the plan that

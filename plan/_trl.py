@@ -45,7 +45,7 @@ TRL_VLLM_MAX_NUM_BATCHED_TOKENS = 4096
 """trl/generation/vllm_generation.py builds the colocated LLM(max_num_batched_tokens=4096)."""
 GRPO_KL_BETA = 0.04
 """A GRPO beta > 0 loads the reference model (grpo_config.py: 0.0, its default, loads none);
-0.04 is the value TRL's GRPO documentation used before 0.0 became the default (your choice)."""
+0.04 was GRPOConfig's default until trl #3516 (7359ddc) made it 0.0 (the KL weight is yours)."""
 DPO_BETA = 0.1
 """DPOConfig's default beta (dpo_config.py)."""
 
