@@ -32,9 +32,9 @@ def recommend_cmd(
     num_nodes, gpus_per_node, tp, pp, dp, cp, ep, zero, recompute, micro_batch_size,
     grad_accum_steps, peak_device_bytes, headroom_bytes, step_time_s, cost_per_million_tokens,
     estimate_command and alternatives), a DeepSpeed config, a torchrun line, an sbatch script,
-    an accelerate FSDP config or a torchtitan launch line. When nothing fits, the JSON and the
-    summary describe the closest configuration and the launch formats print nothing (a one-line
-    note on stderr).
+    an accelerate FSDP config, a torchtitan launch line, or for an RL job a verl recipe or a TRL
+    GRPO / DPO config. When nothing fits, the JSON and the summary describe the closest
+    configuration and the launch formats print nothing (a one-line note on stderr).
     Exit code 0: it ran (with --check: a plan fits); 1: --check and nothing fits; 2: bad input.
     """
     from trainmem.plan import recommend_report, summary  # the search (polars): run time only

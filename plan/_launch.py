@@ -1,6 +1,6 @@
 """Launch configs of a recommended plan: a DeepSpeed JSON config, a torchrun line, an sbatch
-script, an accelerate FSDP config and a torchtitan launch line, each rendered from the
-`recommend --json` report alone.
+script, an accelerate FSDP config, a torchtitan launch line, and for an RL job a verl recipe or
+a TRL config (plan/_trl.py), each rendered from the `recommend --json` report alone.
 
 Each format launches some frameworks only (FORMAT_FRAMEWORKS); `recommend` restricts its search
 to what the framework can launch (`_recommend.LAUNCHABLE`), so a rendered plan is the plan that
@@ -18,7 +18,7 @@ from typing import Any
 
 from trainmem.engine import FRAMEWORKS
 
-FORMATS = ("json", "deepspeed", "torchrun", "slurm", "accelerate", "torchtitan", "verl")
+FORMATS = ("json", "deepspeed", "torchrun", "slurm", "accelerate", "torchtitan", "verl", "trl")
 FORMAT_FRAMEWORKS: dict[str, tuple[str, ...]] = {
     "json": FRAMEWORKS,
     "deepspeed": ("deepspeed",),
@@ -27,12 +27,14 @@ FORMAT_FRAMEWORKS: dict[str, tuple[str, ...]] = {
     "accelerate": ("hf",),
     "torchtitan": ("torchtitan",),
     "verl": ("verl",),
+    "trl": ("deepspeed",),
 }
 """Frameworks each format launches: DeepSpeed configs DeepSpeed; accelerate's FSDP config is the
 `hf` framework (FSDP2 for ZeRO-3, README "Concepts"); torchrun and sbatch start Megatron-LM's
 pretrain_gpt.py or a Hugging Face Trainer script with `--deepspeed`; torchtitan is a torchrun
 line of `torchtitan.train` with its config overrides; verl is its PPO trainer's Hydra overrides
-for an RL job."""
+for an RL job; trl is TRL's GRPO or DPO config YAML of an RL job, its Trainer under DeepSpeed
+through TRL's shipped accelerate configs (plan/_trl.py)."""
 DEFAULT_FRAMEWORK = {
     "json": "megatron",
     "deepspeed": "deepspeed",
@@ -41,6 +43,7 @@ DEFAULT_FRAMEWORK = {
     "accelerate": "hf",
     "torchtitan": "torchtitan",
     "verl": "verl",
+    "trl": "deepspeed",
 }
 MASTER_PORT = 29500
 """torchrun's default rendezvous port (torch/distributed/run.py `--master-port`)."""
@@ -76,6 +79,10 @@ def render(report: dict[str, Any], fmt: str) -> str:
         return torchtitan_script(report)
     if fmt == "verl":
         return verl_script(report)
+    if fmt == "trl":
+        from ._trl import trl_config
+
+        return trl_config(report)
     return slurm_script(report) if fmt == "slurm" else torchrun_script(report)
 
 
@@ -85,15 +92,19 @@ VERL_NEEDS_RL = "format verl: an RL job (--rl grpo|ppo) renders as a verl recipe
 def format_framework(fmt: str | None, framework: str | None, rl: str | None = None) -> str | None:
     """The framework a plan printed as `fmt` is searched for: the one given, else the format's
     default (DEFAULT_FRAMEWORK); ValueError when `fmt` is unknown or cannot launch it (verl:
-    a job whose `rl` is not grpo or ppo), before any search. `fmt` None (a summary, or a JSON
-    answer over HTTP) leaves `framework` as given (None: the search's default), so that a
-    format never plans what it cannot launch."""
+    a job whose `rl` is not grpo or ppo; trl: not grpo or dpo), before any search. `fmt` None
+    (a summary, or a JSON answer over HTTP) leaves `framework` as given (None: the search's
+    default), so that a format never plans what it cannot launch."""
     if fmt is None:
         return framework
     if fmt not in FORMATS:
         raise ValueError(f"format: unknown value '{fmt}'; allowed: {', '.join(FORMATS)}")
     if fmt == "verl" and rl not in ("grpo", "ppo"):
         raise ValueError(VERL_NEEDS_RL)
+    if fmt == "trl" and rl not in ("grpo", "dpo"):
+        from ._trl import TRL_NEEDS_RL
+
+        raise ValueError(TRL_NEEDS_RL)
     chosen = framework or DEFAULT_FRAMEWORK[fmt]
     check_format(fmt, chosen)
     return chosen

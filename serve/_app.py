@@ -516,8 +516,9 @@ def _add_recommend(
         body: RecommendRequest,  # type: ignore[valid-type]
         format: Literal[FORMATS] = "json",  # type: ignore[valid-type]  # noqa: A002
     ) -> JSONResponse:
-        """`trainmem recommend --format json`; with `?format=deepspeed|torchrun|slurm|accelerate`
-        also `launch`, the rendered launch configuration. `fleet`: COUNTxGPU[,COUNTxGPU...] or
+        """`trainmem recommend --format json`; with `?format=` another of FORMATS (deepspeed,
+        torchrun, slurm, accelerate, torchtitan, verl, trl) also `launch`, the rendered launch
+        configuration. `fleet`: COUNTxGPU[,COUNTxGPU...] or
         inline pools (JSON objects), never a path."""
         fields = {k: getattr(body, k) for k in RecommendRequest.model_fields} | dict(dirs)
         check_overheads(fields["overhead"])

@@ -40,8 +40,13 @@ PREFERENCE_KEYS = ("beta", "max_prompt_length", "max_completion_length", "precom
                    "rpo_alpha", "ref_model_init_kwargs", "sync_ref_model")  # fmt: skip
 GRPO_KEYS = ("num_generations", "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization",
              "vllm_tensor_parallel_size", "generation_batch_size", "steps_per_generation",
-             "num_iterations", "vllm_enable_sleep_mode")  # fmt: skip
+             "num_iterations", "vllm_enable_sleep_mode", "vllm_max_model_length")  # fmt: skip
 """Keys only TRL's GRPOConfig has (it shares beta and the lengths with DPOConfig)."""
+TRL_CLI = "trl f2cd577 (1.10.0.dev0) trl/cli/accelerate_config.py, trl/scripts/utils.py"
+"""TRL's CLI passes a config key no dataclass declares to `accelerate launch` (`--key value`);
+`accelerate_config` names one of trl/accelerate_configs/*.yaml."""
+TRL_ACCELERATE_ZERO = {"zero1": 1, "zero2": 2, "zero3": 3}
+"""TRL's shipped DeepSpeed accelerate configs (zero_stage; offload_*_device none)."""
 FOREIGN = ("finetuning_type", "stage", "template", "cutoff_len", "base_model", "micro_batch_size",
            "sequence_len", "_component_", "tokenizer", "recipe")  # fmt: skip
 """Keys of LLaMA-Factory, axolotl, torchtune: not this stack's files."""
@@ -143,6 +148,9 @@ def _grpo(data: Mapping[str, Any], doc: Doc, reading: Reading) -> None:
     if data.get("max_prompt_length") is not None:
         prompt = as_int(doc, "max_prompt_length", data["max_prompt_length"], ge=1)
         reading.put("seq_len", prompt + response, doc, "max_prompt_length")
+    elif data.get("vllm_max_model_length") is not None:  # vLLM's context: prompt + completion
+        length = as_int(doc, "vllm_max_model_length", data["vllm_max_model_length"], ge=response)
+        reading.put("seq_len", length, doc, "vllm_max_model_length")
     else:
         reading.warn(
             f"{doc.name}: the prompts' length is the dataset's (no max_prompt_length): "
@@ -175,7 +183,8 @@ def _put(reading: Reading, doc: Doc, name: str, value: Any, key: str, given: boo
 def _grpo_rollout(data: Mapping[str, Any], doc: Doc, reading: Reading) -> None:
     """The rollout: vLLM colocated in the training processes (use_vllm, vllm_mode colocate: its
     tensor parallel size and gpu_memory_utilization, max_num_seqs per_device x tp x
-    steps_per_generation and max_num_batched_tokens 4096 as TRL builds the LLM; awake through
+    steps_per_generation (generation_batch_size / (per_device x processes) when the file gives
+    those instead) and max_num_batched_tokens 4096 as TRL builds the LLM; awake through
     training unless vllm_enable_sleep_mode, which sleeps it at level 2), else the model's own
     generate."""
     vllm, _ = _given(data, "use_vllm", False)
@@ -199,9 +208,13 @@ def _grpo_rollout(data: Mapping[str, Any], doc: Doc, reading: Reading) -> None:
     util = as_float(doc, "vllm_gpu_memory_utilization", util)
     _put(reading, doc, "rollout_gpu_memory_utilization", util, "vllm_gpu_memory_utilization",
          given)  # fmt: skip
+    mb = int(reading.get("micro_batch_size"))
     steps = data.get("steps_per_generation") or data.get("gradient_accumulation_steps") or 1
-    seqs = int(reading.get("micro_batch_size")) * tp
-    seqs *= as_int(doc, "steps_per_generation", steps, ge=1)
+    generation = data.get("generation_batch_size")
+    if generation and not data.get("steps_per_generation") and reading.has("num_gpus"):
+        # GRPOConfig.__post_init__: the generation batch over per_device x processes
+        steps = max(int(generation) // (mb * int(reading.get("num_gpus"))), 1)
+    seqs = mb * tp * as_int(doc, "steps_per_generation", steps, ge=1)
     reading.default("rollout_max_num_seqs", seqs, f"{TRL_GRPO_VLLM}: max_num_seqs")
     reading.default("rollout_max_num_batched_tokens", 4096,
                     f"{TRL_GRPO_VLLM}: max_num_batched_tokens=4096")  # fmt: skip
@@ -263,6 +276,27 @@ def _wrappers(data: Mapping[str, Any], doc: Doc, reading: Reading) -> None:
     fsdp = data.get("fsdp")
     if fsdp:
         _fsdp(fsdp, doc, reading)
+    if data.get("accelerate_config") is not None:
+        _trl_accelerate(data, doc, reading)
+
+
+def _trl_accelerate(data: Mapping[str, Any], doc: Doc, reading: Reading) -> None:
+    """TRL CLI's accelerate keys (TRL_CLI): `accelerate_config` zero1|zero2|zero3 is DeepSpeed
+    at that stage (`zero_stage` over it, as accelerate launch's flag wins), num_processes the
+    GPUs; another name or a path is said unread."""
+    name = str(data["accelerate_config"])
+    if name not in TRL_ACCELERATE_ZERO:
+        reading.warn(f"{doc.name}:accelerate_config: {name!r} is not read: give the accelerate "
+                     "config file too")  # fmt: skip
+        return
+    _deepspeed.to_framework(reading, "deepspeed", doc, "accelerate_config")
+    if data.get("zero_stage") is not None:
+        reading.put("zero", as_int(doc, "zero_stage", data["zero_stage"], ge=0), doc, "zero_stage")
+    else:
+        reading.put("zero", TRL_ACCELERATE_ZERO[name], doc, "accelerate_config")
+    if data.get("num_processes") is not None:
+        gpus = as_int(doc, "num_processes", data["num_processes"], ge=1)
+        reading.put("num_gpus", gpus, doc, "num_processes")
 
 
 def _fsdp(fsdp: Any, doc: Doc, reading: Reading) -> None:

@@ -679,6 +679,10 @@ def test_recommend_renders_the_launch_format(
     assert no_rl.json()["error"] == (
         "format verl: an RL job (--rl grpo|ppo) renders as a verl recipe"
     )
+    # trl likewise: GRPO or DPO only (TRL's PPO is not what it renders)
+    ppo = http.post("/v1/recommend", params={"format": "trl"}, json={**fields, "rl": "ppo"})
+    assert ppo.status_code == 422
+    assert ppo.json()["error"].startswith("format trl: an RL job (--rl grpo|dpo)")
 
 
 def test_concurrent_load_has_no_5xx_and_leaves_nothing(server: _Server) -> None:

@@ -378,3 +378,30 @@ def test_dpo_precomputed_reference_is_not_loaded() -> None:
     assert reading.get("rl") == "dpo"
     assert reading.fields["ref_model"].value == "none"
     assert reading.fields["ref_model"].origin == "file:precompute_ref_log_probs"
+
+
+def test_trl_cli_accelerate_keys_and_vllm_context() -> None:
+    """Keys TRL's CLI hands to `accelerate launch` (trl/scripts/utils.py: no dataclass declares
+    them): accelerate_config zero1|zero2|zero3 is DeepSpeed at that stage, zero_stage over it,
+    num_processes the GPUs; vllm_max_model_length is prompt + completion where GRPOConfig
+    (no max_prompt_length since trl 0.28) gives no prompt length; generation_batch_size sets
+    the steps per generation of vLLM's max_num_seqs."""
+    base = (
+        "model_name_or_path: Qwen/Qwen2.5-0.5B\nper_device_train_batch_size: 2\n"
+        "gradient_accumulation_steps: 4\nnum_generations: 4\nmax_completion_length: 256\n"
+        "use_vllm: true\nvllm_max_model_length: 768\nbf16: true\n"
+    )
+    zero3 = read_job({"g.yaml": base + "accelerate_config: zero3\nnum_processes: 8\n"})
+    assert zero3.get("framework") == "deepspeed" and zero3.get("zero") == 3
+    assert zero3.get("num_gpus") == 8 and zero3.get("precision") == "mixed-bf16"
+    assert zero3.get("seq_len") == 768
+    assert zero3.fields["seq_len"].origin == "file:vllm_max_model_length"
+    assert zero3.get("rollout_max_num_seqs") == 2 * 1 * 4  # per_device x tp x accumulation
+    zero0 = read_job({"g.yaml": base + "accelerate_config: zero1\nzero_stage: 0\n"})
+    assert zero0.get("zero") == 0 and zero0.fields["zero"].origin == "file:zero_stage"
+    gen = read_job({"g.yaml": base + "accelerate_config: zero2\nnum_processes: 4\n"
+                    "generation_batch_size: 64\n"})  # fmt: skip
+    assert gen.get("rollout_batch_size") == 16  # 64 completions / 4 per prompt
+    assert gen.get("rollout_max_num_seqs") == 2 * 1 * 8  # 64 / (2 x 4 processes) steps
+    other = read_job({"g.yaml": base + "accelerate_config: fsdp2\n"})
+    assert not other.has("zero") and any("fsdp2" in w for w in other.warnings)

@@ -160,3 +160,55 @@ def test_verl_format_of_a_job_without_rl_is_refused_before_the_search(capsys) ->
     assert captured.err.strip().splitlines() == [
         "error: format verl: an RL job (--rl grpo|ppo) renders as a verl recipe"
     ]
+
+
+TRL_JOBS = {
+    # GRPO with LoRA, vLLM colocated (TP 2, TRL's 0.3 utilization, asleep at level 2 while
+    # training), the reference the LoRA base (beta > 0); TRL builds vLLM's max_num_seqs and
+    # max_num_batched_tokens itself (plan/_trl.py), so the plan is asked with them.
+    "grpo-lora": dict(model="qwen2.5-7b", fleet="8xh100-sxm-80gb", framework="deepspeed",
+                      rl="grpo", seq_len=1536, response_len=1024, global_batch_size=256,
+                      rl_group_size=8, rollout_tp=2, rollout_gpu_memory_utilization=0.3,
+                      lora_rank=32, rollout_max_num_batched_tokens=4096),
+    # DPO of the full model with its reference (DPOConfig's beta, ZeRO-3 over the GPUs)
+    "dpo": dict(model="qwen2.5-7b", fleet="8xh100-sxm-80gb", framework="deepspeed", rl="dpo",
+                seq_len=2048, global_batch_size=64),
+}  # fmt: skip
+
+
+def _trl_plan(job: str) -> dict[str, Any]:
+    """The plan of TRL_JOBS[job]; a GRPO plan asked again with the max_num_seqs TRL builds for
+    its micro-batch (trl/generation/vllm_generation.py: per-device batch x vLLM TP x
+    steps_per_generation), which must not change the layout."""
+    plan = trainmem.recommend(**TRL_JOBS[job])
+    if job.startswith("grpo"):
+        rl = plan["rl_job"]
+        seqs = plan["micro_batch_size"] * rl["rollout_tp"] * plan["grad_accum_steps"]
+        again = trainmem.recommend(**TRL_JOBS[job], rollout_max_num_seqs=seqs)
+        assert {f: again[f] for f in FIELDS} == {f: plan[f] for f in FIELDS}
+        plan = again
+    return plan
+
+
+@pytest.mark.parametrize("job", sorted(TRL_JOBS))
+def test_trl_config_reads_back_to_its_plan(job: str) -> None:
+    """`recommend --format trl` of a GRPO or DPO job is read back by `check` (stacks/_hf.py, the
+    accelerate keys TRL's CLI passes on included) to the plan's layout, its RL job (auto and 0
+    resolved as the plan resolves them) and the same peak; the GPU is a flag."""
+    from trainmem.plan._recommend import rl_job
+
+    plan = _trl_plan(job)
+    assert plan["fits"]
+    text = render(plan, "trl")
+    assert "# note:" not in text  # the plan is what TRL runs
+    report = check_report({"plan.yaml": text}, gpu=plan["gpu"])
+    assert report["stack"] == "hf"
+    assert report["unmodelled"] == []
+    for field in (*FIELDS, "seq_len", "global_batch_size", "optimizer"):
+        assert report["config"][field] == plan[field], field
+    read = rl_job(report["config"], report["config"])
+    assert read is not None
+    fields = RL_FIELDS if job.startswith("grpo") else ("rl", "rollout", "ref_model", "lora_rank")
+    for field in (*fields, "rollout_sleep_level"):
+        assert read[field] == plan["rl_job"][field], field
+    assert report["peak_device_bytes"] == pytest.approx(plan["peak_device_bytes"], abs=1)
