@@ -815,6 +815,10 @@ def summary(report: dict[str, Any]) -> str:
     fmt = "torchrun|slurm" if report["framework"] in ("megatron", "deepspeed") else ""
     fmt += "|deepspeed" if report["framework"] == "deepspeed" else ""
     fmt += "accelerate" if report["framework"] == "hf" else ""
+    rl = (report.get("rl_job") or {}).get("rl")
+    rl_formats = ["verl"] if rl in ("grpo", "ppo") else []
+    rl_formats += ["trl"] if rl in ("grpo", "dpo") and report["framework"] == "deepspeed" else []
+    fmt = "|".join([f for f in (fmt, *rl_formats) if f])
     if fmt:
         lines.append(f"launch config: --format {fmt}; --format json for all of this")
     return "\n".join(lines)
