@@ -102,6 +102,18 @@ _OverheadFile = Annotated[
         "`trainmem explain --calibrate` writes); --overhead items given too win."
     ),
 ]
+_ImagesPerSample = Annotated[
+    int,
+    typer.Option(
+        help="A vision-language --model's images per sequence (0: text only); its step runs on "
+        "real CPU tensors (the models read their image inputs' values)."
+    ),
+]
+_ImageSize = Annotated[int, typer.Option(help="Side of a (square) image in pixels.")]
+_FreezeVision = Annotated[
+    bool,
+    typer.Option("--freeze-vision", help="Freeze the vision tower and projector."),
+]
 _AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 
 
@@ -129,6 +141,9 @@ def trace_cmd(
     lora_targets: _LoraTargets = "all-linear",
     qlora: _Qlora = False,
     snapshot: _Snapshot = None,
+    images_per_sample: _ImagesPerSample = 0,
+    image_size: _ImageSize = 448,
+    freeze_vision: _FreezeVision = False,
     timeout: _Timeout = None,
     max_memory_gb: _MaxMemoryGb = None,
     overhead: _Overhead = None,

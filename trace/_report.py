@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +104,9 @@ def trace_report(
     lora_targets: str = "all-linear",
     qlora: bool = False,
     snapshot: str | None = None,
+    images_per_sample: int = 0,
+    image_size: int = 448,
+    freeze_vision: bool = False,
     timeout_s: float | str | None = None,
     max_memory_gb: float | str | None = None,
     in_process: bool = False,
@@ -155,6 +159,8 @@ def _trace_report(job: _TraceJob) -> dict[str, Any]:
     _check(job)
     # The formulas' estimate first: bad flags fail before a long trace.
     estimate_full = None if job.module else _estimate(job, None)
+    if estimate_full is not None and _is_vlm(job):
+        check_host_memory(int(estimate_full["peak_allocated_bytes"]))
     profile_info: dict[str, Any] | None = None
     if job.save_profile:
         measured, profile_info = _trace_and_save_profile(job)
@@ -199,6 +205,21 @@ class _TraceJob:
     lora_targets: str
     qlora: bool
     snapshot: str | None
+    images_per_sample: int = 0
+    image_size: int = 448
+    freeze_vision: bool = False
+
+    @property
+    def images(self) -> dict[str, Any]:
+        """A vision-language model's image fields; none for a text model's job (its calls
+        stay as they were)."""
+        if not (self.images_per_sample or self.freeze_vision):
+            return {}
+        return {
+            "images_per_sample": self.images_per_sample,
+            "image_size": self.image_size,
+            "freeze_vision": self.freeze_vision,
+        }
 
     @property
     def parallel(self) -> dict[str, Any]:
@@ -261,6 +282,7 @@ def _check(job: _TraceJob, *, gpu: bool = True) -> None:
         from ._dist import check_parallel
 
         check_parallel(**job.parallel, module=job.module)
+    _check_vision(job)
     if job.lora_rank or job.qlora:
         from ._lora import check_lora
 
@@ -272,6 +294,73 @@ def _check(job: _TraceJob, *, gpu: bool = True) -> None:
                 "lora-rank: traces --model on fake devices only (no --module, "
                 "--save-profile or --real-gpu)"
             )
+
+
+HOST_MEMORY_SHARE = 0.8
+"""The share of this machine's available memory a real-tensor CPU trace may take (the step's
+estimated peak; the allocator's slack and Python's own come on top)."""
+
+
+def check_host_memory(peak_bytes: int) -> None:
+    """Refuse (one ValueError) a real-tensor CPU step whose estimated peak exceeds
+    HOST_MEMORY_SHARE of the memory this machine has available (os.sysconf)."""
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):  # not on this platform: the child's bounds still apply
+        return
+    if peak_bytes > HOST_MEMORY_SHARE * available:
+        raise ValueError(
+            f"model: a vision-language model's step runs on real CPU tensors and needs about "
+            f"{peak_bytes / 2**30:.1f} GiB (the estimate's peak); this machine has "
+            f"{available / 2**30:.1f} GiB available: trace a smaller config (fewer layers, "
+            "a narrower width) or estimate it"
+        )
+
+
+def _is_vlm(job: _TraceJob) -> bool:
+    """Whether --model is a vision-language model (a config the VLM step traces)."""
+    if job.module:
+        return False
+    from trainmem.engine._vision import VLM_MODEL_TYPES
+
+    config = model_config_dict(job.model)
+    model_type = str(config.get("model_type", "")).lower()
+    if model_type == "gemma3":
+        return isinstance(config.get("vision_config"), dict)
+    return model_type in VLM_MODEL_TYPES
+
+
+def _check_vision(job: _TraceJob) -> None:
+    """A vision-language model's step (trace/_vlm.py) runs on one process's real CPU tensors,
+    full fine-tuning; its image flags need one. One ValueError naming the flag."""
+    vlm = _is_vlm(job)
+    if not vlm:
+        if job.images_per_sample or job.freeze_vision:
+            flag = "images-per-sample" if job.images_per_sample else "freeze-vision"
+            raise ValueError(f"{flag}: --model is not a vision-language model")
+        return
+    if job.images_per_sample < 0 or job.image_size < 1:
+        raise ValueError("images-per-sample and image-size: must be >= 0 and >= 1")
+    others = {
+        "--num-gpus": job.num_gpus > 1,
+        "--zero": bool(job.zero),
+        "--tp": job.tp > 1,
+        "--lora-rank": bool(job.lora_rank or job.qlora),
+        "--save-profile": bool(job.save_profile),
+        "--snapshot": job.snapshot is not None,
+        "--real-gpu": job.real_gpu,
+    }
+    named = [flag for flag, given in others.items() if given]
+    if named:
+        raise ValueError(
+            f"model: a vision-language model's step is traced on one process's CPU tensors, "
+            f"full fine-tuning (no {', '.join(named)})"
+        )
+    if job.precision not in ("fp32", "bf16", "amp-bf16"):
+        raise ValueError(
+            f"precision: a vision-language model's trace takes fp32, bf16 or amp-bf16, "
+            f"got {job.precision!r}"
+        )
 
 
 def _trace(job: _TraceJob, length: int, real_hook: Any = None) -> dict[str, Any]:
@@ -291,6 +380,21 @@ def _trace(job: _TraceJob, length: int, real_hook: Any = None) -> dict[str, Any]
 
         return trace_module(job.module, **flags)
     config = model_config_dict(job.model)
+    if _is_vlm(job):
+        from ._vlm import trace_vlm_step
+
+        return trace_vlm_step(
+            config,
+            micro_batch_size=job.micro_batch_size,
+            seq_len=length,
+            images_per_sample=job.images_per_sample,
+            image_size=job.image_size,
+            precision=job.precision,
+            recompute=job.recompute,
+            optimizer=job.optimizer,
+            attention=job.attention,
+            freeze_vision=job.freeze_vision,
+        )
     if job.num_gpus > 1:
         from ._dist import trace_parallel
 
@@ -318,6 +422,7 @@ def _estimate(job: _TraceJob, profile_file: str | None) -> dict[str, Any]:
         "attention": job.attention,
         "framework": "hf",
         **job.lora,
+        **job.images,
     }
     if profile_file:
         fields.update(profile_file=profile_file, model=job.estimate_defaults["model"])
@@ -393,6 +498,7 @@ def _report(
             "sdpa_kernel": job.sdpa_kernel,
             **job.parallel,
             **job.lora,
+            **job.images,
         },
         "device": measured.get("device"),
         "note": measured.get("note", ""),

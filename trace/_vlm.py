@@ -13,6 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+VISION_MODULES = frozenset({"visual", "vision_tower", "vision_model", "multi_modal_projector"})
+"""The modules of the tower and projector in transformers 5.24's VLMs (Qwen2-VL / 2.5-VL
+`visual`, LLaVA / Gemma 3 `vision_tower` and `multi_modal_projector`, Mllama `vision_model` and
+`multi_modal_projector`): what --freeze-vision freezes."""
+
 
 def vlm_job(
     config: dict[str, Any],
@@ -22,6 +27,8 @@ def vlm_job(
     images_per_sample: int,
     image_size: int,
     precision: str,
+    attention: str = "flash",
+    freeze_vision: bool = False,
 ) -> Callable[[], Any]:
     """A builder of the step: the model from `config` (AutoModelForImageTextToText, no
     weights), seq_len text tokens plus each image's placeholder tokens (Qwen: (side/28)^2 after
@@ -58,7 +65,7 @@ def vlm_job(
     cfg = AutoConfig.for_model(fields.pop("model_type"), **fields)
     for sub in (cfg, getattr(cfg, "text_config", None), getattr(cfg, "vision_config", None)):
         if sub is not None:
-            sub._attn_implementation = "sdpa"
+            sub._attn_implementation = "sdpa" if attention == "flash" else "eager"
     cfg.use_cache = False
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     b, n = micro_batch_size, images_per_sample
@@ -66,6 +73,10 @@ def vlm_job(
 
     def build() -> Any:
         model = AutoModelForImageTextToText.from_config(cfg, dtype=dtype)
+        if freeze_vision:  # the tower and projector: no gradients, no optimizer states
+            for name, p in model.named_parameters():
+                if any(part in VISION_MODULES for part in name.split(".")):
+                    p.requires_grad_(False)
         if v.kind == "mllama":
             ids = torch.randint(0, vocab, (b, seq_len))
             ids[:, 1 : 1 + n] = cfg.image_token_index
@@ -143,8 +154,11 @@ def trace_vlm_step(
     precision: str,
     recompute: str,
     optimizer: str = "adamw",
+    attention: str = "flash",
+    freeze_vision: bool = False,
 ) -> dict[str, Any]:
-    """One measured step of the VLM with images on real CPU tensors (run_step's keys)."""
+    """One measured step of the VLM with images on real CPU tensors (run_step's keys, and the
+    device and note trace_step's have)."""
     from ._core import import_torch, step_contexts
     from ._step import run_step
 
@@ -157,8 +171,10 @@ def trace_vlm_step(
         images_per_sample=images_per_sample,
         image_size=image_size,
         precision=precision,
+        attention=attention,
+        freeze_vision=freeze_vision,
     )
-    return run_step(
+    out = run_step(
         build,
         precision=precision,
         recompute=recompute,
@@ -166,3 +182,11 @@ def trace_vlm_step(
         device_type=device_type,
         contexts=contexts,
     )
+    out.update(
+        device="cpu (real tensors)",
+        note="a vision-language model's step runs on real CPU tensors: its model reads the "
+        "image inputs' values, which fake tensors cannot give",
+        seq_len=seq_len,
+        micro_batch_size=micro_batch_size,
+    )
+    return out

@@ -181,3 +181,73 @@ def test_llava_tower_blocks_after_the_feature_layer_get_no_gradient() -> None:
     m = model_from_hf_config(LLAVA_TINY, name="tiny")
     assert m.vision is not None and m.vision.num_unused_layers == 1
     assert traced["gradients_bytes"] < 4 * m.num_parameters  # some parameters get none
+
+
+def test_trainmem_trace_runs_a_vlm_with_images(tmp_path, capsys) -> None:
+    """`trainmem trace --model CONFIG --images-per-sample N`: the VLM step (real CPU tensors)
+    beside the estimate of the same flags, in the command's JSON report."""
+    import json
+
+    from trainmem.cli import main
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAVA_TINY))
+    argv = ["trace", "--model", str(path), "--seq-len", "64", "--precision", "amp-bf16"]
+    argv += ["--images-per-sample", "4", "--image-size", "224", "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["device"] == "cpu (real tensors)"
+    assert report["config"]["images_per_sample"] == 4
+    errors = report["relative_error"]
+    assert abs(errors["activations_bytes"]) < 0.03, errors
+    assert abs(errors["peak_allocated_bytes"]) < 0.03, errors
+
+
+def test_trainmem_trace_freezes_the_tower(tmp_path, capsys) -> None:
+    """--freeze-vision: the tower and projector train nothing on either side."""
+    import json
+
+    from trainmem.cli import main
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(GEMMA3_TINY))
+    argv = ["trace", "--model", str(path), "--seq-len", "64", "--precision", "amp-bf16"]
+    argv += ["--images-per-sample", "4", "--freeze-vision", "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    m = model_from_hf_config(GEMMA3_TINY, name="tiny")
+    assert report["measured"]["trainable_parameters"] < m.num_parameters
+    for key in ("gradients_bytes", "optimizer_states_bytes", "activations_bytes"):
+        assert abs(report["relative_error"][key]) < 0.03, (key, report["relative_error"])
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--model", "llama-3.2-1b", "--images-per-sample", "1"], "not a vision-language model"),
+        (["--num-gpus", "2", "--zero", "3"], "(no --num-gpus, --zero)"),
+        (["--lora-rank", "8"], "(no --lora-rank)"),
+        (["--precision", "mixed-bf16"], "takes fp32, bf16 or amp-bf16"),
+    ],
+)
+def test_trainmem_trace_refuses_what_the_vlm_step_cannot_run(
+    tmp_path, capsys, flags: list[str], message: str
+) -> None:
+    import json
+
+    from trainmem.cli import main
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(QWEN25_VL_TINY))
+    argv = ["trace", "--model", str(path), "--seq-len", "64", *flags]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_a_vlm_too_large_for_this_machine_is_refused_before_it_runs() -> None:
+    from trainmem.trace._report import check_host_memory
+
+    with pytest.raises(ValueError, match="runs on real CPU tensors and needs about"):
+        check_host_memory(1 << 60)
+    check_host_memory(1 << 20)
