@@ -263,7 +263,7 @@ def sliding_window_masked(m: ModelSpec, *, s) -> np.ndarray:
 
 
 def alternating_window_sdpa_delta_bytes(
-    m: ModelSpec, *, T, s, e, tp, eager, enable_gqa=True
+    m: ModelSpec, *, T, s, e, tp, eager, enable_gqa=True, image_masked=False
 ) -> np.ndarray:
     """What Gemma 3's sliding-window layers save under SDPA beyond the unmasked kernels that
     hf_sdpa_kernel_delta_bytes assumes for them, per layer (averaged over the blocks): from the
@@ -276,6 +276,7 @@ def alternating_window_sdpa_delta_bytes(
     skips either mask while the kv length is below its window); traced: bench/conformance.py
     family gemma3 (two sliding layers and one global, window 128, s 64 / 128 / 256).
     Assumes: the stage holds sliding layers in the model's proportion (num_sliding_layers / L).
+    `image_masked` rows: none (every layer's mask is hf_sdpa_kernel_delta_bytes' already).
     """
     if not m.num_sliding_layers:
         return np.zeros_like(np.asarray(T, dtype=np.float64))
@@ -284,10 +285,12 @@ def alternating_window_sdpa_delta_bytes(
     masked = hf_sdpa_kernel_delta_bytes(windowed, **kernel) - hf_sdpa_kernel_delta_bytes(
         m, **kernel
     )
-    return masked * m.num_sliding_layers / m.num_hidden_layers
+    return np.where(image_masked, 0.0, masked * m.num_sliding_layers / m.num_hidden_layers)
 
 
-def alternating_window_checkpointed_mask_bytes(m: ModelSpec, *, T, s, r, eager) -> np.ndarray:
+def alternating_window_checkpointed_mask_bytes(
+    m: ModelSpec, *, T, s, r, eager, image_masked=False
+) -> np.ndarray:
     """The masks Gemma 3's checkpointed blocks keep for their backward: SDPA, the sliding
     layers' bool [1, 1, s, s] mask from the window's length on (the global layers' causal mask
     is skipped); eager, both additive [b, 1, s, s] masks in the embeddings' dtype (sliding and
@@ -295,12 +298,16 @@ def alternating_window_checkpointed_mask_bytes(m: ModelSpec, *, T, s, r, eager) 
 
     Source: torch.utils.checkpoint (non-reentrant: each block's attention_mask argument stays
     alive until its recomputation) and transformers modeling_gemma3.py (one mask per layer type,
-    masking_utils.py sdpa_mask / eager_mask); traced: bench/conformance.py family gemma3.
+    masking_utils.py sdpa_mask / eager_mask); traced: bench/conformance.py family gemma3. With
+    images (`image_masked` rows), SDPA's two masks are per-sample bool [b, 1, s, s] tensors
+    (create_masks_for_vision_model).
     """
     if not m.num_sliding_layers:
         return np.zeros_like(np.asarray(T, dtype=np.float64))
     windowed = np.asarray(s) >= m.alternating_sliding_window
     sdpa = np.where(windowed, np.asarray(s, dtype=np.float64) ** 2, 0.0)
+    # with images (image_masked): both layer types' bool masks, per sample [b, 1, s, s]
+    sdpa = np.where(image_masked, 2.0 * np.asarray(T, dtype=np.float64) * s, sdpa)
     return np.where(eager, 2.0 * r * T * s, sdpa)
 
 
@@ -345,7 +352,9 @@ def rope_block_cache_bytes(m: ModelSpec, *, s) -> np.ndarray:
     return ROPE_BLOCK_CACHE_BYTES * np.asarray(s, dtype=np.float64) * m.rotary_dim / 2.0 * m.rotary
 
 
-def hf_sdpa_kernel_delta_bytes(m: ModelSpec, *, T, s, e, tp, eager, enable_gqa=True) -> np.ndarray:
+def hf_sdpa_kernel_delta_bytes(
+    m: ModelSpec, *, T, s, e, tp, eager, enable_gqa=True, image_masked=False
+) -> np.ndarray:
     """Change of a layer's saved bytes when SDPA's inputs do not run the flash kernel that
     hf_attention_bytes assumes, or run it with q in another layout, per layer.
 
@@ -363,12 +372,14 @@ def hf_sdpa_kernel_delta_bytes(m: ModelSpec, *, T, s, e, tp, eager, enable_gqa=T
     use_gqa_in_sdpa on CUDA without a mask); false where the framework's attention does not.
     Ignores: transformers' other masks (padding, packed sequences, Gemma-2/3 and Qwen2
     use_sliding_window layers). Falcon has its own SDPA path (falcon_sdpa_attention_bytes).
+    `image_masked` (rows): every layer gets a mask for the images (Gemma 3 with images,
+    _vision_memory.image_block_masked), as a layer past its window does.
     """
     if m.model_type == "falcon":
         return np.zeros_like(np.asarray(T, dtype=np.float64))
     qd_r = m.q_dim / tp
     kvd_r = m.kv_dim / tp
-    masked = sliding_window_masked(m, s=s)
+    masked = sliding_window_masked(m, s=s) | np.asarray(image_masked, dtype=bool)
     gqa = m.num_key_value_heads < m.num_attention_heads
     if not gqa:
         repeat = 0.0
@@ -441,7 +452,7 @@ def attention_score_bytes_per_elem(m: ModelSpec, e, amp=False, transformers=Fals
     )
 
 
-def hf_checkpointed_mask_bytes(m: ModelSpec, *, T, s, r, eager) -> np.ndarray:
+def hf_checkpointed_mask_bytes(m: ModelSpec, *, T, s, r, eager, image_masked=False) -> np.ndarray:
     """Bytes of the sliding-window mask that full recomputation keeps for its backward.
 
     Source: torch.utils.checkpoint (non-reentrant) keeps each block's arguments, the
@@ -453,7 +464,9 @@ def hf_checkpointed_mask_bytes(m: ModelSpec, *, T, s, r, eager) -> np.ndarray:
     """
     size = np.where(eager, r * T * s, np.asarray(s, dtype=np.float64) ** 2)
     windowed = np.where(sliding_window_masked(m, s=s), size, 0.0)
-    return windowed + alternating_window_checkpointed_mask_bytes(m, T=T, s=s, r=r, eager=eager)
+    return windowed + alternating_window_checkpointed_mask_bytes(
+        m, T=T, s=s, r=r, eager=eager, image_masked=image_masked
+    )
 
 
 def hf_mlp_bytes(m: ModelSpec, *, T, e, amp, tp) -> np.ndarray:
@@ -493,10 +506,12 @@ def hf_layer_bytes(
     enable_gqa=True,
     transformers=False,
     norm_scale_fp32=False,
+    image_masked=False,
 ) -> np.ndarray:
     """Everything one transformer block saves for backward without recomputation
-    (`fused_norm`, `norm_scale_fp32` (its `scale_fp32`): see hf_norm_bytes; `enable_gqa`: see
-    hf_sdpa_kernel_delta_bytes; `transformers`: see attention_score_bytes_per_elem)."""
+    (`fused_norm`, `norm_scale_fp32` (its `scale_fp32`): see hf_norm_bytes; `enable_gqa`,
+    `image_masked`: see hf_sdpa_kernel_delta_bytes; `transformers`: see
+    attention_score_bytes_per_elem)."""
     sp_div = np.where(sp, tp, 1)
     num_qkv_linears = 1 if m.fused_qkv else 3
     num_up_linears = 1 if (m.fused_gate_up or not m.gated_mlp) else 2
@@ -516,9 +531,11 @@ def hf_layer_bytes(
         + hf_attention_bytes(
             m, T=T, s=s, e=e, tp=tp, eager=eager, amp=amp, transformers=transformers
         )
-        + hf_sdpa_kernel_delta_bytes(m, T=T, s=s, e=e, tp=tp, eager=eager, enable_gqa=enable_gqa)
+        + hf_sdpa_kernel_delta_bytes(
+            m, T=T, s=s, e=e, tp=tp, eager=eager, enable_gqa=enable_gqa, image_masked=image_masked
+        )
         + alternating_window_sdpa_delta_bytes(
-            m, T=T, s=s, e=e, tp=tp, eager=eager, enable_gqa=enable_gqa
+            m, T=T, s=s, e=e, tp=tp, eager=eager, enable_gqa=enable_gqa, image_masked=image_masked
         )
         + hf_mlp_bytes(m, T=T, e=e, amp=amp, tp=tp)
         + dropout_masks

@@ -296,6 +296,25 @@ def _vlm_spec(config: dict[str, Any], *, name: str) -> ModelSpec:
     (Gemma3ForConditionalGeneration): the Gemma 3 reader's language model of the whole config.
     """
     model_type = str(config["model_type"]).lower()
+    fields, num_cross = _vlm_language_fields(config, model_type=model_type, name=name)
+    language = model_from_hf_config(fields, name=name)
+    vision = read_vision_spec(
+        config, model_type=model_type, text_hidden_size=language.hidden_size, name=name
+    )
+    return dataclasses.replace(
+        language,
+        model_type=model_type,
+        vision=vision,
+        num_cross_attention_layers=num_cross,
+        num_extra_embedding_rows=MLLAMA_EXTRA_EMBEDDING_ROWS if model_type == "mllama" else 0,
+    )
+
+
+def _vlm_language_fields(
+    config: dict[str, Any], *, model_type: str, name: str
+) -> tuple[dict[str, Any], int]:
+    """(the language model's config.json fields, its cross-attention blocks) of a VLM config
+    (_vlm_spec says where each family keeps them)."""
     text = config.get("text_config")
     if text is not None and not isinstance(text, dict):
         raise ValueError(f"model: {name}: text_config must be an object, got {text!r}")
@@ -342,17 +361,7 @@ def _vlm_spec(config: dict[str, Any], *, name: str) -> ModelSpec:
             f"model: {name}: text_config.model_type {fields['model_type']!r} is a "
             "vision-language model; a language model's is expected"
         )
-    language = model_from_hf_config(fields, name=name)
-    vision = read_vision_spec(
-        config, model_type=model_type, text_hidden_size=language.hidden_size, name=name
-    )
-    return dataclasses.replace(
-        language,
-        model_type=model_type,
-        vision=vision,
-        num_cross_attention_layers=num_cross,
-        num_extra_embedding_rows=MLLAMA_EXTRA_EMBEDDING_ROWS if model_type == "mllama" else 0,
-    )
+    return fields, num_cross
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

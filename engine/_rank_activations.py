@@ -125,6 +125,7 @@ from ._recompute import (
 from ._tensor_parallel import loss_tp_divisor, sequence_parallel_divisor
 from ._vision_memory import (
     cross_attention_saved_bytes,
+    image_block_masked,
     language_seq_len,
     projector_saved_bytes,
     tower_autocast_copy_bytes,
@@ -277,6 +278,8 @@ class MicroBatch:
     loss_softmax_in_place)."""
     activation_offload: np.ndarray
     zero_col: np.ndarray
+    image_masked: np.ndarray
+    """Every layer takes a mask for the images (Gemma 3 with images: image_block_masked)."""
 
 
 def _kbit_prepared_and_precision(
@@ -344,6 +347,7 @@ def micro_batch(m: ModelSpec, c: dict[str, np.ndarray]) -> MicroBatch:
         capacity=c["capacity_factor_pct"].astype(np.float64) / 100.0,
         activation_offload=c["activation_offload"],
         zero_col=np.zeros_like(T),
+        image_masked=image_block_masked(m, c) & np.ones_like(T, dtype=bool),
     )
 
 
@@ -585,6 +589,7 @@ def _dense_block(m: ModelSpec, x: MicroBatch) -> np.ndarray:
         enable_gqa=transformers,
         transformers=transformers,
         norm_scale_fp32=x.norm_scale_fp32,
+        image_masked=x.image_masked,
     )
     expanded = 2.0 * e * T * (m.q_dim - m.kv_dim) / tp
     return block + np.where(x.gqa_kv_expanded & ~x.eager, expanded, 0.0)
@@ -737,6 +742,13 @@ def _softmax_at_work(m: ModelSpec, x: MicroBatch, *, megatron, layer_ckpt) -> np
     return work + np.where(x.r < 4, layer_ckpt, 0.0)
 
 
+def _checkpointed_masks(m: ModelSpec, x: MicroBatch) -> np.ndarray:
+    """The attention masks checkpointed blocks keep (act.hf_checkpointed_mask_bytes)."""
+    return act.hf_checkpointed_mask_bytes(
+        m, T=x.T, s=x.s / x.cp, r=x.r, eager=x.eager, image_masked=x.image_masked
+    )
+
+
 def _outside(m: ModelSpec, x: MicroBatch, layers: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Saved bytes outside the blocks on this stage, the stage's stored activations and what
     activation offloading moves to the host.
@@ -779,9 +791,8 @@ def _outside(m: ModelSpec, x: MicroBatch, layers: dict[str, np.ndarray]) -> dict
         m, T=T, r=r, fused_norm=x.fused_norm, num_norms=1, scale_fp32=x.norm_scale_fp32
     )
     outside_all = outside_all - np.where(x.lora, final_norm, 0.0) + _bnb_kept_head(m, x, last=True)
-    outside = np.where(x.last, outside_all + logits_held, rope)
-    ckpt_mask = act.hf_checkpointed_mask_bytes(m, T=T, s=s / x.cp, r=r, eager=x.eager)
-    outside = outside + np.where(checkpointing & CHECKPOINT_KEEPS_MASK[x.fw], ckpt_mask, 0.0)
+    masks = np.where(checkpointing & CHECKPOINT_KEEPS_MASK[x.fw], _checkpointed_masks(m, x), 0.0)
+    outside = np.where(x.last, outside_all + logits_held, rope) + masks
     layer_inputs_not_saved = np.where((pp > 1) & full, layers["layer_ckpt"], 0.0)
     stage_act = layers["stage_layers"] + outside - layer_inputs_not_saved
     offloaded = offloaded_activation_bytes(

@@ -42,6 +42,20 @@ def language_seq_len(m: ModelSpec, c: dict[str, np.ndarray]) -> np.ndarray:
     return s + images * image_tokens_per_image(m.vision, c["image_size"])
 
 
+def image_block_masked(m: ModelSpec, c: dict[str, np.ndarray]) -> np.ndarray:
+    """Rows whose every language-model layer takes an explicit attention mask because of the
+    images: Gemma 3 with images, whose processor returns token_type_ids (return_mm_token_type_ids)
+    and whose model then lets each image's tokens attend to each other both ways (a
+    [b, 1, s, s] bool mask per layer type, OR-ed with the causal and sliding ones).
+    Source: transformers 5.24.0 processing_gemma3.py, modeling_gemma3.py
+    (create_masks_for_vision_model, get_block_sequence_ids_for_mask).
+    Assumes: the batch carries the processor's token_type_ids (TRL and HF Trainer pass them)."""
+    images = np.asarray(c.get("images_per_sample", 0)) > 0
+    if m.vision is None or m.vision.kind != "gemma3":
+        return np.zeros_like(images)
+    return images
+
+
 def vision_trainable(m: ModelSpec, c: dict[str, np.ndarray]) -> np.ndarray:
     """Rows whose tower and projector train: not frozen (freeze_vision) and not LoRA (PEFT's
     get_peft_model freezes every parameter it does not adapt; the tower's are not adapted)."""

@@ -36,8 +36,9 @@ def vlm_job(
     fixed image tokens), square images of `image_size` pixels as the processors would hand them
     (Qwen: flattened patches [patches, 3 x 2 x 14 x 14] and image_grid_thw; Mllama: 4 tiles per
     image, padded as MllamaImageProcessor pads; LLaVA / Gemma 3: [images, 3, side, side] at the
-    tower's side, to which their processors resize any image). Gemma 3 runs without
-    token_type_ids (causal masks over the image tokens too). Full recompute is HF's
+    tower's side, to which their processors resize any image). Gemma 3 gets the token_type_ids
+    its processor returns (return_mm_token_type_ids): each image's tokens attend to each other
+    both ways, so every layer takes a mask. Full recompute is HF's
     gradient_checkpointing_enable(), as the Trainer calls it: every GradientCheckpointingLayer,
     the tower's blocks with the language model's."""
     import numpy as np
@@ -99,6 +100,8 @@ def vlm_job(
                 ids[:, 1 + i * tokens : 1 + (i + 1) * tokens] = image_id
             side = v.image_size
             inputs = {"pixel_values": torch.zeros(b * n, v.in_channels, side, side, dtype=dtype)}
+            if v.kind == "gemma3":  # Gemma3Processor's mm token types: 1 on an image's tokens
+                inputs["token_type_ids"] = (ids == image_id).long()
         else:
             tokens = int(image_tokens_per_image(v, np.array([float(image_size)]))[0])
             resized = qwen_resized_side(
