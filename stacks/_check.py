@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from trainmem.catalog import load_model
 from trainmem.engine import DEFAULTS_BY_FIELD, FIELD_NAMES, parallel_layout
 from trainmem.report import ESTIMATE_OPTIONS, GPU, check_options
 
@@ -135,6 +136,23 @@ def resolved_fields(
         reading.override("model", resolved, model.origin, model.file)
         if resolved != model.value:
             reading.warn(f"model: {model.value!r} read as {resolved!r}")
+    _images_warning(reading, models_dir=models_dir)
+
+
+def _images_warning(reading: Reading, *, models_dir: str | None) -> None:
+    """A vision-language model whose images per sequence no file or flag gives: the files
+    cannot say (a dataset's), so the estimate is text only; a warning says so."""
+    if reading.fields["images_per_sample"].origin != "trainmem-default":
+        return
+    try:
+        vision = load_model(str(reading.fields["model"].value), models_dir=models_dir).vision
+    except ValueError:  # estimate reports a model it cannot read, in its own words
+        return
+    if vision is not None:
+        reading.warn(
+            "images_per_sample: a vision-language model's images per sequence are its "
+            "dataset's; counted as text only: give --images-per-sample N"
+        )
 
 
 ACCUMULATION = "grad_accum_steps"

@@ -13,6 +13,7 @@ LLaMA-Factory runs the HF Trainer (its pins: transformers <= 5.8.0, peft <= 0.18
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -78,6 +79,27 @@ UNMODELLED = {"use_dora": "DoRA magnitudes", "additional_target": "fully trained
               "use_v1_kernels": "LLaMA-Factory's v1 kernels"}  # fmt: skip
 
 
+MM_TEMPLATES = frozenset({
+    "dots_ocr", "ernie_vl", "gemma3", "gemma3n", "gemma4", "gemma4n", "glm4v", "glm4_5v",
+    "glm_ocr", "granite3_vision", "intern_vl", "intern_s1", "keye_vl", "kimi_vl", "lfm2_vl",
+    "llama4", "mllama", "moss_vl", "llava", "llava_next", "llava_next_llama3",
+    "llava_next_mistral", "llava_next_qwen", "llava_next_yi", "llava_next_video",
+    "llava_next_video_mistral", "llava_next_video_yi", "mimo_vl", "minicpm_v", "minicpm_v_4_6",
+    "minicpm_o", "mistral_small", "ministral3", "paligemma", "paligemma_chat", "pixtral",
+    "qwen2_audio", "qwen2_omni", "qwen3_omni", "qwen3_omni_nothink", "qwen2_vl", "qwen3_vl",
+    "qwen3_vl_nothink", "qwen3_5", "qwen3_5_nothink", "qwen3_6", "video_llava", "yi_vl",
+    "youtu_vl",
+})  # fmt: skip
+"""The templates registered with a multimodal plugin (src/llamafactory/data/template.py
+register_template(..., mm_plugin=get_mm_plugin(...)) at the pinned commit): a job of one of them
+is a multimodal model's, whose tower LLaMA-Factory freezes by default."""
+VISION_KEYS = ("freeze_vision_tower", "freeze_multi_modal_projector", "freeze_language_model",
+               "image_max_pixels", "image_min_pixels")  # fmt: skip
+"""Keys only a multimodal job sets (finetuning_args.py, model_args.py ProcessorArguments)."""
+IMAGE_MAX_PIXELS = 768 * 768
+"""ProcessorArguments.image_max_pixels' default (src/llamafactory/hparams/model_args.py)."""
+
+
 def detect(doc: Doc) -> int:
     data = doc.data
     if not isinstance(data, Mapping) or "base_model" in data or "_component_" in data:
@@ -103,7 +125,53 @@ def read(doc: Doc, reading: Reading) -> None:
     kind = _finetuning(data, doc, reading)
     _precision(data, kind, doc, reading)
     _training(data, stage, doc, reading)
+    _vision(data, kind, doc, reading)
     host_adam(reading)
+
+
+def _vision(data: Mapping[str, Any], kind: str, doc: Doc, reading: Reading) -> None:
+    """A multimodal job's tower (a multimodal `template`, or a key only such a job sets):
+    freeze_vision_tower and freeze_multi_modal_projector (default true, both: trainmem's
+    `freeze_vision` freezes the two together; model/model_utils/visual.py get_forbidden_modules
+    freezes them under full and freeze tuning, patch_target_modules keeps LoRA off them), and
+    image_max_pixels as the largest square image LLaMA-Factory hands the processor
+    (data/mm_plugin.py _preprocess_image scales a larger one down to it). The images per sample
+    are the dataset's (check's warning asks for --images-per-sample: _check.resolved_fields)."""
+    template = str(data.get("template", "")).strip().lower()
+    if template not in MM_TEMPLATES and not any(k in data for k in VISION_KEYS):
+        return
+    tower = _flag(data, "freeze_vision_tower", doc)
+    projector = _flag(data, "freeze_multi_modal_projector", doc)
+    if "freeze_vision_tower" in data:
+        reading.put("freeze_vision", tower, doc, "freeze_vision_tower")
+    else:
+        reading.default("freeze_vision", True, f"{FINETUNING} (freeze_vision_tower = True)")
+    if tower != projector:
+        what = "trained with the tower frozen" if tower else "frozen with the tower trained"
+        counted = "frozen" if tower else "trained"
+        reading.unmodelled_key(
+            doc, "freeze_multi_modal_projector", f"the projector {what}; counted {counted}"
+        )
+    if kind == "lora" and not tower:
+        reading.unmodelled_key(
+            doc, "freeze_vision_tower", "LoRA adapters on the vision tower; counted frozen"
+        )
+    if _flag(data, "freeze_language_model", doc, default=False):
+        reading.unmodelled_key(
+            doc, "freeze_language_model", "the language model frozen; counted trained"
+        )
+    key = "image_max_pixels"
+    if key in data:
+        pixels = as_int(doc, key, data[key], ge=1)
+        reading.put("image_size", max(math.isqrt(pixels), 1), doc, key)
+    else:
+        source = f"{LF}/hparams/model_args.py (image_max_pixels = 768 * 768)"
+        reading.default("image_size", math.isqrt(IMAGE_MAX_PIXELS), source)
+
+
+def _flag(data: Mapping[str, Any], key: str, doc: Doc, *, default: bool = True) -> bool:
+    """A boolean key of the config, `default` when absent."""
+    return as_bool(doc, key, data[key]) if key in data else default
 
 
 def _stage(data: Mapping[str, Any], doc: Doc, reading: Reading) -> str:

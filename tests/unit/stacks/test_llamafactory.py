@@ -50,6 +50,8 @@ PURE = ("bf16", "file:pure_bf16")
 MIXED = ("mixed-bf16", "file:bf16")
 DS = {"framework": ("deepspeed", "file:deepspeed")}
 Q4 = "Qwen/Qwen3-4B-Instruct-2507"
+QVL = "Qwen/Qwen2.5-VL-7B-Instruct"
+FROZEN = (True, f"{LF}/hparams/finetuning_args.py (freeze_vision_tower = True)")
 L3 = "meta-llama/Meta-Llama-3-8B-Instruct"
 EXPECTED = {
     "qwen3_lora_sft.yaml": (_job(Q4, 1, 8, BF16, **LORA8), []),
@@ -100,6 +102,23 @@ EXPECTED = {
     "extras_adam_mini_qwen2_full_sft.yaml": (
         _job("Qwen/Qwen2-1.5B-Instruct", 1, 8, AMP, optimizer=None), ["use_adam_mini"]
     ),
+    # multimodal: the tower frozen by default (freeze_vision_tower), image_max_pixels' side
+    "qwen2_5vl_full_sft.yaml": (
+        _job(QVL, 1, 2, MIXED, **DS, zero=(3, "file:deepspeed"),
+             freeze_vision=(True, "file:freeze_vision_tower"),
+             image_size=(512, "file:image_max_pixels")),
+        ["deepspeed"],
+    ),
+    "qwen2_5vl_lora_sft.yaml": (
+        _job(QVL, 1, 8, BF16, **LORA8, freeze_vision=FROZEN,
+             image_size=(512, "file:image_max_pixels")),
+        [],
+    ),
+    "llava1_5_lora_sft.yaml": (
+        _job("llava-hf/llava-1.5-7b-hf", 1, 8, BF16, **LORA8, freeze_vision=FROZEN,
+             image_size=(768, f"{LF}/hparams/model_args.py (image_max_pixels = 768 * 768)")),
+        [],
+    ),
 }  # fmt: skip
 RESOLVES = {
     "extras_loraplus_llama3_lora_sft.yaml": "llama-3-8b",
@@ -107,6 +126,7 @@ RESOLVES = {
     "extras_eaft_qwen25_05b_eaft_full.yaml": "qwen2.5-0.5b",
     "extras_adam_mini_qwen2_full_sft.yaml": "qwen2-1.5b",
     "extras_asft_llama2_full_asft.yaml": "llama-2-7b",
+    "qwen2_5vl_full_sft.yaml": "qwen2.5-vl-7b",
 }
 
 
@@ -252,3 +272,48 @@ def test_a_script_forced_to_a_mapping_stack_is_one_line(stack: str, text: str) -
     with pytest.raises(ValueError, match=f"^x: stack {stack} reads a mapping of keys") as info:
         check_report({"x": text}, stack=stack)
     assert "\n" not in str(info.value)
+
+
+def test_a_multimodal_job_freezes_its_tower_and_asks_for_its_images() -> None:
+    """LLaMA-Factory freezes the tower and projector by default (finetuning_args.py): check's
+    estimate is the frozen tower's; the images per sequence are the dataset's, so check warns
+    until --images-per-sample gives them."""
+    name = "qwen2_5vl_full_sft.yaml"
+    text = _text(name)
+    bare = check_report({name: text}, gpu="h100-sxm-80gb", num_gpus=8)
+    assert any(w.startswith("images_per_sample:") for w in bare["warnings"])
+    with_images = check_report({name: text}, gpu="h100-sxm-80gb", num_gpus=8, images_per_sample=2)
+    assert not any(w.startswith("images_per_sample:") for w in with_images["warnings"])
+    job = dict(
+        model="qwen2.5-vl-7b", framework="deepspeed", gpu="h100-sxm-80gb", num_gpus=8, zero=3,
+        micro_batch_size=1, seq_len=2048, global_batch_size=16, precision="mixed-bf16",
+        optimizer="adamw-fused", recompute="full", images_per_sample=2, image_size=512,
+    )  # fmt: skip
+    expert = trainmem.estimate(**job, freeze_vision=True)
+    assert with_images["peak_device_bytes"] == expert["peak_device_bytes"]
+    trained = trainmem.estimate(**job, freeze_vision=False)
+    assert trained["bytes"]["gradients"] > expert["bytes"]["gradients"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "key", "why"),
+    [
+        ("freeze_multi_modal_projector: false\n", "freeze_multi_modal_projector",
+         "the projector trained with the tower frozen; counted frozen"),
+        ("freeze_vision_tower: false\n", "freeze_multi_modal_projector",
+         "the projector frozen with the tower trained; counted trained"),
+        ("freeze_language_model: true\n", "freeze_language_model",
+         "the language model frozen; counted trained"),
+    ],
+)  # fmt: skip
+def test_what_the_freeze_switches_leave_unmodelled(extra: str, key: str, why: str) -> None:
+    text = "model_name_or_path: Qwen/Qwen2.5-VL-7B-Instruct\nfinetuning_type: full\n"
+    text += "template: qwen2_vl\n" + extra
+    reading = read_job({"v.yaml": text})
+    assert f"v.yaml:{key}" in reading.unmodelled
+    assert any(why in w for w in reading.warnings), reading.warnings
+
+
+def test_a_text_job_gets_no_vision_fields() -> None:
+    reading = read_job({"t.yaml": _text("qwen3_lora_sft.yaml")})
+    assert not reading.has("freeze_vision") and not reading.has("image_size")
