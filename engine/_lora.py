@@ -616,7 +616,7 @@ def lora_first_layer_unsaved_copy_bytes(m: ModelSpec, *, frozen_amp, first, full
 
 
 def lora_frozen_norm_bytes(
-    m: ModelSpec, *, T, r, fused_norm, num_norms, scale_fp32=False
+    m: ModelSpec, *, T, r, fused_norm, num_norms, scale_fp32=False, sp_div=1.0
 ) -> np.ndarray:
     """Bytes a frozen Llama-style RMSNorm no longer saves, `num_norms` of them: the normalised
     [T, h] tensor its weight's gradient would need (`weight * x_normed`; a frozen weight needs
@@ -629,15 +629,17 @@ def lora_frozen_norm_bytes(
     for its weight's gradient only. Traced: bench/conformance.py LoRA cells of gemma2, gemma3.
     `scale_fp32`: the scale multiplies the fp32 normalised tensor (litgpt 0.5.13 RMSNorm), which
     is what a frozen scale no longer saves (hf_norm_bytes).
+    `sp_div`: with sequence parallelism the norms run on T / tp tokens (hf_norm_bytes' `own`),
+    so that is what a frozen one no longer saves.
     Assumes: Python RMSNorms of the `rms` or `gemma_rms` kind (not fused; OLMo 2's left as they
     are).
     """
     if m.norm == "gemma_rms":
-        return np.where(fused_norm, 0.0, num_norms * 4.0 * T * m.hidden_size)
+        return np.where(fused_norm, 0.0, num_norms * 4.0 * T * m.hidden_size / sp_div)
     if m.norm != "rms":
         return np.zeros_like(np.asarray(T, dtype=np.float64))
     normed_e = np.where(scale_fp32, 4.0, r)
-    return np.where(fused_norm, 0.0, num_norms * normed_e * T * m.hidden_size)
+    return np.where(fused_norm, 0.0, num_norms * normed_e * T * m.hidden_size / sp_div)
 
 
 def lora_frozen_qk_norm_bytes(m: ModelSpec, *, T, tp) -> np.ndarray:

@@ -559,6 +559,7 @@ def _lora_frozen_saves_less(m: ModelSpec, x: MicroBatch) -> np.ndarray:
         fused_norm=x.fused_norm,
         num_norms=m.num_norms_per_layer,
         scale_fp32=x.norm_scale_fp32,
+        sp_div=x.sp_div,
     )
     o_proj = lora_unadapted_o_proj_bytes(
         m, T=x.T, e=x.e, tp=x.tp, o_adapted=x.bits["o_proj"] | x.o_proj_input_kept
@@ -742,6 +743,20 @@ def _softmax_at_work(m: ModelSpec, x: MicroBatch, *, megatron, layer_ckpt) -> np
     return work + np.where(x.r < 4, layer_ckpt, 0.0)
 
 
+def _lora_frozen_final_norm(m: ModelSpec, x: MicroBatch) -> np.ndarray:
+    """What LoRA's frozen final norm no longer saves (lora_frozen_norm_bytes), on LoRA rows."""
+    final_norm = lora_frozen_norm_bytes(
+        m,
+        T=x.T,
+        r=x.r,
+        fused_norm=x.fused_norm,
+        num_norms=1,
+        scale_fp32=x.norm_scale_fp32,
+        sp_div=x.sp_div,
+    )
+    return np.where(x.lora, final_norm, 0.0)
+
+
 def _checkpointed_masks(m: ModelSpec, x: MicroBatch) -> np.ndarray:
     """The attention masks checkpointed blocks keep (act.hf_checkpointed_mask_bytes)."""
     return act.hf_checkpointed_mask_bytes(
@@ -787,10 +802,7 @@ def _outside(m: ModelSpec, x: MicroBatch, layers: dict[str, np.ndarray]) -> dict
         m, T=T, e=e, pp=pp, chunked=x.chunked | x.chunked_head, loss_tp_div=x.loss_tp_div
     )
     outside_all, rope, run_held = _rope_buffers(m, x, outside_all, rope, held=head["held"])
-    final_norm = lora_frozen_norm_bytes(
-        m, T=T, r=r, fused_norm=x.fused_norm, num_norms=1, scale_fp32=x.norm_scale_fp32
-    )
-    outside_all = outside_all - np.where(x.lora, final_norm, 0.0) + _bnb_kept_head(m, x, last=True)
+    outside_all = outside_all - _lora_frozen_final_norm(m, x) + _bnb_kept_head(m, x, last=True)
     masks = np.where(checkpointing & CHECKPOINT_KEEPS_MASK[x.fw], _checkpointed_masks(m, x), 0.0)
     outside = np.where(x.last, outside_all + logits_held, rope) + masks
     layer_inputs_not_saved = np.where((pp > 1) & full, layers["layer_ckpt"], 0.0)
@@ -1006,9 +1018,12 @@ def _recompute_terms(
     Megatron stage without recompute at its top layer's attention-core backward, the loss's
     tensors freed: `core_backward`)."""
     full, multi, last = x.rc == RECOMPUTE_FULL, x.pp > 1, x.last
+    # selective-layer with fewer blocks on the stage than `every` checkpoints none of them:
+    # nothing recomputes (as without recompute)
+    none_checkpointed = (x.rc == RECOMPUTE_SELECTIVE_LAYER) & (x.num_checkpointed == 0)
     return {
         "recompute_excess": recompute_excess_bytes(
-            x.rc,
+            np.where(none_checkpointed, RECOMPUTE_NONE, x.rc),
             multi=multi,
             last=last,
             layer_recomputed=layers["layer_recomputed"],
