@@ -117,16 +117,17 @@ METHOD_MOE = (
 
 
 METHOD_VLM = (
-    "Vision-language presets (model_type qwen2_vl, qwen2_5_vl, mllama): config = "
+    "Vision-language presets (model_type qwen2_vl, qwen2_5_vl, mllama, llava): config = "
     "AutoConfig.for_model(model_type, **preset_fields) (nested text_config / vision_config as the "
     "file has them), built on the meta device with AutoModelForImageTextToText.from_config; same "
     "total. The entry splits it by top-level module: vision_tower = model.visual (Qwen: patch "
-    "embedding, blocks, merger) or model.vision_model (Mllama), projector = "
-    "model.multi_modal_projector (Mllama; Qwen's merger is inside model.visual), language_model "
+    "embedding, blocks, merger), model.vision_model (Mllama) or model.vision_tower (LLaVA), "
+    "projector = model.multi_modal_projector (Mllama, LLaVA; Qwen's merger is inside "
+    "model.visual), language_model "
     "= model.language_model, lm_head; num_param_tensors = len(list(model.parameters())); "
     "per-block counts of the tower's block lists and, for Mllama, one cross-attention block."
 )
-VLM_TYPES = ("qwen2_vl", "qwen2_5_vl", "mllama")
+VLM_TYPES = ("qwen2_vl", "qwen2_5_vl", "mllama", "llava")
 
 
 def describe_vlm(model: torch.nn.Module) -> dict:
@@ -140,7 +141,7 @@ def describe_vlm(model: torch.nn.Module) -> dict:
     blocks = OrderedDict()
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.ModuleList) and len(module) and "vision" in name + "visual":
-            if name.startswith(("model.visual", "model.vision_model")):
+            if name.startswith(("model.visual", "model.vision_model", "model.vision_tower")):
                 blocks[name] = OrderedDict(count=len(module), per_block=numel(module[0].parameters()))
     language = model.model.language_model
     cross = [layer for layer in language.layers if hasattr(layer, "cross_attn")]

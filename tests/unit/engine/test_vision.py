@@ -86,7 +86,7 @@ def test_qwen2_vl_counts_equal_pytorch(config, num_parameters, num_tensors) -> N
     assert m.num_param_tensors == num_tensors
 
 
-@pytest.mark.parametrize("name", ["qwen2.5-vl-7b", "llama-3.2-11b-vision"])
+@pytest.mark.parametrize("name", ["qwen2.5-vl-7b", "llama-3.2-11b-vision", "llava-1.5-7b"])
 def test_preset_split_and_tensors_equal_pytorch(name: str) -> None:
     """The tower (+ projector) and the language model separately, and the tensor count."""
     ref = PARAM_COUNTS[name]
@@ -97,7 +97,7 @@ def test_preset_split_and_tensors_equal_pytorch(name: str) -> None:
         if p.group in ("vision", "vision_block", "vision_global")
     )
     parts = ref["parts"]
-    tower = parts.get("visual", 0) + parts.get("vision_model", 0)
+    tower = parts.get("visual", 0) + parts.get("vision_model", 0) + parts.get("vision_tower", 0)
     assert vision == tower + parts.get("multi_modal_projector", 0)
     assert m.num_param_tensors == ref["num_param_tensors"]
     if name == "llama-3.2-11b-vision":
