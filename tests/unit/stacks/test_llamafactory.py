@@ -127,6 +127,7 @@ RESOLVES = {
     "extras_adam_mini_qwen2_full_sft.yaml": "qwen2-1.5b",
     "extras_asft_llama2_full_asft.yaml": "llama-2-7b",
     "qwen2_5vl_full_sft.yaml": "qwen2.5-vl-7b",
+    "llava1_5_lora_sft.yaml": "llava-1.5-7b",
 }
 
 
