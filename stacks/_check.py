@@ -141,14 +141,21 @@ def resolved_fields(
 
 def _images_warning(reading: Reading, *, models_dir: str | None) -> None:
     """A vision-language model whose images per sequence no file or flag gives: the files
-    cannot say (a dataset's), so the estimate is text only; a warning says so."""
-    if reading.fields["images_per_sample"].origin != "trainmem-default":
-        return
+    cannot say (a dataset's), so the estimate is text only; a warning says so. A file that
+    says its job is multimodal (a reader put freeze_vision) on a model read without a tower (a
+    language-only preset, as the gemma-3-* ones are): a warning says the tower is missing."""
     try:
         vision = load_model(str(reading.fields["model"].value), models_dir=models_dir).vision
     except ValueError:  # estimate reports a model it cannot read, in its own words
         return
-    if vision is not None:
+    multimodal = reading.fields["freeze_vision"].origin != "trainmem-default"
+    if vision is None and multimodal:
+        reading.warn(
+            f"model: {reading.fields['model'].value!r} is read as a language model, without "
+            "the vision tower this multimodal job loads: the tower's weights are not counted; "
+            "give the checkpoint's config.json (--model PATH)"
+        )
+    if vision is not None and reading.fields["images_per_sample"].origin == "trainmem-default":
         reading.warn(
             "images_per_sample: a vision-language model's images per sequence are its "
             "dataset's; counted as text only: give --images-per-sample N"

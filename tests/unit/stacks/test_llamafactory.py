@@ -318,3 +318,15 @@ def test_what_the_freeze_switches_leave_unmodelled(extra: str, key: str, why: st
 def test_a_text_job_gets_no_vision_fields() -> None:
     reading = read_job({"t.yaml": _text("qwen3_lora_sft.yaml")})
     assert not reading.has("freeze_vision") and not reading.has("image_size")
+
+
+def test_a_multimodal_job_on_a_language_only_preset_says_the_tower_is_missing() -> None:
+    """google/gemma-3-4b-it resolves to the gemma-3-4b preset, the language model only; a
+    LLaMA-Factory job with its multimodal template loads the SigLIP tower too."""
+    text = "model_name_or_path: google/gemma-3-4b-it\ntemplate: gemma3\nfinetuning_type: lora\n"
+    report = check_report({"g.yaml": text}, gpu="h100-sxm-80gb")
+    assert any("without the vision tower" in w for w in report["warnings"]), report["warnings"]
+    plain = check_report(
+        {"l.yaml": _text("extras_loraplus_llama3_lora_sft.yaml")}, gpu="h100-sxm-80gb"
+    )
+    assert not any("vision tower" in w for w in plain["warnings"])
