@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._model import Family, MlpAct, ModelSpec
-from ._vision import VLM_MODEL_TYPES, read_vision_spec
+from ._vision import VLM_MODEL_TYPES, is_vlm_config, read_vision_spec
 
 _GELU_TANH_PYTHON = {"gelu_new", "gelu_fast", "gelu_python"}
 """Activations that transformers implements as a Python tanh formula (several saved tensors)."""
@@ -92,14 +92,12 @@ def _reader_of(config: dict[str, Any], *, name: str, family: str | None = None) 
         return "gpt2"
     if model_type in _BERT_TYPES:
         return "bert"
-    if model_type == "gemma3" and isinstance(config.get("vision_config"), dict):
-        return "vlm"  # Gemma3ForConditionalGeneration: its SigLIP tower too
+    if is_vlm_config(config):  # before the decoders: a gemma3 config with its SigLIP tower
+        return "vlm"
     if model_type in _LLAMA_STYLE:
         return "decoder"
     if model_type in _OWN_READERS:
         return model_type
-    if model_type in VLM_MODEL_TYPES:
-        return "vlm"
     supported = "; ".join(f"{fam}: {', '.join(t)}" for fam, t in SUPPORTED_MODEL_TYPES.items())
     what = f"model_type {raw!r} is not supported" if raw is not None else "model_type is missing"
     if model_type in _T5_TYPES:

@@ -24,6 +24,17 @@ VLM_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "mllama", "llava", "gemma3")
 """config.json model_types read as vision-language models (_model_readers.model_from_hf_config)."""
 
 
+def is_vlm_config(config: dict[str, Any]) -> bool:
+    """Whether a config.json is read as a vision-language model: a VLM_MODEL_TYPES model_type,
+    Gemma 3 only with a vision_config (Gemma3ForConditionalGeneration; a text-only gemma3
+    config is its language model)."""
+    raw = config.get("model_type")
+    model_type = raw.lower() if isinstance(raw, str) else ""
+    if model_type == "gemma3":
+        return isinstance(config.get("vision_config"), dict)
+    return model_type in VLM_MODEL_TYPES
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VisionSpec:
     """A VLM's vision tower and projector, in its config.json's vision_config field names."""
@@ -85,9 +96,21 @@ class VisionSpec:
         return self.hidden_size // self.num_heads
 
     @property
+    def vit_positions(self) -> int:
+        """LLaVA's CLIP / Gemma 3's SigLIP: positions of one image in the tower's blocks."""
+        return vit_positions(self.image_size, self.patch_size, class_token=self.class_token)
+
+    @property
     def patches_per_tile(self) -> int:
         """Mllama: (image_size / patch_size)^2 patches plus the class token (1601 at 560/14)."""
         return (self.image_size // self.patch_size) ** 2 + 1
+
+
+def vit_positions(image_size: int, patch_size: int, *, class_token: bool) -> int:
+    """(image_size / patch_size)^2 patches, and CLIP's class token before them (577 at
+    336 / 14). Source: modeling_clip.py CLIPVisionEmbeddings, modeling_siglip.py
+    SiglipVisionEmbeddings (num_patches, num_positions)."""
+    return (image_size // patch_size) ** 2 + int(class_token)
 
 
 class _Tensors:
@@ -198,12 +221,10 @@ def _vit_vision_tensors(v: VisionSpec, t: _Tensors) -> None:
     positions [patches, d], the same blocks, post_layernorm) and Gemma3MultiModalProjector
     (mm_input_projection_weight [d, text hidden], mm_soft_emb_norm RMSNorm(d)). The blocks after
     LLaVA's feature layer and the tensors no output reads are listed here as every other
-    (counted as parameters; VisionSpec.num_unused_layers / num_unused_tensors_numel say which
-    get no gradient).
+    (counted as parameters; VisionSpec.num_unused_layers says which blocks get no gradient).
     Source: transformers 5.24.0 modeling_clip.py, modeling_siglip.py, modeling_llava.py,
     modeling_gemma3.py."""
     d, f, c, p = v.hidden_size, v.intermediate_size, v.in_channels, v.patch_size
-    patches = (v.image_size // p) ** 2 + (1 if v.class_token else 0)
     clip = v.class_token  # CLIP's layout; SigLIP's otherwise
     emb = "vision_tower.vision_model.embeddings"
     if clip:
@@ -211,7 +232,7 @@ def _vit_vision_tensors(v: VisionSpec, t: _Tensors) -> None:
     t.add(f"{emb}.patch_embedding.weight", (d, c, p, p), "vision")
     if not clip:
         t.add(f"{emb}.patch_embedding.bias", (d,), "vision")
-    t.add(f"{emb}.position_embedding.weight", (patches, d), "vision")
+    t.add(f"{emb}.position_embedding.weight", (v.vit_positions, d), "vision")
     if clip:
         t.norm("vision_tower.vision_model.pre_layrnorm", "vision", d, True)
     layer = "vision_tower.vision_model.encoder.layers"
@@ -458,7 +479,9 @@ def _llava_spec(
             f"model: {name}: vision_feature_select_strategy must be default or full, "
             f"got {strategy!r}"
         )
-    patches = (tower["image_size"] // tower["patch_size"]) ** 2 + int(tower["class_token"])
+    patches = vit_positions(
+        tower["image_size"], tower["patch_size"], class_token=tower["class_token"]
+    )
     return VisionSpec(
         kind="llava",
         **tower,
@@ -571,8 +594,7 @@ def vision_sequence_per_image(v: VisionSpec, image_size_px) -> np.ndarray:
         padded = n + (8 - n % 8) % 8
         return np.full_like(np.asarray(image_size_px, dtype=np.float64), v.max_num_tiles * padded)
     if v.kind in ("llava", "gemma3"):
-        n = (v.image_size // v.patch_size) ** 2 + (1 if v.class_token else 0)
-        return np.full_like(np.asarray(image_size_px, dtype=np.float64), float(n))
+        return np.full_like(np.asarray(image_size_px, dtype=np.float64), float(v.vit_positions))
     return qwen_image_patches(v, image_size_px)
 
 

@@ -13,7 +13,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ._model import ModelSpec
+from ._model import MlpAct, ModelSpec
 from ._precision import AUTOCAST_COPY_BYTES
 from ._vision import (
     VisionGroup,
@@ -21,6 +21,7 @@ from ._vision import (
     cross_attention_keys_per_image,
     image_tokens_per_image,
     unused_vision_block_numel,
+    vision_param_tensors,
     vision_sequence_per_image,
 )
 
@@ -102,6 +103,14 @@ def held_vision_parameter_numel(m: ModelSpec, frozen: np.ndarray) -> np.ndarray:
     )
 
 
+def _tower_mlp_act(v: VisionSpec) -> MlpAct:
+    """The tower MLP's activation: Qwen2.5-VL's SiLU, CLIP's quick_gelu (hidden_act, read only
+    for LLaVA's and Gemma 3's towers), GELU for the others."""
+    if v.kind == "qwen2_5_vl":
+        return "silu"
+    return "quick_gelu" if v.hidden_act == "quick_gelu" else "gelu"
+
+
 @lru_cache(maxsize=64)
 def tower_spec(v: VisionSpec) -> ModelSpec:
     """The tower's blocks as a ModelSpec the block formulas read: Qwen2-VL (LayerNorm, fused
@@ -133,13 +142,7 @@ def tower_spec(v: VisionSpec) -> ModelSpec:
         vocab_size=1,
         max_position_embeddings=1,
         tie_word_embeddings=True,
-        mlp_act=(
-            "silu"
-            if v.kind == "qwen2_5_vl"
-            else "quick_gelu"
-            if vit and v.hidden_act == "quick_gelu"
-            else "gelu"
-        ),
+        mlp_act=_tower_mlp_act(v),
         gated_mlp=v.kind == "qwen2_5_vl",
         norm="rms" if v.kind == "qwen2_5_vl" else "layernorm",
         attention_bias=qwen or vit,
@@ -237,8 +240,6 @@ def _autocast_cast(name: str, shape: tuple[int, ...]) -> bool:
 @lru_cache(maxsize=64)
 def _tower_cast_numel(v: VisionSpec) -> tuple[int, int]:
     """(elements cast once: patch embedding and projector; elements cast per block)."""
-    from ._vision import vision_param_tensors
-
     once = per_block = 0
     for name, shape, group in vision_param_tensors(v):
         if not _autocast_cast(name, shape):

@@ -146,6 +146,14 @@ def unpacked_batches() -> Iterator[None]:
         masking_utils.find_packed_sequence_indices = plain
 
 
+def enable_hf_checkpointing(model: Any) -> None:
+    """HF's checkpointing of every GradientCheckpointingLayer, as the Trainer turns it on
+    (transformers 5.24 names it activation_checkpointing_enable; gradient_checkpointing_enable
+    before)."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    (enable or model.gradient_checkpointing_enable)()
+
+
 def hf_job(
     config: dict[str, Any],
     *,
@@ -178,14 +186,10 @@ def hf_job(
     def loss(model: Any, ids: Any) -> Any:
         return model(input_ids=ids, labels=ids).loss
 
-    def recompute(model: Any) -> None:
-        enable = getattr(model, "activation_checkpointing_enable", None)
-        (enable or model.gradient_checkpointing_enable)()
-
     def build() -> Any:
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
         ids = torch.randint(0, cfg.vocab_size, (micro_batch_size, seq_len))
-        return StepJob(model=model, batch=ids, loss=loss, enable_recompute=recompute)
+        return StepJob(model=model, batch=ids, loss=loss, enable_recompute=enable_hf_checkpointing)
 
     return build
 

@@ -321,13 +321,9 @@ def _is_vlm(job: _TraceJob) -> bool:
     """Whether --model is a vision-language model (a config the VLM step traces)."""
     if job.module:
         return False
-    from trainmem.engine._vision import VLM_MODEL_TYPES
+    from trainmem.engine._vision import is_vlm_config
 
-    config = model_config_dict(job.model)
-    model_type = str(config.get("model_type", "")).lower()
-    if model_type == "gemma3":
-        return isinstance(config.get("vision_config"), dict)
-    return model_type in VLM_MODEL_TYPES
+    return is_vlm_config(model_config_dict(job.model))
 
 
 def _check_vision(job: _TraceJob) -> None:

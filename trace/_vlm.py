@@ -38,9 +38,9 @@ def vlm_job(
     image, padded as MllamaImageProcessor pads; LLaVA / Gemma 3: [images, 3, side, side] at the
     tower's side, to which their processors resize any image). Gemma 3 gets the token_type_ids
     its processor returns (return_mm_token_type_ids): each image's tokens attend to each other
-    both ways, so every layer takes a mask. Full recompute is HF's
-    gradient_checkpointing_enable(), as the Trainer calls it: every GradientCheckpointingLayer,
-    the tower's blocks with the language model's."""
+    both ways, so every layer takes a mask. Full recompute is HF's checkpointing as the Trainer
+    turns it on (_core.enable_hf_checkpointing): every GradientCheckpointingLayer, the tower's
+    blocks with the language model's."""
     import numpy as np
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText
@@ -54,6 +54,7 @@ def vlm_job(
         qwen_resized_side,
     )
 
+    from ._core import enable_hf_checkpointing
     from ._step import StepJob
 
     spec = model_from_hf_config(config, name="traced")
@@ -130,7 +131,7 @@ def vlm_job(
             model=model,
             batch=(ids, labels, inputs),
             loss=loss,
-            enable_recompute=_enable_checkpointing,
+            enable_recompute=enable_hf_checkpointing,
             # A whole warm-up step: the optimizer keeps state only for the parameters a
             # gradient reaches (not LLaVA's tower blocks after its feature layer), which an
             # optimizer step on zero gradients would give to every parameter.
@@ -138,13 +139,6 @@ def vlm_job(
         )
 
     return build
-
-
-def _enable_checkpointing(model: Any) -> None:
-    """HF's checkpointing of every GradientCheckpointingLayer (transformers 5.24 names it
-    activation_checkpointing_enable; gradient_checkpointing_enable before)."""
-    enable = getattr(model, "activation_checkpointing_enable", None)
-    (enable or model.gradient_checkpointing_enable)()
 
 
 def trace_vlm_step(

@@ -83,6 +83,15 @@ MLLAMA_TINY: dict[str, Any] = {
         "supported_aspect_ratios": [[1, 1], [1, 2], [1, 3], [1, 4], [2, 1], [2, 2], [3, 1], [4, 1]],
     },
 }
+VIT_TOWER_TINY: dict[str, Any] = {
+    "hidden_size": 256,
+    "intermediate_size": 1024,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "image_size": 224,
+    "patch_size": 14,
+}
+"""The tiny CLIP / SigLIP tower both LLaVA's and Gemma 3's configs below use."""
 LLAVA_TINY: dict[str, Any] = {
     "model_type": "llava",
     "image_token_index": 32000,
@@ -98,15 +107,7 @@ LLAVA_TINY: dict[str, Any] = {
         "num_key_value_heads": 2,
         "vocab_size": 32064,
     },
-    "vision_config": {
-        "model_type": "clip_vision_model",
-        "hidden_size": 256,
-        "intermediate_size": 1024,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "image_size": 224,
-        "patch_size": 14,
-    },
+    "vision_config": {"model_type": "clip_vision_model", **VIT_TOWER_TINY},
 }
 GEMMA3_TINY: dict[str, Any] = {
     "model_type": "gemma3",
@@ -125,12 +126,7 @@ GEMMA3_TINY: dict[str, Any] = {
     },
     "vision_config": {
         "model_type": "siglip_vision_model",
-        "hidden_size": 256,
-        "intermediate_size": 1024,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "image_size": 224,
-        "patch_size": 14,
+        **VIT_TOWER_TINY,
         "vision_use_head": False,
     },
 }
