@@ -114,6 +114,28 @@ def trainer_grid(g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {**doubled, **packed_micro_batches(doubled)}
 
 
+def trainer_time_columns(g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The columns an RL row's trainer step is timed on: DPO's pairs (twice the sequences),
+    each sequence of unpadded_seq_len tokens (the work of its real tokens: packed_micro_batches'
+    nominal micro-batches bound the memory, not the FLOPs), and a packed row's micro-batch as
+    many sequences as rl_max_token_len_per_gpu holds (the GEMMs' size). Rows without RL as
+    given. No branch on a row's value, so that the
+    step-time formulas that read them trace (engine/_fast/_time_row.py)."""
+    pairs = dpo_pairs(g)
+    seq = unpadded_seq_len(g)
+    micro = g["micro_batch_size"] * pairs
+    layout = parallel_layout(g)
+    per_rank = np.ceil(layout["global_batch_size"] * pairs / layout["dp"])
+    fill = np.floor(np.asarray(g["rl_max_token_len_per_gpu"]) / np.maximum(seq, 1))
+    packed = np.clip(fill, 1, np.maximum(per_rank, 1)).astype(np.asarray(micro).dtype)
+    return {
+        **g,
+        "micro_batch_size": np.where(_packed_rows(g), packed, micro),
+        "global_batch_size": g["global_batch_size"] * pairs,
+        "seq_len": seq,
+    }
+
+
 def _packed_rows(g: Any) -> np.ndarray:
     """RL rows whose train and score micro-batches are packed by tokens
     (rl_max_token_len_per_gpu > 0)."""

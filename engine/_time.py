@@ -53,6 +53,8 @@ from ._precision import (
     autocast_traffic_bytes_per_weight,
 )
 from ._recompute import recompute_flop_factors
+from ._rl import RL_NONE, trainer_time_columns
+from ._rl_time import RL_TIME_COLUMNS, rl_time_columns
 from ._tensor_parallel import sequence_parallel_on, tp_exposed_s
 from ._time_params import TimeParams
 
@@ -523,12 +525,18 @@ def time_values(
     *,
     tokens: float | np.ndarray | None,
     params: TimeParams | None,
+    rl_rows: bool | None = None,
 ) -> dict[str, Any]:
     """_time_columns before broadcasting: each column as its formulas give it (a scalar where
     no row value enters it). The single-configuration path traces this function
-    (engine/_fast/_time_row.py)."""
+    (engine/_fast/_time_row.py), once for RL rows and once for the others (`rl_rows`; None:
+    whether any row of `g` is one)."""
     pr = params or TimeParams()
-    x = step_shape(m, g)
+    # An RL row's trainer trains on its real tokens (DPO's pairs, padding removed:
+    # engine/_rl.trainer_time_columns); its RL terms read the rollout's fields (g). A grid
+    # without RL rows skips both (the same values: the formulas give rl none rows g's own).
+    has_rl = bool(np.any(np.asarray(g["rl"]) != RL_NONE)) if rl_rows is None else rl_rows
+    x = step_shape(m, trainer_time_columns(g) if has_rl else g)
     peak = np.where(x.prec == FP32, links.fp32_peak_flops, links.peak_flops).astype(np.float64)
     hbm = np.asarray(links.hbm_bytes_per_s, dtype=np.float64) * pr.memory_bandwidth_efficiency
     fp8_peak = np.asarray(links.fp8_peak_flops, dtype=np.float64)
@@ -539,7 +547,23 @@ def time_values(
     work = _compute_s(m, x, g, peak=peak, peak8=peak8, hbm=hbm, pr=pr)
     comm = _communication_s(m, x, work, links=links, pr=pr)
     n, price = x.n, np.asarray(links.price_per_gpu_hour_usd, dtype=np.float64)
-    out = _step_columns(m, x, work, comm, peak=peak, price=price)
+    rl: dict[str, Any] = dict.fromkeys(RL_TIME_COLUMNS, 0.0)
+    if has_rl:
+        rl = rl_time_columns(
+            m,
+            g,
+            trainer_step_s=(work["busy"] + work["optimizer_s"])
+            + _communication_total(comm)
+            + comm["bubble_time_s"],
+            trainer_forward_s=work["busy"] * work["fwd_share"],
+            trainable=work["trainable"],
+            adapters=work["adapters"],
+            links=links,
+            hbm=hbm,
+            peak=peak,
+            pr=pr,
+        )
+    out = _step_columns(m, x, work, comm, rl, peak=peak, price=price)
     if tokens is not None:
         time_to_train = np.asarray(tokens, dtype=np.float64) / out["tokens_per_second"]
         out["time_to_train_s"] = time_to_train
@@ -547,17 +571,8 @@ def time_values(
     return out
 
 
-def _step_columns(
-    m: ModelSpec,
-    x: StepShape,
-    work: dict[str, Any],
-    comm: dict[str, np.ndarray],
-    *,
-    peak: np.ndarray,
-    price: np.ndarray,
-) -> dict[str, Any]:
-    """The step, its parts, throughput, FLOP utilisation and cost (see estimate_time)."""
-    compute = work["busy"] + work["optimizer_s"]
+def _communication_total(comm: dict[str, np.ndarray]) -> np.ndarray:
+    """The exposed communication of a step (its pipeline bubble apart)."""
     communication = (
         comm["tp_exposed_s"]
         + comm["cp_exposed_s"]
@@ -566,8 +581,27 @@ def _step_columns(
         + comm["dp_exposed_s"]
         + comm["fsdp_exposed_s"]
     )
-    communication = communication + comm["offload_s"]
-    step = compute + communication + comm["bubble_time_s"]
+    return communication + comm["offload_s"]
+
+
+def _step_columns(
+    m: ModelSpec,
+    x: StepShape,
+    work: dict[str, Any],
+    comm: dict[str, np.ndarray],
+    rl: dict[str, Any],
+    *,
+    peak: np.ndarray,
+    price: np.ndarray,
+) -> dict[str, Any]:
+    """The step, its parts, throughput, FLOP utilisation and cost (see estimate_time); an RL
+    row's step adds its rollout, score, critic, sync and offload time (engine/_rl_time.py)."""
+    compute = work["busy"] + work["optimizer_s"]
+    communication = _communication_total(comm)
+    rl_total = (rl["rl_rollout_s"] + rl["rl_score_s"] + rl["rl_critic_s"] + rl["rl_sync_s"]) + rl[
+        "rl_offload_s"
+    ]
+    step = compute + communication + comm["bubble_time_s"] + rl_total
     n = x.n
     tokens_per_second = x.tokens_per_step / step
     blocks_head = work["blocks"] + work["head"]
@@ -592,6 +626,7 @@ def _step_columns(
         "memory_bound_time_s": work["memory_s"],
         "optimizer_time_s": work["optimizer_s"],
         **{k: comm[k] for k in EXPOSED_COLUMNS},
+        **rl,
         "model_flops_per_step": model_flops,
         "hardware_flops_per_step": hardware_flops,
         "achieved_flops_per_gpu": hardware_flops / (step * n),

@@ -21,6 +21,7 @@ TIME_PARAM_CEILINGS: dict[str, float] = {
     "ring_step_latency_s": 1.0,
     "cpu_optimizer_params_per_s": 1e15,
     "fp8_cast_bytes_per_element": 100.0,
+    "rollout_step_overhead_s": 1.0,
 }
 """The largest value of each unbounded time constant that still describes hardware: about a
 million times its default or more (a ring step of a second, 10^15 parameters a second); beyond
@@ -120,6 +121,14 @@ class TimeParams:
     and writes fp8 (1). Source: torchao float8 float8_scaling_utils.py hp_tensor_to_float8_dynamic
     (tensor_to_scale, then the scaled cast); torch.compile fuses the two reads (3 bytes), which
     this ignores."""
+    rollout_step_overhead_s: float = 0.015
+    """Time a rollout engine's decode step takes beyond reading its weights and KV cache:
+    the scheduler, the sampler over the vocabulary and the kernel launches of one step (the
+    logs' vLLM runs eager: no CUDA graphs). Source: fitted to verl's timing_s/gen of five runs
+    on 8 H100s (dingxianzhong/play-verl 7716a61: Qwen2.5-0.5B GRPO and PPO, Qwen2-7B PPO at
+    rollout tp 1 and 2; eric-haibin-lin/verl-data cc49946: Qwen2.5-7B LoRA GRPO at tp 2), the
+    geometric mean of estimate / measured at 1; the runs' own per-step overheads range from
+    about 7 ms (7B, tp 1) to 33 ms (0.5B, 2048 responses): bench/rl_time.py prints each."""
     cp_overlap_fraction: float = 0.8
     """Fraction of the attention core that hides the context-parallel K/V ring exchange.
     Source: Liu et al. 2023 (Ring Attention) Sec. 3, blockwise overlap; a judgement."""

@@ -126,6 +126,9 @@ def stage_summary(out: dict[str, np.ndarray], *, row: int) -> dict[str, Any]:
     }
 
 
+RL_TIME_PARTS = ("rl_rollout_s", "rl_score_s", "rl_critic_s", "rl_sync_s", "rl_offload_s")
+"""An RL step's time beside its trainer's, per optimizer step (engine/_rl_time.py); 0 without
+--rl."""
 TIME_PARTS = (
     "gemm_time_s",
     "attention_time_s",
@@ -138,6 +141,7 @@ TIME_PARTS = (
     "fsdp_exposed_s",
     "offload_s",
     "expert_s",
+    *RL_TIME_PARTS,
 )
 
 
@@ -171,11 +175,21 @@ def time_report(
     return report
 
 
+def _rl_time_text(parts: dict[str, float]) -> str:
+    """`, RL 30.1 (rollout 27.4, score 2.1, ...)` where the step has RL time, else ``."""
+    rl = {k: parts.get(k, 0.0) for k in RL_TIME_PARTS}
+    if not sum(rl.values()) > 0.0:
+        return ""
+    named = ", ".join(f"{k[3:-2]} {v:.3g}" for k, v in rl.items() if v > 0.0)
+    return f", RL {sum(rl.values()):.3g} ({named})"
+
+
 def time_line(t: dict[str, Any]) -> str:
     """One line of the human output: step time, throughput, MFU, cost."""
     line = (
         f"  step {t['step_time_s']:.3g} s (compute {t['compute_time_s']:.3g}, exposed "
-        f"communication {t['communication_exposed_s']:.3g}, bubble {t['bubble_time_s']:.3g}): "
+        f"communication {t['communication_exposed_s']:.3g}, bubble {t['bubble_time_s']:.3g}"
+        f"{_rl_time_text(t.get('parts', {}))}): "
         f"{t['tokens_per_second']:,.0f} tokens/s, MFU {t['mfu']:.0%}, "
         f"${t['cost_per_million_tokens']:.3g} per million tokens"
     )

@@ -38,6 +38,11 @@ STEP_PARTS = (
     ("fsdp_exposed_s", "exposed ZeRO/FSDP gathers"),
     ("offload_s", "CPU offload traffic"),
     ("expert_s", "exposed expert-parallel all-to-all"),
+    ("rl_rollout_s", "RL rollout generation"),
+    ("rl_score_s", "RL score forwards (old policy, reference, values)"),
+    ("rl_critic_s", "RL critic update"),
+    ("rl_sync_s", "RL weight sync to the rollout engine"),
+    ("rl_offload_s", "RL offload between phases"),
 )
 """The parts of a step (engine estimate_time columns; `compute` = compute_time_s minus the
 optimizer step), which add up to step_time_s, with their labels."""
@@ -52,6 +57,11 @@ TIME_PART_COLUMNS = (
     "fsdp_exposed_s",
     "offload_s",
     "expert_s",
+    "rl_rollout_s",
+    "rl_score_s",
+    "rl_critic_s",
+    "rl_sync_s",
+    "rl_offload_s",
 )
 LAYOUT_FIELDS = AXES[1:]
 """The fields that name a point (besides its GPU): the swept axes after the pool."""

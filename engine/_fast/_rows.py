@@ -36,7 +36,7 @@ from .._rules import Rule, RuleModel, broken_rule
 from ._formula_kernels import _PRELUDE, _literal, _live, _operand_dtype, _statement, load
 from ._formula_trace import Program, Sym, trace
 
-SOURCE_VERSION = 2
+SOURCE_VERSION = 3
 """Bumped when the generated sources' form changes (part of their hash)."""
 
 
@@ -65,6 +65,8 @@ def _py_cast(expression: str, source: np.dtype, dtype: np.dtype) -> str:
     if source == dtype:
         return expression
     if source.kind == "f" and dtype.kind in "iu":
+        if dtype.itemsize == 8:  # int64: _int's truncation is numpy's cast (no wrap)
+            return f"_int({expression})"
         return f"_wrap{dtype.itemsize * 8}(_int({expression}))"
     return f"{_py_type(dtype)}({expression})"
 

@@ -48,21 +48,23 @@ class _TimeProgram(NamedTuple):
     outputs: tuple[str, ...]
 
 
-_programs: dict[tuple[int, TimeParams, bool], _TimeProgram] = {}
+_programs: dict[tuple[int, TimeParams, bool, bool], _TimeProgram] = {}
 _PROGRAM_LIMIT = 64
-"""Programs kept (one per model, time constants and tokens given or not) before starting over."""
+"""Programs kept (one per model, time constants, tokens given or not and RL row or not) before
+starting over."""
 
 
-def time_program(m: ModelSpec, params: TimeParams | None = None) -> Program:
+def time_program(m: ModelSpec, params: TimeParams | None = None, *, rl: bool = True) -> Program:
     """time_values of one row of model `m`: its grid fields, the GPU's values (`link_<name>`)
-    and `tokens` symbolic; raises Untraceable."""
+    and `tokens` symbolic; an RL row's program (`rl`) or another's (its RL terms zero, not
+    traced); raises Untraceable."""
     columns: dict[str, np.dtype] = {k: v.dtype for k, v in make_grid().items()}
     columns.update(dict.fromkeys((*_LINK_COLUMNS, _TOKENS), _F8))
     pr = params or TimeParams()
 
     def program(model: ModelSpec, c: dict[str, Any]) -> dict[str, Any]:
         links = Links(*(c[k] for k in _LINK_COLUMNS))
-        return time_values(model, c, links, tokens=c[_TOKENS], params=pr)
+        return time_values(model, c, links, tokens=c[_TOKENS], params=pr, rl_rows=rl)
 
     return trace(program, m, columns)
 
@@ -81,10 +83,10 @@ def time_source(p: Program) -> tuple[str, tuple[str, ...]]:
     return "\n".join(source) + "\n", grid
 
 
-def _compile(m: ModelSpec, params: TimeParams, with_tokens: bool) -> _TimeProgram:
+def _compile(m: ModelSpec, params: TimeParams, with_tokens: bool, rl: bool) -> _TimeProgram:
     """The program of model `m` (None where it cannot be traced or rendered)."""
     try:
-        p = time_program(m, params)
+        p = time_program(m, params, rl=rl)
         if not with_tokens:  # the columns estimate_time gives without `tokens`
             keep = {k: v for k, v in p.outputs.items() if k not in TOKEN_COLUMNS}
             p = p._replace(outputs=keep)
@@ -101,13 +103,13 @@ TOKEN_COLUMNS = ("time_to_train_s", "cost_to_train_usd")
 """The columns estimate_time adds with `tokens`."""
 
 
-def _program_of(m: ModelSpec, params: TimeParams, with_tokens: bool) -> _TimeProgram:
-    key = (id(m), params, with_tokens)
+def _program_of(m: ModelSpec, params: TimeParams, with_tokens: bool, rl: bool) -> _TimeProgram:
+    key = (id(m), params, with_tokens, rl)
     program = _programs.get(key)
     if program is None or program.model is not m:
         if len(_programs) >= _PROGRAM_LIMIT:
             _programs.clear()
-        program = _programs[key] = _compile(m, params, with_tokens)
+        program = _programs[key] = _compile(m, params, with_tokens, rl)
     return program
 
 
@@ -127,7 +129,7 @@ def estimate_time_one(
     The caller has checked the layout (layout_reason 0): an invalid row's values mean nothing
     here, where estimate_time gives NaN."""
     pr = params or TimeParams()
-    program = _program_of(m, pr, tokens is not None)
+    program = _program_of(m, pr, tokens is not None, int(row["rl"]) != 0)  # 0: rl none
     if program.function is None:
         return _fallback(m, row, links, tokens=tokens, params=pr)
     values = [row[k] for k in program.inputs]

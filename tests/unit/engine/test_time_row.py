@@ -77,8 +77,24 @@ def test_every_preset_runs_the_generated_program() -> None:
     every preset and the traced profile get the program."""
     _time_row._programs.clear()
     for m in [*(load_model(n) for n in preset_names()), load_profile(PROFILE)]:
-        program = _time_row._program_of(m, TimeParams(), with_tokens=True)
-        assert program.function is not None, m.name
+        for rl in (False, True):  # the RL rows' program and the others'
+            program = _time_row._program_of(m, TimeParams(), with_tokens=True, rl=rl)
+            assert program.function is not None, (m.name, rl)
+
+
+def test_rl_rows_equal_estimate_time() -> None:
+    """RL rows (their rollout, score, critic, sync and offload terms) take their own program:
+    the same floats as estimate_time on them, beside a row without RL."""
+    m = load_model("qwen2.5-7b")
+    base = dict(num_gpus=8, zero=3, seq_len=1536, micro_batch_size=2, global_batch_size=64)
+    drawn = [
+        base,
+        {**base, "rl": "grpo", "rl_group_size": 8, "response_len": 512, "rollout_tp": 2},
+        {**base, "rl": "ppo", "rl_group_size": 1, "response_len": 512, "rl_mean_seq_len": 400},
+        {**base, "rl": "dpo", "lora_rank": 16},
+        {**base, "rl": "grpo", "rl_trainer_offload": "params+optimizer", "ref_model": "offloaded"},
+    ]
+    assert _check(m, columns_of(drawn), m.name) == len(drawn)
 
 
 def test_the_report_uses_the_row_values() -> None:
