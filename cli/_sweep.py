@@ -14,7 +14,7 @@ import typer
 from trainmem.hardware import GIB
 from trainmem.report import EXIT_CODES, json_text
 from trainmem.sweep import SWEEP_OPTIONS
-from trainmem.sweep._axes import SHOW, heading
+from trainmem.sweep._axes import SHOW, heading, shown_columns
 
 from ._options import command
 from ._progress import progress_bar
@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 # ---- sweep -------------------------------------------------------------------------------------
 
 
-def _top_table(result: SearchResult) -> str:
-    cols = tuple(c for c in SHOW if c != "dp")
+def _top_table(result: SearchResult, *, rl: bool) -> str:
+    cols = shown_columns(tuple(c for c in SHOW if c != "dp"), rl=rl)
     heads = tuple(heading(c) for c in cols)
     lines = [
         " ".join(f"{h:>9}" if i else f"{h:<16}" for i, h in enumerate(heads))
@@ -70,7 +70,7 @@ def sweep_cmd(training: dict[str, Any], *, as_json: bool, **options: Any) -> Non
         typer.echo(f"best {fleet_use_text(report)}")
     if space.risk is not None:
         typer.echo(_risk_text(report, space))
-    typer.echo(_top_table(result))
+    typer.echo(_top_table(result, rl=_is_rl(space)))
     if len(objectives) > 1:
         typer.echo(f"Pareto front ({' vs '.join(objectives)}): {len(result.best)} points")
     if report.why is not None:
@@ -104,13 +104,19 @@ def _job_text(space: Any) -> str:
     )
 
 
+def _is_rl(space: Any) -> bool:
+    """The space's job is an RL one (--rl): its tables show the RL axes."""
+    return str(space.fixed.get("rl", "none")) != "none"
+
+
 def _nothing_fits(result: SearchResult, space: Any) -> str:
     """``nothing fits`` and, when a valid point exists, the one nearest to fitting and how far
     over its GPU's limit (usable memory x (1 - headroom); the points hold no headroom column)."""
     near = result.extra.get("closest")
     if not near:
         return "nothing fits (no valid layout: see the reasons with `trainmem points`)"
-    layout = " ".join(f"{k} {near[k]}" for k in SHOW if k not in ("gpu", "num_gpus"))
+    shown = shown_columns(SHOW, rl=_is_rl(space))
+    layout = " ".join(f"{k} {near[k]}" for k in shown if k not in ("gpu", "num_gpus"))
     limit_bytes = space.gpus[near["gpu"]].usable_bytes * (1 - space.headroom)
     over = (near["peak_device_bytes"] - limit_bytes) / GIB
     return (
@@ -173,8 +179,12 @@ def points_cmd(
             raise ValueError(f"--columns: unknown column {unknown[0]!r}")
         frame = frame.select(wanted)
     elif not as_json:
+        rl = "rl" in frame.columns and bool((frame["rl"].cast(pl.String) != "none").any())
         frame = frame.select(
-            [*SHOW, "peak_device_bytes", "fits", "step_time_s", "cost_per_million_tokens"]
+            [
+                *shown_columns(SHOW, rl=rl),
+                *("peak_device_bytes", "fits", "step_time_s", "cost_per_million_tokens"),
+            ]
         )
     if as_json:  # byte counts are whole bytes (Int64; rounded from schema 3's Float64)
         typer.echo(json_text(frame.to_dicts()))

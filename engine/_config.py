@@ -72,6 +72,9 @@ class Knob:
     choices, or off and on for a switch)."""
     heading: str | None = None
     """The column heading in the sweep's and recommend's tables (None: the field's name)."""
+    rl_axis: bool = False
+    """A search axis only for an RL job (--rl): other jobs search its default alone, and their
+    tables leave it out (sweep/_space.py _rl_axes, sweep/_axes.py shown_columns)."""
 
 
 def knob(default: Any, **meta: Any) -> Any:
@@ -267,6 +270,9 @@ class TrainingConfig:
         help="Rollout engine tensor parallel degree (verl rollout.tensor_model_parallel_size).",
         ge=1,
         le=1024,
+        sweep_axis=True,
+        rl_axis=True,
+        heading="rtp",
     )
     rollout_gpu_memory_utilization: float = knob(
         0.5,
@@ -316,12 +322,18 @@ class TrainingConfig:
         help=" | ".join(REF_MODELS) + " (RL reference model; auto: shared-lora with a LoRA "
         "rank, else separate)",
         choices=REF_MODELS,
+        sweep_axis=True,
+        rl_axis=True,
+        heading="ref",
     )
     rl_trainer_offload: str = knob(
         "none",
         help=" | ".join(RL_TRAINER_OFFLOADS) + " (trainer states on CPU during the rollout: "
         "verl fsdp_config.optimizer_offload / param_offload)",
         choices=RL_TRAINER_OFFLOADS,
+        sweep_axis=True,
+        rl_axis=True,
+        heading="rl_offload",
     )
     log_prob_micro_batch_size: int = knob(
         0,

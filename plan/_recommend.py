@@ -53,7 +53,7 @@ from trainmem.sweep import (
     parse_objectives,
     run_exhaustive,
 )
-from trainmem.sweep._axes import AXES, INNER_AXES, SHOW, heading
+from trainmem.sweep._axes import AXES, INNER_AXES, RL_AXES, SHOW, heading, shown_columns
 from trainmem.sweep._axes import LAYOUT as SWEEP_LAYOUT
 from trainmem.sweep._fleet_use import fleet_gpus, fleet_use, fleet_use_text
 from trainmem.sweep._risk import space_risk
@@ -274,13 +274,15 @@ def rl_job(job: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, Any] | 
     """The JSON key `rl_job` of an RL job's plan: RL_JOB_FIELDS as the estimate runs them,
     `auto` and 0 resolved (the rollout engine and the reference by the engine's own
     rl_rows; prompts per rollout global_batch_size / group; the log-prob micro-batch the
-    plan's); None for a job without RL."""
+    plan's), the searched RL axes (rollout_tp, ref_model, rl_trainer_offload) the plan's;
+    None for a job without RL."""
     from trainmem.engine import make_grid
     from trainmem.engine._rl import rl_rows
     from trainmem.engine._vocab import REF_MODELS, ROLLOUTS
 
     out = {name: DEFAULTS_BY_FIELD[name] if job.get(name) is None else job[name]
            for name in RL_JOB_FIELDS}  # fmt: skip
+    out.update({name: plan[name] for name in RL_AXES if name in plan})  # the search's choice
     if out["rl"] == "none":
         return None
     codes = rl_rows(make_grid({k: out[k] for k in ("rl", "rollout", "ref_model", "lora_rank")}))
@@ -730,6 +732,8 @@ def estimate_command(
     if family is not None:
         args += ["--family", family]
     for key in COMMAND_FIELDS:
+        if key in RL_AXES and plan[key] == DEFAULTS_BY_FIELD[key]:
+            continue  # an RL axis at its default (every job without --rl): estimate's own
         if isinstance(plan[key], bool):  # a switch searched: its flag when on
             args += [KNOBS[key].flag or "--" + key.replace("_", "-")] if plan[key] else []
         else:
@@ -764,7 +768,6 @@ def estimate_command(
 
 ROW = ("gpu", "num_gpus", "num_nodes", *SHOW[2:])
 """The alternatives table's columns: the sweep's (SHOW), with the nodes after the GPU count."""
-HEADS = tuple(heading(c) for c in ROW)
 
 
 def summary(report: dict[str, Any]) -> str:
@@ -811,7 +814,8 @@ def summary(report: dict[str, Any]) -> str:
         hint = "  what to change: run the reproduce line (estimate lists what makes it fit)"
         return "\n".join([*lines, report["reason"], hint])
     if report["alternatives"]:
-        lines += ["alternatives (distinct layouts):", _table(report["alternatives"])]
+        is_rl = bool((report.get("rl_job") or {}).get("rl"))
+        lines += ["alternatives (distinct layouts):", _table(report["alternatives"], rl=is_rl)]
     fmt = "torchrun|slurm" if report["framework"] in ("megatron", "deepspeed") else ""
     fmt += "|deepspeed" if report["framework"] == "deepspeed" else ""
     fmt += "accelerate" if report["framework"] == "hf" else ""
@@ -824,14 +828,19 @@ def summary(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _table(plans: list[dict[str, Any]]) -> str:
-    width = [max(len(h), *(len(str(p[c])) for p in plans)) for h, c in zip(HEADS, ROW, strict=True)]
+def _table(plans: list[dict[str, Any]], *, rl: bool) -> str:
+    row_columns = shown_columns(ROW, rl=rl)
+    heads = tuple(heading(c) for c in row_columns)
+    width = [
+        max(len(h), *(len(str(p[c])) for p in plans))
+        for h, c in zip(heads, row_columns, strict=True)
+    ]
     cells = [
-        " ".join(f"{h:<{w}}" for h, w in zip(HEADS, width, strict=True))
+        " ".join(f"{h:<{w}}" for h, w in zip(heads, width, strict=True))
         + f"{'GiB':>8}{'step s':>9}{'$/Mtok':>9}  note"
     ]
     for p in plans:
-        row = " ".join(f"{p[c]!s:<{w}}" for c, w in zip(ROW, width, strict=True))
+        row = " ".join(f"{p[c]!s:<{w}}" for c, w in zip(row_columns, width, strict=True))
         step, cost = p["step_time_s"] or math.nan, p["cost_per_million_tokens"] or math.nan
         cells.append(
             f"{row}{p['peak_device_bytes'] / GIB:>8.2f}{step:>9.3g}{cost:>9.4g}  {p['note']}"

@@ -47,6 +47,16 @@ SHOW: tuple[str, ...] = ("gpu", *LAYOUT_AXES[1:], "dp", *INNER_AXES, "grad_accum
 """A point's configuration as the sweep shows it: its layout, dp (which the layout decides), the
 knobs chosen within it, and the gradient accumulation (which the micro-batch decides)."""
 
+RL_AXES: tuple[str, ...] = tuple(a for a in SEARCHED if KNOBS[a].rl_axis)
+"""The axes searched only for an RL job (their declaration's rl_axis): the rollout engine's tp,
+the reference model's placement, the RL trainer's offload between phases."""
+
+
+def shown_columns(columns: tuple[str, ...], *, rl: bool) -> tuple[str, ...]:
+    """A table's columns for a job: without RL, none of the RL axes (each is its default)."""
+    return columns if rl else tuple(c for c in columns if c not in RL_AXES)
+
+
 DERIVED_HEADINGS = {"gpu": "gpu", "num_nodes": "nodes", "dp": "dp", "grad_accum_steps": "accum"}
 """Headings of the table columns that are not training fields."""
 

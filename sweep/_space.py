@@ -47,7 +47,7 @@ from trainmem.report import (
 )
 from trainmem.report._rl import fold_rl, is_rl, rl_columns
 
-from ._axes import AXES, NAMED_AXES, declared_values
+from ._axes import AXES, NAMED_AXES, RL_AXES, declared_values
 from ._options import SEARCH_DEFAULTS
 from ._risk import SpaceRisk, null_columns, risk_columns, scatter, step_lengths
 
@@ -723,8 +723,37 @@ def _job_axes(job: _SpaceJob, counts: tuple[int, ...]) -> dict[str, tuple[Any, .
         "recompute": recomputes,
         "micro_batch_size": tuple(micro_batches),
     }
+    rules.update(_rl_axes(job, max_per_node))
     # The axes the job decides (above); every other searched field takes its declared values.
     return {a: rules[a] if a in rules else declared_values(a) for a in AXES}
+
+
+def _rl_axes(job: _SpaceJob, max_per_node: int) -> dict[str, tuple[Any, ...]]:
+    """The RL axes (declared rl_axis) of the job: their defaults alone without --rl; with it,
+    the rollout engine's tp over the powers of two within a node that divide the attention
+    heads (vLLM's rule; dividing the GPUs is the engine's ROLLOUT_TP_LAYOUT), and for a verl
+    job the trainer's offload between phases (verl fsdp_config.param_offload /
+    optimizer_offload) and the reference on the GPU or offloaded (ref.fsdp_config.
+    param_offload); a LoRA job's reference is its base (shared-lora), a DPO job has no rollout.
+    Source: vLLM vllm/config/model.py ModelConfig.verify_with_parallel_config ("Total number of
+    attention heads must be divisible by tensor parallel size"); verl b178a3c
+    verl/trainer/config/_generated_ppo_trainer.yaml (actor and ref fsdp_config)."""
+    fields = {**DEFAULTS_BY_FIELD, **(job.training or {})}
+    rl, framework = str(fields["rl"]), str((job.training or {}).get("framework", job.framework))
+    out: dict[str, tuple[Any, ...]] = {a: (DEFAULTS_BY_FIELD[a],) for a in RL_AXES}
+    if rl == "none":
+        return out
+    heads = job.model.num_attention_heads
+    if rl != "dpo":
+        out["rollout_tp"] = tuple(t for t in _powers_of_two(max_per_node) if heads % t == 0)
+    verl = framework == "verl"
+    if int(fields["lora_rank"]) > 0:
+        out["ref_model"] = ("shared-lora",)
+    else:
+        out["ref_model"] = ("separate", "offloaded") if verl else ("separate",)
+    if verl:
+        out["rl_trainer_offload"] = declared_values("rl_trainer_offload")
+    return out
 
 
 def _fixed_fields(job: _SpaceJob) -> dict[str, Any]:

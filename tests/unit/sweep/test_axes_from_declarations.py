@@ -11,10 +11,14 @@ import textwrap
 from pathlib import Path
 
 from trainmem.engine import KNOBS, OFFLOADS, RECOMPUTE
+from trainmem.engine._vocab import REF_MODELS, RL_TRAINER_OFFLOADS
 from trainmem.sweep import _axes, _heatmap, _optuna, _parts, _space, _study
 from trainmem.sweep._space import make_space
 
 # ---- each former hand list equals its derived value (regression) ------------------------------
+
+RL = ("rollout_tp", "ref_model", "rl_trainer_offload")
+"""The RL axes (declared rl_axis): searched only for an --rl job, after the former ones."""
 
 FORMER_AXES = (
     "pool",
@@ -28,9 +32,10 @@ FORMER_AXES = (
     "recompute",
     "offload",
     "micro_batch_size",
+    *RL,
 )
 FORMER_LAYOUT_AXES = ("pool", "num_gpus", "tp", "pp", "virtual_stages", "cp", "ep")
-FORMER_INNER_AXES = ("zero", "recompute", "offload", "micro_batch_size")
+FORMER_INNER_AXES = ("zero", "recompute", "offload", "micro_batch_size", *RL)
 FORMER_SHOW = (
     "gpu",
     "num_gpus",
@@ -44,6 +49,7 @@ FORMER_SHOW = (
     "recompute",
     "offload",
     "micro_batch_size",
+    *RL,
     "grad_accum_steps",
 )
 FORMER_SWEEP_HEADS = (
@@ -58,6 +64,9 @@ FORMER_SWEEP_HEADS = (
     "recompute",
     "offload",
     "mbs",
+    "rtp",
+    "ref",
+    "rl_offload",
     "accum",
 )
 FORMER_ROW = (
@@ -74,6 +83,7 @@ FORMER_ROW = (
     "recompute",
     "offload",
     "micro_batch_size",
+    *RL,
     "grad_accum_steps",
 )
 FORMER_HEADS = (
@@ -90,6 +100,9 @@ FORMER_HEADS = (
     "recompute",
     "offload",
     "mbs",
+    "rtp",
+    "ref",
+    "rl_offload",
     "accum",
 )
 FORMER_COMMAND = (
@@ -105,6 +118,7 @@ FORMER_COMMAND = (
     "zero",
     "recompute",
     "offload",
+    *RL,
     "precision",
     "optimizer",
     "attention",
@@ -126,6 +140,7 @@ FORMER_POINT_AXES = (
     "dp",
     "grad_accum_steps",
     "global_batch_size",
+    *RL,
 )
 
 
@@ -134,10 +149,17 @@ def test_sweep_lists_equal_their_former_hand_lists() -> None:
     assert _parts.LAYOUT_AXES == _axes.LAYOUT_AXES == FORMER_LAYOUT_AXES
     assert ("gpu", *FORMER_LAYOUT_AXES[1:]) == _parts.LAYOUT
     assert _optuna.INNER_AXES == FORMER_INNER_AXES
-    assert _optuna.CATEGORICAL_AXES == ("pool", "recompute", "offload")
-    assert _space._NAMES == {"recompute": RECOMPUTE, "offload": OFFLOADS}
-    assert list(_space._NAMES) == ["recompute", "offload"]
+    named = ("recompute", "offload", "ref_model", "rl_trainer_offload")
+    assert ("pool", *named) == _optuna.CATEGORICAL_AXES
+    assert _space._NAMES == {
+        "recompute": RECOMPUTE,
+        "offload": OFFLOADS,
+        "ref_model": REF_MODELS,
+        "rl_trainer_offload": RL_TRAINER_OFFLOADS,
+    }
+    assert list(_space._NAMES) == list(named)
     assert _study.OUTER_AXES == FORMER_LAYOUT_AXES
+    assert _axes.RL_AXES == RL
     assert _heatmap.POINT_AXES == FORMER_POINT_AXES
     assert _heatmap.BOOL_AXES == ("sequence_parallel", "activation_offload", "qlora")
 
@@ -156,9 +178,13 @@ def test_table_lists_equal_their_former_hand_lists() -> None:
         "recompute",
         "offload",
         "micro_batch_size",
+        *RL,
     ) == _recommend.TIE_BREAK
     assert _recommend.ROW == FORMER_ROW
-    assert _recommend.HEADS == FORMER_HEADS
+    assert tuple(_axes.heading(c) for c in _recommend.ROW) == FORMER_HEADS
+    # A job without --rl: its tables as they were before the RL axes.
+    former = tuple(c for c in FORMER_SHOW if c not in RL)
+    assert _axes.shown_columns(FORMER_SHOW, rl=False) == former
     assert _recommend.COMMAND_FIELDS == FORMER_COMMAND
 
 
@@ -259,11 +285,11 @@ def test_a_knob_flipped_to_sweep_axis_is_searched_everywhere(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     # the space: an axis of the flat index, the layout ones leading
-    new_inner = [*FORMER_INNER_AXES, "activation_offload"]
+    new_inner = [*FORMER_INNER_AXES[:4], "activation_offload", *RL]  # in declaration order
     assert got["axes"] == [*FORMER_LAYOUT_AXES, "attention", *new_inner]
     assert got["layout"] == [*FORMER_LAYOUT_AXES, "attention"]
     assert got["inner"] == new_inner
-    assert got["categorical"] == ["pool", "attention", "recompute", "offload"]
+    assert got["categorical"] == ["pool", "attention", "recompute", "offload", *RL[1:]]
     assert got["space"]["attention"] == list(KNOBS["attention"].choices or ())
     assert got["space"]["activation_offload"] == [False, True]
     # the points table: every point stored with its value of each new axis

@@ -190,7 +190,8 @@ def test_the_70b_question_explains_its_winner(
     conv = why_block["conventional"]
     # The winner's ranks fit the node's host RAM (DGX H100: 2 TiB), offloading or not.
     space = _space()
-    cols = {k: np.array([best[k]], dtype=object if k in ("recompute", "offload") else np.int64)
+    named = ("recompute", "offload", "ref_model", "rl_trainer_offload")
+    cols = {k: np.array([best[k]], dtype=object if k in named else np.int64)
             for k in LAYOUT_FIELDS}  # fmt: skip
     res = evaluate_columns(space, {"pool": np.array([0]), **cols}, columns=("host_bytes",))
     need = node_host_bytes(res["host_bytes"], ranks_per_node(res["num_gpus"], np.array([8])))
