@@ -114,6 +114,13 @@ _FreezeVision = Annotated[
     bool,
     typer.Option("--freeze-vision", help="Freeze the vision tower and projector."),
 ]
+_LoraScope = Annotated[
+    str,
+    typer.Option(
+        help="A vision-language model's LoRA: auto (peft's matching: all-linear adapts the "
+        "vision tower and projector too) or language (the language model's linears only)."
+    ),
+]
 _AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 
 
@@ -144,6 +151,7 @@ def trace_cmd(
     images_per_sample: _ImagesPerSample = 0,
     image_size: _ImageSize = 448,
     freeze_vision: _FreezeVision = False,
+    lora_scope: _LoraScope = "auto",
     timeout: _Timeout = None,
     max_memory_gb: _MaxMemoryGb = None,
     overhead: _Overhead = None,

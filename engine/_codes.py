@@ -14,6 +14,7 @@ from ._vocab import (
     BITSANDBYTES_VERSIONS,
     COMPILES,
     FRAMEWORKS,
+    LORA_SCOPES,
     LOSSES,
     OFFLOADS,
     PRECISIONS,
@@ -59,6 +60,7 @@ LOSS_CHUNKED_HEAD = LOSSES.index("chunked-head")
 LOSS_AUTO = LOSSES.index("auto")
 LOSS_VOCAB_PARALLEL = LOSSES.index("vocab-parallel")
 BNB_LEGACY = BITSANDBYTES_VERSIONS.index("legacy")
+LORA_SCOPE_LANGUAGE = LORA_SCOPES.index("language")
 
 EXPANDABLE_SEGMENTS = ALLOCATORS.index("expandable-segments")
 

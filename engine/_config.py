@@ -28,6 +28,7 @@ from ._vocab import (
     COMPILES,
     FRAMEWORKS,
     LOADS,
+    LORA_SCOPES,
     LOSSES,
     OFFLOADS,
     PRECISIONS,
@@ -379,6 +380,14 @@ class TrainingConfig:
         help="Freeze a vision-language model's vision tower and projector (no gradients, "
         "optimizer states or saved activations for them).",
         flag="--freeze-vision",
+    )
+    lora_scope: str = knob(
+        "auto",
+        help=" | ".join(LORA_SCOPES) + " (a vision-language model's LoRA: auto, PEFT's matching of "
+        "lora_targets, all-linear adapting the vision tower's and projector's linears too; "
+        "language: the language model's only, as LLaMA-Factory; freeze_vision adapts none of "
+        "the tower's either way)",
+        choices=LORA_SCOPES,
     )
 
     def __post_init__(self) -> None:

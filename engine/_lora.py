@@ -58,21 +58,47 @@ QLORA_DEQUANT_BYTES_PER_WEIGHT = 2.5
 Source: bitsandbytes Linear4bit (dequantize_4bit, then a 16-bit matmul), forward and backward."""
 
 
+LORA_ALL_LINEAR_BIT = 1 << len(LORA_TARGETS)
+"""Set by `all-linear`: PEFT's shorthand takes every nn.Linear but the output head, the vision
+tower's and projector's included (peft 0.21.2 tuners/tuners_utils.py
+_maybe_include_all_linear_layers), which the canonical bits above cannot say."""
+LORA_MODULE_NAMES = (
+    *LORA_TARGETS, "out_proj", "qkv", "proj", "fc1", "fc2", "linear_1", "linear_2",
+    "multi_modal_projector",
+)  # fmt: skip
+"""Module names matched literally, one bit each after LORA_ALL_LINEAR_BIT: PEFT matches a
+listed name against a module's name suffix (`key.endswith("." + target)`), so a VLM tower's
+linear is adapted when its own name is listed (CLIP / SigLIP out_proj, fc1, fc2; Qwen's fused
+qkv and proj; the projectors' linear_1, linear_2, Mllama's multi_modal_projector). The
+language model reads the canonical bits only; "out_proj", "qkv", "proj", "linear_1",
+"linear_2" and "multi_modal_projector" adapt none of its linears."""
+
+
+def lora_module_bit(name: str) -> int:
+    """The literal bit of a module name in LORA_MODULE_NAMES."""
+    return 1 << (len(LORA_TARGETS) + 1 + LORA_MODULE_NAMES.index(name))
+
+
 @functools.lru_cache(maxsize=256)
 def lora_mask(names: str) -> int:
-    """Bitmask over LORA_TARGETS for a comma-separated list of PEFT target names (cached: a
-    grid names the same few lists on every row)."""
+    """Bitmask for a comma-separated list of PEFT target names (cached: a grid names the same
+    few lists on every row): the canonical LORA_TARGETS bits the names expand to, `all-linear`'s
+    bit, and each name's literal bit (LORA_MODULE_NAMES)."""
     mask = 0
     for raw in names.split(","):
         name = raw.strip()
         if not name:
             continue
         expanded = LORA_TARGET_ALIASES.get(name, (name,) if name in LORA_TARGETS else None)
-        if expanded is None:
-            allowed = ", ".join((*LORA_TARGETS, *LORA_TARGET_ALIASES))
+        if expanded is None and name not in LORA_MODULE_NAMES:
+            allowed = ", ".join(dict.fromkeys((*LORA_MODULE_NAMES, *LORA_TARGET_ALIASES)))
             raise ValueError(f"lora_targets: unknown target '{name}'; allowed: {allowed}")
-        for target in expanded:
+        for target in expanded or ():
             mask |= 1 << LORA_TARGETS.index(target)
+        if name == "all-linear":
+            mask |= LORA_ALL_LINEAR_BIT
+        if name in LORA_MODULE_NAMES:
+            mask |= lora_module_bit(name)
     return mask
 
 
@@ -91,14 +117,30 @@ def lora_adapted(p: ParamTensor, mask: np.ndarray) -> np.ndarray:
     )
 
 
-def lora_num_parameters(m: ModelSpec, rank: int, mask: int) -> int:
+def lora_num_parameters(
+    m: ModelSpec, rank: int, mask: int, *, lora_scope: str = "auto", freeze_vision: bool = False
+) -> int:
     """Trainable adapter parameters of the whole model, as PEFT counts them (r (d_in + d_out)
-    per adapted linear weight)."""
+    per adapted linear weight): the language model's block linears and, for a VLM, its tower's
+    and projector's that PEFT adapts (`lora_scope` auto, the tower not frozen:
+    _vision_lora.tower_adapter_numel, unreached ones included: get_nb_trainable_parameters
+    counts every adapter)."""
     total = 0
     for p in m.param_tensors():
         if p.is_block_linear and bool(lora_adapted(p, np.asarray(mask))):
             d_out, d_in = p.shape
             total += rank * (d_in + d_out) * m.group_count(p.group)
+    if m.vision is not None:
+        from ._vision_lora import tower_adapter_numel  # it reads this module's bits
+        from ._vocab import LORA_SCOPES
+
+        row = {
+            "lora_rank": np.array([rank]),
+            "lora_targets": np.array([mask], dtype=np.int64),
+            "lora_scope": np.array([LORA_SCOPES.index(lora_scope)]),
+            "freeze_vision": np.array([freeze_vision]),
+        }
+        total += int(sum(float(n[0]) for n in tower_adapter_numel(m.vision, row)))
     return total
 
 
@@ -167,15 +209,22 @@ class Adapters:
 
 
 def rank_adapters(
-    full: Sequence[LocalTensor], *, rank: np.ndarray, mask: np.ndarray, dp: np.ndarray, sharded
+    full: Sequence[LocalTensor],
+    *,
+    rank: np.ndarray,
+    mask: np.ndarray,
+    dp: np.ndarray,
+    sharded,
+    extra=0.0,
 ) -> Adapters:
-    """The adapters on the rank's block linears (r (d_in + d_out) each, PEFT's count), and
-    their ZeRO-1+ shard where `sharded`.
+    """The adapters on the rank's block linears (r (d_in + d_out) each, PEFT's count) and
+    `extra` elements (a VLM tower's: _vision_lora.tower_adapter_numel), and their ZeRO-1+ shard
+    where `sharded`.
 
     Source: PEFT LoraLayer (lora_A [r, d_in], lora_B [d_out, r]).
     Assumes: adapters are replicated under tensor parallelism (full d_in, d_out per rank).
     """
-    numel = np.zeros_like(dp)
+    numel = np.zeros_like(dp) + extra
     for t in full:
         p = t.tensor
         if not p.is_block_linear:
@@ -277,6 +326,7 @@ def lora_activation_delta_bytes(
     mask,
     adapted_bits,
     in_param_dtype=False,
+    frozen_casts=3.0 + 2.0,
 ) -> np.ndarray:
     """Change of a block's saved bytes under LoRA (frozen base), per layer.
 
@@ -290,8 +340,7 @@ def lora_activation_delta_bytes(
     Assumes: lora_dropout 0 (Identity; LitGPT's dropout and fused q/k/v adapter:
     lora_module_extra_bytes); adapters replicated under tensor parallelism; the experts of an
     MoE block are not adapted.
-    `adapted_bits` maps "q_proj", ... to per-row booleans.
-    """
+    `adapted_bits`: "q_proj", ... to per-row booleans; `frozen_casts`: _vision_memory's."""
     h = m.hidden_size
     f_r = m.intermediate_size / tp if not m.is_moe else 0.0
     # Bytes per element of the adapter's input copy, and of lora_A's output.
@@ -300,7 +349,7 @@ def lora_activation_delta_bytes(
     one = np.ones_like(np.asarray(T, dtype=np.float64))
     # What the frozen base no longer saves: the linear inputs of the two norms' consumers and
     # the down projection's input.
-    removed = np.where(amp, (3.0 + 2.0) * 2.0 * T * h, 2.0 * e * T * h) + e * T * f_r
+    removed = np.where(amp, frozen_casts * 2.0 * T * h, 2.0 * e * T * h) + e * T * f_r
     added = 0.0 * one
     widths = {
         "q_proj": h,

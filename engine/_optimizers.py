@@ -405,6 +405,7 @@ def optimizer_state_bytes(
     # reads the vocabularies, which read this registry.)
     from ._frameworks import FUSED_QKV
     from ._lora import lora_adapted
+    from ._vision_lora import tower_adapter_tensors
 
     merged = sum(
         (t.count for t in full if t.tensor.name.split(".")[-2:-1] in (["k_proj"], ["v_proj"])),
@@ -415,7 +416,7 @@ def optimizer_state_bytes(
     adapted = sum(
         (np.where(lora_adapted(t.tensor, c["lora_targets"]), 2.0, 0.0) * t.count for t in full),
         np.zeros_like(dp),
-    )
+    ) + tower_adapter_tensors(m, full, c)
     num_tensors = np.where(lora, adapted, num_tensors)
     return optimizer_states + np.where(
         HAS_DEVICE_STEP_SCALARS[opt], FUSED_STEP_TENSOR_BYTES * num_tensors, 0.0

@@ -123,12 +123,19 @@ from ._recompute import (
     single_stage_recompute_delta,
 )
 from ._tensor_parallel import loss_tp_divisor, sequence_parallel_divisor
+from ._vision_lora import (
+    projector_lora_saved_bytes,
+    tower_adapted,
+    tower_lora_copy_bytes,
+    tower_lora_targets,
+)
 from ._vision_memory import (
     cross_attention_saved_bytes,
     image_block_masked,
     language_seq_len,
     projector_saved_bytes,
     tower_autocast_copy_bytes,
+    tower_frozen_casts,
     tower_sequence,
     tower_spec,
     vision_trainable,
@@ -185,6 +192,7 @@ ACT_KEYS = (
     "images_per_sample",
     "image_size",
     "freeze_vision",
+    "lora_scope",
 )
 """zero, dp, dp_shard: FSDP2's part in torchtitan's chunked loss (wrapper_loss_bytes)."""
 
@@ -453,6 +461,7 @@ def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool, bnb_layer: np.ndarra
         mask=None,
         adapted_bits=x.bits,
         in_param_dtype=x.adapters_in_param_dtype,
+        frozen_casts=tower_frozen_casts(m),
     )
     delta = delta + _lora_module_extra(m, x) - _lora_frozen_saves_less(m, x)
     delta = delta + qlora_kbit_activation_delta_bytes(
@@ -1131,9 +1140,13 @@ def vision_saved_bytes(m: ModelSpec, c: dict[str, np.ndarray], x: MicroBatch) ->
     (tower_autocast_copy_bytes).
     Ignores: the tower's patch embedding and positional embeddings' saved inputs (one [patches,
     d] tensor each), the rotary tables of the tower."""
-    tower = tower_spec(m.vision)
+    v = m.vision
+    assert v is not None  # _with_vision's rows
+    tower = tower_spec(v)
     images, per_image = tower_sequence(m, c)
     ones = np.ones_like(per_image)
+    lora = x.lora & tower_adapted(v, c)  # PEFT's adapters in the tower or projector
+    tower_mask = np.where(x.lora, tower_lora_targets(v, c), 0)
     ct = {
         **c,
         "seq_len": per_image,
@@ -1143,17 +1156,28 @@ def vision_saved_bytes(m: ModelSpec, c: dict[str, np.ndarray], x: MicroBatch) ->
         "pp": ones.astype(c["pp"].dtype),
         "sp": np.zeros_like(c["sp"]),
         "stage_pos": np.full_like(c["stage_pos"], STAGE_ONLY),
-        "lora_rank": np.zeros_like(c["lora_rank"]),
+        "lora_rank": np.where(tower_mask != 0, c["lora_rank"], 0).astype(c["lora_rank"].dtype),
+        "lora_targets": tower_mask,
         "qlora": np.zeros_like(c["qlora"]),
     }
     xt = micro_batch(tower, ct)
     saving_blocks = np.maximum(tower.num_hidden_layers - xt.num_checkpointed, 0.0)
-    blocks = (
-        _layers(tower, xt)["stage_layers"]
-        + projector_saved_bytes(m, c, e=x.e)
-        + tower_autocast_copy_bytes(m, amp=x.amp, saving_blocks=saving_blocks)
+    full_ft = projector_saved_bytes(m, c, e=x.e) + tower_autocast_copy_bytes(
+        m, amp=x.amp, saving_blocks=saving_blocks
     )
-    trains = vision_trainable(m, c) & x.first & (images > 0)
+    adapted = projector_lora_saved_bytes(
+        v,
+        c,
+        images=images,
+        per_image=per_image,
+        e=x.e,
+        amp=x.amp,
+        in_param_dtype=x.adapters_in_param_dtype,
+        through=tower_mask != 0,
+    ) + tower_lora_copy_bytes(v, amp=x.amp, saving_blocks=saving_blocks, tower_on=tower_mask != 0)
+    layers = np.where(x.lora & (tower_mask == 0), 0.0, _layers(tower, xt)["stage_layers"])
+    blocks = layers + np.where(x.lora, adapted, full_ft)
+    trains = (vision_trainable(m, c) | lora) & x.first & (images > 0)
     tower_bytes = np.where(trains, blocks, 0.0)
     saving = np.maximum(x.counts["layer"] - x.num_checkpointed, 0.0) / m.num_hidden_layers
     cross = cross_attention_saved_bytes(

@@ -89,6 +89,7 @@ from ._tensor_parallel import (
     hf_replicated_group_numel,
     hf_tied_embedding_backward_bytes,
 )
+from ._vision_lora import tower_adapter_numel
 from ._vision_memory import held_vision_parameter_numel
 
 STATE_KEYS = (
@@ -117,6 +118,7 @@ STATE_KEYS = (
     "optimizer_in_backward",
     "load",
     "freeze_vision",
+    "lora_scope",
 )
 
 
@@ -368,6 +370,39 @@ def _frozen_vision_bytes(m: ModelSpec, x: RankLayout, c: dict[str, np.ndarray], 
     return np.where(x.first, numel / shard * param_e, 0.0)
 
 
+def _tower_adapters(
+    m: ModelSpec, x: RankLayout, c: dict[str, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """A VLM's tower and projector adapters on the first stage (PEFT's matching:
+    _vision_lora.tower_adapter_numel): those a gradient reaches, trained as the language
+    model's, and LLaVA's unreached ones, held only. Replicated under tensor parallelism, as
+    the tower is."""
+    if m.vision is None:  # a text model: none
+        return np.zeros_like(x.dp), np.zeros_like(x.dp)
+    reached, unreached = tower_adapter_numel(m.vision, c)
+    on = x.first & x.lora
+    return np.where(on, reached, 0.0), np.where(on, unreached, 0.0)
+
+
+def _adapters(
+    m: ModelSpec, x: RankLayout, c: dict[str, np.ndarray], *, sharded
+) -> tuple[Adapters, np.ndarray]:
+    """The rank's trained LoRA adapters (rank_adapters: the language model's, and a VLM tower's
+    a gradient reaches) and the tower's it does not reach (_tower_adapters)."""
+    reached, unreached = _tower_adapters(m, x, c)
+    adapters = rank_adapters(
+        x.full, rank=x.lora_rank, mask=c["lora_targets"], dp=x.dp, sharded=sharded, extra=reached
+    )
+    return adapters, unreached
+
+
+def _held_adapter_bytes(x: RankLayout, numel: np.ndarray) -> np.ndarray:
+    """Adapters no gradient reaches (LLaVA's tower blocks after its feature layer): their
+    parameters only, in the adapters' dtype, sharded as the others under ZeRO-3 / FSDP."""
+    shard = np.where(x.zero >= ZERO_PARAMETERS, x.dp, 1.0)
+    return x.adapter_e * numel / shard
+
+
 def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Model states of one rank and the pieces the phase peaks need.
 
@@ -383,9 +418,7 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
         x.prec, fsdp2=x.fsdp2, main_grad_buffer=x.main_grad_buffer
     )
     states_sharded = x.zero >= ZERO_STATES
-    adapters = rank_adapters(
-        x.full, rank=x.lora_rank, mask=c["lora_targets"], dp=x.dp, sharded=states_sharded
-    )
+    adapters, tower_unreached = _adapters(m, x, c, sharded=states_sharded)
     trainable_full = np.where(x.lora, adapters.numel, total_numel(x.full))
     trainable_local = np.where(x.lora, adapters.numel_shard, total_numel(x.part))
     state_numel = np.where(states_sharded, trainable_local, trainable_full)
@@ -410,7 +443,8 @@ def state_terms(m: ModelSpec, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     grads_persistent, grads_end, grads_top = _grad_buffer(
         x, s["gradients"], grads_end, grads_top, in_backward=in_backward
     )
-    s = {**s, "parameters": s["parameters"] + _frozen_vision_bytes(m, x, c, param_e)}
+    held = _frozen_vision_bytes(m, x, c, param_e) + _held_adapter_bytes(x, tower_unreached)
+    s = {**s, "parameters": s["parameters"] + held}
     held = s["parameters"] + s["master_weights"] + s["optimizer_states"]
     return {
         **s,

@@ -113,16 +113,34 @@ def vit_positions(image_size: int, patch_size: int, *, class_token: bool) -> int
     return (image_size // patch_size) ** 2 + int(class_token)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TowerLinear:
+    """One nn.Linear of the tower or projector (per block for the block groups)."""
+
+    name: str
+    """The module's path, e.g. visual.blocks.attn.qkv (its weight is `name`.weight)."""
+    d_out: int
+    d_in: int
+    group: VisionGroup
+
+    @property
+    def leaf(self) -> str:
+        """The module's own name, which PEFT's target names match (qkv, fc1, linear_1, 0)."""
+        return self.name.rpartition(".")[2]
+
+
 class _Tensors:
     """The (name, shape, group) list a tower's inventory is written into."""
 
     def __init__(self) -> None:
         self.out: list[tuple[str, tuple[int, ...], VisionGroup]] = []
+        self.linears: list[TowerLinear] = []
 
     def add(self, name: str, shape: tuple[int, ...], group: VisionGroup) -> None:
         self.out.append((name, shape, group))
 
     def linear(self, name: str, o: int, i: int, group: VisionGroup, bias: bool = True) -> None:
+        self.linears.append(TowerLinear(name=name, d_out=o, d_in=i, group=group))
         self.add(f"{name}.weight", (o, i), group)
         if bias:
             self.add(f"{name}.bias", (o,), group)
@@ -147,6 +165,17 @@ def vision_param_tensors(v: VisionSpec) -> list[tuple[str, tuple[int, ...], Visi
     layers q/k/v/o without bias, fc1/fc2 with bias, two LayerNorms; the global layers add
     gate_attn / gate_ffn; multi_modal_projector Linear(vision_output_dim, text hidden)).
     """
+    return _tower_tensors(v).out
+
+
+def vision_linears(v: VisionSpec) -> list[TowerLinear]:
+    """The tower's and projector's nn.Linear modules, in vision_param_tensors' order (not the
+    Conv patch embedding, nor Gemma 3's mm_input_projection_weight, a bare Parameter): what
+    PEFT's LoRA can adapt. Source: vision_param_tensors' files."""
+    return _tower_tensors(v).linears
+
+
+def _tower_tensors(v: VisionSpec) -> _Tensors:
     t = _Tensors()
     if v.kind in ("qwen2_vl", "qwen2_5_vl"):
         _qwen_vision_tensors(v, t)
@@ -154,7 +183,7 @@ def vision_param_tensors(v: VisionSpec) -> list[tuple[str, tuple[int, ...], Visi
         _mllama_vision_tensors(v, t)
     else:
         _vit_vision_tensors(v, t)
-    return t.out
+    return t
 
 
 def _qwen_vision_tensors(v: VisionSpec, t: _Tensors) -> None:

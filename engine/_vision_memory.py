@@ -154,6 +154,18 @@ def tower_spec(v: VisionSpec) -> ModelSpec:
     )
 
 
+def tower_frozen_casts(m: ModelSpec) -> float:
+    """The 16-bit casts of a block's two norm outputs its linears take under autocast, which a
+    frozen base under LoRA no longer saves (lora_activation_delta_bytes `frozen_casts`): a
+    tower_spec's as its full fine-tune's block counts them (hf_layer_bytes: one for a fused qkv
+    or three; one up projection, or gate and up), a language model's 3 + 2.
+    Source: hf_layer_bytes; traced: tests/unit/trace/test_vlm_trace.py (LoRA cases)."""
+    if not m.model_type.endswith("_vision"):  # a language model (tower_spec names its towers)
+        return 3.0 + 2.0
+    qkv = 1.0 if m.fused_qkv else 3.0
+    return qkv + (2.0 if m.gated_mlp and not m.fused_gate_up else 1.0)
+
+
 def tower_sequence(m: ModelSpec, c: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(images in the micro-batch, positions per image in the tower's blocks): Qwen runs all
     the micro-batch's patches as one sequence [sum of patches, d] with per-image attention

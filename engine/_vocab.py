@@ -45,6 +45,13 @@ keeps only the quantised weight for backward) or legacy (0.43.1 and earlier: it 
 too; the QLoRA paper's runs, LitGPT 0.4 to 0.5.3, which pin 0.42.0). Source: bitsandbytes
 autograd/_functions.py MatMul4Bit.forward, `ctx.tensors = (A, B)` in the 0.42.0, 0.43.0 and
 0.43.1 wheels, `(None, B)` in 0.43.2, 0.43.3, 0.44.x and 0.50.2."""
+LORA_SCOPES = ("auto", "language")
+"""Which of a vision-language model's modules LoRA's target names may adapt: auto, PEFT's own
+matching (HF Trainer / TRL + PEFT: `all-linear` takes the vision tower's and projector's linears
+too, a listed name every module whose name ends with it); language, the language model's only
+(LLaMA-Factory's patch_target_modules keeps LoRA off a frozen tower and projector). Source: peft
+0.21.2 tuners/tuners_utils.py _maybe_include_all_linear_layers, check_target_module_exists;
+LLaMA-Factory src/llamafactory/model/model_utils/visual.py patch_target_modules."""
 LOADS = ("auto", "full-state-dict", "cpu-full-state-dict", "meta-init", "sharded")
 """How the job builds its model and loads the checkpoint before step 1 (engine/_load.py); auto:
 the stack's own default (FrameworkSpec.load)."""

@@ -205,7 +205,13 @@ def _trainable(model: ModelSpec, config: dict[str, Any]) -> int:
     rank = int(config.get("lora_rank", 0))
     if rank <= 0:
         return model.num_parameters
-    return lora_num_parameters(model, rank, lora_mask(str(config.get("lora_targets", ""))))
+    return lora_num_parameters(
+        model,
+        rank,
+        lora_mask(str(config.get("lora_targets", ""))),
+        lora_scope=str(config.get("lora_scope", "auto")),
+        freeze_vision=bool(config.get("freeze_vision", False)),
+    )
 
 
 DETAIL_KEYS = (
@@ -338,6 +344,8 @@ def _images(c: dict[str, Any]) -> str:
     if n <= 0:
         return ""
     frozen = ", vision tower frozen" if c.get("freeze_vision") else ""
+    if not frozen and int(c.get("lora_rank") or 0) > 0 and c.get("lora_scope") == "language":
+        frozen = ", LoRA on the language model only"
     return f" + {n} image{'s' if n != 1 else ''} of {c['image_size']} px a sequence{frozen}"
 
 

@@ -15,6 +15,7 @@ from trainmem.engine import (
     bound_reason,
     cross_field_reason,
     lora_mask,
+    lora_num_parameters,
     max_lora_rank,
     precision_arch_runs,
     precision_archs_text,
@@ -175,9 +176,16 @@ def seq_len_warnings(spec: ModelSpec, seq_len: int, *, allow_long_seq: bool) -> 
 
 def check_lora_rank(spec: ModelSpec, lora_rank: int, lora_targets: str) -> None:
     """ValueError when a LoRA rank exceeds the smaller side of an adapted matrix (an adapter
-    of a larger rank only adds parameters; engine max_lora_rank), naming the largest allowed."""
+    of a larger rank only adds parameters; engine max_lora_rank), naming the largest allowed;
+    or when the targets adapt none of the model's linears (a VLM tower's name on a text model:
+    peft's get_peft_model refuses target modules it does not find)."""
     if lora_rank <= 0:
         return
+    if lora_num_parameters(spec, lora_rank, lora_mask(lora_targets)) == 0:
+        raise ValueError(
+            f"lora_targets: {lora_targets!r} adapts none of {spec.name}'s linears "
+            "(peft: target modules not found in the base model)"
+        )
     limit = max_lora_rank(spec, lora_mask(lora_targets))
     if limit is not None and lora_rank > limit:
         raise ValueError(

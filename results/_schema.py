@@ -10,9 +10,11 @@ import polars as pl
 
 from trainmem.engine import COMPONENTS, FIELD_NAMES, TYPES
 
-SCHEMA_VERSION = 10
-"""10: the training fields rl_max_token_len_per_gpu and rl_mean_seq_len (the RL trainer's packed
-micro-batches), parts of schema 9 and older read with them null; 9: the training fields
+SCHEMA_VERSION = 11
+"""11: the training field lora_scope (which of a vision-language model's modules LoRA adapts),
+parts of schema 10 and older read with it null; 10: the training fields
+rl_max_token_len_per_gpu and rl_mean_seq_len (the RL trainer's packed micro-batches), parts of
+schema 9 and older read with them null; 9: the training fields
 images_per_sample, image_size and freeze_vision (vision-language models), parts of schema 8 and
 older read with them null; 8: the RL post-training fields (rl, rollout, rollout_tp,
 rollout_gpu_memory_utilization, rl_group_size, response_len, rollout_batch_size,

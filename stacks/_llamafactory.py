@@ -133,7 +133,8 @@ def _vision(data: Mapping[str, Any], kind: str, doc: Doc, reading: Reading) -> N
     """A multimodal job's tower (a multimodal `template`, or a key only such a job sets):
     freeze_vision_tower and freeze_multi_modal_projector (default true, both: trainmem's
     `freeze_vision` freezes the two together; model/model_utils/visual.py get_forbidden_modules
-    freezes them under full and freeze tuning, patch_target_modules keeps LoRA off them), and
+    freezes them under full and freeze tuning, patch_target_modules keeps LoRA off them: a
+    LoRA job's lora_scope is language, where PEFT's own matching would adapt them), and
     image_max_pixels as the largest square image LLaMA-Factory hands the processor
     (data/mm_plugin.py _preprocess_image scales a larger one down to it). The images per sample
     are the dataset's (check's warning asks for --images-per-sample: _check.resolved_fields)."""
@@ -152,9 +153,16 @@ def _vision(data: Mapping[str, Any], kind: str, doc: Doc, reading: Reading) -> N
         reading.unmodelled_key(
             doc, "freeze_multi_modal_projector", f"the projector {what}; counted {counted}"
         )
-    if kind == "lora" and not tower:
+    if kind == "lora" and tower:
+        visual = f"{LF}/model/model_utils/visual.py"
+        reading.default("lora_scope", "language", f"{visual} patch_target_modules")
+    elif kind == "lora":
         reading.unmodelled_key(
-            doc, "freeze_vision_tower", "LoRA adapters on the vision tower; counted frozen"
+            doc,
+            "freeze_vision_tower",
+            "LoRA on the tower's linears whose names contain a target, the projector's never "
+            "(find_all_linear_modules forbids it); counted as peft's matching, which adapts the "
+            "projector's too under all-linear",
         )
     if _flag(data, "freeze_language_model", doc, default=False):
         reading.unmodelled_key(

@@ -107,6 +107,7 @@ def trace_report(
     images_per_sample: int = 0,
     image_size: int = 448,
     freeze_vision: bool = False,
+    lora_scope: str = "auto",
     timeout_s: float | str | None = None,
     max_memory_gb: float | str | None = None,
     in_process: bool = False,
@@ -208,6 +209,7 @@ class _TraceJob:
     images_per_sample: int = 0
     image_size: int = 448
     freeze_vision: bool = False
+    lora_scope: str = "auto"
 
     @property
     def images(self) -> dict[str, Any]:
@@ -245,6 +247,14 @@ class _TraceJob:
         if not (self.lora_rank or self.qlora):
             return {}
         return {"lora_rank": self.lora_rank, "lora_targets": self.lora_targets}
+
+    @property
+    def vision_lora(self) -> dict[str, Any]:
+        """Which of a vision-language model's modules LoRA may adapt (engine lora_scope), where
+        not the default: none without LoRA (a text model's job is refused another scope)."""
+        if not self.lora or self.lora_scope == "auto":
+            return {}
+        return {"lora_scope": self.lora_scope}
 
 
 def _check(job: _TraceJob, *, gpu: bool = True) -> None:
@@ -328,12 +338,17 @@ def _is_vlm(job: _TraceJob) -> bool:
 
 def _check_vision(job: _TraceJob) -> None:
     """A vision-language model's step (trace/_vlm.py) runs on one process's real CPU tensors,
-    full fine-tuning; its image flags need one. One ValueError naming the flag."""
+    full fine-tuning or peft LoRA; its image flags need one. One ValueError naming the flag."""
+    from trainmem.engine._vocab import LORA_SCOPES
+
+    choice("lora-scope", job.lora_scope, LORA_SCOPES)
     vlm = _is_vlm(job)
     if not vlm:
         if job.images_per_sample or job.freeze_vision:
             flag = "images-per-sample" if job.images_per_sample else "freeze-vision"
             raise ValueError(f"{flag}: --model is not a vision-language model")
+        if job.lora_scope != "auto":
+            raise ValueError("lora-scope: --model is not a vision-language model")
         return
     if job.images_per_sample < 0 or job.image_size < 1:
         raise ValueError("images-per-sample and image-size: must be >= 0 and >= 1")
@@ -341,7 +356,6 @@ def _check_vision(job: _TraceJob) -> None:
         "--num-gpus": job.num_gpus > 1,
         "--zero": bool(job.zero),
         "--tp": job.tp > 1,
-        "--lora-rank": bool(job.lora_rank or job.qlora),
         "--save-profile": bool(job.save_profile),
         "--snapshot": job.snapshot is not None,
         "--real-gpu": job.real_gpu,
@@ -349,8 +363,8 @@ def _check_vision(job: _TraceJob) -> None:
     named = [flag for flag, given in others.items() if given]
     if named:
         raise ValueError(
-            f"model: a vision-language model's step is traced on one process's CPU tensors, "
-            f"full fine-tuning (no {', '.join(named)})"
+            f"model: a vision-language model's step is traced on one process's CPU tensors "
+            f"(no {', '.join(named)})"
         )
     if job.precision not in ("fp32", "bf16", "amp-bf16"):
         raise ValueError(
@@ -390,6 +404,8 @@ def _trace(job: _TraceJob, length: int, real_hook: Any = None) -> dict[str, Any]
             optimizer=job.optimizer,
             attention=job.attention,
             freeze_vision=job.freeze_vision,
+            **job.lora,
+            lora_scope=job.lora_scope,
         )
     if job.num_gpus > 1:
         from ._dist import trace_parallel
@@ -419,6 +435,7 @@ def _estimate(job: _TraceJob, profile_file: str | None) -> dict[str, Any]:
         "framework": "hf",
         **job.lora,
         **job.images,
+        **job.vision_lora,
     }
     if profile_file:
         fields.update(profile_file=profile_file, model=job.estimate_defaults["model"])
@@ -495,6 +512,7 @@ def _report(
             **job.parallel,
             **job.lora,
             **job.images,
+            **job.vision_lora,
         },
         "device": measured.get("device"),
         "note": measured.get("note", ""),

@@ -19,6 +19,32 @@ VISION_MODULES = frozenset({"visual", "vision_tower", "vision_model", "multi_mod
 `multi_modal_projector`): what --freeze-vision freezes."""
 
 
+def lora_target_modules(model: Any, lora_targets: str, *, language_only: bool) -> Any:
+    """peft's target_modules for the VLM: the flag's names as peft matches them (all-linear:
+    every nn.Linear but the output head, the tower's and projector's included), or with
+    `language_only` (--lora-scope language, or the tower frozen) the full names of the
+    language model's linears those names match (LLaMA-Factory's patch_target_modules: nothing
+    under VISION_MODULES). Source: peft 0.21.2 tuners/tuners_utils.py
+    _maybe_include_all_linear_layers, check_target_module_exists (a name matches a module whose
+    name ends with "." + name)."""
+    import torch
+
+    from ._lora import target_modules
+
+    names = target_modules(lora_targets)
+    if not language_only:
+        return names
+    head = model.get_output_embeddings()
+    return [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear)
+        and module is not head
+        and not any(part in VISION_MODULES for part in name.split("."))
+        and (names == "all-linear" or name.rpartition(".")[2] in names)
+    ]
+
+
 def vlm_job(
     config: dict[str, Any],
     *,
@@ -29,6 +55,9 @@ def vlm_job(
     precision: str,
     attention: str = "flash",
     freeze_vision: bool = False,
+    lora_rank: int = 0,
+    lora_targets: str = "all-linear",
+    lora_scope: str = "auto",
 ) -> Callable[[], Any]:
     """A builder of the step: the model from `config` (AutoModelForImageTextToText, no
     weights), seq_len text tokens plus each image's placeholder tokens (Qwen: (side/28)^2 after
@@ -40,7 +69,9 @@ def vlm_job(
     its processor returns (return_mm_token_type_ids): each image's tokens attend to each other
     both ways, so every layer takes a mask. Full recompute is HF's checkpointing as the Trainer
     turns it on (_core.enable_hf_checkpointing): every GradientCheckpointingLayer, the tower's
-    blocks with the language model's."""
+    blocks with the language model's. `lora_rank` > 0: peft LoRA on the frozen model
+    (lora_target_modules; trace/_lora.py's LoraConfig, fp32 adapters), the tower's adapters
+    left out where `lora_scope` is language or the tower frozen."""
     import numpy as np
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText
@@ -79,6 +110,13 @@ def vlm_job(
             for name, p in model.named_parameters():
                 if any(part in VISION_MODULES for part in name.split(".")):
                     p.requires_grad_(False)
+        if lora_rank:
+            model = _with_peft(
+                model,
+                lora_rank=lora_rank,
+                lora_targets=lora_targets,
+                language_only=freeze_vision or lora_scope == "language",
+            )
         if v.kind == "mllama":
             ids = torch.randint(0, vocab, (b, seq_len))
             ids[:, 1 : 1 + n] = cfg.image_token_index
@@ -136,9 +174,26 @@ def vlm_job(
             # gradient reaches (not LLaVA's tower blocks after its feature layer), which an
             # optimizer step on zero gradients would give to every parameter.
             full_warm_up=True,
+            dtypes_set=bool(lora_rank),  # built in its dtype; the adapters fp32
         )
 
     return build
+
+
+def _with_peft(model: Any, *, lora_rank: int, lora_targets: str, language_only: bool) -> Any:
+    """`model` wrapped by peft's get_peft_model (trace/_lora.py's LoraConfig) on the targets of
+    lora_target_modules."""
+    from ._lora import LORA_ALPHA_PER_RANK, LORA_DROPOUT, import_peft
+
+    peft = import_peft()
+    config = peft.LoraConfig(
+        r=lora_rank,
+        lora_alpha=LORA_ALPHA_PER_RANK * lora_rank,
+        lora_dropout=LORA_DROPOUT,
+        target_modules=lora_target_modules(model, lora_targets, language_only=language_only),
+        task_type="CAUSAL_LM",
+    )
+    return peft.get_peft_model(model, config)
 
 
 def trace_vlm_step(
@@ -153,6 +208,9 @@ def trace_vlm_step(
     optimizer: str = "adamw",
     attention: str = "flash",
     freeze_vision: bool = False,
+    lora_rank: int = 0,
+    lora_targets: str = "all-linear",
+    lora_scope: str = "auto",
 ) -> dict[str, Any]:
     """One measured step of the VLM with images on real CPU tensors (run_step's keys, and the
     device and note trace_step's have)."""
@@ -170,6 +228,9 @@ def trace_vlm_step(
         precision=precision,
         attention=attention,
         freeze_vision=freeze_vision,
+        lora_rank=lora_rank,
+        lora_targets=lora_targets,
+        lora_scope=lora_scope,
     )
     out = run_step(
         build,

@@ -147,7 +147,8 @@ def test_new_json_keys_without_the_new_flags(capsys) -> None:
         ["--qlora"],  # needs --lora-rank
         ["--offload", "optimizer", "--zero", "0"],  # needs --zero >= 1
         ["--loss", "fused"],
-        ["--lora-targets", "qkv", "--lora-rank", "8"],
+        ["--lora-targets", "qkvz", "--lora-rank", "8"],  # not a target name
+        ["--lora-targets", "qkv", "--lora-rank", "8"],  # a VLM tower's: none of Llama's
         ["--precision", "fp8"],
     ],
 )

@@ -70,6 +70,7 @@ SNAPSHOT = [
     ("images_per_sample", "Int64"),
     ("image_size", "Int64"),
     ("freeze_vision", "Boolean"),
+    ("lora_scope", "Categorical"),
     ("dp", "Int64"),
     ("grad_accum_steps", "Int64"),
     ("peak_device_bytes", "Int64"),
@@ -105,7 +106,7 @@ SNAPSHOT = [
 
 def test_schema_snapshot() -> None:
     assert [(k, str(v)) for k, v in SCHEMA.items()] == SNAPSHOT
-    assert SCHEMA_VERSION == 10
+    assert SCHEMA_VERSION == 11
 
 
 def _frame(n: int = 5) -> pl.DataFrame:

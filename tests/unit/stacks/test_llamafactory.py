@@ -52,6 +52,9 @@ DS = {"framework": ("deepspeed", "file:deepspeed")}
 Q4 = "Qwen/Qwen3-4B-Instruct-2507"
 QVL = "Qwen/Qwen2.5-VL-7B-Instruct"
 FROZEN = (True, f"{LF}/hparams/finetuning_args.py (freeze_vision_tower = True)")
+LANGUAGE = {"lora_scope": ("language", f"{LF}/model/model_utils/visual.py patch_target_modules")}
+"""A multimodal LoRA job: LoRA on the language model only (PEFT's all-linear would adapt the
+tower's and projector's linears too)."""
 L3 = "meta-llama/Meta-Llama-3-8B-Instruct"
 EXPECTED = {
     "qwen3_lora_sft.yaml": (_job(Q4, 1, 8, BF16, **LORA8), []),
@@ -110,12 +113,12 @@ EXPECTED = {
         ["deepspeed"],
     ),
     "qwen2_5vl_lora_sft.yaml": (
-        _job(QVL, 1, 8, BF16, **LORA8, freeze_vision=FROZEN,
+        _job(QVL, 1, 8, BF16, **LORA8, **LANGUAGE, freeze_vision=FROZEN,
              image_size=(512, "file:image_max_pixels")),
         [],
     ),
     "llava1_5_lora_sft.yaml": (
-        _job("llava-hf/llava-1.5-7b-hf", 1, 8, BF16, **LORA8, freeze_vision=FROZEN,
+        _job("llava-hf/llava-1.5-7b-hf", 1, 8, BF16, **LORA8, **LANGUAGE, freeze_vision=FROZEN,
              image_size=(768, f"{LF}/hparams/model_args.py (image_max_pixels = 768 * 768)")),
         [],
     ),
