@@ -150,7 +150,7 @@ _PANEL_NAMES: dict[str, tuple[str, ...]] = {
     "Memory techniques": (
         *("zero", "recompute", "recompute_every", "offload", "activation_offload"),
         *("lora_rank", "lora_targets", "qlora", "bitsandbytes_version", "loss"),
-        "freeze_vision",
+        *("freeze_vision", "lora_scope"),
     ),
     "Training setup": (
         *("framework", "stack", "optimizer", "optimizer_in_backward", "optimizers_dir"),
