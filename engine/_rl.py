@@ -243,17 +243,28 @@ def rollout_activation_bytes(m: ModelSpec, g: Any) -> np.ndarray:
     return np.maximum(forward, sampler)
 
 
-def rollout_sequences(g: Any) -> np.ndarray:
-    """Sequences one rollout engine holds at once: its share of the step's responses (prompts x
-    group over num_gpus / rollout_tp engines), at most max_num_seqs.
-    rollout_batch_size 0: the trainer's global batch / group (one optimizer step's responses).
-    Source: vllm 0.33.0 vllm/config/scheduler.py SchedulerConfig.max_num_seqs."""
+def rollout_prompts(g: Any) -> np.ndarray:
+    """Prompts per rollout step over all GPUs: rollout_batch_size, or (0) the trainer's global
+    batch / group (one optimizer step's responses)."""
     group = np.asarray(g["rl_group_size"], dtype=np.float64)
     given = np.asarray(g["rollout_batch_size"], dtype=np.float64)
     global_batch = parallel_layout(g)["global_batch_size"].astype(np.float64)
-    prompts = np.where(given > 0, given, np.ceil(global_batch / group))
+    return np.where(given > 0, given, np.ceil(global_batch / group))
+
+
+def sequences_per_engine(g: Any) -> np.ndarray:
+    """One rollout engine's share of a rollout step's responses: prompts x group over
+    num_gpus / rollout_tp engines."""
+    group = np.asarray(g["rl_group_size"], dtype=np.float64)
     engines = np.maximum(np.asarray(g["num_gpus"]) // np.asarray(g["rollout_tp"]), 1)
-    per_engine = np.ceil(prompts * group / engines)
+    return np.ceil(rollout_prompts(g) * group / engines)
+
+
+def rollout_sequences(g: Any) -> np.ndarray:
+    """Sequences one rollout engine holds at once: its share of the step's responses
+    (sequences_per_engine), at most max_num_seqs.
+    Source: vllm 0.33.0 vllm/config/scheduler.py SchedulerConfig.max_num_seqs."""
+    per_engine = sequences_per_engine(g)
     return np.minimum(per_engine, np.asarray(g["rollout_max_num_seqs"], dtype=np.float64))
 
 

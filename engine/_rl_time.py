@@ -3,7 +3,7 @@ the score forwards, the weight sync and the offload traffic between phases (engi
 their memory). Columns in, columns out; rows with rl none get zeros.
 
 Per rollout step (prompts x group responses), then per optimizer step (what `step_time_s`
-counts: one rollout step carries rollout_sequences / global_batch_size optimizer steps):
+counts: one rollout step carries prompts x group / global_batch_size optimizer steps):
 
 - rollout: each of num_gpus / rollout_tp engines decodes its share of the responses in waves
   of at most max_num_seqs sequences, response_len decode steps per wave (the longest response
@@ -47,7 +47,10 @@ from ._rl import (
     ROLLOUT_DTYPE_BYTES,
     kv_bytes_per_token,
     rl_rows,
+    rollout_prompts,
+    rollout_sequences,
     rollout_weight_bytes,
+    sequences_per_engine,
 )
 from ._time_params import TimeParams
 
@@ -66,22 +69,13 @@ OPTIMIZER_STATE_BYTES = 8.0
 """AdamW's two fp32 moments per trainable parameter (verl's actor optimizer)."""
 
 
-def rollout_prompts(g: Any) -> np.ndarray:
-    """Prompts per rollout step: rollout_batch_size, or (0) one optimizer step's sequences over
-    the group (engine/_rl.rollout_sequences' rule)."""
-    group = np.asarray(g["rl_group_size"], dtype=np.float64)
-    given = np.asarray(g["rollout_batch_size"], dtype=np.float64)
-    global_batch = parallel_layout(g)["global_batch_size"].astype(np.float64)
-    fallback = np.ceil(global_batch / group)
-    return np.where(given > 0, given, fallback)
-
-
-def optimizer_steps_per_rollout(g: Any, global_batch: Any) -> np.ndarray:
+def optimizer_steps_per_rollout(g: Any) -> np.ndarray:
     """Optimizer steps one rollout step's responses feed (verl: train_batch_size x n /
     (ppo_mini_batch_size x n)), at least one. Source: verl b178a3c
     verl/workers/actor/dp_actor.py update_policy (one optimizer step per mini-batch)."""
     sequences = rollout_prompts(g) * np.asarray(g["rl_group_size"], dtype=np.float64)
-    return np.maximum(sequences / np.maximum(np.asarray(global_batch, np.float64), 1.0), 1.0)
+    global_batch = parallel_layout(g)["global_batch_size"].astype(np.float64)
+    return np.maximum(sequences / np.maximum(global_batch, 1.0), 1.0)
 
 
 def decode_step_s(
@@ -118,12 +112,10 @@ def rollout_s(
     """One rollout step's generation: each engine's share of the responses in waves of
     max_num_seqs, response_len decode steps each, and the prompts' prefill (2 FLOPs per
     parameter per prompt token over the engine's tp, at the GEMM ceiling).
-    Source: vllm 0.33.0 vllm/config/scheduler.py max_num_seqs (sequences in flight);
+    Source: engine/_rl.py sequences_per_engine, rollout_sequences (max_num_seqs in flight);
     decode_step_s."""
     tp = np.asarray(g["rollout_tp"], dtype=np.float64)
-    engines = np.maximum(np.floor(np.asarray(g["num_gpus"], dtype=np.float64) / tp), 1.0)
-    per_engine = np.ceil(rollout_prompts(g) * np.asarray(g["rl_group_size"]) / engines)
-    in_flight = np.minimum(per_engine, np.asarray(g["rollout_max_num_seqs"], dtype=np.float64))
+    per_engine, in_flight = sequences_per_engine(g), rollout_sequences(g)
     waves = np.ceil(per_engine / np.maximum(in_flight, 1.0))
     step = decode_step_s(m, g, in_flight=in_flight, hbm=hbm, peak=peak, intra=intra, pr=pr)
     response = np.asarray(g["response_len"], dtype=np.float64)
@@ -208,7 +200,7 @@ def rl_time_columns(
     gen = on & (rl != RL_DPO)
     intra = np.asarray(links.intra_node_bytes_per_s, dtype=np.float64)
     pcie = np.asarray(links.pcie_bytes_per_s, dtype=np.float64) * pr.pcie_efficiency
-    steps = optimizer_steps_per_rollout(g, parallel_layout(g)["global_batch_size"])
+    steps = optimizer_steps_per_rollout(g)
     rollout = rollout_s(m, g, hbm=hbm, peak=peak, intra=intra, pr=pr)
     terms = {
         "rl_rollout_s": np.where(gen, rollout / steps, 0.0),

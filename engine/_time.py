@@ -552,9 +552,7 @@ def time_values(
         rl = rl_time_columns(
             m,
             g,
-            trainer_step_s=(work["busy"] + work["optimizer_s"])
-            + _communication_total(comm)
-            + comm["bubble_time_s"],
+            trainer_step_s=_trainer_step_s(work, comm),
             trainer_forward_s=work["busy"] * work["fwd_share"],
             trainable=work["trainable"],
             adapters=work["adapters"],
@@ -569,6 +567,11 @@ def time_values(
         out["time_to_train_s"] = time_to_train
         out["cost_to_train_usd"] = n * price * time_to_train / 3600.0
     return out
+
+
+def _trainer_step_s(work: dict[str, Any], comm: dict[str, np.ndarray]) -> np.ndarray:
+    """The trainer's own step: compute, exposed communication and the pipeline bubble."""
+    return (work["busy"] + work["optimizer_s"]) + _communication_total(comm) + comm["bubble_time_s"]
 
 
 def _communication_total(comm: dict[str, np.ndarray]) -> np.ndarray:
@@ -598,10 +601,8 @@ def _step_columns(
     row's step adds its rollout, score, critic, sync and offload time (engine/_rl_time.py)."""
     compute = work["busy"] + work["optimizer_s"]
     communication = _communication_total(comm)
-    rl_total = (rl["rl_rollout_s"] + rl["rl_score_s"] + rl["rl_critic_s"] + rl["rl_sync_s"]) + rl[
-        "rl_offload_s"
-    ]
-    step = compute + communication + comm["bubble_time_s"] + rl_total
+    rl_total = sum(rl[k] for k in RL_TIME_COLUMNS)  # left to right, from 0: exact
+    step = _trainer_step_s(work, comm) + rl_total
     n = x.n
     tokens_per_second = x.tokens_per_step / step
     blocks_head = work["blocks"] + work["head"]

@@ -34,7 +34,7 @@ def case_terms(case: dict[str, Any]) -> dict[str, float]:
     cols = ["step_time_s", "rl_rollout_s", "rl_score_s", "rl_critic_s", "rl_sync_s", "rl_offload_s"]
     timing = estimate_time(model, grid, columns=cols, **time_inputs(gpu))
     t = {k: float(v[0]) for k, v in timing.items()}
-    steps = float(optimizer_steps_per_rollout(grid, grid["global_batch_size"])[0])
+    steps = float(optimizer_steps_per_rollout(grid)[0])
     rl = t["rl_rollout_s"] + t["rl_score_s"] + t["rl_critic_s"] + t["rl_sync_s"] + t["rl_offload_s"]
     trainer = t["step_time_s"] - rl
     return {
