@@ -428,9 +428,24 @@ def top_consumers(
     items.append(
         ("framework overhead (CUDA context, cuBLAS workspace, NCCL)", at("framework_overhead"))
     )
-    items.append(("allocator fragmentation", at("fragmentation")))
+    items.append((_fragmentation_words(at), at("fragmentation")))
     items = [(k, v) for k, v in items if v > 0.5]
     return sorted(items, key=lambda kv: -kv[1])
+
+
+def _fragmentation_words(at: Callable[[str], float]) -> str:
+    """Fragmentation, with the load's cached blocks where the load's device peak is the row's
+    (engine/_load.py cached_load_reserve_bytes raised the step's to it)."""
+    try:
+        load = at("peak_load_bytes")
+    except KeyError:  # a caller without the load's columns
+        return "allocator fragmentation"
+    if load >= at("peak_device_bytes") > 0:
+        return (
+            "allocator cache: the load's freed blocks, still reserved (the load peaked above "
+            "the step), and fragmentation"
+        )
+    return "allocator fragmentation"
 
 
 def _gradients_words(config: Mapping[str, Any], at: Callable[[str], float], *, lora: bool) -> str:

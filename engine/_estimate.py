@@ -19,6 +19,7 @@ from ._factorize import factorize
 from ._fast import _kernel
 from ._frameworks import loss_policy
 from ._grid import ATTENTION, PRECISIONS, RECOMPUTE, Grid
+from ._load import cached_load_reserve_bytes
 from ._lora import lora_zero3
 from ._model import ModelSpec
 from ._overhead import Overheads, num_communicators
@@ -656,11 +657,25 @@ def _with_load(
     host = np.max([t.state[i_host][keys.state] for t in keys.variants], axis=0)
     device = peak + np.broadcast_to(outside_torch, peak.shape)
     cols = {"peak_load_bytes": device, "load_host_bytes": host}
+    cols.update(_load_reserve(out, device))
     if "fits" in out:
         cols["fits"] = out["fits"] & (device <= limit)
     if "headroom_bytes" in out:
         cols["headroom_bytes"] = np.minimum(out["headroom_bytes"], limit - device)
     return cols
+
+
+def _load_reserve(out: dict[str, np.ndarray], load_device: np.ndarray) -> dict[str, np.ndarray]:
+    """The step's reserved and device peaks (and fragmentation, so that the breakdown still
+    sums to the device peak) raised to the load's where the load reserved more
+    (cached_load_reserve_bytes); only the columns `out` has."""
+    if "peak_device_bytes" not in out:
+        return {}
+    kept = cached_load_reserve_bytes(load_device, out["peak_device_bytes"])
+    return {k: out[k] + kept for k in _RESERVE_COLUMNS if k in out}
+
+
+_RESERVE_COLUMNS = ("peak_reserved_bytes", "peak_device_bytes", "fragmentation")
 
 
 def _fragmentation_consts(ov: Overheads) -> dict[str, float]:

@@ -48,6 +48,11 @@ class FrameworkSpec:
     of LOADS but `auto` (engine/_load.py)."""
     load_source: str
     """The stack's file that decides `load`."""
+    load_sharded_qlora: str = ""
+    """`--load auto` of a QLoRA job under ZeRO-3, where it differs from `load` (empty: `load`):
+    a stack that builds a quantised model outside its sharding wrapper's init."""
+    load_sharded_qlora_source: str = ""
+    """The stack's files that decide `load_sharded_qlora`."""
     norm_input_fp32: bool = False
     """The fused RMSNorm runs on an fp32 copy of its input (`F.rms_norm(x.float())`), which it
     keeps for backward instead of the 16-bit input."""
@@ -317,6 +322,14 @@ class FrameworkSpec:
     launch_source: str
     source: str
 
+    def auto_load(self, *, sharded_qlora: bool) -> tuple[str, str]:
+        """The load mode `--load auto` runs and the file that decides it: `load_sharded_qlora`
+        for a QLoRA job under ZeRO-3 where the stack has one (engine/_load.py load_policy,
+        from the same fields), else `load`."""
+        if sharded_qlora and self.load_sharded_qlora:
+            return self.load_sharded_qlora, self.load_sharded_qlora_source
+        return self.load, self.load_source
+
 
 DATA_PARALLEL_ONLY: dict[str, tuple[Any, ...]] = {
     "tp": (1,),
@@ -436,6 +449,16 @@ _SPEC_VALUES: dict[str, dict[str, Any]] = {
     ),
     "deepspeed": dict(
         load="cpu-full-state-dict",
+        load_sharded_qlora="full-state-dict",
+        load_sharded_qlora_source=(
+            "transformers from_pretrained builds a quantised model outside deepspeed.zero.Init "
+            "(modeling_utils.py get_init_context: zero.Init only `if not is_quantized`; the "
+            "bitsandbytes quantizer's update_device_map puts the model on the rank's GPU), so "
+            "DeepSpeed's engine finds no ds_id and moves the whole 4-bit model to the device "
+            "before ZeRO-3 partitions it (deepspeed 0.19.8 runtime/engine.py "
+            "_configure_distributed_model: `self.module.to(self.device)` unless "
+            "is_zero_init_model)"
+        ),
         load_source=(
             "transformers from_pretrained under deepspeed.zero.Init when ZeRO-3 is on "
             "(integrations/deepspeed.py is_deepspeed_zero3_enabled; each parameter partitioned as "
@@ -780,6 +803,14 @@ LOAD_POLICY = np.array(
     [LOADS.index(FRAMEWORK_SPECS[name].load) for name in FRAMEWORKS], dtype=np.int64
 )
 """Per framework code: the LOADS code `--load auto` resolves to."""
+LOAD_SHARDED_QLORA_POLICY = np.array(
+    [
+        LOADS.index(FRAMEWORK_SPECS[name].load_sharded_qlora or FRAMEWORK_SPECS[name].load)
+        for name in FRAMEWORKS
+    ],
+    dtype=np.int64,
+)
+"""Per framework code: the LOADS code `--load auto` resolves to for QLoRA under ZeRO-3."""
 HEAD_CHUNK_TOKENS = _table("head_chunk_tokens").astype(np.float64)
 """Per framework code: positions per head chunk of its own loss (0: one head)."""
 HEAD_CHUNK_LORA_ONLY = _table("head_chunk_lora_only")

@@ -32,11 +32,17 @@ SHARDED = LOADS.index("sharded")
 AUTO = LOADS.index("auto")
 
 
-def load_policy(load, stack_default) -> np.ndarray:
+def load_policy(load, stack_default, *, sharded_qlora_default=None, sharded_qlora=False):
     """The load mode a row runs: `auto` becomes the stack's own (`stack_default`, the
-    FrameworkSpec.load code of the row's framework); every other code is itself."""
+    FrameworkSpec.load code of the row's framework; for a QLoRA row under ZeRO-3,
+    `sharded_qlora`, the stack's FrameworkSpec.load_sharded_qlora code where it has one:
+    DeepSpeed moves a quantised model whole to the GPU, transformers having built it outside
+    zero.Init); every other code is itself."""
     load = np.asarray(load, dtype=np.int64)
-    return np.where(load == AUTO, np.asarray(stack_default, dtype=np.int64), load)
+    default = np.asarray(stack_default, dtype=np.int64)
+    if sharded_qlora_default is not None:
+        default = np.where(sharded_qlora, sharded_qlora_default, default)
+    return np.where(load == AUTO, default, load)
 
 
 def load_buffer_bytes(
@@ -93,3 +99,23 @@ def load_host_bytes(mode, *, slice_bytes) -> np.ndarray:
     mode = np.asarray(mode, dtype=np.int64)
     per_rank = (mode == FULL_STATE_DICT) | (mode == CPU_FULL_STATE_DICT)
     return np.where(per_rank, slice_bytes, 0.0)
+
+
+def cached_load_reserve_bytes(load_device_bytes, step_device_bytes) -> np.ndarray:
+    """Bytes by which the load's device peak exceeds the step's: the caching allocator keeps
+    the segments the load reserved (a model moved whole to the GPU, then sharded, leaves its
+    blocks cached, free), so torch's reserved memory and nvidia-smi show at least the load's
+    peak through the steps that follow; the step's tensors reuse those cached blocks.
+
+    Source: torch c10/cuda/CUDACachingAllocator.cpp (freed blocks return to the cache, released
+    to the driver only by empty_cache or an allocation that fails); no stack modelled here
+    empties the cache between the load and step 1: HF Trainer's free_memory (accelerate
+    release_memory: empty_cache) runs before accelerator.prepare wraps the model
+    (transformers trainer.py _inner_training_loop), accelerate's FSDP and DeepSpeed preparation
+    and DeepSpeed's engine init call none (deepspeed 0.19.8 runtime/engine.py, zero/stage3.py:
+    empty_cache only in offload_states and empty_partition_cache), and torchtitan empties it
+    before building its model (components/metrics.py DeviceMemoryMonitor).
+    Ignores: the load's segments that do not fit the step's larger tensors (counted as the
+    step's own fragmentation, on top, only where the step's peak is above the load's).
+    """
+    return np.maximum(np.asarray(load_device_bytes) - np.asarray(step_device_bytes), 0.0)

@@ -35,6 +35,7 @@ from ._frameworks import (
     FSDP2_EMBEDDING_UNIT,
     FSDP_ACCUMULATES_UNSHARDED,
     LOAD_POLICY,
+    LOAD_SHARDED_QLORA_POLICY,
     QLORA_DOUBLE_QUANT,
     QLORA_EVERY_LINEAR,
     QLORA_KBIT_PREPARED,
@@ -533,8 +534,13 @@ def _load_terms(
     `resident`: the parameter bytes the GPU keeps (none of the offloaded ones).
     Assumes: a block's and the largest tensor's bytes in the parameters' dtype (a QLoRA base
     quantises each 16-bit tensor as it reaches the GPU: that transient is ignored)."""
-    mode = load_policy(c["load"], LOAD_POLICY[x.fw])
     sharded = x.zero >= ZERO_PARAMETERS
+    mode = load_policy(
+        c["load"],
+        LOAD_POLICY[x.fw],
+        sharded_qlora_default=LOAD_SHARDED_QLORA_POLICY[x.fw],
+        sharded_qlora=x.qlora & sharded,
+    )
     whole = rank_bytes(x.full, x.part, param_e, False)
     slice_bytes = np.where(x.lora, np.where(sharded, parameters * x.dp, parameters), whole)
     present = [t for t in x.full if len(t.tensor.shape) >= 1]

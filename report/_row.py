@@ -101,9 +101,11 @@ def load_report(
     spec = FRAMEWORK_SPECS[config["framework"]]
     asked = config.get("load", "auto")
     peak = _int(_at(out, "peak_load_bytes", row))
+    sharded_qlora = bool(config.get("qlora")) and int(config.get("lora_rank", 0)) > 0
+    mode, source = spec.auto_load(sharded_qlora=sharded_qlora and int(config["zero"]) >= 3)
     return {
-        "mode": spec.load if asked == "auto" else asked,
-        "from": f"framework-default:{spec.load_source}" if asked == "auto" else "flag",
+        "mode": mode if asked == "auto" else asked,
+        "from": f"framework-default:{source}" if asked == "auto" else "flag",
         "peak_device_bytes": peak,
         "host_bytes_per_rank": _int(_at(out, "load_host_bytes", row)),
         "fits": bool(peak <= gpu.usable_bytes * (1.0 - headroom)),

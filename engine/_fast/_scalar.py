@@ -31,6 +31,7 @@ from .._estimate import (
     layout_reason,
 )
 from .._grid import BOOL_FIELDS, CATEGORICAL, DEFAULTS, FLOAT_FIELDS, make_grid
+from .._load import cached_load_reserve_bytes
 from .._lora import lora_mask, lora_zero3
 from .._model import ModelSpec
 from .._overhead import Overheads
@@ -205,6 +206,8 @@ def estimate_one(
     device = reserved + outside_torch
     limit = usable_bytes * (1.0 - headroom)
     load_device, load_host = _load(m, cache, row, pp_stage, s, outside_torch)
+    kept = float(cached_load_reserve_bytes(load_device, device))
+    fragmentation, reserved, device = fragmentation + kept, reserved + kept, device + kept
     out: dict[str, Any] = dict(zip(STAGE_PEAKS, peaks, strict=True))
     out.update(
         peak_phase=int(out["peak_phase"]),

@@ -77,7 +77,9 @@ def test_a_load_that_does_not_fit_fails_the_fit() -> None:
     full = estimate(M, make_grid({**JOB, **fields, "load": "full-state-dict"}), usable_bytes=usable)
     meta = estimate(M, make_grid({**JOB, **fields, "load": "meta-init"}), usable_bytes=usable)
     assert meta["fits"][0] and not full["fits"][0]
-    assert full["peak_device_bytes"][0] == meta["peak_device_bytes"][0]  # the same step
+    assert full["peak_allocated_bytes"][0] == meta["peak_allocated_bytes"][0]  # the same step
+    # ... whose reserve is the load's: the allocator keeps the whole model's freed blocks
+    assert full["peak_device_bytes"][0] == full["peak_load_bytes"][0]
     limit = usable * 0.9
     assert full["headroom_bytes"][0] == pytest.approx(limit - full["peak_load_bytes"][0])
 
@@ -90,3 +92,49 @@ def test_one_configuration_equals_the_grid(mode: str, pp: int) -> None:
     one = estimate_one(M, fields, usable_bytes=80e9)
     for key in ("peak_load_bytes", "load_host_bytes", "fits", "headroom_bytes"):
         assert one[key] == grid[key][0], key
+    for key in ("peak_reserved_bytes", "peak_device_bytes", "fragmentation"):
+        assert one[key] == pytest.approx(grid[key][0], rel=1e-12), key
+
+
+def test_the_steps_reserve_is_at_least_the_loads() -> None:
+    """A load that peaks above the step leaves its freed blocks cached: torch's reserved memory
+    and nvidia-smi stay at the load's peak through the step (engine/_load.py
+    cached_load_reserve_bytes). The difference is allocator cache, in `fragmentation`, so the
+    breakdown still sums to the device peak; the step's allocated peak is untouched."""
+    fields = {"offload": "optimizer+params"}
+    full = _load("full-state-dict", **fields)
+    meta = _load("meta-init", **fields)
+    assert meta["peak_load_bytes"] < meta["peak_device_bytes"]  # the step's own reserve
+    kept = full["peak_load_bytes"] - meta["peak_device_bytes"]
+    assert kept > 20 * 2**30  # the fp32 model (25 GiB) less the step's few GiB
+    assert full["peak_device_bytes"] == full["peak_load_bytes"]
+    assert full["peak_reserved_bytes"] == pytest.approx(meta["peak_reserved_bytes"] + kept)
+    assert full["fragmentation"] == pytest.approx(meta["fragmentation"] + kept)
+    parts = ("parameters", "master_weights", "gradients", "optimizer_states", "activations",
+             "transient", "framework_overhead", "fragmentation")  # fmt: skip
+    assert sum(full[k] for k in parts) == pytest.approx(full["peak_device_bytes"], rel=1e-12)
+
+
+QLORA = {"lora_rank": 8, "lora_targets": "all-linear", "qlora": True, "precision": "bf16"}
+
+
+def test_deepspeed_moves_a_quantised_model_whole_to_the_gpu() -> None:
+    """transformers builds a QLoRA model outside zero.Init and DeepSpeed's engine moves it to
+    the device whole before ZeRO-3 partitions it: `--load auto` under ZeRO-3 is
+    full-state-dict, the whole 4-bit model on every rank (twice the shard on 2 ranks), while a
+    16-bit model keeps DeepSpeed's zero.Init load and FSDP's QLoRA keeps its own."""
+    job = {**QLORA, "num_gpus": 2, "framework": "deepspeed"}
+    auto = _load("auto", **job)
+    assert auto["peak_load_bytes"] == _load("full-state-dict", **job)["peak_load_bytes"]
+    assert _allocated(auto) == pytest.approx(2 * auto["parameters"])
+    assert FRAMEWORK_SPECS["deepspeed"].auto_load(sharded_qlora=True)[0] == "full-state-dict"
+    lora = {**job, "qlora": False}
+    assert (
+        _load("auto", **lora)["peak_load_bytes"]
+        == _load("cpu-full-state-dict", **lora)["peak_load_bytes"]
+    )
+    hf = {**job, "framework": "hf"}
+    assert (
+        _load("auto", **hf)["peak_load_bytes"]
+        == _load(FRAMEWORK_SPECS["hf"].load, **hf)["peak_load_bytes"]
+    )
