@@ -148,7 +148,8 @@ _PANEL_NAMES: dict[str, tuple[str, ...]] = {
     ),
     "Precision": ("precision",),
     "Memory techniques": (
-        *("zero", "recompute", "recompute_every", "offload", "activation_offload"),
+        *("zero", "zero_bucket_elems", "overlap_comm", "recompute", "recompute_every"),
+        *("offload", "activation_offload"),
         *("lora_rank", "lora_targets", "qlora", "bitsandbytes_version", "loss"),
         *("freeze_vision", "lora_scope"),
     ),

@@ -206,7 +206,7 @@ def falcon_eager_attention_bytes(m: ModelSpec, *, T, s, e, tp, amp) -> np.ndarra
     a_r = m.num_attention_heads / tp
     qd_r = m.q_dim / tp
     _, kv_saved = _falcon_kv_width(m, T=T, s=s, tp=tp)
-    probs = np.where(amp, 4.0 + e, e) * a_r * s * T
+    probs = attention_score_bytes_per_elem(m, e, amp) * a_r * s * T
     return e * T * (qd_r + 2.0 * kv_saved) + probs + e * T * qd_r
 
 
@@ -434,7 +434,9 @@ def attention_score_bytes_per_elem(m: ModelSpec, e, amp=False, transformers=Fals
     SDPA's math fallback): the softmax output and its cast to the compute dtype, saved by the
     matmul with v; with attention dropout the bool mask and the dropout output instead.
 
-    The softmax is fp32 where the model asks for it (Llama-style eager_attention_forward:
+    Falcon's softmax runs in the hidden states' dtype (fp32 under autocast, then its 16-bit cast
+    for the matmul with v). The softmax is fp32 where the model asks for it (Llama-style
+    eager_attention_forward:
     softmax(dtype=float32).to(query.dtype)) or autocast runs it (softmax is an fp32 autocast
     op); transformers' GPT-2 and BERT eager attention (`transformers`: rows run by
     transformers' modeling code) call softmax in the scores' own dtype, so without autocast it
@@ -443,6 +445,8 @@ def attention_score_bytes_per_elem(m: ModelSpec, e, amp=False, transformers=Fals
     eager_attention_forward; torch autocast's fp32 op list (softmax). Traced: the conformance
     matrix's gpt2 bf16 eager cells (were +0.9% to +1.7%, 2 bytes per score high; now exact).
     """
+    if m.model_type == "falcon":  # softmax(dtype=hidden dtype), no dropout: falcon_eager_...
+        return np.where(np.asarray(amp, dtype=bool), 4.0 + e, e)
     own_dtype = (m.family in ("gpt2", "bert")) & np.asarray(transformers, dtype=bool)
     softmax = np.where(own_dtype & ~np.asarray(amp, dtype=bool), e, 4.0)
     return np.where(

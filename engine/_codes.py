@@ -17,6 +17,7 @@ from ._vocab import (
     LORA_SCOPES,
     LOSSES,
     OFFLOADS,
+    OVERLAP_COMMS,
     PRECISIONS,
     RECOMPUTE,
 )
@@ -61,6 +62,7 @@ LOSS_AUTO = LOSSES.index("auto")
 LOSS_VOCAB_PARALLEL = LOSSES.index("vocab-parallel")
 BNB_LEGACY = BITSANDBYTES_VERSIONS.index("legacy")
 LORA_SCOPE_LANGUAGE = LORA_SCOPES.index("language")
+OVERLAP_COMM_OFF = OVERLAP_COMMS.index("off")
 
 EXPANDABLE_SEGMENTS = ALLOCATORS.index("expandable-segments")
 

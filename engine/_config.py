@@ -31,6 +31,7 @@ from ._vocab import (
     LORA_SCOPES,
     LOSSES,
     OFFLOADS,
+    OVERLAP_COMMS,
     PRECISIONS,
     RECOMPUTE,
     REF_MODELS,
@@ -388,6 +389,20 @@ class TrainingConfig:
         "language: the language model's only, as LLaMA-Factory; freeze_vision adapts none of "
         "the tower's either way)",
         choices=LORA_SCOPES,
+    )
+    zero_bucket_elems: float = knob(
+        0.0,
+        help="DeepSpeed ZeRO's reduce_bucket_size in elements (0: the HF Trainer's \"auto\", "
+        "hidden x hidden; a DeepSpeed config without the key: DeepSpeed's 5e8).",
+        ge=0.0,
+        le=1e12,
+    )
+    overlap_comm: str = knob(
+        "auto",
+        help=" | ".join(OVERLAP_COMMS) + " (DeepSpeed ZeRO's overlap_comm; auto: on, as the HF "
+        "Trainer's example configs; off: one reduce bucket buffer under ZeRO 1-2, DeepSpeed's "
+        "own default there)",
+        choices=OVERLAP_COMMS,
     )
 
     def __post_init__(self) -> None:

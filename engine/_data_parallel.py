@@ -116,21 +116,42 @@ def fp32_gradient_partition_bytes(
     return np.where(mixed & ~fsdp2 & ~main_grad_buffer & ~lora, 4.0 * state_numel, 0.0)
 
 
-def deepspeed_buffer_bytes(m: ModelSpec, *, fw, zero, dp, layer_numel, offload=0) -> np.ndarray:
-    """DeepSpeed ZeRO's 16-bit bucket buffers (FrameworkSpec.zero_bucket_buffers): two reduce
-    buckets; under ZeRO-3 also the prefetch bucket and one gathered block. With more than one
-    rank, or on one rank with an offloaded optimizer (ZeRO-Offload reduces through the same
-    buckets on a single GPU).
+def deepspeed_buffer_bytes(
+    m: ModelSpec,
+    *,
+    fw,
+    zero,
+    dp,
+    layer_numel,
+    offload=0,
+    bucket_elems=0.0,
+    overlap_off=False,
+) -> np.ndarray:
+    """DeepSpeed ZeRO's 16-bit bucket buffers (FrameworkSpec.zero_bucket_buffers): the reduce
+    buckets of `bucket_elems` elements each (reduce_bucket_size; 0: the HF Trainer's "auto",
+    DEEPSPEED_BUCKET_ELEMS_PER_H2 * h^2), two of them (ZeRO 1-2 with overlap_comm: a second
+    buffer; ZeRO-3: the bucket and its flattened reduce-scatter input) or one (ZeRO 1-2 with
+    `overlap_off`); under ZeRO-3 also the prefetch bucket and one gathered block. With more
+    than one rank, or on one rank with an offloaded optimizer (ZeRO-Offload reduces through
+    the same buckets on a single GPU).
 
-    Source: DEEPSPEED_BUCKET_ELEMS_PER_H2 (HF Trainer's "auto" bucket sizes).
+    Source: deepspeed 0.19.8 runtime/zero/stage_1_and_2.py setup_buckets (buf_0 of
+    reduce_bucket_size elements, buf_1 only with overlap_comm), zero/stage3.py (the IPG bucket's
+    buffer of reduce_bucket_size elements per communication dtype); DEEPSPEED_BUCKET_ELEMS_PER_H2
+    (HF Trainer's "auto" bucket sizes).
+    Ignores: a non-"auto" stage3_prefetch_bucket_size (the Trainer's 0.9 h^2 is used).
     """
     h2 = float(m.hidden_size) ** 2
     fw = np.asarray(fw, dtype=np.int64)
+    bucket = np.where(
+        np.asarray(bucket_elems) > 0, bucket_elems, DEEPSPEED_BUCKET_ELEMS_PER_H2 * h2
+    )
+    buffers = np.where((zero < ZERO_PARAMETERS) & np.asarray(overlap_off, dtype=bool), 1.0, 2.0)
     return np.where(
         ZERO_BUCKET_BUFFERS[fw]
         & (zero >= ZERO_STATES)
         & ((dp > 1) | (offload >= OFFLOAD_OPTIMIZER)),
-        2.0 * DEEPSPEED_BUCKET_ELEMS_PER_H2 * h2 * 2.0
+        buffers * bucket * 2.0
         + np.where(
             zero >= ZERO_PARAMETERS,
             DEEPSPEED_PREFETCH_ELEMS_PER_H2 * h2 * 2.0 + 2.0 * layer_numel,

@@ -390,10 +390,12 @@ def estimate(
     `columns`: only these of OUTPUTS (the same values as the full call, less work); `reason`:
     layout_reason(m, g) when the caller has it already.
     """
-    want = frozenset(OUTPUTS if columns is None else columns)
-    unknown = sorted(want - set(OUTPUTS))
+    asked = frozenset(OUTPUTS if columns is None else columns)
+    unknown = sorted(asked - set(OUTPUTS))
     if unknown:
         raise ValueError(f"columns: unknown {', '.join(unknown)}; allowed: {', '.join(OUTPUTS)}")
+    # the load's cached reserve (_load_reserve) raises all three from the device peak
+    want = asked | frozenset(_RESERVE_COLUMNS) if asked & set(_RESERVE_COLUMNS) else asked
     ov = overheads or Overheads()
     reason = layout_reason(m, g) if reason is None else reason
     tp, pp, cp = g["tp"], g["pp"], g["cp"]
@@ -424,7 +426,7 @@ def estimate(
     whole = {"dp": dp, "num_microbatches": num_micro, "reason": reason}
     for k in want - out.keys():  # no rows, or a whole-grid column
         out[k] = whole[k] if k in whole else np.empty(0, dtype=OUTPUT_DTYPES.get(k, np.float64))
-    return {k: out[k] for k in OUTPUTS if k in want}
+    return {k: out[k] for k in OUTPUTS if k in asked}
 
 
 OUTPUT_DTYPES: dict[str, type] = {

@@ -279,11 +279,14 @@ def paged_state_bytes(
     lora: np.ndarray,
     lora_rank: np.ndarray,
     mask: np.ndarray,
+    dp: np.ndarray | float = 1.0,
 ) -> np.ndarray:
     """Bytes of a paged optimizer's state buffers in unified memory on one rank: two states per
     trainable tensor of PAGED_MIN_NUMEL elements or more, 4 bytes each (32-bit) or 1 (8-bit:
     the fp32 absmax stays on the device); LoRA: each adapter matrix apart (lora_A [r, d_in],
-    lora_B [d_out, r]). 0 where the optimizer is not paged.
+    lora_B [d_out, r]) in the rank's tensor-parallel part of its linear, and its 1/dp share
+    where the states are sharded (as the resident states are). 0 where the optimizer is not
+    paged.
 
     Source: PAGED_MIN_NUMEL, _BNB_OPTIMIZER; PEFT LoraLayer (adapter shapes).
     Assumes: under ZeRO the optimizer sees each tensor's shard (`part`), as FSDP2 gives it.
@@ -298,7 +301,11 @@ def paged_state_bytes(
         p = whole.tensor
         if p.is_block_linear:
             d_out, d_in = p.shape
-            matrices = (lora_rank * d_in, lora_rank * d_out)  # lora_A, lora_B
+            # the rank's part: its tensor-parallel slice (as the local base linear) and, where
+            # the states are sharded, its 1/dp share
+            local = whole.numel / float(d_out * d_in)
+            share = local * np.where(sharded, 1.0 / np.maximum(dp, 1.0), 1.0)
+            matrices = (lora_rank * d_in * share, lora_rank * d_out * share)  # lora_A, lora_B
             adapter = sum(np.where(n >= PAGED_MIN_NUMEL, n, 0.0) for n in matrices)
             adapter = np.where(lora_adapted(p, mask), adapter, 0.0)
         else:

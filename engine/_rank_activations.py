@@ -450,7 +450,9 @@ def _block_parts(m: ModelSpec, x: MicroBatch, *, moe: bool, bnb_layer: np.ndarra
             m, T=T, e=e, e_expert=e_expert, amp=amp, etp=x.etp, capacity=x.capacity
         )
         block = block - dense_mlp + mlp
-    core = attention_core_bytes(m, T=T, s=s, e=e, tp=tp, eager=eager)
+    core = attention_core_bytes(
+        m, T=T, s=s, e=e, tp=tp, eager=eager, amp=amp, transformers=TRANSFORMERS_MODEL_CODE[x.fw]
+    )
     delta = lora_activation_delta_bytes(
         m,
         T=T,

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ._codes import OVERLAP_COMM_OFF
 from ._data_parallel import (
     ZERO_GRADIENTS,
     ZERO_PARAMETERS,
@@ -111,6 +112,8 @@ STATE_KEYS = (
     "lora_rank",
     "lora_targets",
     "qlora",
+    "zero_bucket_elems",
+    "overlap_comm",
     "optimizer_custom",
     "optimizer_num_states",
     "optimizer_state_bytes",
@@ -150,6 +153,8 @@ class RankLayout:
     adapter_e: np.ndarray
     full: list[LocalTensor]
     part: list[LocalTensor]
+    zero_bucket_elems: np.ndarray
+    overlap_off: np.ndarray
 
 
 def rank_layout(m: ModelSpec, c: dict[str, np.ndarray]) -> RankLayout:
@@ -190,6 +195,8 @@ def rank_layout(m: ModelSpec, c: dict[str, np.ndarray]) -> RankLayout:
         ),
         full=local_tensors(m, **shards, shard=False, dp_shard=np.ones_like(dp)),
         part=local_tensors(m, **shards, shard=True, dp_shard=dp),
+        zero_bucket_elems=c["zero_bucket_elems"].astype(np.float64),
+        overlap_off=c["overlap_comm"].astype(np.int64) == OVERLAP_COMM_OFF,
     )
 
 
@@ -304,6 +311,7 @@ def _optimizer_bytes(
         lora=x.lora,
         lora_rank=x.lora_rank,
         mask=c["lora_targets"],
+        dp=x.dp,
     )
     return {
         "optimizer_states": optimizer_states - paged,
@@ -501,7 +509,14 @@ def _offloaded(
         m, offload=x.offload, states=states, state_numel=state_numel, layer_numel=layer
     )
     buffers = deepspeed_buffer_bytes(
-        m, fw=x.fw, zero=x.zero, dp=x.dp, layer_numel=layer, offload=x.offload
+        m,
+        fw=x.fw,
+        zero=x.zero,
+        dp=x.dp,
+        layer_numel=layer,
+        offload=x.offload,
+        bucket_elems=x.zero_bucket_elems,
+        overlap_off=x.overlap_off,
     )
     s, ds = deepspeed_offloaded_states(
         m,

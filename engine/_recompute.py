@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._activations import SMALL_TENSOR_BYTES
+from ._activations import SMALL_TENSOR_BYTES, attention_score_bytes_per_elem
 from ._codes import (
     RECOMPUTE_FULL,
     RECOMPUTE_NONE,
@@ -24,17 +24,23 @@ from ._codes import (
 from ._model import ModelSpec
 
 
-def attention_core_bytes(m: ModelSpec, *, T, s, e, tp, eager) -> np.ndarray:
+def attention_core_bytes(
+    m: ModelSpec, *, T, s, e, tp, eager, amp=False, transformers=False
+) -> np.ndarray:
     """Bytes of the attention core one layer saves: what selective recomputation drops.
 
-    Flash: the attention output and the fp32 logsumexp [b, a, s]; eager adds the fp32 softmax
-    (and its 16-bit cast) over a s x s scores per sequence.
+    Flash: the attention output and the fp32 logsumexp [b, a, s]; eager adds what the
+    materialised scores save per element, as the layer counts them
+    (attention_score_bytes_per_elem: the softmax output and its 16-bit cast, or with attention
+    dropout its mask and output; GPT-2's and BERT's softmax in the scores' own dtype without
+    autocast), so that the core dropped is never more than the core saved.
     Source: Korthikanti et al. 2022 Sec. 5 (selective activation recomputation of the core
     attention); hf_attention_bytes for the tensors.
     """
     a_r = m.num_attention_heads / tp
     flash_core = e * T * m.o_dim / tp + 4.0 * a_r * T
-    eager_core = flash_core + (4.0 + np.where(e < 4, e, 0.0)) * a_r * s * T
+    per_score = attention_score_bytes_per_elem(m, e, amp, transformers)
+    eager_core = flash_core + per_score * a_r * s * T
     return np.where(eager, eager_core, flash_core)
 
 

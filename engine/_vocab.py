@@ -52,6 +52,11 @@ too, a listed name every module whose name ends with it); language, the language
 (LLaMA-Factory's patch_target_modules keeps LoRA off a frozen tower and projector). Source: peft
 0.21.2 tuners/tuners_utils.py _maybe_include_all_linear_layers, check_target_module_exists;
 LLaMA-Factory src/llamafactory/model/model_utils/visual.py patch_target_modules."""
+OVERLAP_COMMS = ("auto", "on", "off")
+"""DeepSpeed ZeRO's `overlap_comm`: auto (on, as the HF Trainer's example configs set it and as
+DeepSpeed defaults it under ZeRO-3), on, off (DeepSpeed's default under ZeRO 1-2: one reduce
+buffer instead of two). Source: deepspeed 0.19.8 runtime/zero/config.py overlap_comm_valid,
+zero/stage_1_and_2.py setup_buckets (buf_1 only with overlap_comm)."""
 LOADS = ("auto", "full-state-dict", "cpu-full-state-dict", "meta-init", "sharded")
 """How the job builds its model and loads the checkpoint before step 1 (engine/_load.py); auto:
 the stack's own default (FrameworkSpec.load)."""

@@ -205,7 +205,8 @@ DEEPSPEED_CPU_OPTIMIZERS = ("AdamW", "Lion")
 def deepspeed_config(plan: dict[str, Any]) -> dict[str, Any]:
     """A DeepSpeed config (https://www.deepspeed.ai/docs/config-json/) of a deepspeed plan.
 
-    Buckets at the sizes the estimate assumes (HF Trainer's "auto": reduce_bucket_size = h^2,
+    Buckets at the sizes the estimate assumes (the plan's zero_bucket_elems and overlap_comm;
+    by default HF Trainer's "auto": reduce_bucket_size = h^2,
     stage3_prefetch_bucket_size = 0.9 h^2, stage3_param_persistence_threshold = 10 h; source:
     transformers/integrations/deepspeed.py trainer_config_finalize).
     """
@@ -266,7 +267,11 @@ def _deepspeed_zero(plan: dict[str, Any]) -> dict[str, Any]:
     zero, offload = int(plan["zero"]), plan["offload"]
     z: dict[str, Any] = {"stage": zero}
     if zero >= 1:
-        z.update(overlap_comm=True, reduce_bucket_size=h * h)
+        bucket = float(plan.get("zero_bucket_elems") or 0.0)
+        z.update(
+            overlap_comm=plan.get("overlap_comm", "auto") != "off",
+            reduce_bucket_size=int(bucket) if bucket > 0 else h * h,
+        )
     if zero >= 2:
         z["contiguous_gradients"] = True
     if zero == 3:

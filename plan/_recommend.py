@@ -642,6 +642,7 @@ def _plan(space: Space, res: dict[str, np.ndarray], j: int) -> dict[str, Any]:
         "grad_accum_steps": int(res["grad_accum_steps"][j]),
         "global_batch_size": int(space.fixed["global_batch_size"]),
         "seq_len": int(space.fixed["seq_len"]),
+        **_deepspeed_buckets(space),
         "peak_device_bytes": peak,
         **_error_bars(res, j),
         "peak_reserved_bytes": int(round(float(res["peak_reserved_bytes"][j]))),
@@ -661,6 +662,18 @@ def _plan(space: Space, res: dict[str, np.ndarray], j: int) -> dict[str, Any]:
     }
     # A search axis the contract above does not name: its value, after the others.
     return {**plan, **{a: _axis_item(a, res[a][j]) for a in AXES[1:] if a not in plan}}
+
+
+def _deepspeed_buckets(space: Space) -> dict[str, Any]:
+    """A DeepSpeed plan's reduce bucket and overlap_comm where the job set them (the launch
+    config writes them: plan/_launch.py _deepspeed_zero); nothing at their defaults."""
+    fixed = space.fixed
+    out: dict[str, Any] = {}
+    if float(fixed.get("zero_bucket_elems", 0.0) or 0.0) > 0:
+        out["zero_bucket_elems"] = float(fixed["zero_bucket_elems"])
+    if fixed.get("overlap_comm", "auto") != "auto":
+        out["overlap_comm"] = str(fixed["overlap_comm"])
+    return out
 
 
 def _error_bars(res: dict[str, np.ndarray], j: int) -> dict[str, Any]:

@@ -10,8 +10,10 @@ import polars as pl
 
 from trainmem.engine import COMPONENTS, FIELD_NAMES, TYPES
 
-SCHEMA_VERSION = 11
-"""11: the training field lora_scope (which of a vision-language model's modules LoRA adapts),
+SCHEMA_VERSION = 12
+"""12: the training fields zero_bucket_elems and overlap_comm (DeepSpeed ZeRO's reduce bucket
+and its second buffer), parts of schema 11 and older read with them null; 11: the training
+field lora_scope (which of a vision-language model's modules LoRA adapts),
 parts of schema 10 and older read with it null; 10: the training fields
 rl_max_token_len_per_gpu and rl_mean_seq_len (the RL trainer's packed micro-batches), parts of
 schema 9 and older read with them null; 9: the training fields

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._deepspeed import to_framework, wrapped_precision
+from ._deepspeed import DEEPSPEED_DEFAULT_REDUCE_BUCKET_ELEMS, to_framework, wrapped_precision
 from ._reading import Doc, Reading, as_bool, as_int, bad, is_auto
 from ._stacks import Stack
 
@@ -186,6 +186,8 @@ def _deepspeed(cfg: Any, doc: Doc, reading: Reading) -> None:
         if stage > 3:
             raise bad(doc, p + "zero_stage", "a ZeRO stage 0-3", cfg["zero_stage"])
         reading.put("zero", stage, doc, p + "zero_stage")
+        if not cfg.get("deepspeed_config_file") and stage >= 1:
+            _deepspeed_plugin_buckets(stage, reading)
     devices = {}
     for name in ("offload_optimizer_device", "offload_param_device"):
         device = str(cfg.get(name, "none")).strip().lower()
@@ -206,6 +208,22 @@ def _deepspeed(cfg: Any, doc: Doc, reading: Reading) -> None:
             doc, p + "gradient_accumulation_steps", cfg["gradient_accumulation_steps"], ge=1
         )
         reading.put("grad_accum_steps", steps, doc, p + "gradient_accumulation_steps")
+
+
+def _deepspeed_plugin_buckets(stage: int, reading: Reading) -> None:
+    """Without a DeepSpeed JSON, accelerate's DeepSpeedPlugin writes a zero_optimization block
+    of the stage, the offload devices and stage3_gather_16bit_weights_on_model_save only, so
+    DeepSpeed's own defaults apply: reduce_bucket_size 5e8 elements, overlap_comm off under
+    ZeRO 1-2 (on under ZeRO-3), not the Trainer's "auto" sizes.
+    Source: accelerate 1.x utils/dataclasses.py DeepSpeedPlugin.__post_init__ (the config dict
+    built from the plugin's fields); deepspeed 0.19.8 runtime/zero/config.py."""
+    source = (
+        f"{SOURCE} src/accelerate/utils/dataclasses.py DeepSpeedPlugin (no DeepSpeed JSON: "
+        "DeepSpeed's own zero_optimization defaults)"
+    )
+    reading.default("zero_bucket_elems", DEEPSPEED_DEFAULT_REDUCE_BUCKET_ELEMS, source)
+    if stage < 3:
+        reading.default("overlap_comm", "off", source)
 
 
 def _parallelism(cfg: Any, doc: Doc, reading: Reading) -> None:

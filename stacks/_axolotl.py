@@ -50,15 +50,19 @@ class Shipped(NamedTuple):
     offload: str
     notes: str = ""
     """Keys of that file trainmem does not model (empty: none)."""
+    buckets: tuple[float, str] = (0.0, "auto")
+    """Its reduce bucket and overlap_comm as `zero_bucket_elems` / `overlap_comm` (what
+    stacks/_deepspeed.py reads from the JSON itself: no reduce_bucket_size key is DeepSpeed's
+    5e8, no overlap_comm key off under ZeRO 1-2)."""
 
 
 _Z3 = ("sub_group_size 0, max_live_parameters 0 and max_reuse_distance 0 (not DeepSpeed's 1e9 "
        "defaults)")  # fmt: skip
 DEEPSPEED_FILES = {
-    "zero1.json": Shipped(1, "none"),
-    "zero1_torch_compile.json": Shipped(1, "none", "compile (DeepSpeed compile)"),
-    "zero2.json": Shipped(2, "optimizer"),
-    "zero2_torch_compile.json": Shipped(2, "optimizer", "compile (DeepSpeed compile)"),
+    "zero1.json": Shipped(1, "none", buckets=(5e8, "on")),
+    "zero1_torch_compile.json": Shipped(1, "none", "compile (DeepSpeed compile)", (5e8, "on")),
+    "zero2.json": Shipped(2, "optimizer", buckets=(5e8, "on")),
+    "zero2_torch_compile.json": Shipped(2, "optimizer", "compile (DeepSpeed compile)", (5e8, "on")),
     "zero3.json": Shipped(3, "none", _Z3),
     "zero3_bf16.json": Shipped(3, "none", _Z3),
     "zero3_bf16_cpuoffload_all.json": Shipped(3, "optimizer+params", _Z3),
@@ -142,8 +146,14 @@ def deepspeed(
         reading.put("zero", known.stage, doc, "deepspeed")
         if known.offload != "none":
             reading.put("offload", known.offload, doc, "deepspeed")
+        elems, overlap = known.buckets
+        if elems > 0 and known.stage >= 1:
+            reading.put("zero_bucket_elems", elems, doc, "deepspeed")
+        if overlap != "auto" and known.stage >= 1:
+            reading.put("overlap_comm", overlap, doc, "deepspeed")
         reading.warn(
-            f"{doc.name}:deepspeed: ZeRO stage {known.stage}, offload {known.offload}: inferred "
+            f"{doc.name}:deepspeed: ZeRO stage {known.stage}, offload {known.offload}"
+            f"{_bucket_words(known)}: inferred "
             f"from the name {value!r} ({where}{base} sets them); give the DeepSpeed JSON too"
         )
         if known.notes:
@@ -156,6 +166,13 @@ def deepspeed(
                      f"name {value!r}; give the DeepSpeed JSON too")  # fmt: skip
     else:
         reading.warn(f"{doc.name}:deepspeed: {value!r}: give the DeepSpeed JSON too")
+
+
+def _bucket_words(known: Shipped) -> str:
+    elems, overlap = known.buckets
+    words = [f"reduce bucket {elems:g}"] if elems > 0 and known.stage >= 1 else []
+    words += [f"overlap_comm {overlap}"] if overlap != "auto" and known.stage >= 1 else []
+    return "".join(f", {w}" for w in words)
 
 
 FSDP_WORDS = ("full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2", "no_shard",

@@ -32,6 +32,11 @@ OPTIMIZERS = {"adam": "adamw-fused", "adamw": "adamw-fused", "lion": "lion",
 under offload), Lion FusedLion (deepspeed 0.19.8 runtime/engine.py _configure_basic_optimizer);
 others come from torch.optim."""
 
+DEEPSPEED_DEFAULT_REDUCE_BUCKET_ELEMS = 5e8
+"""reduce_bucket_size where the config has no such key (the HF Trainer fills "auto" only):
+deepspeed 0.19.8 runtime/zero/config.py."""
+ZERO_DEFAULTS = f"{SOURCE} runtime/zero/config.py"
+"""Where DeepSpeed's own ZeRO defaults are (a key the config does not have)."""
 DS_DEFAULTS = {"stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
                "max_live_parameters": 1e9, "max_reuse_distance": 1e9,
                "allgather_bucket_size": 5e8, "sub_group_size": 1e9}  # fmt: skip
@@ -41,7 +46,7 @@ AUTO_SIZES = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "prefetch_buc
               "stage3_param_persistence_threshold", "param_persistence_threshold")  # fmt: skip
 """Sizes the HF Trainer fills from "auto" (h*h, 0.9*h*h, 10*h: transformers
 integrations/deepspeed.py trainer_config_finalize), which trainmem models."""
-ASSUMED_ON = ("overlap_comm", "contiguous_gradients")
+ASSUMED_ON = ("contiguous_gradients",)
 """Switches trainmem's DeepSpeed model assumes on (plan/_launch.py deepspeed_config writes them)."""
 ZERO_PP = (
     "zero_quantized_weights",
@@ -258,27 +263,26 @@ def _offload(zero: Mapping[str, Any], doc: Doc, reading: Reading, prefix: str) -
 
 
 def _sizes(zero: Mapping[str, Any], doc: Doc, reading: Reading, prefix: str) -> None:
-    """Bucket sizes: "auto" (the Trainer's, modelled), the Trainer's own numbers for one hidden
-    size (what trainmem's `--format deepspeed` writes), DeepSpeed's defaults where trainmem assumes
-    them; anything else is not modelled."""
-    given = {k: zero[k] for k in AUTO_SIZES if k in zero and not is_auto(zero[k])}
+    """Bucket sizes: reduce_bucket_size and overlap_comm are modelled (zero_bucket_elems,
+    overlap_comm; "auto" is the HF Trainer's h*h, an absent key DeepSpeed's own default, which
+    the Trainer does not fill: 5e8 elements, overlap_comm off under ZeRO 1-2); the prefetch
+    bucket and persistence threshold are modelled at the Trainer's auto sizes (also given as
+    its numbers for one hidden size, what trainmem's `--format deepspeed` writes); any other
+    value of theirs is not modelled."""
+    stage = int(reading.get("zero", 0))
+    if stage >= 1:
+        _reduce_bucket(zero, doc, reading, prefix)
+    given = {k: zero[k] for k in AUTO_SIZES[1:] if k in zero and not is_auto(zero[k])}
     numbers = {k: as_float(doc, prefix + k, v) for k, v in given.items()}
-    if numbers and not _trainer_sizes(numbers):
+    reduce = zero.get("reduce_bucket_size")
+    anchor = None if reduce is None or is_auto(reduce) else as_float(doc, prefix, reduce)
+    if numbers and not _trainer_sizes(numbers, reduce=anchor):
         for key in numbers:
             reading.unmodelled_key(
                 doc,
                 prefix + key,
-                "a bucket size other than the HF Trainer's auto (h*h, 0.9*h*h, 10*h)",
+                "a bucket size other than the HF Trainer's auto (0.9*h*h, 10*h)",
             )
-    elif (
-        not any(k in zero for k in AUTO_SIZES)
-        and reading.stack == "deepspeed"
-        and reading.get("zero", 0) >= 1
-    ):
-        reading.warn(
-            f"{doc.name}: no bucket sizes: modelled at the HF Trainer's auto sizes; "
-            "without the Trainer DeepSpeed's own (5e8, 5e7, 1e5 elements) apply"
-        )
     for key, default in DS_DEFAULTS.items():
         value = zero.get(key)
         if (
@@ -292,24 +296,49 @@ def _sizes(zero: Mapping[str, Any], doc: Doc, reading: Reading, prefix: str) -> 
             reading.unmodelled_key(doc, prefix + key, "trainmem assumes it on")
 
 
-def _trainer_sizes(numbers: Mapping[str, float]) -> bool:
-    """The numbers are the Trainer's auto sizes of one hidden size h."""
-    h = None
-    reduce = numbers.get("reduce_bucket_size")
+def _reduce_bucket(zero: Mapping[str, Any], doc: Doc, reading: Reading, prefix: str) -> None:
+    """zero_bucket_elems and overlap_comm from reduce_bucket_size and overlap_comm."""
+    key = prefix + "reduce_bucket_size"
+    value = zero.get("reduce_bucket_size")
+    if value is None:
+        reading.default("zero_bucket_elems", DEEPSPEED_DEFAULT_REDUCE_BUCKET_ELEMS, ZERO_DEFAULTS)
+    elif not is_auto(value):
+        elems = as_float(doc, key, value)
+        if elems <= 0:
+            raise bad(doc, key, "a positive number of elements", value)
+        reading.put("zero_bucket_elems", elems, doc, key)
+    key = prefix + "overlap_comm"
+    overlap = zero.get("overlap_comm")
+    if overlap is None:
+        if int(reading.get("zero", 0)) < 3:  # DeepSpeed's own default: on under ZeRO-3 only
+            reading.default("overlap_comm", "off", ZERO_DEFAULTS + " (overlap_comm_valid)")
+    elif not is_auto(overlap):
+        reading.put("overlap_comm", "on" if as_bool(doc, key, overlap) else "off", doc, key)
+
+
+def _trainer_sizes(numbers: Mapping[str, float], *, reduce: float | None = None) -> bool:
+    """The prefetch and persistence numbers are the Trainer's auto sizes (0.9*h*h, 10*h) of one
+    hidden size h, that of a numeric `reduce` bucket too (h*h) where the config has one."""
+    sizes = set()
     if reduce is not None:
         root = math.isqrt(int(reduce))
         if root * root != int(reduce):
             return False
-        h = root
+        sizes.add(root)
     for key in ("stage3_param_persistence_threshold", "param_persistence_threshold"):
         if key in numbers:
-            if numbers[key] % 10 or (h is not None and numbers[key] != 10 * h):
+            if numbers[key] % 10:
                 return False
-            h = int(numbers[key]) // 10
+            sizes.add(int(numbers[key]) // 10)
     for key in ("stage3_prefetch_bucket_size", "prefetch_bucket_size"):
-        if key in numbers and (h is None or numbers[key] != int(0.9 * h * h)):
-            return False
-    return h is not None
+        if key in numbers:
+            h = math.isqrt(int(numbers[key] / 0.9)) + 1
+            while h > 0 and int(0.9 * h * h) > numbers[key]:
+                h -= 1
+            if int(0.9 * h * h) != numbers[key]:
+                return False
+            sizes.add(h)
+    return len(sizes) == 1
 
 
 def _extras(data: Mapping[str, Any], doc: Doc, reading: Reading, prefix: str) -> None:

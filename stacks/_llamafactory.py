@@ -45,16 +45,20 @@ MARKERS = ("finetuning_type", "cutoff_len", "lora_target", "template", "quantiza
 STAGES = ("pt", "sft", "rm", "ppo", "dpo", "kto")
 FINETUNING_TYPES = ("lora", "oft", "freeze", "full")
 
-_Z2 = "reduce_bucket_size 5e8 and overlap_comm false"
+_Z2 = (5e8, "off")
+"""reduce_bucket_size 5e8 and overlap_comm false (modelled: zero_bucket_elems, overlap_comm)."""
 DEEPSPEED_FILES = {
-    "ds_z0_config.json": Shipped(0, "none", _Z2),
-    "ds_z2_config.json": Shipped(2, "none", _Z2),
-    "ds_z2_offload_config.json": Shipped(2, "optimizer", _Z2),
-    "ds_z2_autotp_config.json": Shipped(2, "none", f"{_Z2}, and DeepSpeed AutoTP size 2"),
-    "ds_z3_config.json": Shipped(3, "none", "overlap_comm false"),
-    "ds_z3_offload_config.json": Shipped(3, "optimizer+params", "overlap_comm false"),
+    "ds_z0_config.json": Shipped(0, "none"),
+    "ds_z2_config.json": Shipped(2, "none", buckets=_Z2),
+    "ds_z2_offload_config.json": Shipped(2, "optimizer", buckets=_Z2),
+    "ds_z2_autotp_config.json": Shipped(2, "none", "DeepSpeed AutoTP size 2", _Z2),
+    "ds_z3_config.json": Shipped(3, "none", buckets=(0.0, "off")),
+    "ds_z3_offload_config.json": Shipped(3, "optimizer+params", buckets=(0.0, "off")),
     "ds_z3_fp8_config.json": Shipped(
-        3, "optimizer", "overlap_comm false and the bucket sizes of hidden size 3584"
+        3,
+        "optimizer",
+        "the prefetch bucket and persistence threshold of hidden size 3584",
+        (3584.0 * 3584.0, "off"),
     ),
 }
 """llamafactory examples/deepspeed/*.json at the pinned commit: stage, offload and what trainmem

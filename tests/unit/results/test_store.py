@@ -71,6 +71,8 @@ SNAPSHOT = [
     ("image_size", "Int64"),
     ("freeze_vision", "Boolean"),
     ("lora_scope", "Categorical"),
+    ("zero_bucket_elems", "Float64"),
+    ("overlap_comm", "Categorical"),
     ("dp", "Int64"),
     ("grad_accum_steps", "Int64"),
     ("peak_device_bytes", "Int64"),
@@ -106,7 +108,7 @@ SNAPSHOT = [
 
 def test_schema_snapshot() -> None:
     assert [(k, str(v)) for k, v in SCHEMA.items()] == SNAPSHOT
-    assert SCHEMA_VERSION == 11
+    assert SCHEMA_VERSION == 12
 
 
 def _frame(n: int = 5) -> pl.DataFrame:

@@ -38,12 +38,22 @@ def ddp(gpus: int | None) -> Want:
     return Want([*gpu, ("precision", "amp-bf16", MP)])
 
 
+DS_PLUGIN = (
+    "stack-default:accelerate 1.15.0 src/accelerate/utils/dataclasses.py DeepSpeedPlugin (no "
+    "DeepSpeed JSON: DeepSpeed's own zero_optimization defaults)"
+)
+"""No DeepSpeed JSON: the plugin's zero_optimization block has no bucket keys, so DeepSpeed's
+own defaults apply (reduce_bucket_size 5e8; overlap_comm off under ZeRO 1-2)."""
+
+
 def deepspeed(gpus: int, stage: int) -> list[tuple[str, Any, str]]:
     return [
         ("num_gpus", gpus, GPUS),
         DS,
         ("zero", stage, "file:deepspeed_config.zero_stage"),
         ("precision", "mixed-bf16", MP),
+        ("zero_bucket_elems", 5e8, DS_PLUGIN),
+        *([("overlap_comm", "off", DS_PLUGIN)] if stage < 3 else []),
     ]
 
 

@@ -121,6 +121,7 @@ EXPECTED = {
     "jamba_qlora_deepspeed.yaml": (
         _job("ai21labs/Jamba-v0.1", 1, 4, 4096, "paged-adamw-8bit", "mixed-bf16", **DS,
              zero=(2, "file:deepspeed"), offload=("optimizer", "file:deepspeed"),
+             zero_bucket_elems=(5e8, "file:deepspeed"), overlap_comm=("on", "file:deepspeed"),
              **_lora(8, qlora=True)),
         [],
     ),

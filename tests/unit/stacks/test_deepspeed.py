@@ -37,9 +37,28 @@ class Want(NamedTuple):
     unmodelled: tuple[str, ...] = ()
 
 
+ZERO_D = "stack-default:deepspeed 0.19.8 runtime/zero/config.py"
+"""DeepSpeed's own ZeRO defaults, for keys the config does not have (the HF Trainer fills
+"auto" only): reduce_bucket_size 5e8 elements, overlap_comm off under ZeRO 1-2."""
+
+
+def ds_buckets(stage: int) -> list[tuple[str, Any, str]]:
+    """The reduce bucket and overlap_comm of a config without either key: DeepSpeed's own."""
+    if stage < 1:
+        return []
+    off = [("overlap_comm", "off", ZERO_D + " (overlap_comm_valid)")] if stage < 3 else []
+    return [("zero_bucket_elems", 5e8, ZERO_D), *off]
+
+
 def fp16_zero(stage: int) -> Want:
     """DeepSpeedExamples' autotuning configs: micro-batch auto, fp16 on, one ZeRO stage."""
-    return Want([("precision", "mixed-fp16", "file:fp16.enabled"), ("zero", stage, ZERO)])
+    return Want(
+        [
+            ("precision", "mixed-fp16", "file:fp16.enabled"),
+            ("zero", stage, ZERO),
+            *ds_buckets(stage),
+        ]
+    )
 
 
 Z = "zero_optimization."
@@ -50,6 +69,7 @@ EXPECTED: dict[str, Want] = {
             TORCH_ADAMW,
             ("zero", 2, ZERO),
             ("offload", "optimizer", f"file:{Z}offload_optimizer.device"),
+            ("overlap_comm", "on", f"file:{Z}overlap_comm"),
         ],
         (f"{Z}allgather_bucket_size",),  # 2e8, not DeepSpeed's 5e8
     ),  # fmt: skip
@@ -59,6 +79,7 @@ EXPECTED: dict[str, Want] = {
             TORCH_ADAMW,
             ("zero", 3, ZERO),
             ("offload", "optimizer+params", f"file:{Z}offload_param.device"),
+            ("overlap_comm", "on", f"file:{Z}overlap_comm"),
         ],
     ),  # fmt: skip
     "dse_DeepSpeed-ZenFlow_finetuning_zf_config.json": Want(
@@ -69,6 +90,7 @@ EXPECTED: dict[str, Want] = {
             HOST_ADAMW,  # DeepSpeedCPUAdam on the host (stacks/_deepspeed.py _host_adam)
             ("zero", 2, ZERO),
             ("offload", "optimizer", f"file:{Z}offload_optimizer.device"),
+            *ds_buckets(2),
         ],
         (f"{Z}zenflow",),
     ),  # fmt: skip
@@ -77,7 +99,7 @@ EXPECTED: dict[str, Want] = {
     "dse_autotuning_hf_dsconfigs_ds_config_fp16_z2.json": fp16_zero(2),
     "dse_autotuning_hf_dsconfigs_ds_config_fp16_z3.json": fp16_zero(3),
     "dse_autotuning_hf_dsconfigs_ds_config_z3.json": Want(
-        [("precision", "fp32", FP32_D), ("zero", 3, ZERO)]
+        [("precision", "fp32", FP32_D), ("zero", 3, ZERO), *ds_buckets(3)]
     ),
     "dse_bf16_master_weight_baseline.json": Want(
         [
@@ -86,8 +108,10 @@ EXPECTED: dict[str, Want] = {
             ("precision", "mixed-bf16", "file:bf16.enabled"),
             OPT,
             ("zero", 3, ZERO),
+            ("zero_bucket_elems", 5e7, f"file:{Z}reduce_bucket_size"),
+            ("overlap_comm", "on", f"file:{Z}overlap_comm"),
         ],
-        (f"{Z}reduce_bucket_size", f"{Z}stage3_param_persistence_threshold"),
+        (f"{Z}stage3_param_persistence_threshold",),  # 1e5 with a 5e7 bucket (not h*h, 10 h)
     ),  # fmt: skip
     "dse_bf16_master_weight_bf16_full.json": Want(
         [
@@ -96,11 +120,12 @@ EXPECTED: dict[str, Want] = {
             ("precision", "mixed-bf16", "file:bf16.enabled"),
             OPT,
             ("zero", 3, ZERO),
+            ("zero_bucket_elems", 5e7, f"file:{Z}reduce_bucket_size"),
+            ("overlap_comm", "on", f"file:{Z}overlap_comm"),
         ],
         (
             "bf16.bf16_master_weights_and_grads",
             "bf16.bf16_optimizer_states",
-            f"{Z}reduce_bucket_size",
             f"{Z}stage3_param_persistence_threshold",
             "torch_autocast",
         ),
@@ -119,11 +144,17 @@ EXPECTED: dict[str, Want] = {
             ("precision", "mixed-fp16", "file:fp16.enabled"),
             OPT,
             ("zero", 1, ZERO),
+            *ds_buckets(1),
         ],
         ("fp16.auto_cast",),
     ),  # fmt: skip
     "dse_inference_sglang_ds_offload_nvme_aio.json": Want(
-        [("micro_batch_size", 1, BATCH_D), ("precision", "fp32", FP32_D), ("zero", 3, ZERO)],
+        [
+            ("micro_batch_size", 1, BATCH_D),
+            ("precision", "fp32", FP32_D),
+            ("zero", 3, ZERO),
+            *ds_buckets(3),
+        ],
         (f"{Z}offload_param.device", f"{Z}offload_param.device"),  # NVMe; parameters alone
     ),  # fmt: skip
     "dse_pipeline_parallelism_ds_config.json": Want(
@@ -135,7 +166,7 @@ EXPECTED: dict[str, Want] = {
         ],
     ),  # fmt: skip
     "dse_tensor_parallel_hf_integration_ds_config.json": Want(
-        [OPT, ("zero", 2, ZERO)], ("tensor_parallel.autotp_size",)
+        [OPT, ("zero", 2, ZERO), *ds_buckets(2)], ("tensor_parallel.autotp_size",)
     ),
 }
 
