@@ -804,10 +804,7 @@ LOAD_POLICY = np.array(
 )
 """Per framework code: the LOADS code `--load auto` resolves to."""
 LOAD_SHARDED_QLORA_POLICY = np.array(
-    [
-        LOADS.index(FRAMEWORK_SPECS[name].load_sharded_qlora or FRAMEWORK_SPECS[name].load)
-        for name in FRAMEWORKS
-    ],
+    [LOADS.index(FRAMEWORK_SPECS[name].auto_load(sharded_qlora=True)[0]) for name in FRAMEWORKS],
     dtype=np.int64,
 )
 """Per framework code: the LOADS code `--load auto` resolves to for QLoRA under ZeRO-3."""

@@ -146,14 +146,12 @@ def deepspeed(
         reading.put("zero", known.stage, doc, "deepspeed")
         if known.offload != "none":
             reading.put("offload", known.offload, doc, "deepspeed")
-        elems, overlap = known.buckets
-        if elems > 0 and known.stage >= 1:
-            reading.put("zero_bucket_elems", elems, doc, "deepspeed")
-        if overlap != "auto" and known.stage >= 1:
-            reading.put("overlap_comm", overlap, doc, "deepspeed")
+        buckets = _shipped_buckets(known)
+        for field, setting in buckets.items():
+            reading.put(field, setting, doc, "deepspeed")
         reading.warn(
             f"{doc.name}:deepspeed: ZeRO stage {known.stage}, offload {known.offload}"
-            f"{_bucket_words(known)}: inferred "
+            f"{_bucket_words(buckets)}: inferred "
             f"from the name {value!r} ({where}{base} sets them); give the DeepSpeed JSON too"
         )
         if known.notes:
@@ -168,11 +166,23 @@ def deepspeed(
         reading.warn(f"{doc.name}:deepspeed: {value!r}: give the DeepSpeed JSON too")
 
 
-def _bucket_words(known: Shipped) -> str:
+def _shipped_buckets(known: Shipped) -> dict[str, Any]:
+    """The bucket fields a shipped JSON sets (none at stage 0, which has no buckets)."""
     elems, overlap = known.buckets
-    words = [f"reduce bucket {elems:g}"] if elems > 0 and known.stage >= 1 else []
-    words += [f"overlap_comm {overlap}"] if overlap != "auto" and known.stage >= 1 else []
-    return "".join(f", {w}" for w in words)
+    if known.stage < 1:
+        return {}
+    return {
+        **({"zero_bucket_elems": elems} if elems > 0 else {}),
+        **({"overlap_comm": overlap} if overlap != "auto" else {}),
+    }
+
+
+def _bucket_words(buckets: dict[str, Any]) -> str:
+    names = {"zero_bucket_elems": "reduce bucket", "overlap_comm": "overlap_comm"}
+    return "".join(
+        f", {names[k]} {v:g}" if isinstance(v, float) else f", {names[k]} {v}"
+        for k, v in buckets.items()
+    )
 
 
 FSDP_WORDS = ("full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2", "no_shard",

@@ -270,13 +270,10 @@ def _sizes(zero: Mapping[str, Any], doc: Doc, reading: Reading, prefix: str) -> 
     its numbers for one hidden size, what trainmem's `--format deepspeed` writes); any other
     value of theirs is not modelled."""
     stage = int(reading.get("zero", 0))
-    if stage >= 1:
-        _reduce_bucket(zero, doc, reading, prefix)
+    reduce = _reduce_bucket(zero, doc, reading, prefix, stage=stage)
     given = {k: zero[k] for k in AUTO_SIZES[1:] if k in zero and not is_auto(zero[k])}
     numbers = {k: as_float(doc, prefix + k, v) for k, v in given.items()}
-    reduce = zero.get("reduce_bucket_size")
-    anchor = None if reduce is None or is_auto(reduce) else as_float(doc, prefix, reduce)
-    if numbers and not _trainer_sizes(numbers, reduce=anchor):
+    if numbers and not _trainer_sizes(numbers, reduce=reduce):
         for key in numbers:
             reading.unmodelled_key(
                 doc,
@@ -296,24 +293,30 @@ def _sizes(zero: Mapping[str, Any], doc: Doc, reading: Reading, prefix: str) -> 
             reading.unmodelled_key(doc, prefix + key, "trainmem assumes it on")
 
 
-def _reduce_bucket(zero: Mapping[str, Any], doc: Doc, reading: Reading, prefix: str) -> None:
-    """zero_bucket_elems and overlap_comm from reduce_bucket_size and overlap_comm."""
+def _reduce_bucket(
+    zero: Mapping[str, Any], doc: Doc, reading: Reading, prefix: str, *, stage: int
+) -> float | None:
+    """zero_bucket_elems and overlap_comm from reduce_bucket_size and overlap_comm (under ZeRO
+    1-3; stage 0 has no buckets); the numeric reduce_bucket_size (None: absent or "auto")."""
     key = prefix + "reduce_bucket_size"
     value = zero.get("reduce_bucket_size")
+    elems = None if value is None or is_auto(value) else as_float(doc, key, value)
+    if elems is not None and elems <= 0:
+        raise bad(doc, key, "a positive number of elements", value)
+    if stage < 1:
+        return elems
     if value is None:
         reading.default("zero_bucket_elems", DEEPSPEED_DEFAULT_REDUCE_BUCKET_ELEMS, ZERO_DEFAULTS)
-    elif not is_auto(value):
-        elems = as_float(doc, key, value)
-        if elems <= 0:
-            raise bad(doc, key, "a positive number of elements", value)
+    elif elems is not None:
         reading.put("zero_bucket_elems", elems, doc, key)
     key = prefix + "overlap_comm"
     overlap = zero.get("overlap_comm")
     if overlap is None:
-        if int(reading.get("zero", 0)) < 3:  # DeepSpeed's own default: on under ZeRO-3 only
+        if stage < 3:  # DeepSpeed's own default: on under ZeRO-3 only
             reading.default("overlap_comm", "off", ZERO_DEFAULTS + " (overlap_comm_valid)")
     elif not is_auto(overlap):
         reading.put("overlap_comm", "on" if as_bool(doc, key, overlap) else "off", doc, key)
+    return elems
 
 
 def _trainer_sizes(numbers: Mapping[str, float], *, reduce: float | None = None) -> bool:
